@@ -1,0 +1,102 @@
+"""The ``fuse_attn`` torch.compile backend (registered through the ``torch_dynamo_backends`` entry point).
+
+Pipeline for each graph Dynamo hands over:
+
+1. trace it to a pre-autograd ATen graph (``make_fx(pre_dispatch=True)`` on Dynamo's fake inputs): one spelling
+   per op, grad-mode regions kept, no backward yet;
+2. match every softmax and replace each proven attention with ``torch.ops.fuse_attn.flash_attention``
+   (``fuse_attn.rewrite``); every softmax left alone gets a recorded reason;
+3. hand the rewritten graph to Inductor's ``compile_fx``: AOTAutograd builds the joint graph -- the fused op's
+   registered autograd formula puts our backward kernel into it -- then Inductor partitions, fuses and compiles
+   everything else.
+
+The fused op is opaque to Inductor (a plain custom op called from the compiled code), so the FX graph cache can
+never hold a stale copy of our kernels: cached code calls the op, and the op runs the kernels of the installed
+version. The rewrite runs before Inductor's cache lookup, so a changed matcher changes the graph and the key.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .matching import MatchContext
+from .report import log, publish
+from .rewrite import rewrite_attention
+
+# Options taken out of ``torch.compile(..., options={...})``; all others go to Inductor as config patches.
+OPTION_ENABLED = "fuse_attn.enabled"  # False: no rewriting, plain Inductor
+OPTION_LOG_ONLY = "fuse_attn.log_only"  # True: match and log, but compile the graph unchanged
+# Environment switch for bisecting: FUSE_ATTN_DISABLE=1 turns every rewrite off.
+ENV_DISABLE = "FUSE_ATTN_DISABLE"
+
+
+def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
+    from torch._inductor.compile_fx import compile_fx
+
+    options = dict(kwargs.get("options") or {})
+    enabled = bool(options.pop(OPTION_ENABLED, True)) and os.environ.get(ENV_DISABLE, "0") != "1"
+    log_only = bool(options.pop(OPTION_LOG_ONLY, False))
+    config_patches = _inductor_mode_options(kwargs.get("mode"))
+    config_patches.update(options)
+
+    if not enabled or not _mentions_softmax(gm):
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    try:
+        traced, ctx = trace_pre_autograd(gm, example_inputs)
+        report = rewrite_attention(traced, ctx, apply=not log_only, capture=_capture_requested())
+    except Exception:
+        log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    publish(report)
+    if log_only or not report.fused:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    return compile_fx(traced, example_inputs, config_patches=config_patches)
+
+
+def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[fx.GraphModule, MatchContext]:
+    """Dynamo's graph as a pre-autograd ATen graph, plus the real values of its registered buffers."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    fake_inputs = [n.meta.get("example_value") for n in placeholders]
+    traced = make_fx(gm, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
+    traced_placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    constants = {}
+    for dynamo_node, traced_node, real in zip(placeholders, traced_placeholders, example_inputs):
+        if _is_registered_buffer(dynamo_node) and isinstance(real, torch.Tensor):
+            constants[traced_node] = real
+    return traced, MatchContext(constant_inputs=constants, gm=traced)
+
+
+def _is_registered_buffer(node: fx.Node) -> bool:
+    """A module buffer (read at compile time when a mask is built from it; buffers are not mutated in forward)."""
+    grapharg = node.meta.get("grapharg")
+    source = getattr(grapharg, "source", None)
+    return source is not None and "._buffers[" in source.name
+
+
+def _mentions_softmax(gm: fx.GraphModule) -> bool:
+    """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse."""
+    for node in gm.graph.nodes:
+        if node.op in ("call_function", "call_method", "call_module") and "softmax" in str(node.target).lower():
+            return True
+    return False
+
+
+def _inductor_mode_options(mode: Any) -> dict:
+    if mode is None or mode == "default":
+        return {}
+    from torch._inductor import list_mode_options
+
+    return dict(list_mode_options(mode))
+
+
+def _capture_requested() -> bool:
+    from .report import _collectors
+
+    return bool(_collectors)
+
+

@@ -1,0 +1,84 @@
+"""Small facts about nodes of a pre-autograd ATen FX graph, shared by matching and rewriting."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+
+# Ops that only re-interpret or re-lay-out a tensor (values unchanged, no dtype change).
+VIEW_OPS = {
+    aten.view.default,
+    aten.reshape.default,
+    aten._unsafe_view.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten.squeeze.dim,
+    aten.t.default,
+    aten.flatten.using_ints,
+}
+# Ops that return the same values with the same shape.
+IDENTITY_OPS = {aten.alias.default, aten.clone.default, aten.contiguous.default, aten.lift_fresh_copy.default}
+CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout, aten.type_as.default}
+SOFTMAX_OPS = {aten.softmax.int, aten._softmax.default, aten._safe_softmax.default}
+# Batched matrix products: (.., m, k) x (.., k, n) -> (.., m, n), batch dims broadcast.
+CONTRACTION_OPS = {aten.matmul.default, aten.bmm.default, aten.mm.default}
+
+
+def val(node: Any) -> Any:
+    """The FakeTensor / SymInt / constant a node (or literal) stands for."""
+    if isinstance(node, fx.Node):
+        return node.meta.get("val", node.meta.get("example_value"))
+    return node
+
+
+def is_static(shape) -> bool:
+    return all(isinstance(s, int) for s in shape)
+
+
+def shape_text(shape) -> str:
+    return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def cast_dtype(node: fx.Node) -> Optional[torch.dtype]:
+    """The target dtype of a cast node that changes nothing but the dtype, else None."""
+    if node.target not in CAST_OPS:
+        return None
+    out = val(node)
+    if not isinstance(out, torch.Tensor):
+        return None
+    source = val(node.args[0])
+    if not isinstance(source, torch.Tensor) or source.device != out.device or source.shape != out.shape:
+        return None
+    return out.dtype
+
+
+def is_pure(node: fx.Node) -> bool:
+    """A call whose only effect is its result (safe to drop when unused)."""
+    if node.op == "get_attr":
+        return True
+    if node.op != "call_function":
+        return False
+    if node.is_impure():
+        return False
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
+    return target.__module__ == "_operator"
+
+
+def erase_dead_nodes(graph: fx.Graph, candidates) -> None:
+    """Erase, among ``candidates`` and their ancestors, every pure node left without users."""
+    pending = list(candidates)
+    while pending:
+        node = pending.pop()
+        if getattr(node, "_erased", False) or node.graph is not graph or node.users or not is_pure(node):
+            continue
+        inputs = list(node.all_input_nodes)
+        graph.erase_node(node)
+        pending.extend(inputs)

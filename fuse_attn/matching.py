@@ -1,0 +1,514 @@
+"""Find attentions in a pre-autograd ATen graph by what they compute.
+
+Anchor: every softmax over the last dim. From it the matcher walks
+
+* backwards through the *score chain* -- casts, batch-only reshapes, clones, scalar multiplications and
+  divisions, additive tensors, ``masked_fill`` / ``where`` with a boolean tensor -- to a batched matrix product
+  ``A @ B`` (the scores ``q @ k^T``). Scalar factors applied to ``q`` or ``k`` before the product (behind any
+  views) are peeled into the scale.
+* forwards through casts, batch-only reshapes and identity ops to the product ``P @ V``.
+
+Masks and biases that are computed from constants only (``tril``/``triu``, ``arange`` comparisons, a sliced
+registered buffer) are *evaluated* at compile time; one equal to a causal pattern (as fill or as an additive
+0/-inf tensor) becomes ``spec.causal``, so the kernel skips masked blocks instead of loading a tensor.
+
+Whatever cannot be proven equivalent raises :class:`NotFused` with the reason; the caller records it.
+The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an ``AttentionSpec``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from .graph_utils import (
+    CAST_OPS,
+    CONTRACTION_OPS,
+    IDENTITY_OPS,
+    SOFTMAX_OPS,
+    VIEW_OPS,
+    aten,
+    cast_dtype,
+    is_pure,
+    is_static,
+    shape_text,
+    val,
+)
+from .spec import MAX_HEAD_DIM, AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, UnsupportedSpec
+
+# A fill value at or below this masks a key exactly like -inf would for any row that keeps one key whose score is
+# above it: it is float16's most negative finite value, the smallest fill Hugging Face style masks use
+# (torch.finfo(dtype).min), and exp(fill - rowmax) underflows to 0 in fp32 once the gap exceeds ~104.
+MASKING_FILL_LIMIT = -65504.0
+# Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
+# evaluation makes a few temporaries of that size on the host, so bigger ones are loaded as tensors instead).
+MAX_EVALUATED_MASK_ELEMENTS = 2**28
+
+_SCALAR_TYPES = (int, float)
+
+
+class NotFused(Exception):
+    """A softmax that is not rewritten, with the reason and the node it is about."""
+
+    def __init__(self, reason: str, node: Optional[fx.Node] = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.node = node
+
+
+@dataclass
+class MatchContext:
+    """What the matcher may know beyond the graph: real values of constant inputs (registered buffers)."""
+
+    constant_inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)
+    gm: Optional[fx.GraphModule] = None
+
+
+@dataclass
+class Operand:
+    """``node`` with ``views`` (nodes whose first arg is the previous value) replayed on it, times ``factor``."""
+
+    node: fx.Node
+    views: list[fx.Node] = field(default_factory=list)
+    factor: float = 1.0
+
+
+@dataclass
+class AttentionMatch:
+    softmax: fx.Node
+    qk: fx.Node
+    pv: fx.Node
+    q: Operand  # [*b_qk, M, D]
+    k: Operand  # [*b_qk, N, D]  (the transpose of the product's right operand)
+    v: fx.Node  # [*b_pv, N, DV]
+    qk_batch: tuple  # batch shape of the scores at the product
+    pv_batch: tuple  # batch shape of the output
+    tensors: list[tuple[fx.Node, tuple]]  # score tensors with the batch shape of the scores where they apply
+    spec: AttentionSpec
+    matched_nodes: list[fx.Node]
+
+
+# --------------------------------------------------------------------------------------------------------------
+def softmax_dim_is_last(node: fx.Node) -> bool:
+    x = val(node.args[0])
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return isinstance(dim, int) and x is not None and dim % x.dim() == x.dim() - 1
+
+
+def _scalar_factor(node: fx.Node, source: fx.Node) -> Optional[float]:
+    """If ``node`` is ``source * c`` / ``c * source`` / ``source / c`` with a Python number c, return the factor."""
+    if node.target in (aten.mul.Tensor, aten.mul.Scalar):
+        a, b = node.args[:2]
+        other = b if a is source else a if b is source else None
+        if isinstance(other, _SCALAR_TYPES) and not isinstance(other, bool):
+            return float(other)
+    if node.target in (aten.div.Tensor, aten.div.Scalar) and node.args[0] is source and not node.kwargs.get("rounding_mode"):
+        c = node.args[1]
+        if isinstance(c, _SCALAR_TYPES) and not isinstance(c, bool) and c != 0:
+            return 1.0 / float(c)
+    return None
+
+
+def peel_scale(node: fx.Node) -> Operand:
+    """Walk back from ``node`` through views/identity ops; fold scalar multiplications into a factor.
+
+    Views commute with a scalar multiplication, so the unscaled operand is the source of the last (most
+    upstream) multiplication with the views met on the way replayed on it in forward order.
+    """
+    views: list[fx.Node] = []
+    factor = 1.0
+    result = Operand(node)
+    current = node
+    while isinstance(current, fx.Node) and current.op == "call_function":
+        if current.target in VIEW_OPS or current.target in IDENTITY_OPS:
+            views.append(current)
+            current = current.args[0]
+            continue
+        source = next((a for a in current.args[:2] if isinstance(a, fx.Node)), None)
+        c = _scalar_factor(current, source) if source is not None else None
+        if c is None:
+            break
+        factor *= c
+        current = source
+        result = Operand(current, list(reversed(views)), factor)
+    return result
+
+
+# --------------------------------------------------------------------------------------------------------------
+class _ConstantEvaluator:
+    """Evaluates a node whose value follows from constants alone (no graph input but registered buffers)."""
+
+    def __init__(self, ctx: MatchContext):
+        self.ctx = ctx
+        self.memo: dict[fx.Node, Any] = {}
+
+    def __call__(self, node: Any) -> Any:
+        if not isinstance(node, fx.Node):
+            if isinstance(node, (list, tuple)):
+                return type(node)(self(a) for a in node)
+            return node
+        if node in self.memo:
+            return self.memo[node]
+        result = self._evaluate(node)
+        self.memo[node] = result
+        return result
+
+    def _evaluate(self, node: fx.Node) -> Any:
+        fake = val(node)
+        if isinstance(fake, torch.Tensor):
+            if not is_static(fake.shape):
+                raise NotFused(f"{node.name} has a symbolic shape {shape_text(fake.shape)}", node)
+            if fake.numel() > MAX_EVALUATED_MASK_ELEMENTS:
+                raise NotFused(f"{node.name} is too large to evaluate at compile time", node)
+        if node.op == "placeholder":
+            if node in self.ctx.constant_inputs:
+                return self.ctx.constant_inputs[node]
+            raise NotFused(f"{node.name} is a graph input, not a constant", node)
+        if node.op == "get_attr" and self.ctx.gm is not None:
+            return getattr(self.ctx.gm, node.target)
+        if node.op != "call_function" or not is_pure(node):
+            raise NotFused(f"{node.name} ({node.target}) is not a pure function of constants", node)
+        args = self(node.args)
+        kwargs = {k: self(v) for k, v in node.kwargs.items()}
+        return node.target(*args, **kwargs)
+
+
+def _as_keep_matrix(keep: torch.Tensor, m: int, n: int) -> Optional[torch.Tensor]:
+    """The [m, n] visibility matrix if ``keep`` is the same for every batch entry, else None."""
+    keep = keep.to(torch.bool)
+    while keep.dim() < 2:
+        keep = keep.unsqueeze(0)
+    batch = keep.reshape(-1, keep.shape[-2], keep.shape[-1])
+    if not bool((batch == batch[:1]).all()):
+        return None
+    return batch[0].expand(m, n)
+
+
+def causal_diagonal(keep: torch.Tensor) -> Optional[int]:
+    """``d`` such that ``keep == tril(ones, d)`` with every row keeping at least one key; None otherwise."""
+    m, n = keep.shape
+    d = int(keep[0].sum()) - 1
+    if d < 0:
+        return None
+    expected = torch.ones(m, n, dtype=torch.bool, device=keep.device).tril(d)
+    return d if bool((keep == expected).all()) else None
+
+
+# --------------------------------------------------------------------------------------------------------------
+@dataclass
+class _ScoreOp:
+    kind: str  # "scale" | "add" | "fill"
+    node: fx.Node
+    batch: tuple
+    factor: float = 1.0
+    tensor: Optional[fx.Node] = None
+    value: float = 0.0
+    fill_when: bool = True
+
+
+def _fill_value(arg: Any, evaluate: _ConstantEvaluator, node: fx.Node) -> float:
+    if isinstance(arg, _SCALAR_TYPES) and not isinstance(arg, bool):
+        return float(arg)
+    if isinstance(arg, fx.Node):
+        fake = val(arg)
+        if isinstance(fake, torch.Tensor) and fake.numel() == 1:
+            return float(evaluate(arg).reshape(()).item())
+    raise NotFused(f"{node.name}: the fill value is not a constant scalar", node)
+
+
+def _batch_of(node: fx.Node) -> tuple:
+    return tuple(val(node).shape[:-2])
+
+
+def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
+    """From the softmax input back to the QK product. Returns (product node, ops in forward order, chain nodes)."""
+    ops: list[_ScoreOp] = []
+    chain: list[fx.Node] = []
+    node = softmax.args[0]
+    consumer = softmax
+    while True:
+        if not isinstance(node, fx.Node):
+            raise NotFused("the softmax input is not a tensor node", softmax)
+        if len(node.users) != 1:
+            others = ", ".join(u.name for u in node.users if u is not consumer)
+            raise NotFused(f"the scores {node.name} are also used by {others}", node)
+        if node.op != "call_function":
+            raise NotFused(f"no q @ k^T product before the softmax: the scores come from {node.op} {node.name}", node)
+        target = node.target
+        chain.append(node)
+        if target in CONTRACTION_OPS:
+            chain.pop()
+            break
+        consumer = node
+        if target in IDENTITY_OPS:
+            node = node.args[0]
+            continue
+        if target in CAST_OPS:
+            if cast_dtype(node) not in (torch.float16, torch.bfloat16, torch.float32):
+                raise NotFused(f"{node.name} casts the scores to {val(node).dtype}", node)
+            node = node.args[0]
+            continue
+        if target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            before, after = val(node.args[0]).shape, val(node).shape
+            if tuple(before[-2:]) != tuple(after[-2:]) or len(after) < 2:
+                raise NotFused(f"{node.name} reshapes the score matrix itself {shape_text(before)} -> {shape_text(after)}", node)
+            node = node.args[0]
+            continue
+        factor = None
+        for position in (0, 1):
+            if len(node.args) > position and isinstance(node.args[position], fx.Node):
+                factor = _scalar_factor(node, node.args[position])
+                if factor is not None:
+                    source = node.args[position]
+                    break
+        if factor is not None:
+            ops.append(_ScoreOp("scale", node, _batch_of(node), factor=factor))
+            node = source
+            continue
+        if target == aten.add.Tensor and "alpha" not in node.kwargs and len(node.args) == 2:
+            a, b = node.args
+            if not all(isinstance(x, fx.Node) for x in (a, b)):
+                raise NotFused(f"{node.name} adds a scalar to the scores", node)
+            score, bias = _split_scores(node, a, b)
+            if not torch.is_floating_point(val(bias)):
+                raise NotFused(f"{node.name} adds a {val(bias).dtype} tensor to the scores", node)
+            ops.append(_ScoreOp("add", node, _batch_of(node), tensor=bias))
+            node = score
+            continue
+        if target == aten.masked_fill.Scalar:
+            score, mask, value = node.args[:3]
+            ops.append(_ScoreOp("fill", node, _batch_of(node), tensor=mask, value=_fill_value(value, evaluate, node), fill_when=True))
+            node = score
+            continue
+        if target in (aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.masked_fill.Tensor):
+            if target == aten.masked_fill.Tensor:
+                score, mask, other = node.args[:3]
+                fill_when = True
+            else:
+                mask, a, b = node.args[:3]
+                if isinstance(a, fx.Node) and (not isinstance(b, fx.Node) or _split_scores(node, a, b)[0] is a):
+                    score, other, fill_when = a, b, False
+                else:
+                    score, other, fill_when = b, a, True
+            if val(mask).dtype != torch.bool:
+                raise NotFused(f"{node.name} selects by a {val(mask).dtype} tensor", node)
+            ops.append(_ScoreOp("fill", node, _batch_of(node), tensor=mask, value=_fill_value(other, evaluate, node), fill_when=fill_when))
+            node = score
+            continue
+        raise NotFused(f"{node.name} ({_op_name(target)}) between q @ k^T and the softmax is not a supported score change", node)
+    ops.reverse()
+    return node, ops, chain
+
+
+def _split_scores(node: fx.Node, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.Node]:
+    """Tell the scores operand of a binary op from the bias/fill operand: (scores, other).
+
+    The scores are used only here, have the op's full shape and come from a matrix product upstream.
+    """
+
+    def looks_like_scores(x: fx.Node) -> bool:
+        return len(x.users) == 1 and tuple(val(x).shape) == tuple(val(node).shape) and _reaches_contraction(x)
+
+    a_ok, b_ok = looks_like_scores(a), looks_like_scores(b)
+    if a_ok == b_ok:
+        raise NotFused(f"{node.name}: cannot tell the scores from the other operand", node)
+    return (a, b) if a_ok else (b, a)
+
+
+def _reaches_contraction(node: fx.Node, budget: int = 64) -> bool:
+    """Whether a matrix product lies upstream of ``node`` (a bounded walk)."""
+    seen, stack = set(), [node]
+    while stack and budget > 0:
+        n = stack.pop()
+        if n in seen or not isinstance(n, fx.Node):
+            continue
+        seen.add(n)
+        budget -= 1
+        if n.op == "call_function" and n.target in CONTRACTION_OPS:
+            return True
+        stack.extend(n.all_input_nodes)
+    return False
+
+
+def _op_name(target: Any) -> str:
+    return str(target).replace("aten.", "")
+
+
+def _walk_to_pv(softmax: fx.Node):
+    """From the softmax forward to ``P @ V``. Returns (pv node, chain nodes)."""
+    chain = [softmax]
+    node = softmax
+    while True:
+        users = list(node.users)
+        if len(users) != 1:
+            names = ", ".join(u.name for u in users) or "nothing"
+            raise NotFused(f"the attention weights {node.name} are used by {names}, not by one P @ V product", node)
+        user = users[0]
+        if user.op != "call_function":
+            raise NotFused(f"the attention weights {node.name} are returned or passed to {user.op} {user.name}", node)
+        target = user.target
+        if target in CONTRACTION_OPS:
+            if user.args[0] is not node or user.args[1] is node:
+                raise NotFused(f"{user.name} multiplies the attention weights from the right", user)
+            return user, chain
+        if target in IDENTITY_OPS or (target in CAST_OPS and cast_dtype(user) is not None):
+            pass
+        elif target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            if tuple(val(node).shape[-2:]) != tuple(val(user).shape[-2:]):
+                raise NotFused(f"{user.name} reshapes the attention weights across their last two dims", user)
+        elif target in (aten.dropout.default, aten.native_dropout.default):
+            p, train = user.args[1], user.args[2]
+            if train and p > 0:
+                raise NotFused(f"{user.name}: dropout (p={p}) on the attention weights is not fused yet", user)
+            if target == aten.native_dropout.default:
+                raise NotFused(f"{user.name}: native_dropout in eval mode is not folded", user)
+        else:
+            raise NotFused(f"the attention weights {node.name} go through {_op_name(target)} ({user.name}) before P @ V", user)
+        chain.append(user)
+        node = user
+
+
+# --------------------------------------------------------------------------------------------------------------
+def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
+    """For a fill or add op whose tensor is a constant: ("causal", diagonal), ("noop", None), or None."""
+    try:
+        tensor = evaluate(op.tensor)
+    except NotFused:
+        return None
+    if op.kind == "fill":
+        if not (op.value == -math.inf or op.value <= MASKING_FILL_LIMIT):
+            return None
+        keep = tensor != op.fill_when
+    else:
+        nonzero = tensor[tensor != 0]
+        if nonzero.numel() and not bool(((nonzero == -math.inf) | (nonzero <= MASKING_FILL_LIMIT)).all()):
+            return None
+        if nonzero.numel() and nonzero.unique().numel() > 1:
+            return None
+        keep = tensor == 0
+    keep = _as_keep_matrix(keep, m, n)
+    if keep is None:
+        return None
+    if bool(keep.all()):
+        return ("noop", None)
+    d = causal_diagonal(keep)
+    return ("causal", d) if d is not None else None
+
+
+def _broadcast_pattern(tensor: fx.Node, batch: tuple) -> tuple[bool, bool, bool, bool]:
+    """Which of (Z, H, M, N) the tensor broadcasts over, once laid out like the scores at its op."""
+    shape = tuple(val(tensor).shape)
+    rank = len(batch) + 2
+    shape = (1,) * (rank - len(shape)) + shape
+    batch_dims = shape[:-2]
+    z_dims, h_dims = batch_dims[:-1], batch_dims[-1:]
+    return (
+        all(s == 1 for s in z_dims),
+        all(s == 1 for s in h_dims),
+        shape[-2] == 1,
+        shape[-1] == 1,
+    )
+
+
+def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
+    if not softmax_dim_is_last(softmax):
+        raise NotFused("the softmax is not over the last dim", softmax)
+    evaluate = _ConstantEvaluator(ctx)
+    qk, raw_ops, score_chain = _walk_score_chain(softmax, evaluate)
+    pv, weight_chain = _walk_to_pv(softmax)
+
+    a, b = qk.args[:2]
+    a_val, b_val, v_node = val(a), val(b), pv.args[1]
+    v_val, s_val, out_val = val(v_node), val(qk), val(pv)
+    if any(t is None or t.dim() < 2 for t in (a_val, b_val, v_val)):
+        raise NotFused(f"{qk.name}: operands are not batched matrices", qk)
+    m, n = s_val.shape[-2:]
+    d, dv = a_val.shape[-1], v_val.shape[-1]
+
+    q_dtype = a_val.dtype
+    for name, t in (("k", b_val), ("v", v_val)):
+        if t.dtype != q_dtype:
+            raise NotFused(f"q is {q_dtype} but {name} is {t.dtype}", qk)
+        if t.device != a_val.device:
+            raise NotFused(f"q is on {a_val.device} but {name} is on {t.device}", qk)
+    for name, dim in (("head dim", d), ("value head dim", dv)):
+        if not isinstance(dim, int):
+            raise NotFused(f"the {name} is symbolic ({dim})", qk)
+        if dim > MAX_HEAD_DIM:
+            raise NotFused(f"the {name} {dim} is over {MAX_HEAD_DIM}", qk)
+    for name, length in (("query", m), ("key", n)):
+        if isinstance(length, int) and length == 0:
+            raise NotFused(f"the {name} length is 0", qk)
+
+    # Score ops: prove constant masks causal; fold leading scales.
+    causal_diag: Optional[int] = None
+    tensors: list[tuple[fx.Node, tuple]] = []
+    score_tensors: list[ScoreTensor] = []
+    mods = []
+    scale = 1.0
+    q_operand, k_operand = peel_scale(a), peel_scale(b)
+    scale *= q_operand.factor * k_operand.factor
+    for op in raw_ops:
+        if op.kind == "scale":
+            if mods:
+                mods.append(ScaleScores(op.factor))
+            else:
+                scale *= op.factor
+            continue
+        proof = _prove_causal(op, evaluate, m, n) if isinstance(m, int) and isinstance(n, int) else None
+        if proof is not None:
+            kind, diag = proof
+            if kind == "causal":
+                if causal_diag is not None and causal_diag != diag:
+                    raise NotFused(f"{op.node.name}: two causal masks with different diagonals", op.node)
+                causal_diag = diag
+            continue
+        tensor_val = val(op.tensor)
+        if tensor_val.dim() > len(op.batch) + 2:
+            raise NotFused(f"{op.node.name}: the mask/bias {shape_text(tensor_val.shape)} has more dims than the scores", op.node)
+        if tensor_val.device != a_val.device:
+            raise NotFused(f"{op.node.name}: the mask/bias is on {tensor_val.device}, q on {a_val.device}", op.node)
+        index = len(tensors)
+        tensors.append((op.tensor, op.batch))
+        role = "bias" if op.kind == "add" else "mask"
+        score_tensors.append(ScoreTensor(role, str(tensor_val.dtype).replace("torch.", ""), _broadcast_pattern(op.tensor, op.batch)))
+        mods.append(AddTensor(index) if op.kind == "add" else FillWhere(index, op.value, op.fill_when))
+
+    # The product's right operand is k^T: peel the scale from it, then take its transpose as k.
+    try:
+        spec = AttentionSpec(
+            dtype=str(q_dtype).replace("torch.", ""),
+            head_dim=d,
+            head_dim_v=dv,
+            scale=scale,
+            causal=CausalMask(causal_diag) if causal_diag is not None else None,
+            score_mods=tuple(mods),
+            score_tensors=tuple(score_tensors),
+            q_len=m if isinstance(m, int) else None,
+            kv_len=n if isinstance(n, int) else None,
+            num_heads=int(out_val.shape[-3]) if out_val.dim() >= 3 and isinstance(out_val.shape[-3], int) else None,
+        )
+    except UnsupportedSpec as e:
+        raise NotFused(str(e), softmax) from None
+
+    return AttentionMatch(
+        softmax=softmax,
+        qk=qk,
+        pv=pv,
+        q=q_operand,
+        k=k_operand,
+        v=v_node,
+        qk_batch=tuple(s_val.shape[:-2]),
+        pv_batch=tuple(out_val.shape[:-2]),
+        tensors=tensors,
+        spec=spec,
+        matched_nodes=[qk, *score_chain, *weight_chain, pv],
+    )
+
+
+def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in SOFTMAX_OPS]

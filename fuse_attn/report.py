@@ -1,0 +1,67 @@
+"""What happened to each softmax: fused (with its spec) or not (with the reason). Logged and collectable."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from .spec import AttentionSpec
+
+log = logging.getLogger("fuse_attn")
+
+
+@dataclass(frozen=True)
+class SoftmaxVerdict:
+    node: str  # the softmax node's name in the pre-autograd graph
+    fused: bool
+    reason: Optional[str] = None  # why not, when not fused
+    about: Optional[str] = None  # the node the reason is about
+    spec: Optional[AttentionSpec] = None
+    source: Optional[str] = None  # the user's code line, when known
+
+    def line(self) -> str:
+        where = f" ({self.source})" if self.source else ""
+        if self.fused:
+            return f"fused {self.node}{where}: {self.spec.describe()}"
+        return f"not fused {self.node}{where}: {self.reason}"
+
+
+@dataclass
+class GraphReport:
+    """One graph's rewrite: the verdicts and, when captured, the graph text before and after."""
+
+    verdicts: list[SoftmaxVerdict]
+    before: Optional[str] = None
+    after: Optional[str] = None
+    rewritten: bool = True
+
+    @property
+    def fused(self) -> list[SoftmaxVerdict]:
+        return [v for v in self.verdicts if v.fused]
+
+    @property
+    def not_fused(self) -> list[SoftmaxVerdict]:
+        return [v for v in self.verdicts if not v.fused]
+
+
+_collectors: list[list[GraphReport]] = []
+
+
+@contextlib.contextmanager
+def collect_reports() -> Iterator[list[GraphReport]]:
+    """Collect the report of every graph the backend rewrites inside the block."""
+    reports: list[GraphReport] = []
+    _collectors.append(reports)
+    try:
+        yield reports
+    finally:
+        _collectors.remove(reports)
+
+
+def publish(report: GraphReport) -> None:
+    for verdict in report.verdicts:
+        log.info(verdict.line())
+    for reports in _collectors:
+        reports.append(report)

@@ -1,0 +1,166 @@
+"""Replace matched attentions in a pre-autograd ATen graph with one call of ``fuse_attn::flash_attention``.
+
+The fused op takes 4-D ``[Z, H, len, dim]`` operands. Batch dims are brought to that form with size-free view
+ops (``unsqueeze`` / ``flatten``), so the rewrite also works when lengths are symbolic; only a batch reshape
+between the two products or a broadcast of q/k/v needs static sizes.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+from torch._guards import detect_fake_mode
+
+from .graph_utils import aten, erase_dead_nodes, is_static, shape_text, val
+from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
+from .report import GraphReport, SoftmaxVerdict, log
+
+
+class _Emitter:
+    """Inserts nodes before ``anchor`` and fills their ``meta['val']`` by running them on fake tensors."""
+
+    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode):
+        self.graph = graph
+        self.anchor = anchor
+        self.fake_mode = fake_mode
+
+    def __call__(self, target, *args) -> fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            node = self.graph.call_function(target, args)
+        if self.fake_mode is not None:
+            fake_args = fx.node.map_arg(args, val)
+            with self.fake_mode:
+                node.meta["val"] = target(*fake_args)
+        return node
+
+    def replay(self, source: fx.Node, views: list[fx.Node]) -> fx.Node:
+        for view in views:
+            source = self(view.target, source, *view.args[1:])
+        return source
+
+    def to_4d(self, node: fx.Node, batch_rank: int) -> fx.Node:
+        """[*b, L, E] -> [Z, H, L, E] with Z = prod(b[:-1]) and H = b[-1] (ones where b is shorter)."""
+        if batch_rank > 2:
+            return self(aten.flatten.using_ints, node, 0, batch_rank - 2)
+        for _ in range(2 - batch_rank):
+            node = self(aten.unsqueeze.default, node, 0)
+        return node
+
+    def from_4d(self, node: fx.Node, batch: tuple, tail: list) -> fx.Node:
+        if len(batch) > 2:
+            if not is_static(batch) or not is_static(tail):
+                raise NotFused(f"cannot restore the output batch {shape_text(batch)} with symbolic sizes")
+            return self(aten.view.default, node, [*batch, *tail])
+        for _ in range(2 - len(batch)):
+            node = self(aten.squeeze.dim, node, 0)
+        return node
+
+    def broadcast_to(self, node: fx.Node, batch: tuple, what: str) -> fx.Node:
+        shape = tuple(val(node).shape)
+        if tuple(shape[:-2]) == tuple(batch):
+            return node
+        if not is_static(batch) or not is_static(shape):
+            raise NotFused(f"{what} {shape_text(shape)} is broadcast to batch {shape_text(batch)} with symbolic sizes")
+        return self(aten.expand.default, node, [*batch, *shape[-2:]])
+
+    def rebatch(self, node: fx.Node, source_batch: tuple, target_batch: tuple, what: str) -> fx.Node:
+        """Reshape batch dims (the score chain reshaped the scores' batch between the two products)."""
+        if tuple(source_batch) == tuple(target_batch):
+            return node
+        shape = tuple(val(node).shape)
+        if not is_static(target_batch) or not is_static(shape):
+            raise NotFused(f"{what}: batch reshape {shape_text(source_batch)} -> {shape_text(target_batch)} with symbolic sizes")
+        return self(aten.reshape.default, node, [*target_batch, *shape[-2:]])
+
+
+def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
+    qk_batch, pv_batch = match.qk_batch, match.pv_batch
+    q = emit.replay(match.q.node, match.q.views)
+    k_transposed = emit.replay(match.k.node, match.k.views)
+    k = emit(aten.transpose.int, k_transposed, -2, -1)
+    q = emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, pv_batch, "q")
+    k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, pv_batch, "k")
+    v = emit.broadcast_to(match.v, pv_batch, "v")
+    q4, k4, v4 = (emit.to_4d(x, len(pv_batch)) for x in (q, k, v))
+
+    tensors = []
+    for tensor, batch in match.tensors:
+        rank = len(batch) + 2
+        for _ in range(rank - val(tensor).dim()):
+            tensor = emit(aten.unsqueeze.default, tensor, 0)
+        if tuple(batch) != tuple(pv_batch):
+            if any(s != 1 for s in val(tensor).shape[:-2]):
+                raise NotFused(
+                    f"a mask/bias with batch dims {shape_text(val(tensor).shape[:-2])} sits where the scores have "
+                    f"batch {shape_text(batch)}, not the output's {shape_text(pv_batch)}"
+                )
+        tensors.append(emit.to_4d(tensor, len(batch)))
+
+    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, match.spec.to_json())
+    out = emit(operator.getitem, fused, 0)
+    out_val = val(match.pv)
+    return emit.from_4d(out, pv_batch, list(out_val.shape[-2:]))
+
+
+def _source_line(node: fx.Node) -> Optional[str]:
+    trace = node.meta.get("stack_trace")
+    if not trace:
+        return None
+    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else None
+
+
+def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False) -> GraphReport:
+    """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place."""
+    import fuse_attn.kernels  # noqa: F401  (registers torch.ops.fuse_attn.*)
+
+    graph = gm.graph
+    before = gm.print_readable(print_output=False) if capture else None
+    fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
+    verdicts: list[SoftmaxVerdict] = []
+    for softmax in find_softmaxes(graph):
+        if getattr(softmax, "_erased", False):
+            continue
+        name, source = softmax.name, _source_line(softmax)
+        try:
+            match = match_attention(softmax, ctx)
+            if apply:
+                _apply(graph, match, fake_mode)
+        except NotFused as e:
+            about = e.node.name if e.node is not None else None
+            verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
+            continue
+        except Exception as e:  # a bug of ours must cost the fusion, never the user's model
+            log.warning("fuse_attn: internal error while matching %s", name, exc_info=True)
+            verdicts.append(SoftmaxVerdict(name, False, reason=f"internal error: {type(e).__name__}: {e}", source=source))
+            continue
+        verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source))
+    if apply:
+        graph.lint()
+        gm.recompile()
+    after = gm.print_readable(print_output=False) if capture else None
+    return GraphReport(verdicts, before=before, after=after, rewritten=apply)
+
+
+def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any) -> None:
+    emit = _Emitter(graph, match.pv, fake_mode)
+    start = len(graph.nodes)
+    try:
+        replacement = _fused_call(match, emit)
+    except BaseException:
+        # Leave the graph as it was: drop whatever was inserted for this match.
+        _erase_inserted(graph, match.pv, len(graph.nodes) - start)
+        raise
+    match.pv.replace_all_uses_with(replacement)
+    erase_dead_nodes(graph, [match.pv])
+
+
+def _erase_inserted(graph: fx.Graph, anchor: fx.Node, count: int) -> None:
+    node = anchor.prev
+    for _ in range(count):
+        previous = node.prev
+        graph.erase_node(node)
+        node = previous

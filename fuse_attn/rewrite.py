@@ -26,10 +26,12 @@ class _Emitter:
         self.graph = graph
         self.anchor = anchor
         self.fake_mode = fake_mode
+        self.inserted: list[fx.Node] = []
 
     def __call__(self, target, *args) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
             node = self.graph.call_function(target, args)
+        self.inserted.append(node)
         if self.fake_mode is not None:
             fake_args = fx.node.map_arg(args, val)
             with self.fake_mode:
@@ -40,6 +42,15 @@ class _Emitter:
         for view in views:
             source = self(view.target, source, *view.args[1:])
         return source
+
+    def transpose_last(self, node: fx.Node) -> fx.Node:
+        """Swap the last two dims; when ``node`` is itself such a swap, return its input instead."""
+        if node.op == "call_function" and node.target in (aten.transpose.int, aten.t.default):
+            rank = val(node).dim()
+            dims = {d % rank for d in node.args[1:3]} if node.target == aten.transpose.int else {0, 1}
+            if dims == {rank - 2, rank - 1}:
+                return node.args[0]
+        return self(aten.transpose.int, node, -2, -1)
 
     def to_4d(self, node: fx.Node, batch_rank: int) -> fx.Node:
         """[*b, L, E] -> [Z, H, L, E] with Z = prod(b[:-1]) and H = b[-1] (ones where b is shorter)."""
@@ -80,7 +91,7 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
     qk_batch, pv_batch = match.qk_batch, match.pv_batch
     q = emit.replay(match.q.node, match.q.views)
     k_transposed = emit.replay(match.k.node, match.k.views)
-    k = emit(aten.transpose.int, k_transposed, -2, -1)
+    k = emit.transpose_last(k_transposed)
     q = emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, pv_batch, "q")
     k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, pv_batch, "k")
     v = emit.broadcast_to(match.v, pv_batch, "v")
@@ -147,20 +158,13 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any) -> None:
     emit = _Emitter(graph, match.pv, fake_mode)
-    start = len(graph.nodes)
     try:
         replacement = _fused_call(match, emit)
     except BaseException:
         # Leave the graph as it was: drop whatever was inserted for this match.
-        _erase_inserted(graph, match.pv, len(graph.nodes) - start)
+        for node in reversed(emit.inserted):
+            graph.erase_node(node)
         raise
     match.pv.replace_all_uses_with(replacement)
-    erase_dead_nodes(graph, [match.pv])
-
-
-def _erase_inserted(graph: fx.Graph, anchor: fx.Node, count: int) -> None:
-    node = anchor.prev
-    for _ in range(count):
-        previous = node.prev
-        graph.erase_node(node)
-        node = previous
+    # The matched nodes, their dead inputs, and inserted views that ended up unused (e.g. a transpose undone).
+    erase_dead_nodes(graph, [match.pv, *emit.inserted])

@@ -1,0 +1,41 @@
+"""Run the backend's trace + rewrite on what Dynamo captures, without compiling (for golden-graph tests)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from fuse_attn.backend import trace_pre_autograd
+from fuse_attn.report import GraphReport
+from fuse_attn.rewrite import rewrite_attention
+
+
+def rewrite_reports(fn, *args, **kwargs) -> list[GraphReport]:
+    """Each graph of ``fn(*args)`` after the rewrite; the original graphs run eagerly."""
+    reports: list[GraphReport] = []
+
+    def capture(gm, example_inputs):
+        traced, ctx = trace_pre_autograd(gm, example_inputs)
+        reports.append(rewrite_attention(traced, ctx, capture=True))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture)(*args, **kwargs)
+    return reports
+
+
+def graph_text(report: GraphReport) -> str:
+    """The rewritten graph without comments or annotations that vary between torch versions."""
+    lines = []
+    for line in report.after.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped.startswith("class "):
+            continue
+        line = re.sub(r';\s+[\w, =]+ = None$', "", line.rstrip())  # FX's "x = None" frees
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def verdict_lines(reports: list[GraphReport]) -> str:
+    return "\n".join(v.line() for r in reports for v in r.verdicts)

@@ -1,0 +1,250 @@
+"""Golden graphs of each supported form after the rewrite, and what must not be rewritten (with its reason)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from expecttest import TestCase
+
+from graph_capture import graph_text, rewrite_reports, verdict_lines
+
+
+def qkv(batch=2, heads=3, length=5, dim=8, dtype=torch.float32, k_length=None):
+    k_length = k_length or length
+    return (
+        torch.randn(batch, heads, length, dim, dtype=dtype),
+        torch.randn(batch, heads, k_length, dim, dtype=dtype),
+        torch.randn(batch, heads, k_length, dim, dtype=dtype),
+    )
+
+
+class NanoGPTBlock(torch.nn.Module):
+    """nanoGPT's CausalSelfAttention without dropout: a sliced registered tril buffer, masked_fill(== 0, -inf)."""
+
+    def __init__(self, width=16, heads=2, block_size=8):
+        super().__init__()
+        self.heads = heads
+        self.c_attn = torch.nn.Linear(width, 3 * width)
+        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
+        att = F.softmax(att, dim=-1)
+        y = att @ v
+        return y.transpose(1, 2).contiguous().view(B, T, C)
+
+
+class TestGoldenGraphs(TestCase):
+    def check(self, fn, *args):
+        reports = rewrite_reports(fn, *args)
+        self.assertEqual(len(reports), 1)
+        self.assertTrue(all(v.fused for v in reports[0].verdicts), verdict_lines(reports))
+        return graph_text(reports[0])
+
+    def test_nanogpt_sliced_buffer_is_causal(self):
+        text = self.check(NanoGPTBlock(), torch.randn(2, 6, 16))
+        self.assertExpectedInline(text, """\
+    def forward(self, arg0_1: "f32[2, 6, 16]", arg1_1: "f32[48, 16]", arg2_1: "f32[48]", arg3_1: "f32[1, 1, 8, 8]"):
+        linear: "f32[2, 6, 48]" = torch.ops.aten.linear.default(arg0_1, arg1_1, arg2_1)
+        split = torch.ops.aten.split.Tensor(linear, 16, 2)
+        getitem: "f32[2, 6, 16]" = split[0]
+        getitem_1: "f32[2, 6, 16]" = split[1]
+        getitem_2: "f32[2, 6, 16]" = split[2]
+        view: "f32[2, 6, 2, 8]" = torch.ops.aten.view.default(getitem, [2, 6, 2, 8])
+        transpose: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view, 1, 2)
+        view_1: "f32[2, 6, 2, 8]" = torch.ops.aten.view.default(getitem_1, [2, 6, 2, 8])
+        transpose_1: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_1, 1, 2)
+        view_2: "f32[2, 6, 2, 8]" = torch.ops.aten.view.default(getitem_2, [2, 6, 2, 8])
+        transpose_2: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_2, 1, 2)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        getitem_3: "f32[2, 2, 6, 8]" = flash_attention_default[0]
+        transpose_4: "f32[2, 6, 2, 8]" = torch.ops.aten.transpose.int(getitem_3, 1, 2)
+        contiguous: "f32[2, 6, 2, 8]" = torch.ops.aten.contiguous.default(transpose_4)
+        view_3: "f32[2, 6, 16]" = torch.ops.aten.view.default(contiguous, [2, 6, 16])
+        return (view_3,)""")
+
+    def test_tril_masked_fill_and_division(self):
+        def fn(q, k, v):
+            T = q.shape[-2]
+            w = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+            w = w.masked_fill(torch.tril(torch.ones(T, T)) == 0, float("-inf"))
+            return torch.softmax(w, -1) @ v
+
+        self.assertExpectedInline(self.check(fn, *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_arange_comparison_where_finfo_min(self):
+        def fn(q, k, v):
+            T = q.shape[-2]
+            keep = torch.arange(T)[:, None] >= torch.arange(T)[None, :]
+            w = torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+            w = torch.where(keep, w, torch.finfo(w.dtype).min)
+            return torch.matmul(torch.softmax(w, dim=-1), v)
+
+        self.assertExpectedInline(self.check(fn, *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_additive_padding_mask_input(self):
+        def fn(q, k, v, mask):
+            w = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + mask
+            return torch.softmax(w, -1) @ v
+
+        mask = torch.zeros(2, 1, 1, 5).masked_fill(torch.rand(2, 1, 1, 5) > 0.7, float("-inf"))
+        self.assertExpectedInline(self.check(fn, *qkv(), mask), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 1, 1, 5]", arg3_1: "f32[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [{"kind": "add", "tensor": 0}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_scale_on_q_and_k(self):
+        def fn(q, k, v):
+            scale = q.shape[-1] ** -0.25
+            return torch.softmax((q * scale) @ (k * scale).transpose(-1, -2), -1) @ v
+
+        self.assertExpectedInline(self.check(fn, *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_softmax_in_fp32_with_casts(self):
+        def fn(q, k, v):
+            w = torch.matmul(q, k.transpose(2, 3)) / math.sqrt(q.shape[-1])
+            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.matmul(w, v)
+
+        self.assertExpectedInline(self.check(fn, *qkv(dtype=torch.float16)), """\
+    def forward(self, arg0_1: "f16[2, 3, 5, 8]", arg1_1: "f16[2, 3, 5, 8]", arg2_1: "f16[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        getitem: "f16[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_bmm_with_reshapes_and_hf_additive_causal_mask(self):
+        def fn(q, k, v):
+            B, H, T, D = q.shape
+            mask = torch.full((T, T), torch.finfo(q.dtype).min).triu(1)
+            w = torch.bmm(q.reshape(B * H, T, D), k.reshape(B * H, T, D).transpose(1, 2)).view(B, H, T, T)
+            w = (w + mask[None, None]) * D**-0.5
+            p = torch.softmax(w, -1).view(B * H, T, T)
+            return torch.bmm(p, v.reshape(B * H, T, D)).view(B, H, T, D)
+
+        self.assertExpectedInline(self.check(fn, *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
+        reshape: "f32[6, 5, 8]" = torch.ops.aten.reshape.default(arg0_1, [6, 5, 8])
+        reshape_1: "f32[6, 5, 8]" = torch.ops.aten.reshape.default(arg1_1, [6, 5, 8])
+        reshape_2: "f32[6, 5, 8]" = torch.ops.aten.reshape.default(arg2_1, [6, 5, 8])
+        unsqueeze_default: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape, 0)
+        unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
+        unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
+        squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
+        view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
+        return (view_2,)""")
+
+    def test_bottom_right_causal_with_shorter_queries(self):
+        def fn(q, k, v):
+            T, S = q.shape[-2], k.shape[-2]
+            causal = torch.ones(S, S, dtype=torch.bool).tril()[S - T :, :]
+            w = (q @ k.transpose(-1, -2)).masked_fill(~causal, float("-inf"))
+            return torch.softmax(w, -1) @ v
+
+        self.assertExpectedInline(self.check(fn, *qkv(length=3, k_length=7)), """\
+    def forward(self, arg0_1: "f32[2, 3, 3, 8]", arg1_1: "f32[2, 3, 7, 8]", arg2_1: "f32[2, 3, 7, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 4}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 3, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+
+class TestNotRewritten(TestCase):
+    def verdicts(self, fn, *args):
+        reports = rewrite_reports(fn, *args)
+        for report in reports:
+            self.assertNotIn("fuse_attn.flash_attention", report.after)
+        return verdict_lines(reports)
+
+    def test_weights_also_returned(self):
+        def fn(q, k, v):
+            p = torch.softmax(q @ k.transpose(-1, -2), -1)
+            return p @ v, p
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: the attention weights softmax are used by matmul_1, output, not by one P @ V product""")
+
+    def test_softmax_over_another_dim(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: the softmax is not over the last dim""")
+
+    def test_non_pointwise_op_between_product_and_softmax(self):
+        def fn(q, k, v):
+            return torch.softmax((q @ k.transpose(-1, -2)).cumsum(-1), -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: cumsum (cumsum.default) between q @ k^T and the softmax is not a supported score change""")
+
+    def test_scores_used_twice(self):
+        def fn(q, k, v):
+            w = q @ k.transpose(-1, -2)
+            return torch.softmax(w - w.mean(-1, keepdim=True), -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: sub (sub.Tensor) between q @ k^T and the softmax is not a supported score change""")
+
+    def test_float64_is_left_alone(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv(dtype=torch.float64)), """not fused softmax: dtype float64 is not supported (fp16, bf16, fp32 are)""")
+
+    def test_head_dim_over_256(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv(dim=320)), """not fused softmax: the head dim 320 is over 256""")
+
+    def test_value_of_another_dtype(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), -1).float() @ v.float()
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv(dtype=torch.float16)), """not fused softmax: q is torch.float16 but v is torch.float32""")
+
+    def test_zero_length_sequence(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv(length=0)), """not fused softmax: the query length is 0""")
+
+    def test_dropout_in_training(self):
+        def fn(q, k, v):
+            return F.dropout(torch.softmax(q @ k.transpose(-1, -2), -1), p=0.1, training=True) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: dropout: dropout (p=0.1) on the attention weights is not fused yet""")
+
+    def test_graph_break_between_product_and_softmax(self):
+        def fn(q, k, v):
+            w = q @ k.transpose(-1, -2)
+            torch._dynamo.graph_break()
+            return torch.softmax(w, -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: no q @ k^T product before the softmax: the scores come from placeholder arg0_1""")
+
+    def test_causal_mask_from_a_graph_input_stays_a_tensor(self):
+        def fn(q, k, v, keep):
+            w = (q @ k.transpose(-1, -2)).masked_fill(~keep, float("-inf"))
+            return torch.softmax(w, -1) @ v
+
+        reports = rewrite_reports(fn, *qkv(), torch.ones(5, 5, dtype=torch.bool).tril())
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 fill(mask0[1,1,M,N]==True, -inf)""")

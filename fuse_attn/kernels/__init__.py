@@ -1,0 +1,20 @@
+"""Generated Triton flash-attention kernels behind one fused op.
+
+* ``torch.ops.fuse_attn.flash_attention(q, k, v, score_tensors, spec_json) -> (out, lse)``
+* ``torch.ops.fuse_attn.flash_attention_backward(dout, q, k, v, score_tensors, out, lse, spec_json,
+  score_tensor_needs_grad) -> (dq, dk, dv, dscore_tensors)``
+* :func:`flash_attention` -- the same without torch.compile (differentiable).
+* :func:`generated_source` -- the Triton source generated for a spec.
+"""
+
+from .codegen import generate_source
+from .flash_attention import blockwise_backward, blockwise_forward, flash_attention, generated_source, reference_attention
+
+__all__ = [
+    "flash_attention",
+    "generated_source",
+    "generate_source",
+    "reference_attention",
+    "blockwise_forward",
+    "blockwise_backward",
+]

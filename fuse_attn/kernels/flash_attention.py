@@ -1,0 +1,434 @@
+"""The fused attention op: ``torch.ops.fuse_attn.flash_attention`` (+ ``_backward``), its launchers, its CPU path
+and the plain-PyTorch reference it is tested against.
+
+Dispatch: CUDA tensors -> the generated Triton kernels; CPU tensors with ``TRITON_INTERPRET=1`` -> the same
+kernels through the Triton interpreter; other CPU tensors -> :func:`blockwise_forward` / :func:`blockwise_backward`
+(plain PyTorch, a block of query rows at a time, never the full N x N matrix).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..spec import AddTensor, AttentionSpec, FillWhere, ScaleScores, UnsupportedSpec
+from . import autotune, codegen
+
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+_BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Query rows per step of the CPU blockwise path: a [Z, H, 128, N] fp32 score block is 0.5 MiB per (z, h)
+# at N = 1024 -- far below the N x N matrix, and large enough that matmuls dominate the Python overhead.
+CPU_BLOCK_M = 128
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2_at_least_16(n: int) -> int:
+    # tl.arange needs a power of two and tl.dot an inner dim >= 16.
+    return max(16, 1 << (n - 1).bit_length())
+
+
+# ---- validation ----------------------------------------------------------------------------------------------------
+def validate(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec) -> None:
+    """Raise UnsupportedSpec for inputs the kernels cannot run (before anything is launched)."""
+    problems = []
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            problems.append(f"{name} must be 4-D [Z, H, L, D], got shape {tuple(t.shape)}")
+    if problems:
+        raise UnsupportedSpec("; ".join(problems))
+    if q.dtype not in _DTYPES.values():
+        problems.append(f"dtype {q.dtype} is not supported (float16, bfloat16, float32 are)")
+    if not (q.dtype == k.dtype == v.dtype):
+        problems.append(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    if _DTYPES.get(spec.dtype) != q.dtype:
+        problems.append(f"spec dtype {spec.dtype} does not match q dtype {q.dtype}")
+    devices = {t.device for t in (q, k, v, *score_tensors)}
+    if len(devices) > 1:
+        problems.append(f"tensors are on different devices: {sorted(map(str, devices))}")
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    if D > 256 or DV > 256:
+        problems.append(f"head dims {D}/{DV} exceed 256")
+    if D != spec.head_dim or k.shape[3] != D:
+        problems.append(f"head dim: spec {spec.head_dim}, q {D}, k {k.shape[3]}")
+    if DV != spec.head_dim_v:
+        problems.append(f"value head dim: spec {spec.head_dim_v}, v {DV}")
+    if H % spec.gqa_group:
+        problems.append(f"{H} query heads are not a multiple of gqa_group {spec.gqa_group}")
+    kv_shape = (Z, H // spec.gqa_group, N)
+    if tuple(k.shape[:3]) != kv_shape or tuple(v.shape[:3]) != kv_shape:
+        problems.append(f"k {tuple(k.shape)} / v {tuple(v.shape)} do not match q {tuple(q.shape)} with gqa_group {spec.gqa_group}")
+    if len(score_tensors) != len(spec.score_tensors):
+        problems.append(f"spec names {len(spec.score_tensors)} score tensors, {len(score_tensors)} given")
+    else:
+        full = (Z, H, M, N)
+        for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
+            if t.dim() != 4:
+                problems.append(f"score tensor {i} must be 4-D, got shape {tuple(t.shape)}")
+                continue
+            if st.role == "mask" and t.dtype != torch.bool:
+                problems.append(f"mask tensor {i} must be bool, got {t.dtype}")
+            if st.role == "bias" and t.dtype not in _BIAS_DTYPES:
+                problems.append(f"bias tensor {i} has unsupported dtype {t.dtype}")
+            if str(t.dtype).removeprefix("torch.") != st.dtype:
+                problems.append(f"score tensor {i} dtype {t.dtype} != spec {st.dtype}")
+            for d, (size, want, bc) in enumerate(zip(t.shape, full, st.broadcast)):
+                if bc and size != 1 or not bc and size != want:
+                    problems.append(f"score tensor {i} shape {tuple(t.shape)} does not broadcast to {full} as the spec says ({st.broadcast})")
+                    break
+    if problems:
+        raise UnsupportedSpec("; ".join(problems))
+
+
+def _bcast_strides(t: Tensor) -> list[int]:
+    """Strides with 0 for size-1 dims: the kernels index a broadcast tensor without a dense copy."""
+    return [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
+
+
+# ---- reference (naive, full score matrix) -------------------------------------------------------------------------
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec) -> tuple[Tensor, Tensor]:
+    """Eager attention as the spec defines it, in q's dtype (run it on fp64 copies for a reference).
+    Materializes the [Z, H, M, N] scores: for tests only. Returns (out, lse in fp32)."""
+    g = spec.gqa_group
+    k = k.repeat_interleave(g, dim=1)
+    v = v.repeat_interleave(g, dim=1)
+    s = (q @ k.transpose(-2, -1)) * spec.scale
+    s = _apply_score_mods(s, score_tensors, spec, rows=slice(None))
+    M, N = q.shape[2], k.shape[2]
+    if spec.causal is not None:
+        s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    return p @ v, torch.logsumexp(s, dim=-1).float()
+
+
+def _apply_score_mods(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, rows: slice) -> Tensor:
+    for op in spec.score_mods:
+        if isinstance(op, ScaleScores):
+            s = s * op.factor
+        elif isinstance(op, AddTensor):
+            t = score_tensors[op.tensor]
+            s = s + (t if t.shape[2] == 1 else t[:, :, rows]).to(s.dtype)
+        elif isinstance(op, FillWhere):
+            t = score_tensors[op.tensor]
+            t = t if t.shape[2] == 1 else t[:, :, rows]
+            s = s.masked_fill(t == op.fill_when, op.value)
+    return s
+
+
+def _causal_visible(row0: int, rows: int, M: int, N: int, spec: AttentionSpec, device) -> Tensor:
+    i = torch.arange(row0, row0 + rows, device=device)[:, None]
+    j = torch.arange(N, device=device)[None, :]
+    return j <= i + spec.causal.offset(M, N)
+
+
+# ---- CPU blockwise path --------------------------------------------------------------------------------------------
+def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N):
+    """fp32 (or fp64) modified scores of one block of query rows: [Z, H, rows, N]."""
+    g = spec.gqa_group
+    Z, H, rows, D = q_blk.shape
+    ct = torch.float64 if q_blk.dtype == torch.float64 else torch.float32
+    qg = q_blk.to(ct).reshape(Z, H // g, g * rows, D)  # the g query heads of one kv head share its keys
+    s = (qg @ k.to(ct).transpose(-2, -1)).reshape(Z, H, rows, N) * spec.scale
+    s = _apply_score_mods(s, score_tensors, spec, rows=slice(row0, row0 + rows))
+    if spec.causal is not None:
+        s = s.masked_fill(~_causal_visible(row0, rows, M, N, spec, s.device), float("-inf"))
+    return s
+
+
+def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M) -> tuple[Tensor, Tensor]:
+    Z, H, M, _ = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    g = spec.gqa_group
+    out = torch.empty((Z, H, M, DV), dtype=q.dtype, device=q.device)
+    lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
+    for r0 in range(0, M, block_m):
+        s = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
+        rows = s.shape[2]
+        p = torch.softmax(s, dim=-1)
+        o = (p.reshape(Z, H // g, g * rows, N) @ v.to(p.dtype)).reshape(Z, H, rows, DV)
+        out[:, :, r0:r0 + rows] = o.to(q.dtype)
+        lse[:, :, r0:r0 + rows] = torch.logsumexp(s, dim=-1).float()
+    return out, lse
+
+
+def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M):
+    """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
+    softmax of the block's scores; no N x N buffer). Rows that saw only -inf contribute no gradient."""
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    g = spec.gqa_group
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
+    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
+    dts = {i: torch.zeros(t.shape, dtype=ct, device=q.device) for i, (t, need) in enumerate(zip(score_tensors, needs_grad)) if need}
+    kc, vc = k.to(ct), v.to(ct)
+    for r0 in range(0, M, block_m):
+        s = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
+        rows = s.shape[2]
+        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        do = dout[:, :, r0:r0 + rows].to(ct)
+        pg = p.reshape(Z, H // g, g * rows, N)
+        dog = do.reshape(Z, H // g, g * rows, DV)
+        dv += pg.transpose(-2, -1) @ dog
+        dp = (dog @ vc.transpose(-2, -1)).reshape(Z, H, rows, N)
+        delta = (do * out[:, :, r0:r0 + rows].to(ct)).sum(-1, keepdim=True)
+        ds = p * (dp - delta)
+        for k_op in reversed(range(len(spec.score_mods))):
+            op = spec.score_mods[k_op]
+            if isinstance(op, ScaleScores):
+                ds = ds * op.factor
+            elif isinstance(op, AddTensor) and op.tensor in dts:
+                t = score_tensors[op.tensor]
+                red = [d for d in range(4) if t.shape[d] == 1 and ds.shape[d] != 1]
+                part = ds.sum(dim=red, keepdim=True) if red else ds
+                if t.shape[2] == 1:
+                    dts[op.tensor] += part
+                else:
+                    dts[op.tensor][:, :, r0:r0 + rows] += part
+            elif isinstance(op, FillWhere):
+                t = score_tensors[op.tensor]
+                t = t if t.shape[2] == 1 else t[:, :, r0:r0 + rows]
+                ds = ds.masked_fill(t == op.fill_when, 0.0)
+        dsg = ds.reshape(Z, H // g, g * rows, N)
+        dq[:, :, r0:r0 + rows] = ((dsg @ kc).reshape(Z, H, rows, D) * spec.scale).to(q.dtype)
+        dk += dsg.transpose(-2, -1) @ q[:, :, r0:r0 + rows].to(ct).reshape(Z, H // g, g * rows, D) * spec.scale
+    dscores = [dts[i].to(score_tensors[i].dtype) for i in sorted(dts)]
+    return dq, dk.to(k.dtype), dv.to(v.dtype), dscores
+
+
+# ---- Triton launchers ----------------------------------------------------------------------------------------------
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs: full-precision dots unless the user opted into TF32 (as eager matmul does).
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not _interpret():
+        return "tf32"
+    return "ieee"
+
+
+def _score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
+    kw = {}
+    for i, t in enumerate(score_tensors):
+        kw[f"T{i}"] = t.view(torch.uint8) if t.dtype == torch.bool else t
+        for d, stride in zip("zhmn", _bcast_strides(t)):
+            kw[f"stride_t{i}_{d}"] = stride
+    return kw
+
+
+def _strides(prefix: str, t: Tensor) -> dict:
+    return {f"stride_{prefix}{d}": s for d, s in zip("zhmd" if prefix in ("q", "o", "do", "dq") else "zhnd", t.stride())}
+
+
+def _common(q, k, v, spec) -> dict:
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    return dict(
+        H=H, M=M, N=N,
+        causal_offset=spec.causal.offset(M, N) if spec.causal else 0,
+        qk_scale=spec.scale * math.log2(math.e),
+        D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
+        GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
+        PRECISION=_precision(q.dtype), UPCAST=_interpret(),
+    )
+
+
+def _pick(kind: str, q: Tensor, spec: AttentionSpec, common: dict, candidates_fn, launch, reset=None):
+    if _interpret() or not q.is_cuda:
+        return autotune.INTERPRETER_CONFIGS[kind]
+    elem = q.element_size()
+    cands = candidates_fn(common["BLOCK_D"], common["BLOCK_DV"], elem, common["CAUSAL"], autotune.max_shared_memory(q.device))
+    key = autotune.tuning_key(kind, q.device, spec.digest, q.dtype, common["D"], common["DV"], common["M"], common["N"])
+    return autotune.choose(key, cands, launch, reset)
+
+
+def _launch_kwargs(cfg: autotune.KernelConfig) -> dict:
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def triton_forward(q, k, v, score_tensors, spec) -> tuple[Tensor, Tensor]:
+    mod = codegen.load_module(spec)
+    Z, H, M, _ = q.shape
+    DV = v.shape[3]
+    out = torch.empty((Z, H, M, DV), dtype=q.dtype, device=q.device)
+    lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
+    common = _common(q, k, v, spec)
+    kw = dict(Q=q, K=k, V=v, Out=out, Lse=lse, **_score_kwargs(score_tensors), **_strides("q", q), **_strides("k", k),
+              **_strides("v", v), **_strides("o", out), **common)
+
+    def launch(cfg):
+        mod._attn_fwd[(triton_cdiv(M, cfg.block_m), Z * H)](**kw, **_launch_kwargs(cfg))
+
+    launch(_pick("fwd", q, spec, common, autotune.forward_candidates, launch))
+    return out, lse
+
+
+def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad):
+    mod = codegen.load_module(spec)
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    common = _common(q, k, v, spec)
+    delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
+    block_dv = common["BLOCK_DV"]
+    mod._attn_bwd_preprocess[(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H)](
+        out, dout, delta, *out.stride(), *dout.stride(), H, M, DV=DV,
+        BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=block_dv,
+    )
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, Delta=delta, **_score_kwargs(score_tensors),
+                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
+                sm_scale=spec.scale, **common)
+
+    # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims).
+    dbufs = {}
+    dkw = {}
+    for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
+        if st.role != "bias":
+            continue
+        need = bool(needs_grad[i])
+        buf = torch.zeros(t.shape, dtype=torch.float32, device=q.device) if need else t
+        if need:
+            dbufs[i] = buf
+        dkw[f"DT{i}"] = buf
+        for d, stride in zip("zhmn", _bcast_strides(buf) if need else (0, 0, 0, 0)):
+            dkw[f"stride_dt{i}_{d}"] = stride
+        dkw[f"NEED_DT{i}"] = need
+
+    kv_kw = dict(base, DK=dk, DVout=dv, **dkw,
+                 **{f"stride_dk{d}": s for d, s in zip("zhnd", dk.stride())},
+                 **{f"stride_dv{d}": s for d, s in zip("zhnd", dv.stride())})
+
+    def launch_dkdv(cfg):
+        mod._attn_bwd_dkdv[(triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group))](**kv_kw, **_launch_kwargs(cfg))
+
+    def reset_dbias():
+        for buf in dbufs.values():
+            buf.zero_()
+
+    launch_dkdv(_pick("bwd_dkdv", q, spec, common, autotune.dkdv_candidates, launch_dkdv, reset_dbias))
+
+    q_kw = dict(base, DQ=dq, **_strides("dq", dq))
+
+    def launch_dq(cfg):
+        mod._attn_bwd_dq[(triton_cdiv(M, cfg.block_m), Z * H)](**q_kw, **_launch_kwargs(cfg))
+
+    launch_dq(_pick("bwd_dq", q, spec, common, autotune.dq_candidates, launch_dq))
+    dscores = [dbufs[i].to(score_tensors[i].dtype) for i in sorted(dbufs)]
+    return dq, dk, dv, dscores
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+# ---- the ops -------------------------------------------------------------------------------------------------------
+def _use_triton(q: Tensor) -> bool:
+    return q.is_cuda or (q.device.type == "cpu" and _interpret())
+
+
+@torch.library.custom_op("fuse_attn::flash_attention", mutates_args=())
+def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], spec: str) -> tuple[Tensor, Tensor]:
+    s = AttentionSpec.from_json(spec)
+    validate(q, k, v, score_tensors, s)
+    Z, H, M, _ = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    if Z * H * M == 0 or N == 0:
+        # softmax over zero keys @ v is zeros in eager; the logsumexp of nothing is -inf.
+        return (torch.zeros((Z, H, M, DV), dtype=q.dtype, device=q.device),
+                torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
+    if _use_triton(q):
+        return triton_forward(q, k, v, score_tensors, s)
+    return blockwise_forward(q, k, v, score_tensors, s)
+
+
+@flash_attention_op.register_fake
+def _(q, k, v, score_tensors, spec):
+    s = AttentionSpec.from_json(spec)
+    validate(q, k, v, score_tensors, s)
+    Z, H, M, _ = q.shape
+    return q.new_empty((Z, H, M, v.shape[3])), q.new_empty((Z, H, M), dtype=torch.float32)
+
+
+@torch.library.custom_op("fuse_attn::flash_attention_backward", mutates_args=())
+def flash_attention_backward_op(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], out: Tensor, lse: Tensor, spec: str,
+    score_tensor_needs_grad: list[bool],
+) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
+    s = AttentionSpec.from_json(spec)
+    validate(q, k, v, score_tensors, s)
+    needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
+    Z, H, M, _ = q.shape
+    N = k.shape[2]
+    if Z * H * M == 0 or N == 0:
+        return (torch.zeros(q.shape, dtype=q.dtype, device=q.device), torch.zeros(k.shape, dtype=k.dtype, device=k.device),
+                torch.zeros(v.shape, dtype=v.dtype, device=v.device),
+                [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t, n in zip(score_tensors, needs) if n])
+    if _use_triton(q):
+        return triton_backward(dout, q, k, v, score_tensors, out, lse, s, needs)
+    return blockwise_backward(dout, q, k, v, score_tensors, out, lse, s, needs)
+
+
+def _check_needs(score_tensors, spec: AttentionSpec, needs: Sequence[bool]) -> list[bool]:
+    if len(needs) != len(score_tensors):
+        raise UnsupportedSpec(f"score_tensor_needs_grad has {len(needs)} flags for {len(score_tensors)} score tensors")
+    for i, (n, st) in enumerate(zip(needs, spec.score_tensors)):
+        if n and st.role != "bias":
+            raise UnsupportedSpec(f"score tensor {i} is a {st.role}; only bias tensors get a gradient")
+    return list(needs)
+
+
+@flash_attention_backward_op.register_fake
+def _(dout, q, k, v, score_tensors, out, lse, spec, score_tensor_needs_grad):
+    s = AttentionSpec.from_json(spec)
+    validate(q, k, v, score_tensors, s)
+    needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            [t.new_empty(t.shape) for t, n in zip(score_tensors, needs) if n])
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, score_tensors, spec = inputs
+    out, lse = output
+    ctx.spec = spec
+    ctx.num_scores = len(score_tensors)
+    ctx.needs = [bool(t.requires_grad and t.is_floating_point()) for t in score_tensors]
+    ctx.save_for_backward(q, k, v, out, lse, *score_tensors)
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, out, lse, *score_tensors = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, dscores = torch.ops.fuse_attn.flash_attention_backward(
+        dout, q, k, v, score_tensors, out, lse, ctx.spec, ctx.needs)
+    it = iter(dscores)
+    grads = [next(it) if n else None for n in ctx.needs]
+    return dq, dk, dv, grads, None
+
+
+flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, spec, score_tensors: Sequence[Tensor] = (),
+                    return_lse: bool = False):
+    """Fused attention without torch.compile: ``out`` (differentiable), or ``(out, lse)`` with ``return_lse``.
+
+    ``spec`` is an :class:`AttentionSpec` or its JSON. q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``,
+    v ``[Z, H // g, N, DV]`` with any strides; score tensors 4-D, broadcastable to ``[Z, H, M, N]``."""
+    text = spec.to_json() if isinstance(spec, AttentionSpec) else spec
+    out, lse = torch.ops.fuse_attn.flash_attention(q, k, v, list(score_tensors), text)
+    return (out, lse) if return_lse else out
+
+
+def generated_source(spec) -> str:
+    """The generated Triton source for a spec (AttentionSpec or its JSON)."""
+    spec = AttentionSpec.from_json(spec) if isinstance(spec, str) else spec
+    return codegen.generate_source(spec)

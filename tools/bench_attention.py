@@ -1,0 +1,251 @@
+"""GPU correctness sweep and speed/memory table of the fused attention kernel against PyTorch's attentions.
+
+    PYTHONPATH=. python3 tools/bench_attention.py --out OUTDIR [--shapes 8,16,1024,64 ...] [--skip-check]
+
+1. Correctness: bf16 / fp16 / fp32 at larger sizes, causal and not, bias, mask, GQA; forward and gradients, each
+   held to ``max|ours - ref64| <= 2 * max|eager_same_dtype - ref64| + floor``.
+2. Speed: TF/s = 4*B*H*N^2*D / time (halved when causal; fwd+bwd counts 3.5x the forward FLOPs), median of
+   ``triton.testing.do_bench``, and the peak memory a call allocates beyond its inputs, for ours, eager,
+   ``torch.compile`` default, SDPA flash and SDPA cuDNN, bf16, on random (never zero) inputs.
+Rows are printed and appended to OUTDIR/bench_attention.csv as they are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import sys
+import time
+import traceback
+
+import torch
+import triton
+import triton.testing
+from tabulate import tabulate
+
+from fuse_attn.kernels import flash_attention, reference_attention
+from fuse_attn.kernels import autotune
+from fuse_attn.spec import AddTensor, AttentionSpec, CausalMask, FillWhere, ScoreTensor
+
+DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
+NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
+FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
+
+
+# ---- correctness ---------------------------------------------------------------------------------------------------
+def _err(a, b):
+    a, b = a.double(), b.double()
+    ok = ~(torch.isnan(a) | torch.isnan(b))
+    if not torch.equal(torch.isnan(a), torch.isnan(b)):
+        return float("inf")
+    return (a[ok] - b[ok]).abs().max().item() if ok.any() else 0.0
+
+
+def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None, gqa=1, dev="cuda"):
+    DV = DV or D
+    q = torch.randn(Z, H, M, D, device=dev, dtype=dtype)
+    k = torch.randn(Z, H // gqa, N, D, device=dev, dtype=dtype)
+    v = torch.randn(Z, H // gqa, N, DV, device=dev, dtype=dtype)
+    mods, infos, tensors = [], [], []
+    if bias is not None:
+        infos.append(ScoreTensor("bias", NAMES[dtype], tuple(s == 1 for s in bias)))
+        mods.append(AddTensor(len(tensors)))
+        tensors.append(torch.randn(*bias, device=dev, dtype=dtype))
+    if mask is not None:
+        infos.append(ScoreTensor("mask", "bool", tuple(s == 1 for s in mask)))
+        mods.append(FillWhere(len(tensors), torch.finfo(torch.float32).min, False))
+        tensors.append(torch.rand(*mask, device=dev) > 0.2)
+    spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=DV, scale=D ** -0.5, causal=causal,
+                         score_mods=tuple(mods), score_tensors=tuple(infos), gqa_group=gqa)
+
+    def leaves(cast):
+        xs = [t.detach().to(cast if cast and t.is_floating_point() else t.dtype) for t in (q, k, v, *tensors)]
+        for x in xs:
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        return xs
+
+    ours, ref, eag = leaves(None), leaves(torch.float64), leaves(None)
+    o = flash_attention(*ours[:3], spec, ours[3:])
+    r, _ = reference_attention(*ref[:3], ref[3:], spec)
+    e, _ = reference_attention(*eag[:3], eag[3:], spec)
+    dout = torch.randn_like(o)
+    idx = [i for i, x in enumerate(ours) if x.requires_grad]
+    go = torch.autograd.grad(o, [ours[i] for i in idx], dout)
+    gr = torch.autograd.grad(r, [ref[i] for i in idx], dout.double())
+    ge = torch.autograd.grad(e, [eag[i] for i in idx], dout)
+    names = ["out"] + [["dq", "dk", "dv", "dbias", "dmask"][i] for i in idx]
+    worst = []
+    ok = True
+    for name, a, b, c in zip(names, [o, *go], [r, *gr], [e, *ge]):
+        err, err_e = _err(a, b), _err(c, b)
+        floor = FLOOR[dtype] * max(1.0, b.abs().max().item())
+        passed = err <= 2 * err_e + floor
+        ok &= passed
+        worst.append(f"{name} {err:.2e}/{err_e:.2e}{'' if passed else ' FAIL'}")
+    return ok, spec.describe(), "; ".join(worst)
+
+
+def correctness_sweep():
+    os.environ["FUSE_ATTN_AUTOTUNE"] = "0"  # one config per kernel: the sweep checks numerics, not speed
+    cases = [
+        (torch.bfloat16, dict(Z=2, H=4, M=1000, N=1000, D=64)),
+        (torch.bfloat16, dict(Z=2, H=4, M=1000, N=1000, D=64, causal=CausalMask())),
+        (torch.bfloat16, dict(Z=1, H=4, M=777, N=1031, D=128, causal=CausalMask(0, "bottom_right"), bias=(1, 4, 777, 1031))),
+        (torch.float16, dict(Z=2, H=8, M=513, N=700, D=80, gqa=2, bias=(2, 1, 1, 700), mask=(2, 1, 513, 700))),
+        (torch.float16, dict(Z=1, H=2, M=300, N=300, D=256, causal=CausalMask())),
+        (torch.float32, dict(Z=1, H=4, M=333, N=555, D=96, DV=64, causal=CausalMask(3, "top_left"), bias=(1, 1, 333, 555))),
+        (torch.bfloat16, dict(Z=1, H=8, M=2048, N=2048, D=128, gqa=4, causal=CausalMask())),
+    ]
+    rows, all_ok = [], True
+    for dtype, kw in cases:
+        t0 = time.time()
+        try:
+            ok, desc, detail = check_case(dtype, **kw)
+        except Exception as e:  # report and go on: one failure must not hide the rest
+            traceback.print_exc()
+            ok, desc, detail = False, str(kw), f"{type(e).__name__}: {e}"
+        all_ok &= ok
+        shape = f"Z={kw['Z']} H={kw['H']} M={kw['M']} N={kw['N']}"
+        rows.append(["PASS" if ok else "FAIL", desc, shape, detail, f"{time.time() - t0:.1f}s"])
+        print(rows[-1], flush=True)
+    print(tabulate(rows, headers=["", "spec", "shape", "max err ours/eager vs fp64", "time"]), flush=True)
+    del os.environ["FUSE_ATTN_AUTOTUNE"]
+    return all_ok
+
+
+# ---- speed ---------------------------------------------------------------------------------------------------------
+def _eager(q, k, v, scale, causal_mask):
+    s = (q @ k.transpose(-2, -1)) * scale
+    if causal_mask is not None:
+        s = s.masked_fill(causal_mask, float("-inf"))
+    return torch.softmax(s, dim=-1) @ v
+
+
+def make_methods(B, H, N, D, causal):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    scale = D ** -0.5
+    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=scale, causal=CausalMask() if causal else None)
+    compiled = torch.compile(_eager)
+    mask_holder = {}
+
+    def causal_mask():
+        if causal and "m" not in mask_holder:
+            mask_holder["m"] = torch.ones(N, N, dtype=torch.bool, device="cuda").triu(1)
+        return mask_holder.get("m")
+
+    def sdpa(backend):
+        def f(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+        return f
+
+    return {
+        "ours": lambda q, k, v: flash_attention(q, k, v, spec),
+        "eager": lambda q, k, v: _eager(q, k, v, scale, causal_mask()),
+        "torch.compile": lambda q, k, v: compiled(q, k, v, scale, causal_mask()),
+        "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+
+
+def measure(fn, q, k, v, dout, backward):
+    def step():
+        out = fn(q, k, v)
+        if backward:
+            out.backward(dout)
+        return out
+
+    step()  # compile / tune outside the timing
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    ms = triton.testing.do_bench(step, warmup=25, rep=100, grad_to_none=[q, k, v] if backward else None,
+                                 return_mode="median")
+    return ms, peak
+
+
+def speed(shapes, methods_filter, writer, csv_file):
+    rows = []
+    for B, H, N, D in shapes:
+        for causal in (False, True):
+            methods = make_methods(B, H, N, D, causal)
+            for mode in ("fwd", "fwd+bwd"):
+                backward = mode == "fwd+bwd"
+                gen = torch.Generator(device="cuda").manual_seed(0)
+                # randn is never all-zero; scaled to keep softmax away from one-hot.
+                q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(backward)
+                           for _ in range(3))
+                dout = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+                flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+                row = [f"{B},{H},{N},{D}", "causal" if causal else "full", mode]
+                for name, fn in methods.items():
+                    if methods_filter and name not in methods_filter:
+                        row.append("-")
+                        continue
+                    t0 = time.time()
+                    try:
+                        ms, peak = measure(fn, q, k, v, dout, backward)
+                        cell = f"{flops / (ms * 1e-3) / 1e12:.0f} TF/s, {peak / 2**20:.0f} MiB"
+                        writer.writerow([B, H, N, D, int(causal), mode, name, f"{ms:.4f}",
+                                         f"{flops / (ms * 1e-3) / 1e12:.2f}", peak])
+                    except torch.cuda.OutOfMemoryError:
+                        cell = "OOM"
+                        writer.writerow([B, H, N, D, int(causal), mode, name, "OOM", "", ""])
+                    except Exception as e:
+                        cell = f"error: {type(e).__name__}"
+                        print(f"{name} failed: {e}", flush=True)
+                        writer.writerow([B, H, N, D, int(causal), mode, name, "error", "", ""])
+                    csv_file.flush()
+                    for t in (q, k, v):
+                        t.grad = None
+                    torch.cuda.empty_cache()
+                    row.append(cell)
+                    print(f"  {row[:3]} {name}: {cell} ({time.time() - t0:.1f}s)", flush=True)
+                rows.append(row)
+                del q, k, v, dout
+                torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--shapes", nargs="*", help="B,H,N,D ...", default=None)
+    ap.add_argument("--methods", nargs="*", default=None, help="subset of: ours eager torch.compile 'SDPA flash' 'SDPA cuDNN'")
+    ap.add_argument("--skip-check", action="store_true")
+    ap.add_argument("--skip-speed", action="store_true")
+    args = ap.parse_args(argv)
+    props = torch.cuda.get_device_properties(0)
+    print(f"device: {props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    ok = True
+    if not args.skip_check:
+        t0 = time.time()
+        ok = correctness_sweep()
+        print(f"correctness sweep: {'PASS' if ok else 'FAIL'} in {time.time() - t0:.0f}s", flush=True)
+    if not args.skip_speed:
+        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
+        os.makedirs(args.out, exist_ok=True)
+        path = os.path.join(args.out, "bench_attention.csv")
+        new = not os.path.exists(path)
+        with open(path, "a", newline="") as f:
+            writer = csv.writer(f)
+            if new:
+                writer.writerow(["B", "H", "N", "D", "causal", "mode", "method", "median_ms", "TF/s", "peak_bytes_above_inputs"])
+            rows = speed(shapes, args.methods, writer, f)
+        headers = ["B,H,N,D", "mask", "mode", "ours", "eager", "torch.compile default", "SDPA flash", "SDPA cuDNN"]
+        print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)
+        for key, cfg in autotune.chosen_configs().items():
+            print("tuned:", key, "->", cfg, flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

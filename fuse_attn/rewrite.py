@@ -89,31 +89,33 @@ class _Emitter:
 
 def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
     qk_batch, pv_batch = match.qk_batch, match.pv_batch
+    # All batch shapes along the attention are row-major reshapes of one another. Work in the one where the first
+    # mask/bias applies, so that it needs no reshape (a reshape of a broadcast tensor would copy it densely).
+    batch = match.tensors[0][1] if match.tensors else pv_batch
     q = emit.replay(match.q.node, match.q.views)
     k_transposed = emit.replay(match.k.node, match.k.views)
     k = emit.transpose_last(k_transposed)
-    q = emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, pv_batch, "q")
-    k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, pv_batch, "k")
-    v = emit.broadcast_to(match.v, pv_batch, "v")
-    q4, k4, v4 = (emit.to_4d(x, len(pv_batch)) for x in (q, k, v))
+    q = emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q")
+    k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, batch, "k")
+    v = emit.rebatch(emit.broadcast_to(match.v, pv_batch, "v"), pv_batch, batch, "v")
+    q4, k4, v4 = (emit.to_4d(x, len(batch)) for x in (q, k, v))
 
     tensors = []
-    for tensor, batch in match.tensors:
-        rank = len(batch) + 2
-        for _ in range(rank - val(tensor).dim()):
+    for tensor, tensor_batch in match.tensors:
+        for _ in range(len(tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
-        if tuple(batch) != tuple(pv_batch):
-            if any(s != 1 for s in val(tensor).shape[:-2]):
-                raise NotFused(
-                    f"a mask/bias with batch dims {shape_text(val(tensor).shape[:-2])} sits where the scores have "
-                    f"batch {shape_text(batch)}, not the output's {shape_text(pv_batch)}"
-                )
-        tensors.append(emit.to_4d(tensor, len(batch)))
+        if tuple(tensor_batch) != tuple(batch) and any(s != 1 for s in val(tensor).shape[:-2]):
+            raise NotFused(
+                f"a mask/bias with batch dims {shape_text(val(tensor).shape[:-2])} applies where the scores have batch "
+                f"{shape_text(tensor_batch)}, but another applies at batch {shape_text(batch)}"
+            )
+        tensors.append(emit.to_4d(tensor, len(tensor_batch)))
 
     fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, match.spec.to_json())
     out = emit(operator.getitem, fused, 0)
-    out_val = val(match.pv)
-    return emit.from_4d(out, pv_batch, list(out_val.shape[-2:]))
+    tail = list(val(match.pv).shape[-2:])
+    out = emit.from_4d(out, batch, tail)
+    return emit.rebatch(out, batch, pv_batch, "the output")
 
 
 def _source_line(node: fx.Node) -> Optional[str]:

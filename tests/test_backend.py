@@ -1,0 +1,196 @@
+"""End to end: ``torch.compile(model, backend="fuse_attn")`` on small modules, inference and training, CPU.
+
+Numerics rule: ``max|ours - ref| <= 2 * max|eager - ref| + floor`` with ``ref`` the module in fp64 and ``eager``
+the module run eagerly in the working dtype.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch._inductor.utils import fresh_cache, run_and_get_code
+
+from fuse_attn.report import collect_reports
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from examples.attention_forms import NanoGPTAttention, PaddedEncoderAttention, TinyGPT  # noqa: E402
+
+FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3}
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(params=["blockwise", "interpreter"])
+def cpu_path(request, monkeypatch):
+    """The fused op on a CPU runs the plain-PyTorch blockwise path, or the Triton kernels in the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "interpreter" else "0")
+    return request.param
+
+
+class CausalTril(torch.nn.Module):
+    def forward(self, q, k, v):
+        T = q.shape[-2]
+        w = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        w = w.masked_fill(torch.tril(torch.ones(T, T, device=q.device)) == 0, float("-inf"))
+        return torch.softmax(w, -1) @ v
+
+
+class BiasedBmm(torch.nn.Module):
+    """3-D bmm spelling with a learned relative bias (needs a gradient) added to the scores."""
+
+    def __init__(self, heads=2, length=17):
+        super().__init__()
+        self.bias = torch.nn.Parameter(torch.randn(heads, length, length))
+
+    def forward(self, q, k, v):
+        B, H, T, D = q.shape
+        w = torch.bmm(q.reshape(B * H, T, D) * D**-0.5, k.reshape(B * H, T, D).transpose(1, 2)).view(B, H, T, T)
+        p = torch.softmax(w + self.bias, -1).view(B * H, T, T)
+        return torch.bmm(p, v.reshape(B * H, T, D)).view(B, H, T, D)
+
+
+def max_error(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+def check_close(ours, eager, ref, dtype, what):
+    allowed = 2 * max_error(eager, ref) + FLOOR[dtype]
+    err = max_error(ours, ref)
+    assert err <= allowed, f"{what}: error {err:.3g} > allowed {allowed:.3g} (eager's {max_error(eager, ref):.3g})"
+
+
+def compile_and_compare(model, inputs, *, train: bool, dtype=torch.float32, expect_fused: int = 1):
+    """Compile ``model`` with fuse_attn; compare outputs (and grads of params and float inputs) with eager/fp64."""
+    torch._dynamo.reset()
+    ref_model = copy.deepcopy(model).double()
+    eager_model = copy.deepcopy(model).to(dtype)
+    ours_model = copy.deepcopy(model).to(dtype)
+
+    def prepared(cast):
+        return [cast(x).detach().requires_grad_(train and x.is_floating_point()) for x in inputs]
+
+    ref_in = prepared(lambda x: x.double() if x.is_floating_point() else x)
+    eager_in = prepared(lambda x: x.to(dtype) if x.is_floating_point() else x)
+    ours_in = prepared(lambda x: x.to(dtype) if x.is_floating_point() else x)
+
+    compiled = torch.compile(ours_model, backend="fuse_attn")
+    with collect_reports() as reports, torch.set_grad_enabled(train):
+        ours = compiled(*ours_in)
+    fused = sum(len(r.fused) for r in reports)
+    assert fused == expect_fused, "\n".join(v.line() for r in reports for v in r.verdicts)
+    with torch.set_grad_enabled(train):
+        ref, eager = ref_model(*ref_in), eager_model(*eager_in)
+    check_close(ours, eager, ref, dtype, "output")
+    if not train:
+        return
+    grad_out = torch.randn_like(ref)
+    ref.backward(grad_out)
+    eager.backward(grad_out.to(dtype))
+    ours.backward(grad_out.to(dtype))
+    pairs = [(o, e, r, f"grad of input {i}") for i, (o, e, r) in enumerate(zip(ours_in, eager_in, ref_in)) if r.requires_grad]
+    pairs += [
+        (o, e, r, f"grad of {name}")
+        for (name, r), o, e in zip(ref_model.named_parameters(), ours_model.parameters(), eager_model.parameters())
+    ]
+    for o, e, r, what in pairs:
+        o, e, r = (x.grad if isinstance(x, torch.Tensor) and x.grad is not None else x for x in (o, e, r))
+        check_close(o, e, r.grad if r.grad is not None else r, dtype, what)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_nanogpt_attention(cpu_path, train):
+    torch.manual_seed(0)
+    compile_and_compare(NanoGPTAttention(width=32, heads=2, block_size=32), [torch.randn(2, 17, 32)], train=train)
+
+
+@pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
+def test_causal_tril_odd_length(cpu_path, train):
+    torch.manual_seed(1)
+    compile_and_compare(CausalTril(), [torch.randn(1, 2, 97, 16) for _ in range(3)], train=train)
+
+
+def test_bias_gradient_through_bmm_spelling(cpu_path):
+    torch.manual_seed(2)
+    compile_and_compare(BiasedBmm(), [torch.randn(2, 2, 17, 16) for _ in range(3)], train=True)
+
+
+def test_padding_mask_encoder_fp16_inference():
+    torch.manual_seed(3)
+    padding = torch.ones(2, 13)
+    padding[1, 8:] = 0
+    compile_and_compare(PaddedEncoderAttention(width=32, heads=2), [torch.randn(2, 13, 32), padding], train=False, dtype=torch.float16)
+
+
+def test_two_layer_model_fuses_every_layer():
+    torch.manual_seed(4)
+    model = TinyGPT(vocab=64, width=32, heads=2, layers=2, block_size=16)
+    compile_and_compare(model, [torch.randint(0, 64, (2, 16))], train=True, expect_fused=2)
+
+
+def test_weights_returned_are_not_fused_and_still_right():
+    torch.manual_seed(5)
+    padding = torch.ones(2, 9)
+    model = PaddedEncoderAttention(width=32, heads=2, return_weights=True)
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out, weights = torch.compile(model, backend="fuse_attn")(torch.randn(2, 9, 32), padding)
+    assert [v.fused for r in reports for v in r.verdicts] == [False]
+    assert "used by" in reports[0].verdicts[0].reason
+
+
+def test_options_disable_and_log_only():
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    for options, expect_call in (({}, True), ({"fuse_attn.enabled": False}, False), ({"fuse_attn.log_only": True}, False)):
+        torch._dynamo.reset()
+        with collect_reports() as reports:
+            out, code = run_and_get_code(torch.compile(CausalTril(), backend="fuse_attn", options=options), q, k, v)
+        assert ("fuse_attn.flash_attention" in "\n".join(code)) == expect_call, options
+        assert len(reports) == (0 if options.get("fuse_attn.enabled") is False else 1), options
+        torch.testing.assert_close(out, CausalTril()(q, k, v))
+
+
+def test_fx_graph_cache_hit_still_calls_the_op():
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    with fresh_cache():
+        for _ in range(2):  # the second compile is served from Inductor's FX graph cache
+            torch._dynamo.reset()
+            out, code = run_and_get_code(torch.compile(CausalTril(), backend="fuse_attn"), q, k, v)
+            assert "fuse_attn.flash_attention" in "\n".join(code)
+            torch.testing.assert_close(out, CausalTril()(q, k, v))
+
+
+def run_fresh_python(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/").stdout
+
+
+def test_backend_registered_through_entry_point_without_import():
+    out = run_fresh_python(
+        "import sys, torch._dynamo\n"
+        "assert 'fuse_attn' not in sys.modules\n"
+        "print('fuse_attn' in torch._dynamo.list_backends())"
+    )
+    assert out.strip() == "True"
+
+
+def test_no_top_level_kernels_module_is_installed():
+    out = run_fresh_python("import importlib.util, fuse_attn.kernels; print(importlib.util.find_spec('kernels'))")
+    assert out.strip() == "None"
+
+
+def test_dump_graph_prints_rewrites_and_reasons():
+    result = subprocess.run(
+        [sys.executable, "-m", "tools.dump_graph", "examples.attention_forms:padded_encoder_returning_weights"],
+        check=True, capture_output=True, text=True, cwd=REPO,
+    )
+    assert "--- before ---" in result.stdout and "--- after ---" in result.stdout
+    assert "not fused" in result.stdout and "used by" in result.stdout
+    fused = subprocess.run(
+        [sys.executable, "-m", "tools.dump_graph", "examples.attention_forms:nanogpt_block", "--kernel-source", "--no-graphs"],
+        check=True, capture_output=True, text=True, cwd=REPO,
+    )
+    assert "fused softmax" in fused.stdout and "causal" in fused.stdout and "@triton.jit" in fused.stdout

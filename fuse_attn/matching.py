@@ -299,6 +299,8 @@ def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
             ops.append(_ScoreOp("fill", node, _batch_of(node), tensor=mask, value=_fill_value(other, evaluate, node), fill_when=fill_when))
             node = score
             continue
+        if target in (aten.mul.Tensor, aten.div.Tensor) and any(isinstance(val(x), (torch.SymInt, torch.SymFloat)) for x in node.args[:2]):
+            raise NotFused(f"{node.name} scales the scores by a symbolic value (symbolic scales are not folded yet)", node)
         raise NotFused(f"{node.name} ({_op_name(target)}) between q @ k^T and the softmax is not a supported score change", node)
     ops.reverse()
     return node, ops, chain
@@ -400,18 +402,19 @@ def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
 
 
 def _broadcast_pattern(tensor: fx.Node, batch: tuple) -> tuple[bool, bool, bool, bool]:
-    """Which of (Z, H, M, N) the tensor broadcasts over, once laid out like the scores at its op."""
+    """Which of (Z, H, M, N) the tensor broadcasts over, once laid out like the scores at its op.
+
+    A symbolic size is never 1 (Dynamo specializes sizes 0 and 1), so only a literal 1 broadcasts.
+    """
     shape = tuple(val(tensor).shape)
     rank = len(batch) + 2
     shape = (1,) * (rank - len(shape)) + shape
+
+    def ones(dims) -> bool:
+        return all(isinstance(s, int) and s == 1 for s in dims)
+
     batch_dims = shape[:-2]
-    z_dims, h_dims = batch_dims[:-1], batch_dims[-1:]
-    return (
-        all(s == 1 for s in z_dims),
-        all(s == 1 for s in h_dims),
-        shape[-2] == 1,
-        shape[-1] == 1,
-    )
+    return (ones(batch_dims[:-1]), ones(batch_dims[-1:]), ones(shape[-2:-1]), ones(shape[-1:]))
 
 
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:

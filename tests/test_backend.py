@@ -194,3 +194,17 @@ def test_dump_graph_prints_rewrites_and_reasons():
         check=True, capture_output=True, text=True, cwd=REPO,
     )
     assert "fused softmax" in fused.stdout and "causal" in fused.stdout and "@triton.jit" in fused.stdout
+
+
+def test_dynamic_lengths_compile_once_with_the_mask_as_a_tensor(monkeypatch):
+    """With symbolic lengths the mask cannot be evaluated at compile time: it stays a (fused) tensor mask."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model = NanoGPTAttention(width=32, heads=2, block_size=32)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fuse_attn", dynamic=True)
+    with collect_reports() as reports:
+        for length in (9, 13, 20):
+            x = torch.randn(2, length, 32)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert len(reports) == 1
+    assert [v.line() for v in reports[0].verdicts] == ["fused softmax: float32 D=16 scale=0.25 fill(mask0[1,1,M,N]==True, -inf)"]

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+import torch.fx.traceback as fx_traceback
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .matching import MatchContext
@@ -62,7 +63,9 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[f
     """Dynamo's graph as a pre-autograd ATen graph, plus the real values of its registered buffers."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_inputs = [n.meta.get("example_value") for n in placeholders]
-    traced = make_fx(gm, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
+    # Interpreting under preserve_node_meta carries each node's stack trace (the user's source line) over.
+    with fx_traceback.preserve_node_meta():
+        traced = make_fx(fx.Interpreter(gm).run, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
     traced_placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constants = {}
     for dynamo_node, traced_node, real in zip(placeholders, traced_placeholders, example_inputs):

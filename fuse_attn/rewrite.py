@@ -8,6 +8,8 @@ between the two products or a broadcast of q/k/v needs static sizes.
 from __future__ import annotations
 
 import operator
+import os
+import re
 from typing import Any, Optional
 
 import torch
@@ -119,11 +121,17 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
 
 
 def _source_line(node: fx.Node) -> Optional[str]:
-    trace = node.meta.get("stack_trace")
-    if not trace:
+    """``file:line  code`` of the user's line that created ``node`` (from the innermost stack frame)."""
+    lines = (node.meta.get("stack_trace") or "").splitlines()
+    frames = [i for i, line in enumerate(lines) if line.strip().startswith("File ")]
+    if not frames:
         return None
-    lines = [line.strip() for line in trace.strip().splitlines() if line.strip()]
-    return lines[-1] if lines else None
+    frame = lines[frames[-1]].strip()
+    match = re.match(r'File "(?P<file>[^"]+)", line (?P<line>\d+)', frame)
+    code = lines[frames[-1] + 1].strip() if frames[-1] + 1 < len(lines) else ""
+    if match is None:
+        return None
+    return f"{os.path.basename(match['file'])}:{match['line']} `{code}`"
 
 
 def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False) -> GraphReport:

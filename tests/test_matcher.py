@@ -248,3 +248,11 @@ class TestNotRewritten(TestCase):
 
         reports = rewrite_reports(fn, *qkv(), torch.ones(5, 5, dtype=torch.bool).tril())
         self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 fill(mask0[1,1,M,N]==True, -inf)""")
+
+    def test_verdicts_name_the_users_source_line(self):
+        def fn(q, k, v):
+            weights = torch.softmax(q @ k.transpose(-1, -2), -1)
+            return weights @ v, weights
+
+        (verdict,) = rewrite_reports(fn, *qkv())[0].verdicts
+        self.assertEqual(verdict.source, f"test_matcher.py:{fn.__code__.co_firstlineno + 1} `weights = torch.softmax(q @ k.transpose(-1, -2), -1)`")

@@ -176,6 +176,7 @@ def speed(shapes, methods_filter, writer, csv_file):
     rows = []
     for B, H, N, D in shapes:
         for causal in (False, True):
+            torch._dynamo.reset()  # each shape gets its own torch.compile graph (not the recompile limit's fallback)
             methods = make_methods(B, H, N, D, causal)
             for mode in ("fwd", "fwd+bwd"):
                 backward = mode == "fwd+bwd"

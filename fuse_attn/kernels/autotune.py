@@ -137,22 +137,24 @@ def choose(key: tuple, candidates: Sequence[KernelConfig], launch: Callable[[Ker
         cfg = candidates[0]
     elif os.environ.get("FUSE_ATTN_AUTOTUNE", "1") == "0":
         # no timing: the first candidate that compiles and runs (the smem estimate is only an estimate)
+        errors = []
         for cand in candidates:
             try:
                 launch(cand)
             except Exception as e:
                 log.debug("config %s for %s failed: %s", cand, key, e)
+                errors.append(f"{cand}: {type(e).__name__}: {e}")
                 continue
             cfg = cand
             break
         else:
-            raise RuntimeError(f"no launch config compiled for {key}")
+            raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
         if reset is not None:
             reset()
     else:
         import triton.testing
 
-        best = None
+        best, errors = None, []
         for cand in candidates:
             try:
                 # warmup/rep in ms: ~25 timed launches of a ms-scale kernel are enough to rank configs apart
@@ -160,12 +162,13 @@ def choose(key: tuple, candidates: Sequence[KernelConfig], launch: Callable[[Ker
                 t = triton.testing.do_bench(lambda: launch(cand), warmup=5, rep=25)
             except Exception as e:  # out of shared memory / registers: not a usable config here
                 log.debug("config %s for %s failed: %s", cand, key, e)
+                errors.append(f"{cand}: {type(e).__name__}: {e}")
                 continue
             log.debug("config %s for %s: %.4f ms", cand, key, t)
             if best is None or t < best[0]:
                 best = (t, cand)
         if best is None:
-            raise RuntimeError(f"no launch config compiled for {key}")
+            raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
         cfg = best[1]
         if reset is not None:
             reset()

@@ -41,6 +41,19 @@ def is_static(shape) -> bool:
     return all(isinstance(s, int) for s in shape)
 
 
+def same_shape(a, b) -> bool:
+    """Sizes equal for every value of their symbols (never adds a guard: the graph is already guarded)."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    a, b = tuple(a), tuple(b)
+    return len(a) == len(b) and all(statically_known_true(x == y) for x, y in zip(a, b))
+
+
+def all_ones(sizes) -> bool:
+    """Every size is a literal 1 (a symbolic size is never 1: Dynamo specializes 0 and 1)."""
+    return all(isinstance(s, int) and s == 1 for s in sizes)
+
+
 def shape_text(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 

@@ -31,10 +31,12 @@ from .graph_utils import (
     IDENTITY_OPS,
     SOFTMAX_OPS,
     VIEW_OPS,
+    all_ones,
     aten,
     cast_dtype,
     is_pure,
     is_static,
+    same_shape,
     shape_text,
     val,
 )
@@ -215,7 +217,7 @@ def _fill_value(arg: Any, evaluate: _ConstantEvaluator, node: fx.Node) -> float:
         return float(arg)
     if isinstance(arg, fx.Node):
         fake = val(arg)
-        if isinstance(fake, torch.Tensor) and fake.numel() == 1:
+        if isinstance(fake, torch.Tensor) and all_ones(fake.shape):
             return float(evaluate(arg).reshape(()).item())
     raise NotFused(f"{node.name}: the fill value is not a constant scalar", node)
 
@@ -254,7 +256,7 @@ def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
             continue
         if target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
             before, after = val(node.args[0]).shape, val(node).shape
-            if tuple(before[-2:]) != tuple(after[-2:]) or len(after) < 2:
+            if len(after) < 2 or not same_shape(before[-2:], after[-2:]):
                 raise NotFused(f"{node.name} reshapes the score matrix itself {shape_text(before)} -> {shape_text(after)}", node)
             node = node.args[0]
             continue
@@ -313,7 +315,7 @@ def _split_scores(node: fx.Node, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.No
     """
 
     def looks_like_scores(x: fx.Node) -> bool:
-        return len(x.users) == 1 and tuple(val(x).shape) == tuple(val(node).shape) and _reaches_contraction(x)
+        return len(x.users) == 1 and same_shape(val(x).shape, val(node).shape) and _reaches_contraction(x)
 
     a_ok, b_ok = looks_like_scores(a), looks_like_scores(b)
     if a_ok == b_ok:
@@ -360,7 +362,7 @@ def _walk_to_pv(softmax: fx.Node):
         if target in IDENTITY_OPS or (target in CAST_OPS and cast_dtype(user) is not None):
             pass
         elif target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
-            if tuple(val(node).shape[-2:]) != tuple(val(user).shape[-2:]):
+            if not same_shape(val(node).shape[-2:], val(user).shape[-2:]):
                 raise NotFused(f"{user.name} reshapes the attention weights across their last two dims", user)
         elif target in (aten.dropout.default, aten.native_dropout.default):
             p, train = user.args[1], user.args[2]
@@ -404,17 +406,13 @@ def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
 def _broadcast_pattern(tensor: fx.Node, batch: tuple) -> tuple[bool, bool, bool, bool]:
     """Which of (Z, H, M, N) the tensor broadcasts over, once laid out like the scores at its op.
 
-    A symbolic size is never 1 (Dynamo specializes sizes 0 and 1), so only a literal 1 broadcasts.
     """
     shape = tuple(val(tensor).shape)
     rank = len(batch) + 2
     shape = (1,) * (rank - len(shape)) + shape
 
-    def ones(dims) -> bool:
-        return all(isinstance(s, int) and s == 1 for s in dims)
-
     batch_dims = shape[:-2]
-    return (ones(batch_dims[:-1]), ones(batch_dims[-1:]), ones(shape[-2:-1]), ones(shape[-1:]))
+    return (all_ones(batch_dims[:-1]), all_ones(batch_dims[-1:]), all_ones(shape[-2:-1]), all_ones(shape[-1:]))
 
 
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:

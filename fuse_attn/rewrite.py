@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
-from .graph_utils import aten, erase_dead_nodes, is_static, shape_text, val
+from .graph_utils import all_ones, aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -73,7 +73,7 @@ class _Emitter:
 
     def broadcast_to(self, node: fx.Node, batch: tuple, what: str) -> fx.Node:
         shape = tuple(val(node).shape)
-        if tuple(shape[:-2]) == tuple(batch):
+        if same_shape(shape[:-2], batch):
             return node
         if not is_static(batch) or not is_static(shape):
             raise NotFused(f"{what} {shape_text(shape)} is broadcast to batch {shape_text(batch)} with symbolic sizes")
@@ -81,7 +81,7 @@ class _Emitter:
 
     def rebatch(self, node: fx.Node, source_batch: tuple, target_batch: tuple, what: str) -> fx.Node:
         """Reshape batch dims (the score chain reshaped the scores' batch between the two products)."""
-        if tuple(source_batch) == tuple(target_batch):
+        if same_shape(source_batch, target_batch):
             return node
         shape = tuple(val(node).shape)
         if not is_static(target_batch) or not is_static(shape):
@@ -106,7 +106,7 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
     for tensor, tensor_batch in match.tensors:
         for _ in range(len(tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
-        if tuple(tensor_batch) != tuple(batch) and any(s != 1 for s in val(tensor).shape[:-2]):
+        if not same_shape(tensor_batch, batch) and not all_ones(val(tensor).shape[:-2]):
             raise NotFused(
                 f"a mask/bias with batch dims {shape_text(val(tensor).shape[:-2])} applies where the scores have batch "
                 f"{shape_text(tensor_batch)}, but another applies at batch {shape_text(batch)}"

@@ -10,19 +10,25 @@ Pipeline for each graph Dynamo hands over:
    registered autograd formula puts our backward kernel into it -- then Inductor partitions, fuses and compiles
    everything else.
 
-The fused op is opaque to Inductor (a plain custom op called from the compiled code), so the FX graph cache can
-never hold a stale copy of our kernels: cached code calls the op, and the op runs the kernels of the installed
-version. The rewrite runs before Inductor's cache lookup, so a changed matcher changes the graph and the key.
+The fused op is opaque to Inductor (a plain custom op called from the compiled code), so cached code calls the op
+and the op runs the kernels of the installed version. The rewrite runs before Inductor's cache lookup, so a changed
+matcher changes the graph and the key. What is left -- the autograd wiring AOTAutograd traces into a cached backward
+graph -- is covered by :class:`SourceVersionKey`: a no-op post-grad pass whose ``uuid`` is a digest of this
+package's sources, which Inductor's FX graph cache and AOTAutograd's cache put into their keys.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
+from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .matching import MatchContext
@@ -44,6 +50,7 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     log_only = bool(options.pop(OPTION_LOG_ONLY, False))
     config_patches = _inductor_mode_options(kwargs.get("mode"))
     config_patches.update(options)
+    config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
 
     if not enabled or not _mentions_softmax(gm):
         return compile_fx(gm, example_inputs, config_patches=config_patches)
@@ -87,6 +94,27 @@ def _mentions_softmax(gm: fx.GraphModule) -> bool:
         if node.op in ("call_function", "call_method", "call_module") and "softmax" in str(node.target).lower():
             return True
     return False
+
+
+@functools.lru_cache(maxsize=None)
+def source_digest() -> str:
+    """sha256 of every source and template file of the package (the matcher, the op wiring, the kernels)."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.suffix in (".py", ".tmpl")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+class SourceVersionKey(CustomGraphPass):
+    """Changes nothing; its uuid puts the package's source digest into Inductor's and AOTAutograd's cache keys."""
+
+    def __call__(self, graph: fx.Graph) -> None:
+        return None
+
+    def uuid(self) -> str:
+        return source_digest()
 
 
 def _inductor_mode_options(mode: Any) -> dict:

@@ -181,6 +181,26 @@ def test_fx_graph_cache_hit_still_calls_the_op():
             torch.testing.assert_close(out, CausalTril()(q, k, v))
 
 
+def test_changed_sources_miss_the_fx_graph_cache(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    import fuse_attn.backend
+
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+
+    def compile_once():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(CausalTril(), backend="fuse_attn")(q, k, v)
+        return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+    with fresh_cache():
+        assert compile_once() == (0, 1)
+        assert compile_once() == (1, 0)
+        monkeypatch.setattr(fuse_attn.backend, "source_digest", lambda: "a changed kernel or matcher")
+        assert compile_once() == (0, 1)
+
+
 def run_fresh_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/").stdout
 

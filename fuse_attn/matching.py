@@ -381,7 +381,7 @@ def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
     """For a fill or add op whose tensor is a constant: ("causal", diagonal), ("noop", None), or None."""
     try:
         tensor = evaluate(op.tensor)
-    except NotFused:
+    except Exception:  # not a constant (NotFused), or an op that cannot run here: keep it as a tensor
         return None
     if op.kind == "fill":
         if not (op.value == -math.inf or op.value <= MASKING_FILL_LIMIT):

@@ -9,4 +9,5 @@ import os
 import sys
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+tests = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [tests, os.path.dirname(tests)]  # test helpers, and examples/ from the repository root

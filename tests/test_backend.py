@@ -18,8 +18,7 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 
 from fuse_attn.report import collect_reports
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from examples.attention_forms import NanoGPTAttention, PaddedEncoderAttention, TinyGPT  # noqa: E402
+from examples.attention_forms import NanoGPTAttention, PaddedEncoderAttention, TinyGPT
 
 # Absolute floors of the 2x rule: about one unit in the last place of values of size ~1 in each dtype.
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}

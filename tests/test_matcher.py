@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from expecttest import TestCase
 
+from examples.attention_forms import NanoGPTAttention
 from graph_capture import graph_text, rewrite_reports, verdict_lines
 
 
@@ -20,28 +21,6 @@ def qkv(batch=2, heads=3, length=5, dim=8, dtype=torch.float32, k_length=None):
     )
 
 
-class NanoGPTBlock(torch.nn.Module):
-    """nanoGPT's CausalSelfAttention without dropout: a sliced registered tril buffer, masked_fill(== 0, -inf)."""
-
-    def __init__(self, width=16, heads=2, block_size=8):
-        super().__init__()
-        self.heads = heads
-        self.c_attn = torch.nn.Linear(width, 3 * width)
-        self.register_buffer("bias", torch.tril(torch.ones(block_size, block_size)).view(1, 1, block_size, block_size))
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q = q.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        k = k.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        v = v.view(B, T, self.heads, C // self.heads).transpose(1, 2)
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :T, :T] == 0, float("-inf"))
-        att = F.softmax(att, dim=-1)
-        y = att @ v
-        return y.transpose(1, 2).contiguous().view(B, T, C)
-
-
 class TestGoldenGraphs(TestCase):
     def check(self, fn, *args):
         reports = rewrite_reports(fn, *args)
@@ -50,9 +29,9 @@ class TestGoldenGraphs(TestCase):
         return graph_text(reports[0])
 
     def test_nanogpt_sliced_buffer_is_causal(self):
-        text = self.check(NanoGPTBlock(), torch.randn(2, 6, 16))
+        text = self.check(NanoGPTAttention(width=16, heads=2, block_size=8), torch.randn(2, 6, 16))
         self.assertExpectedInline(text, """\
-    def forward(self, arg0_1: "f32[2, 6, 16]", arg1_1: "f32[48, 16]", arg2_1: "f32[48]", arg3_1: "f32[1, 1, 8, 8]"):
+    def forward(self, arg0_1: "f32[2, 6, 16]", arg1_1: "f32[48, 16]", arg2_1: "f32[48]", arg3_1: "f32[1, 1, 8, 8]", arg4_1: "f32[16, 16]", arg5_1: "f32[16]"):
         linear: "f32[2, 6, 48]" = torch.ops.aten.linear.default(arg0_1, arg1_1, arg2_1)
         split = torch.ops.aten.split.Tensor(linear, 16, 2)
         getitem: "f32[2, 6, 16]" = split[0]
@@ -69,7 +48,8 @@ class TestGoldenGraphs(TestCase):
         transpose_4: "f32[2, 6, 2, 8]" = torch.ops.aten.transpose.int(getitem_3, 1, 2)
         contiguous: "f32[2, 6, 2, 8]" = torch.ops.aten.contiguous.default(transpose_4)
         view_3: "f32[2, 6, 16]" = torch.ops.aten.view.default(contiguous, [2, 6, 16])
-        return (view_3,)""")
+        linear_1: "f32[2, 6, 16]" = torch.ops.aten.linear.default(view_3, arg4_1, arg5_1)
+        return (linear_1,)""")
 
     def test_tril_masked_fill_and_division(self):
         def fn(q, k, v):

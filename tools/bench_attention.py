@@ -55,7 +55,7 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
         tensors.append(torch.randn(*bias, device=dev, dtype=dtype))
     if mask is not None:
         infos.append(ScoreTensor("mask", "bool", tuple(s == 1 for s in mask)))
-        mods.append(FillWhere(len(tensors), torch.finfo(torch.float32).min, False))
+        mods.append(FillWhere(len(tensors), torch.finfo(dtype).min, False))  # eager must represent it too
         tensors.append(torch.rand(*mask, device=dev) > 0.2)
     spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=DV, scale=D ** -0.5, causal=causal,
                          score_mods=tuple(mods), score_tensors=tuple(infos), gqa_group=gqa)

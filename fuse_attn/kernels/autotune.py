@@ -11,6 +11,7 @@ an interpreter is meaningless). ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from typing import Callable, Sequence
@@ -61,10 +62,16 @@ def _smem_bytes(resident_rows: int, streamed_rows: int, block_d: int, block_dv: 
     return elem * (stages * streamed_rows * (block_d + block_dv) + resident_rows * max(block_d, block_dv))
 
 
-def max_shared_memory(device: torch.device) -> int:
+@functools.lru_cache(maxsize=None)
+def _max_shared_memory(index: int) -> int:
     from triton.runtime import driver
 
-    return int(driver.active.utils.get_device_properties(device.index if device.index is not None else 0)["max_shared_mem"])
+    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def max_shared_memory(device: torch.device) -> int:
+    # Cached: the driver query reads several device attributes per call and is far slower than a launch.
+    return _max_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem_limit: int) -> list[KernelConfig]:
@@ -121,9 +128,20 @@ def length_bucket(n: int) -> int:
 _chosen: dict[tuple, KernelConfig] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _device_id(index: int) -> tuple:
+    props = torch.cuda.get_device_properties(index)
+    return props.name, (props.major, props.minor)
+
+
 def tuning_key(kind: str, device: torch.device, spec_digest: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> tuple:
-    props = torch.cuda.get_device_properties(device)
-    return (props.name, (props.major, props.minor), kind, spec_digest, str(dtype), d, dv, length_bucket(m), length_bucket(n))
+    untimed = os.environ.get("FUSE_ATTN_AUTOTUNE", "1") == "0"  # an untimed pick must not stand in for a tuned one
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return (*_device_id(index), kind, spec_digest, str(dtype), d, dv, length_bucket(m), length_bucket(n), untimed)
+
+
+def cached(key: tuple) -> KernelConfig | None:
+    return _chosen.get(key)
 
 
 def choose(key: tuple, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],

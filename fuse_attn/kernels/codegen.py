@@ -13,6 +13,7 @@ visibility predicate, one to :func:`_mask_mod_lines`. The kernels do not change.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import math
@@ -183,9 +184,15 @@ def _interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def spec_digest(spec: AttentionSpec) -> str:
+    """``spec.digest``, memoized (it hashes the spec's JSON; launchers ask for it on every call)."""
+    return spec.digest
+
+
 def load_module(spec: AttentionSpec) -> ModuleType:
     """The imported generated module for ``spec`` (cached in-process per kernel key and interpreter mode)."""
-    key = (spec.digest, _interpret())
+    key = (spec_digest(spec), _interpret())
     mod = _modules.get(key)
     if mod is not None:
         return mod

@@ -241,9 +241,12 @@ def _common(q, k, v, spec) -> dict:
 def _pick(kind: str, q: Tensor, spec: AttentionSpec, common: dict, candidates_fn, launch, reset=None):
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
-    elem = q.element_size()
-    cands = candidates_fn(common["BLOCK_D"], common["BLOCK_DV"], elem, common["CAUSAL"], autotune.max_shared_memory(q.device))
-    key = autotune.tuning_key(kind, q.device, spec.digest, q.dtype, common["D"], common["DV"], common["M"], common["N"])
+    key = autotune.tuning_key(kind, q.device, codegen.spec_digest(spec), q.dtype, common["D"], common["DV"], common["M"], common["N"])
+    cfg = autotune.cached(key)  # the hot path: no candidate list, no device queries
+    if cfg is not None:
+        return cfg
+    cands = candidates_fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
+                          autotune.max_shared_memory(q.device))
     return autotune.choose(key, cands, launch, reset)
 
 

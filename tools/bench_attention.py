@@ -116,6 +116,48 @@ def correctness_sweep():
     return all_ok
 
 
+def backward_config_sweep():
+    """Every dK/dV and dQ candidate config on a few odd shapes, each held to the 2x rule (dq, dk, dv).
+
+    Guards the tuner's config space: a config that computes a wrong gradient must never be a candidate.
+    """
+    import importlib
+
+    launcher = importlib.import_module("fuse_attn.kernels.flash_attention")
+    shapes = [(64, 1000, 1000, True), (64, 1000, 1000, False), (128, 1000, 1000, True), (64, 1024, 1024, True),
+              (64, 97, 1000, True), (80, 333, 517, True), (256, 300, 300, False)]
+    failures, total = [], 0
+    for D, M, N, causal in shapes:
+        spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask() if causal else None)
+        q, k, v = (torch.randn(2, 4, L, D, device="cuda", dtype=torch.bfloat16) for L in (M, N, N))
+        dout = torch.randn(2, 4, M, D, device="cuda", dtype=torch.bfloat16)
+
+        def grads(dtype, fn):
+            leaves = [x.detach().to(dtype).requires_grad_() for x in (q, k, v)]
+            fn(*leaves).backward(dout.to(dtype))
+            return [x.grad for x in leaves]
+
+        ref = grads(torch.float64, lambda *a: reference_attention(*a, [], spec)[0])
+        eager = grads(torch.bfloat16, lambda *a: reference_attention(*a, [], spec)[0])
+        common = launcher._common(q, k, v, spec)
+        smem = autotune.max_shared_memory(q.device)
+        for kind, candidates in (("bwd_dkdv", autotune.dkdv_candidates), ("bwd_dq", autotune.dq_candidates)):
+            key = autotune.tuning_key(kind, q.device, launcher.codegen.spec_digest(spec), q.dtype, D, D, M, N)
+            for cfg in candidates(common["BLOCK_D"], common["BLOCK_DV"], 2, causal, smem):
+                autotune._chosen[key] = cfg  # force this config for the kernel under test
+                ours = grads(torch.bfloat16, lambda *a: flash_attention(*a, spec))
+                total += 1
+                errors = [(_err(o, r), _err(e, r)) for o, e, r in zip(ours, eager, ref)]
+                if any(err > 2 * err_e + FLOOR[torch.bfloat16] for err, err_e in errors):
+                    failures.append([f"D={D} M={M} N={N} causal={causal}", kind, str(cfg),
+                                     "; ".join(f"{n} {a:.2e}/{b:.2e}" for n, (a, b) in zip(("dq", "dk", "dv"), errors))])
+            autotune._chosen.pop(key, None)
+    print(f"backward config sweep: {len(failures)} of {total} config runs broke the 2x rule", flush=True)
+    if failures:
+        print(tabulate(failures, headers=["shape", "kernel", "config", "err ours/eager"]), flush=True)
+    return not failures
+
+
 # ---- speed ---------------------------------------------------------------------------------------------------------
 def _eager(q, k, v, scale, causal_mask):
     s = (q @ k.transpose(-2, -1)) * scale
@@ -223,6 +265,7 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="*", default=None, help="subset of: ours eager torch.compile 'SDPA flash' 'SDPA cuDNN'")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
+    ap.add_argument("--check-backward-configs", action="store_true", help="run every backward candidate config on odd shapes")
     args = ap.parse_args(argv)
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
@@ -231,6 +274,8 @@ def main(argv=None):
         t0 = time.time()
         ok = correctness_sweep()
         print(f"correctness sweep: {'PASS' if ok else 'FAIL'} in {time.time() - t0:.0f}s", flush=True)
+    if args.check_backward_configs:
+        ok &= backward_config_sweep()
     if not args.skip_speed:
         shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
         os.makedirs(args.out, exist_ok=True)

@@ -7,7 +7,7 @@ Semantics, for q ``[Z, H, M, D]``, k ``[Z, H // gqa_group, N, D]``, v ``[Z, H //
 score tensors ``T[i]`` (4-D, broadcastable to ``[Z, H, M, N]``)::
 
     s = (q @ k^T) * scale                      # fp32, natural-log units
-    for op in score_mods: s = op(s)            # ScaleScores / AddTensor / FillWhere, in this order
+    for op in score_mods: s = op(s)            # ScaleScores / AddTensor / FillWhere / Tanh, in this order
     if causal: s = where(key <= query + causal.offset(M, N), s, -inf)
     out = softmax(s, dim=-1) @ v               # out in q's dtype; lse = logsumexp(s, -1) in fp32
 
@@ -56,8 +56,15 @@ class FillWhere:
     kind: Literal["fill"] = "fill"
 
 
-ScoreOp = Union[ScaleScores, AddTensor, FillWhere]
-_SCORE_OP_TYPES = {cls.__dataclass_fields__["kind"].default: cls for cls in (ScaleScores, AddTensor, FillWhere)}
+@dataclass(frozen=True)
+class Tanh:
+    """``s = tanh(s)`` -- with ScaleScores around it, a logit softcap ``tanh(s / c) * c`` (Gemma-2)."""
+
+    kind: Literal["tanh"] = "tanh"
+
+
+ScoreOp = Union[ScaleScores, AddTensor, FillWhere, Tanh]
+_SCORE_OP_TYPES = {cls.__dataclass_fields__["kind"].default: cls for cls in (ScaleScores, AddTensor, FillWhere, Tanh)}
 
 
 @dataclass(frozen=True)
@@ -164,6 +171,8 @@ class AttentionSpec:
             elif isinstance(op, AddTensor):
                 t = self.score_tensors[op.tensor]
                 parts.append(f"+bias{op.tensor}[{_broadcast_text(t.broadcast)}]")
+            elif isinstance(op, Tanh):
+                parts.append("tanh")
             else:
                 t = self.score_tensors[op.tensor]
                 parts.append(f"fill(mask{op.tensor}[{_broadcast_text(t.broadcast)}]=={op.fill_when}, {op.value:.6g})")

@@ -40,7 +40,7 @@ from .graph_utils import (
     shape_text,
     val,
 )
-from .spec import MAX_HEAD_DIM, AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, UnsupportedSpec
+from .spec import MAX_HEAD_DIM, AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, Tanh, UnsupportedSpec
 
 # A fill value at or below this masks a key exactly like -inf would for any row that keeps one key whose score is
 # above it: it is float16's most negative finite value, the smallest fill Hugging Face style masks use
@@ -49,6 +49,9 @@ MASKING_FILL_LIMIT = -65504.0
 # Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
 # evaluation makes a few temporaries of that size on the host, so bigger ones are loaded as tensors instead).
 MAX_EVALUATED_MASK_ELEMENTS = 2**28
+# A masked score this negative stays masked after adding any bias short of 1e29 in magnitude (finfo(fp32).min is
+# -3.4e38; a bias that large would itself overflow any attention).
+HUGE_NEGATIVE = -1e30
 
 _SCALAR_TYPES = (int, float)
 
@@ -89,7 +92,8 @@ class AttentionMatch:
     v: fx.Node  # [*b_pv, N, DV]
     qk_batch: tuple  # batch shape of the scores at the product
     pv_batch: tuple  # batch shape of the output
-    tensors: list[tuple[fx.Node, tuple]]  # score tensors with the batch shape of the scores where they apply
+    batch: tuple  # the batch shape the fused op works in (laid out as [Z, H] = [prod(batch[:-1]), batch[-1]])
+    tensors: list["ScoreTensorUse"]
     spec: AttentionSpec
     matched_nodes: list[fx.Node]
 
@@ -101,14 +105,33 @@ def softmax_dim_is_last(node: fx.Node) -> bool:
     return isinstance(dim, int) and x is not None and dim % x.dim() == x.dim() - 1
 
 
+# In-place pointwise ops on the scores (pre-autograd graphs keep them) read as their functional forms: the walk
+# only accepts a chain where each value has one user, so the mutation is seen by nothing else.
+FUNCTIONAL_FORM = {
+    aten.mul_.Tensor: aten.mul.Tensor,
+    aten.mul_.Scalar: aten.mul.Scalar,
+    aten.div_.Tensor: aten.div.Tensor,
+    aten.div_.Scalar: aten.div.Scalar,
+    aten.add_.Tensor: aten.add.Tensor,
+    aten.masked_fill_.Scalar: aten.masked_fill.Scalar,
+    aten.masked_fill_.Tensor: aten.masked_fill.Tensor,
+    aten.tanh_.default: aten.tanh.default,
+}
+
+
+def _target(node: fx.Node):
+    return FUNCTIONAL_FORM.get(node.target, node.target)
+
+
 def _scalar_factor(node: fx.Node, source: fx.Node) -> Optional[float]:
     """If ``node`` is ``source * c`` / ``c * source`` / ``source / c`` with a Python number c, return the factor."""
-    if node.target in (aten.mul.Tensor, aten.mul.Scalar):
+    target = _target(node)
+    if target in (aten.mul.Tensor, aten.mul.Scalar):
         a, b = node.args[:2]
         other = b if a is source else a if b is source else None
         if isinstance(other, _SCALAR_TYPES) and not isinstance(other, bool):
             return float(other)
-    if node.target in (aten.div.Tensor, aten.div.Scalar) and node.args[0] is source and not node.kwargs.get("rounding_mode"):
+    if target in (aten.div.Tensor, aten.div.Scalar) and node.args[0] is source and not node.kwargs.get("rounding_mode"):
         c = node.args[1]
         if isinstance(c, _SCALAR_TYPES) and not isinstance(c, bool) and c != 0:
             return 1.0 / float(c)
@@ -240,9 +263,9 @@ def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
             raise NotFused(f"the scores {node.name} are also used by {others}", node)
         if node.op != "call_function":
             raise NotFused(f"no q @ k^T product before the softmax: the scores come from {node.op} {node.name}", node)
-        target = node.target
+        target = _target(node)
         chain.append(node)
-        if target in CONTRACTION_OPS:
+        if target in CONTRACTION_OPS or target == aten.baddbmm.default:
             chain.pop()
             break
         consumer = node
@@ -270,6 +293,10 @@ def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
         if factor is not None:
             ops.append(_ScoreOp("scale", node, _batch_of(node), factor=factor))
             node = source
+            continue
+        if target == aten.tanh.default:
+            ops.append(_ScoreOp("tanh", node, _batch_of(node)))
+            node = node.args[0]
             continue
         if target == aten.add.Tensor and "alpha" not in node.kwargs and len(node.args) == 2:
             a, b = node.args
@@ -304,6 +331,14 @@ def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
         if target in (aten.mul.Tensor, aten.div.Tensor) and any(isinstance(val(x), (torch.SymInt, torch.SymFloat)) for x in node.args[:2]):
             raise NotFused(f"{node.name} scales the scores by a symbolic value (symbolic scales are not folded yet)", node)
         raise NotFused(f"{node.name} ({_op_name(target)}) between q @ k^T and the softmax is not a supported score change", node)
+    if node.target == aten.baddbmm.default:
+        # baddbmm(input, q, k^T, beta, alpha) = beta * input + alpha * (q @ k^T)
+        beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
+        if beta not in (0, 1) or not isinstance(alpha, _SCALAR_TYPES):
+            raise NotFused(f"{node.name}: baddbmm with beta={beta}, alpha={alpha} is not folded", node)
+        if beta == 1:
+            ops.append(_ScoreOp("add", node, _batch_of(node), tensor=node.args[0]))
+        ops.append(_ScoreOp("scale", node, _batch_of(node), factor=float(alpha)))
     ops.reverse()
     return node, ops, chain
 
@@ -332,7 +367,7 @@ def _reaches_contraction(node: fx.Node, budget: int = 64) -> bool:
             continue
         seen.add(n)
         budget -= 1
-        if n.op == "call_function" and n.target in CONTRACTION_OPS:
+        if n.op == "call_function" and (n.target in CONTRACTION_OPS or n.target == aten.baddbmm.default):
             return True
         stack.extend(n.all_input_nodes)
     return False
@@ -378,41 +413,30 @@ def _walk_to_pv(softmax: fx.Node):
 
 # --------------------------------------------------------------------------------------------------------------
 def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
-    """For a fill or add op whose tensor is a constant: ("causal", diagonal), ("noop", None), or None."""
+    """For a fill or add op whose tensor is a constant: ("causal", diagonal, masked value), ("noop", None, None)
+    when it masks nothing, or None."""
     try:
         tensor = evaluate(op.tensor)
     except Exception:  # not a constant (NotFused), or an op that cannot run here: keep it as a tensor
         return None
     if op.kind == "fill":
-        if not (op.value == -math.inf or op.value <= MASKING_FILL_LIMIT):
-            return None
+        value = op.value
         keep = tensor != op.fill_when
     else:
-        nonzero = tensor[tensor != 0]
-        if nonzero.numel() and not bool(((nonzero == -math.inf) | (nonzero <= MASKING_FILL_LIMIT)).all()):
+        nonzero = tensor[tensor != 0].unique()
+        if nonzero.numel() > 1:
             return None
-        if nonzero.numel() and nonzero.unique().numel() > 1:
-            return None
+        value = float(nonzero[0]) if nonzero.numel() else -math.inf
         keep = tensor == 0
+    if not (value == -math.inf or value <= MASKING_FILL_LIMIT):
+        return None
     keep = _as_keep_matrix(keep, m, n)
     if keep is None:
         return None
     if bool(keep.all()):
-        return ("noop", None)
+        return ("noop", None, None)
     d = causal_diagonal(keep)
-    return ("causal", d) if d is not None else None
-
-
-def _broadcast_pattern(tensor: fx.Node, batch: tuple) -> tuple[bool, bool, bool, bool]:
-    """Which of (Z, H, M, N) the tensor broadcasts over, once laid out like the scores at its op.
-
-    """
-    shape = tuple(val(tensor).shape)
-    rank = len(batch) + 2
-    shape = (1,) * (rank - len(shape)) + shape
-
-    batch_dims = shape[:-2]
-    return (all_ones(batch_dims[:-1]), all_ones(batch_dims[-1:]), all_ones(shape[-2:-1]), all_ones(shape[-1:]))
+    return ("causal", d, value) if d is not None else None
 
 
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
@@ -422,7 +446,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     qk, raw_ops, score_chain = _walk_score_chain(softmax, evaluate)
     pv, weight_chain = _walk_to_pv(softmax)
 
-    a, b = qk.args[:2]
+    a, b = qk.args[1:3] if qk.target == aten.baddbmm.default else qk.args[:2]
     a_val, b_val, v_node = val(a), val(b), pv.args[1]
     v_val, s_val, out_val = val(v_node), val(qk), val(pv)
     if any(t is None or t.dim() < 2 for t in (a_val, b_val, v_val)):
@@ -445,41 +469,48 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         if isinstance(length, int) and length == 0:
             raise NotFused(f"the {name} length is 0", qk)
 
-    # Score ops: prove constant masks causal; fold leading scales.
+    # Score ops: constant masks that are causal (and stay masking through the ops after them) become the causal
+    # flag; leading scales fold into the scale; the rest becomes the spec's score mods.
     causal_diag: Optional[int] = None
-    tensors: list[tuple[fx.Node, tuple]] = []
+    kept: list[_ScoreOp] = []
+    for position, op in enumerate(raw_ops):
+        if op.kind in ("add", "fill") and isinstance(m, int) and isinstance(n, int):
+            proof = _prove_causal(op, evaluate, m, n)
+            if proof is not None and (proof[0] == "noop" or _stays_masked(proof[2], raw_ops[position + 1 :])):
+                kind, diag, _ = proof
+                if kind == "causal":
+                    if causal_diag is not None and causal_diag != diag:
+                        raise NotFused(f"{op.node.name}: two causal masks with different diagonals", op.node)
+                    causal_diag = diag
+                continue
+        kept.append(op)
+
+    pv_batch = tuple(out_val.shape[:-2])
+    # All batch shapes along the attention are row-major reshapes of one another. Work in the longest one at which
+    # a mask/bias applies (so that none of them needs a reshape, which would copy a broadcast tensor densely).
+    batch = max([pv_batch] + [op.batch for op in kept if op.tensor is not None], key=len)
+    tensors: list[ScoreTensorUse] = []
     score_tensors: list[ScoreTensor] = []
     mods = []
-    scale = 1.0
     q_operand, k_operand = peel_scale(a), peel_scale(b)
-    scale *= q_operand.factor * k_operand.factor
-    for op in raw_ops:
+    scale = q_operand.factor * k_operand.factor
+    for op in kept:
         if op.kind == "scale":
             if mods:
                 mods.append(ScaleScores(op.factor))
             else:
                 scale *= op.factor
             continue
-        proof = _prove_causal(op, evaluate, m, n) if isinstance(m, int) and isinstance(n, int) else None
-        if proof is not None:
-            kind, diag = proof
-            if kind == "causal":
-                if causal_diag is not None and causal_diag != diag:
-                    raise NotFused(f"{op.node.name}: two causal masks with different diagonals", op.node)
-                causal_diag = diag
+        if op.kind == "tanh":
+            mods.append(Tanh())
             continue
-        tensor_val = val(op.tensor)
-        if tensor_val.dim() > len(op.batch) + 2:
-            raise NotFused(f"{op.node.name}: the mask/bias {shape_text(tensor_val.shape)} has more dims than the scores", op.node)
-        if tensor_val.device != a_val.device:
-            raise NotFused(f"{op.node.name}: the mask/bias is on {tensor_val.device}, q on {a_val.device}", op.node)
+        use = _place_tensor(op, batch, a_val.device)
         index = len(tensors)
-        tensors.append((op.tensor, op.batch))
-        role = "bias" if op.kind == "add" else "mask"
-        score_tensors.append(ScoreTensor(role, str(tensor_val.dtype).replace("torch.", ""), _broadcast_pattern(op.tensor, op.batch)))
+        tensors.append(use)
+        dtype = str(val(op.tensor).dtype).replace("torch.", "")
+        score_tensors.append(ScoreTensor("bias" if op.kind == "add" else "mask", dtype, use.broadcast))
         mods.append(AddTensor(index) if op.kind == "add" else FillWhere(index, op.value, op.fill_when))
 
-    # The product's right operand is k^T: peel the scale from it, then take its transpose as k.
     try:
         spec = AttentionSpec(
             dtype=str(q_dtype).replace("torch.", ""),
@@ -504,11 +535,73 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         k=k_operand,
         v=v_node,
         qk_batch=tuple(s_val.shape[:-2]),
-        pv_batch=tuple(out_val.shape[:-2]),
+        pv_batch=pv_batch,
+        batch=batch,
         tensors=tensors,
         spec=spec,
         matched_nodes=[qk, *score_chain, *weight_chain, pv],
     )
+
+
+def _stays_masked(value: float, later: list[_ScoreOp]) -> bool:
+    """Whether keys masked to ``value`` still get exactly zero weight after the ops that follow the mask.
+
+    Only then may the mask move to the end of the score chain as ``causal`` (the kernel applies it last and skips
+    masked blocks). Positive scales keep -inf and keep a huge negative fill huge; adding a bias keeps it huge when
+    it is -inf or beyond 1e30 (a bias would have to be as large to matter); tanh, a negative scale or a fill with a
+    value that does not mask can make a masked key visible again.
+    """
+    for nxt in later:
+        if nxt.kind == "scale":
+            if nxt.factor <= 0:
+                return False
+            value *= nxt.factor
+        elif nxt.kind == "add":
+            if value != -math.inf and value > HUGE_NEGATIVE:
+                return False
+        elif nxt.kind == "fill":
+            if not (nxt.value == -math.inf or nxt.value <= MASKING_FILL_LIMIT):
+                return False
+        else:
+            return False
+    return value == -math.inf or value <= MASKING_FILL_LIMIT
+
+
+@dataclass
+class ScoreTensorUse:
+    """A mask/bias node as the fused op receives it: ``node`` (at ``tensor_batch``), reshaped to the attention's
+    batch when ``rebatch``, then laid out 4-D; ``broadcast`` is its (Z, H, M, N) broadcast pattern there."""
+
+    node: fx.Node
+    tensor_batch: tuple
+    rebatch: bool
+    broadcast: tuple[bool, bool, bool, bool]
+
+
+def _place_tensor(op: _ScoreOp, batch: tuple, device) -> ScoreTensorUse:
+    fake = val(op.tensor)
+    rank = len(op.batch) + 2
+    if fake.dim() > rank:
+        raise NotFused(f"{op.node.name}: the mask/bias {shape_text(fake.shape)} has more dims than the scores", op.node)
+    if fake.device != device:
+        raise NotFused(f"{op.node.name}: the mask/bias is on {fake.device}, q on {device}", op.node)
+    shape = (1,) * (rank - fake.dim()) + tuple(fake.shape)
+    own_batch, tail = shape[:-2], shape[-2:]
+    rebatch = False
+    if all_ones(own_batch):
+        batch_part = ()
+    elif same_shape(op.batch, batch):
+        batch_part = own_batch
+    elif is_static(own_batch) and same_shape(own_batch, op.batch) and is_static(batch):
+        batch_part, rebatch = batch, True  # a view: the tensor is not broadcast over its batch dims
+    else:
+        raise NotFused(
+            f"{op.node.name}: a mask/bias broadcast over part of batch {shape_text(op.batch)} while the attention "
+            f"works in batch {shape_text(batch)}",
+            op.node,
+        )
+    broadcast = (all_ones(batch_part[:-1]), all_ones(batch_part[-1:]), all_ones(tail[:1]), all_ones(tail[1:]))
+    return ScoreTensorUse(op.tensor, op.batch, rebatch, broadcast)
 
 
 def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:

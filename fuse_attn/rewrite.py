@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 from torch._guards import detect_fake_mode
 
-from .graph_utils import all_ones, aten, erase_dead_nodes, is_static, same_shape, shape_text, val
+from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -90,10 +90,7 @@ class _Emitter:
 
 
 def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
-    qk_batch, pv_batch = match.qk_batch, match.pv_batch
-    # All batch shapes along the attention are row-major reshapes of one another. Work in the one where the first
-    # mask/bias applies, so that it needs no reshape (a reshape of a broadcast tensor would copy it densely).
-    batch = match.tensors[0][1] if match.tensors else pv_batch
+    qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
     q = emit.replay(match.q.node, match.q.views)
     k_transposed = emit.replay(match.k.node, match.k.views)
     k = emit.transpose_last(k_transposed)
@@ -103,15 +100,13 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
     q4, k4, v4 = (emit.to_4d(x, len(batch)) for x in (q, k, v))
 
     tensors = []
-    for tensor, tensor_batch in match.tensors:
-        for _ in range(len(tensor_batch) + 2 - val(tensor).dim()):
+    for use in match.tensors:
+        tensor = use.node
+        for _ in range(len(use.tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
-        if not same_shape(tensor_batch, batch) and not all_ones(val(tensor).shape[:-2]):
-            raise NotFused(
-                f"a mask/bias with batch dims {shape_text(val(tensor).shape[:-2])} applies where the scores have batch "
-                f"{shape_text(tensor_batch)}, but another applies at batch {shape_text(batch)}"
-            )
-        tensors.append(emit.to_4d(tensor, len(tensor_batch)))
+        if use.rebatch:
+            tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
+        tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
 
     fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, match.spec.to_json())
     out = emit(operator.getitem, fused, 0)

@@ -5,10 +5,11 @@ written to the cache dir (``$FUSE_ATTN_CACHE_DIR``, else ``~/.cache/fuse_attn/ke
 ``<spec digest>_<source hash>.py`` -- Triton's ``@jit`` reads the source of a real file -- and imported once per
 process (and per interpreter mode, since ``TRITON_INTERPRET`` changes what ``triton.jit`` builds).
 
-How a new pointwise score mod plugs in (softcap, ALiBi, sliding windows): add an op to the spec and one branch to
-:func:`_score_mod_lines` (its forward, on ``s`` in log2 units -- convert with ``s * LN2`` / ``* LOG2E`` around a
-non-linear function), one to :func:`_score_mod_bwd_lines` (its derivative applied to ``ds``), or, for a pure
-visibility predicate, one to :func:`_mask_mod_lines`. The kernels do not change.
+How a new pointwise score mod plugs in (ALiBi, sliding windows; Tanh is a worked example): add an op to the spec
+and one branch to :func:`_score_mod_lines` (its forward, on ``s`` in log2 units -- convert with ``s * LN2`` /
+``* LOG2E`` around a non-linear function; keep any value the derivative needs in a ``<name>_{k}`` variable), one
+to :func:`_score_mod_bwd_lines` (its derivative applied to ``ds``), or, for a pure visibility predicate, one to
+:func:`_mask_mod_lines`. The kernels do not change.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import threading
 from pathlib import Path
 from types import ModuleType
 
-from ..spec import AddTensor, AttentionSpec, FillWhere, ScaleScores
+from ..spec import AddTensor, AttentionSpec, FillWhere, ScaleScores, Tanh
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE_NAME = "flash_attention.py.tmpl"
@@ -92,9 +93,24 @@ def _score_mod_lines(spec: AttentionSpec) -> list[str]:
             lines.append(f"# score_mods[{k}]: FillWhere(T{op.tensor} == {op.fill_when}, {op.value!r}); bool read as uint8")
             lines.append(f"fill_{k} = tl.load({_tile_ptrs('T', op.tensor)}, mask=tile_mask, other=0) {cmp} 0")
             lines.append(f"s = tl.where(fill_{k}, {_literal(_fill_value_log2(op.value))}, s)")
+        elif isinstance(op, Tanh):
+            lines.extend(_tanh_lines(k))
         else:  # pragma: no cover - the spec rejects unknown ops
             raise NotImplementedError(op)
     return lines or ["# (no score mods)"]
+
+
+def _tanh_lines(k: int) -> list[str]:
+    """Forward of Tanh on a log2-unit tile: ``tanh_{k}`` is tanh of the natural-unit score (kept for the backward)."""
+    return [
+        f"# score_mods[{k}]: Tanh, on natural units: tanh(x) = 2 / (1 + exp(-2x)) - 1 with exp(-2x) = exp2(-2 * s)",
+        "# for x = s * LN2 (no unit round trip before the exp). Triton has no tanh that works on 3.6-3.9 and in the",
+        "# interpreter alike (libdevice/tl.math paths moved between versions). Error: a few ulp of 1.0 (~2e-7",
+        "# absolute, the cancellation near 0), which is what the softmax sees; exact limits: -inf -> -1 (as",
+        "# torch.tanh, so -inf scores before a Tanh become finite like in eager), +inf -> 1, NaN -> NaN.",
+        f"tanh_{k} = 2.0 / (1.0 + tl.math.exp2(-2.0 * s)) - 1.0",
+        f"s = tanh_{k} * LOG2E",
+    ]
 
 
 def _dscore_accumulate_lines(spec: AttentionSpec, i: int) -> list[str]:
@@ -123,6 +139,8 @@ def _score_mod_bwd_lines(spec: AttentionSpec, with_dscore: bool) -> list[str]:
                 lines.extend("    " + line for line in _dscore_accumulate_lines(spec, op.tensor))
         elif isinstance(op, FillWhere):
             lines.append(f"ds = tl.where(fill_{k}, 0.0, ds)  # score_mods[{k}]: filled scores get no gradient")
+        elif isinstance(op, Tanh):
+            lines.append(f"ds = ds * (1.0 - tanh_{k} * tanh_{k})  # score_mods[{k}]: Tanh, d tanh(x)/dx = 1 - tanh(x)^2")
     return lines or ["# (no score mods)"]
 
 

@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..spec import AddTensor, AttentionSpec, FillWhere, ScaleScores, UnsupportedSpec
+from ..spec import AddTensor, AttentionSpec, FillWhere, ScaleScores, Tanh, UnsupportedSpec
 from . import autotune, codegen
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -108,8 +108,11 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence
     return p @ v, torch.logsumexp(s, dim=-1).float()
 
 
-def _apply_score_mods(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, rows: slice) -> Tensor:
-    for op in spec.score_mods:
+def _apply_score_mods(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, rows: slice,
+                      saved: Optional[dict] = None) -> Tensor:
+    """The spec's score_mods on ``s`` (rows ``rows`` of the score tensors). ``saved``, if given, receives the
+    values the backward's chain rules need, by op index: the output of each Tanh."""
+    for k, op in enumerate(spec.score_mods):
         if isinstance(op, ScaleScores):
             s = s * op.factor
         elif isinstance(op, AddTensor):
@@ -119,6 +122,12 @@ def _apply_score_mods(s: Tensor, score_tensors: Sequence[Tensor], spec: Attentio
             t = score_tensors[op.tensor]
             t = t if t.shape[2] == 1 else t[:, :, rows]
             s = s.masked_fill(t == op.fill_when, op.value)
+        elif isinstance(op, Tanh):
+            s = torch.tanh(s)
+            if saved is not None:
+                saved[k] = s
+        else:  # pragma: no cover - the spec rejects unknown ops
+            raise NotImplementedError(op)
     return s
 
 
@@ -129,14 +138,15 @@ def _causal_visible(row0: int, rows: int, M: int, N: int, spec: AttentionSpec, d
 
 
 # ---- CPU blockwise path --------------------------------------------------------------------------------------------
-def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N):
-    """fp32 (or fp64) modified scores of one block of query rows: [Z, H, rows, N]."""
+def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N, saved: Optional[dict] = None):
+    """fp32 (or fp64) modified scores of one block of query rows: [Z, H, rows, N] (``saved``: see
+    :func:`_apply_score_mods`)."""
     g = spec.gqa_group
     Z, H, rows, D = q_blk.shape
     ct = torch.float64 if q_blk.dtype == torch.float64 else torch.float32
     qg = q_blk.to(ct).reshape(Z, H // g, g * rows, D)  # the g query heads of one kv head share its keys
     s = (qg @ k.to(ct).transpose(-2, -1)).reshape(Z, H, rows, N) * spec.scale
-    s = _apply_score_mods(s, score_tensors, spec, rows=slice(row0, row0 + rows))
+    s = _apply_score_mods(s, score_tensors, spec, rows=slice(row0, row0 + rows), saved=saved)
     if spec.causal is not None:
         s = s.masked_fill(~_causal_visible(row0, rows, M, N, spec, s.device), float("-inf"))
     return s
@@ -160,7 +170,12 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M) 
 
 def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M):
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
-    softmax of the block's scores; no N x N buffer). Rows that saw only -inf contribute no gradient."""
+    softmax of the block's scores; no N x N buffer). Rows that saw only -inf contribute no gradient.
+
+    The score mods' chain rules are written out (in reverse op order), with the intermediate values they need
+    (each Tanh's output) kept while the block's scores are recomputed: at most a few [Z, H, rows, N] tensors.
+    torch.autograd cannot do this part: this runs as the implementation of a custom op, below the Autograd
+    dispatch key, where ``torch.enable_grad()`` records nothing."""
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     g = spec.gqa_group
@@ -171,7 +186,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     dts = {i: torch.zeros(t.shape, dtype=ct, device=q.device) for i, (t, need) in enumerate(zip(score_tensors, needs_grad)) if need}
     kc, vc = k.to(ct), v.to(ct)
     for r0 in range(0, M, block_m):
-        s = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
+        saved = {}
+        s = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N, saved=saved)
         rows = s.shape[2]
         p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
         do = dout[:, :, r0:r0 + rows].to(ct)
@@ -197,6 +213,9 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
                 t = score_tensors[op.tensor]
                 t = t if t.shape[2] == 1 else t[:, :, r0:r0 + rows]
                 ds = ds.masked_fill(t == op.fill_when, 0.0)
+            elif isinstance(op, Tanh):
+                t = saved[k_op]  # tanh(x); a -inf input gave t = -1 and so gets no gradient, as in eager
+                ds = ds * (1.0 - t * t)
         dsg = ds.reshape(Z, H // g, g * rows, N)
         dq[:, :, r0:r0 + rows] = ((dsg @ kc).reshape(Z, H, rows, D) * spec.scale).to(q.dtype)
         dk += dsg.transpose(-2, -1) @ q[:, :, r0:r0 + rows].to(ct).reshape(Z, H // g, g * rows, D) * spec.scale

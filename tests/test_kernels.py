@@ -20,8 +20,9 @@ import torch
 
 from fuse_attn.kernels import flash_attention, generated_source, reference_attention
 from fuse_attn.kernels import codegen
-from fuse_attn.kernels.flash_attention import blockwise_forward
-from fuse_attn.spec import AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, UnsupportedSpec
+from fuse_attn.kernels.flash_attention import blockwise_backward, blockwise_forward
+from fuse_attn.spec import (AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, Tanh,
+                            UnsupportedSpec)
 
 # The interpreter evaluates the padding rows of a tail block in numpy too (0/0, log2(0)); those rows are never
 # stored, but numpy warns about them.
@@ -33,8 +34,9 @@ DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16
 
 
 def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=None, bias=None, mask=None,
-              gqa=1, seed=0, scale_op=None, bias_grad=True):
-    """Random q/k/v (+ a bias of shape `bias`, a bool mask of shape `mask`) and the spec describing them."""
+              gqa=1, seed=0, scale_op=None, bias_grad=True, softcap=None):
+    """Random q/k/v (+ a bias of shape `bias`, a bool mask of shape `mask`) and the spec describing them.
+    Score mods in order: ScaleScores(scale_op), bias, softcap (``tanh(s / c) * c`` as Gemma-2), mask."""
     DV = DV or D
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(Z, H, M, D, generator=g).to(dtype)
@@ -48,6 +50,8 @@ def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=N
         infos.append(ScoreTensor("bias", DTYPE_NAME[dtype], tuple(s == 1 for s in bias)))
         mods.append(AddTensor(len(tensors)))
         tensors.append(t.requires_grad_(bias_grad))
+    if softcap is not None:
+        mods += [ScaleScores(1 / softcap), Tanh(), ScaleScores(softcap)]
     if mask is not None:
         t = torch.rand(*mask, generator=g) > 0.25
         infos.append(ScoreTensor("mask", "bool", tuple(s == 1 for s in mask)))
@@ -119,6 +123,12 @@ CASES = {
     "mask_and_bias_gqa2": dict(H=4, M=29, N=37, D=16, gqa=2, bias=(1, 4, 1, 37), mask=(2, 1, 29, 37), Z=2),
     "gqa2_causal_dv_differs": dict(H=4, M=23, N=31, D=16, DV=32, gqa=2, causal=CausalMask(2, "bottom_right")),
     "scale_mod_bias_M1": dict(M=19, N=21, D=16, scale_op=0.5, bias=(1, 1, 19, 1)),
+    # logit softcap after a bias, causal: cap 50 as Gemma-2 (scores scaled up so tanh is not ~linear), and
+    # cap 2 with a broadcast bias so tanh saturates (|s / c| up to ~3).
+    "softcap50_bias_causal": dict(M=37, N=45, D=16, scale_op=20.0, bias=(1, 2, 37, 45), softcap=50.0,
+                                  causal=CausalMask(0, "bottom_right")),
+    "softcap2_bias_causal_mask": dict(Z=2, M=33, N=33, D=16, bias=(2, 1, 1, 33), softcap=2.0, causal=CausalMask(),
+                                      mask=(1, 2, 33, 33)),
 }
 
 
@@ -127,12 +137,14 @@ def test_interpreter_fp32(name):
     run_and_check(*make_case(**CASES[name]), dtype=torch.float32)
 
 
-@pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m97_n17_causal_tl"])
+@pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m97_n17_causal_tl", "softcap50_bias_causal",
+                                  "softcap2_bias_causal_mask"])
 def test_interpreter_fp16(name):
     run_and_check(*make_case(dtype=torch.float16, **CASES[name]), dtype=torch.float16)
 
 
-@pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m130_n130_causal_d128", "bias_Z11N_causal"])
+@pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m130_n130_causal_d128", "bias_Z11N_causal",
+                                  "softcap50_bias_causal", "softcap2_bias_causal_mask"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cpu_blockwise(name, dtype, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the op dispatches per call: plain PyTorch path
@@ -144,6 +156,41 @@ def test_blockwise_small_blocks_match_reference():
     out, lse = blockwise_forward(q, k, v, [t.detach() for t in ts], spec, block_m=8)
     ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [t.detach().double() for t in ts], spec)
     assert (out - ref).abs().max() < 1e-5 and (lse - ref_lse).abs().max() < 1e-5
+
+
+def test_blockwise_backward_small_blocks_softcap():
+    # Several row blocks (the last one a single row) through the autograd-based score-mod backward, against
+    # autograd of the fp64 reference: a per-row bias (sliced per block) and a key bias (summed over rows).
+    q, k, v, ts, spec = make_case(M=25, N=29, D=16, causal=CausalMask(), bias=(1, 2, 25, 29), softcap=2.0)
+    spec_b = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=spec.scale, causal=spec.causal,
+                           score_mods=spec.score_mods[:1] + (AddTensor(1),) + spec.score_mods[1:],
+                           score_tensors=spec.score_tensors + (ScoreTensor("bias", "float32", (True, True, True, False)),))
+    ts = [ts[0].detach(), torch.randn(1, 1, 1, 29)]
+    out, lse = blockwise_forward(q, k, v, ts, spec_b, block_m=8)
+    dout = torch.randn(out.shape)
+    dq, dk, dv, (db0, db1) = blockwise_backward(dout, q, k, v, ts, out, lse, spec_b, [True, True], block_m=8)
+    ref_in = [x.double().requires_grad_(True) for x in (q, k, v, *ts)]
+    ref, _ = reference_attention(*ref_in[:3], ref_in[3:], spec_b)
+    g_ref = torch.autograd.grad(ref, ref_in, dout.double())
+    for name, a, b in zip(["out", "dq", "dk", "dv", "db0", "db1"], [out, dq, dk, dv, db0, db1], [ref, *g_ref]):
+        assert a.shape == b.shape and (a.double() - b).abs().max() < 1e-4, name
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_neg_inf_before_tanh_is_finite(interpret, monkeypatch):
+    # masked_fill(-inf) before a softcap: tanh(-inf) = -1, so those keys get weight exp(-c - max) as in eager
+    # (not 0); a row masked entirely is uniform, not NaN. The causal mask, after the score mods, still hides keys.
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    q, k, v, ts, _ = make_case(M=21, N=19, D=16, bias=(1, 2, 21, 19), mask=(1, 1, 21, 19), seed=4)
+    ts[1][..., 3, :] = False  # row 3 fully filled with -inf
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=CausalMask(0, "top_left"),
+                         score_mods=(AddTensor(0), FillWhere(1, float("-inf"), False), ScaleScores(0.5), Tanh(),
+                                     ScaleScores(2.0)),
+                         score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),
+                                        ScoreTensor("mask", "bool", (True, True, False, False))))
+    run_and_check(q, k, v, ts, spec, torch.float32)
+    out = flash_attention(q, k, v, spec, [t.detach() for t in ts])
+    assert not torch.isnan(out).any()
 
 
 def test_strided_inputs():
@@ -235,6 +282,8 @@ def test_generated_source_and_cache():
     assert "{{" not in src and spec.digest in src
     assert "bias_0 = tl.load(" in src and "fill_1" in src and "tl.atomic_add" in src
     compile(src, "<generated>", "exec")
+    capped = generated_source(make_case(softcap=30.0)[4])
+    assert "tanh_1 = " in capped and "ds = ds * (1.0 - tanh_1 * tanh_1)" in capped
     mod = codegen.load_module(spec)
     assert mod.__file__.startswith(str(codegen.cache_dir())) and spec.digest in os.path.basename(mod.__file__)
     assert codegen.load_module(spec) is mod

@@ -77,9 +77,11 @@ def is_pure(node: fx.Node) -> bool:
         return True
     if node.op != "call_function":
         return False
+    target = node.target
+    if target in (aten.dropout.default, aten.native_dropout.default) and not node.args[2]:
+        return True  # dropout in eval mode draws no random numbers: it is the identity
     if node.is_impure():
         return False
-    target = node.target
     if isinstance(target, torch._ops.OpOverload):
         return not target._schema.is_mutable and torch.Tag.nondeterministic_seeded not in target.tags
     return target.__module__ == "_operator"

@@ -93,6 +93,8 @@ class AttentionMatch:
     qk_batch: tuple  # batch shape of the scores at the product
     pv_batch: tuple  # batch shape of the output
     batch: tuple  # the batch shape the fused op works in (laid out as [Z, H] = [prod(batch[:-1]), batch[-1]])
+    # GQA/MQA: the un-repeated k and v ([Z, H // gqa_group, N, D]) to hand to the kernel instead of k and v
+    kv_heads_source: Optional[tuple[fx.Node, fx.Node]]
     tensors: list["ScoreTensorUse"]
     spec: AttentionSpec
     matched_nodes: list[fx.Node]
@@ -439,6 +441,67 @@ def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
     return ("causal", d, value) if d is not None else None
 
 
+def _skip_noop_slices(node: fx.Node) -> fx.Node:
+    """Through ``x[:, :, ...]``-style slices that keep every element."""
+    while (
+        isinstance(node, fx.Node)
+        and node.target == aten.slice.Tensor
+        and same_shape(val(node).shape, val(node.args[0]).shape)
+        and (len(node.args) < 5 or node.args[4] == 1)
+    ):
+        node = node.args[0]
+    return node
+
+
+def _repeated_heads(node: fx.Node) -> Optional[tuple[fx.Node, int]]:
+    """``(x, g)`` when ``node`` [Z, H*g, N, D] repeats each head of ``x`` [Z, H, N, D] g times in place
+    (head h of node is head h // g of x): Hugging Face's ``repeat_kv`` (``x[:, :, None].expand(...).reshape``)
+    or ``repeat_interleave(x, g, dim=1)``."""
+    if node.target == aten.repeat_interleave.self_int:
+        x, repeats = node.args[:2]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+        if isinstance(repeats, int) and val(x).dim() == 4 and dim is not None and dim % 4 == 1:
+            return x, repeats
+        return None
+    if node.target not in (aten.reshape.default, aten.view.default, aten._unsafe_view.default):
+        return None
+    expanded = node.args[0]
+    while expanded.target in IDENTITY_OPS:
+        expanded = expanded.args[0]
+    if expanded.target != aten.expand.default:
+        return None
+    unsqueezed = _skip_noop_slices(expanded.args[0])
+    if unsqueezed.target != aten.unsqueeze.default or unsqueezed.args[1] % 5 != 2:
+        return None
+    x = _skip_noop_slices(unsqueezed.args[0])
+    source, repeated, out = val(x).shape, val(expanded).shape, val(node).shape
+    if len(source) != 4 or len(repeated) != 5 or not isinstance(repeated[2], int):
+        return None
+    g = repeated[2]
+    expected = (source[0], source[1] * g, source[2], source[3])
+    if not same_shape(repeated[:2], source[:2]) or not same_shape(repeated[3:], source[2:]) or not same_shape(out, expected):
+        return None
+    return x, g
+
+
+def _fold_kv_heads(k_operand: Operand, b: fx.Node, v: fx.Node, batch: tuple, qk_batch: tuple, pv_batch: tuple):
+    """GQA / MQA: ``(group, k source, v source)`` when k and v repeat (or broadcast) kv heads over the q heads;
+    the kernel then indexes the shared head instead of reading copies. ``(1, None, None)`` otherwise."""
+    if len(batch) != 2 or not same_shape(qk_batch, batch) or not same_shape(pv_batch, batch) or k_operand.node is not b:
+        return 1, None, None
+    if b.target != aten.transpose.int or {d % 4 for d in b.args[1:3]} != {2, 3}:
+        return 1, None, None
+    k = b.args[0]
+    k_rep, v_rep = _repeated_heads(k), _repeated_heads(v)
+    if k_rep and v_rep and k_rep[1] == v_rep[1] > 1:
+        return k_rep[1], k_rep[0], v_rep[0]
+    heads = batch[1]
+    k_heads, v_heads = val(k).shape[1], val(v).shape[1]
+    if isinstance(heads, int) and heads > 1 and all_ones((k_heads, v_heads)) and same_shape(val(k).shape[:1], batch[:1]):
+        return heads, k, v  # one kv head broadcast over every q head (MQA written with broadcasting)
+    return 1, None, None
+
+
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     if not softmax_dim_is_last(softmax):
         raise NotFused("the softmax is not over the last dim", softmax)
@@ -494,6 +557,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     mods = []
     q_operand, k_operand = peel_scale(a), peel_scale(b)
     scale = q_operand.factor * k_operand.factor
+    gqa_group, k_source, v_source = _fold_kv_heads(k_operand, b, v_node, batch, tuple(s_val.shape[:-2]), pv_batch)
     for op in kept:
         if op.kind == "scale":
             if mods:
@@ -520,6 +584,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
             causal=CausalMask(causal_diag) if causal_diag is not None else None,
             score_mods=tuple(mods),
             score_tensors=tuple(score_tensors),
+            gqa_group=gqa_group,
             q_len=m if isinstance(m, int) else None,
             kv_len=n if isinstance(n, int) else None,
             num_heads=int(out_val.shape[-3]) if out_val.dim() >= 3 and isinstance(out_val.shape[-3], int) else None,
@@ -537,6 +602,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         qk_batch=tuple(s_val.shape[:-2]),
         pv_batch=pv_batch,
         batch=batch,
+        kv_heads_source=(k_source, v_source) if k_source is not None else None,
         tensors=tensors,
         spec=spec,
         matched_nodes=[qk, *score_chain, *weight_chain, pv],

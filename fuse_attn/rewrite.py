@@ -92,12 +92,14 @@ class _Emitter:
 def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
     q = emit.replay(match.q.node, match.q.views)
-    k_transposed = emit.replay(match.k.node, match.k.views)
-    k = emit.transpose_last(k_transposed)
-    q = emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q")
-    k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, batch, "k")
-    v = emit.rebatch(emit.broadcast_to(match.v, pv_batch, "v"), pv_batch, batch, "v")
-    q4, k4, v4 = (emit.to_4d(x, len(batch)) for x in (q, k, v))
+    q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
+    if match.kv_heads_source is not None:
+        k4, v4 = match.kv_heads_source  # already [Z, H // gqa_group, N, D]: the kernel shares each kv head
+    else:
+        k = emit.transpose_last(emit.replay(match.k.node, match.k.views))
+        k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, batch, "k")
+        v = emit.rebatch(emit.broadcast_to(match.v, pv_batch, "v"), pv_batch, batch, "v")
+        k4, v4 = emit.to_4d(k, len(batch)), emit.to_4d(v, len(batch))
 
     tensors = []
     for use in match.tensors:

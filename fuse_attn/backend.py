@@ -23,7 +23,7 @@ import functools
 import hashlib
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.fx as fx
@@ -32,7 +32,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from .matching import MatchContext
-from .report import log, publish
+from .report import GraphReport, SoftmaxVerdict, log, publish
 from .rewrite import rewrite_attention
 
 # Options taken out of ``torch.compile(..., options={...})``; all others go to Inductor as config patches.
@@ -53,6 +53,10 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
 
     if not enabled or not _mentions_softmax(gm):
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    blocker = _retrace_blocker(gm)
+    if blocker is not None:
+        publish(GraphReport([SoftmaxVerdict(n.name, False, reason=blocker) for n in gm.graph.nodes if _is_softmax_call(n)], rewritten=False))
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs)
@@ -88,12 +92,33 @@ def _is_registered_buffer(node: fx.Node) -> bool:
     return source is not None and "._buffers[" in source.name
 
 
+def _is_softmax_call(node: fx.Node) -> bool:
+    return node.op in ("call_function", "call_method", "call_module") and "softmax" in str(node.target).lower()
+
+
 def _mentions_softmax(gm: fx.GraphModule) -> bool:
     """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse."""
+    return any(_is_softmax_call(node) for node in gm.graph.nodes)
+
+
+def _retrace_blocker(gm: fx.GraphModule) -> Optional[str]:
+    """Why this graph must not be re-traced to ATen, or None.
+
+    A custom ``torch.autograd.Function`` reaches us as Dynamo's ``autograd_function_apply`` (its forward and its
+    own backward). The pre-autograd trace inlines its forward, and AOTAutograd would then differentiate that
+    forward instead of running the user's backward -- a different gradient whenever the backward is not the exact
+    derivative (Bloom's GELU). With gradients on, such a graph is compiled unchanged.
+    """
+    if not torch.is_grad_enabled():
+        return None
+    needs_grad = any(getattr(n.meta.get("example_value"), "requires_grad", False) for n in gm.graph.nodes if n.op == "placeholder")
     for node in gm.graph.nodes:
-        if node.op in ("call_function", "call_method", "call_module") and "softmax" in str(node.target).lower():
-            return True
-    return False
+        if needs_grad and node.op == "call_function" and "autograd_function_apply" in str(node.target):
+            return (
+                f"the graph calls a custom autograd.Function ({node.name}); fusing would re-trace it and replace "
+                "its backward with the derivative of its forward, so this graph is compiled unchanged in training"
+            )
+    return None
 
 
 @functools.lru_cache(maxsize=None)

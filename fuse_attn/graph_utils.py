@@ -78,8 +78,8 @@ def is_pure(node: fx.Node) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
-    if target in (aten.dropout.default, aten.native_dropout.default) and not node.args[2]:
-        return True  # dropout in eval mode draws no random numbers: it is the identity
+    if target in (aten.dropout.default, aten.native_dropout.default) and (not node.args[2] or node.args[1] == 0):
+        return True  # dropout in eval mode or with p=0 draws no random numbers: it is the identity
     if node.is_impure():
         return False
     if isinstance(target, torch._ops.OpOverload):
@@ -87,12 +87,18 @@ def is_pure(node: fx.Node) -> bool:
     return target.__module__ == "_operator"
 
 
-def erase_dead_nodes(graph: fx.Graph, candidates) -> None:
-    """Erase, among ``candidates`` and their ancestors, every pure node left without users."""
+def erase_dead_nodes(graph: fx.Graph, candidates, owned=frozenset()) -> None:
+    """Erase, among ``candidates`` and their ancestors, every pure node left without users.
+
+    ``owned`` nodes are erased when unused even if they mutate their input (an in-place op on the scores inside a
+    matched attention: what it mutates is matched too, and nothing else sees it).
+    """
     pending = list(candidates)
     while pending:
         node = pending.pop()
-        if getattr(node, "_erased", False) or node.graph is not graph or node.users or not is_pure(node):
+        if getattr(node, "_erased", False) or node.graph is not graph or node.users:
+            continue
+        if not (is_pure(node) or node in owned):
             continue
         inputs = list(node.all_input_nodes)
         graph.erase_node(node)

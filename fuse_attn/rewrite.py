@@ -174,4 +174,4 @@ def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any) -> None:
         raise
     match.pv.replace_all_uses_with(replacement)
     # The matched nodes, their dead inputs, and inserted views that ended up unused (e.g. a transpose undone).
-    erase_dead_nodes(graph, [match.pv, *emit.inserted])
+    erase_dead_nodes(graph, [match.pv, *emit.inserted], owned=set(match.matched_nodes))

@@ -244,3 +244,37 @@ def test_dynamic_lengths_compile_once_with_the_mask_as_a_tensor(monkeypatch):
             torch.testing.assert_close(compiled(x), model(x))
     assert len(reports) == 1
     assert [v.spec.describe() for v in reports[0].verdicts] == ["float32 D=16 scale=0.25 fill(mask0[1,1,M,N]==True, -inf)"]
+
+
+class ScaledGradient(torch.autograd.Function):
+    """Identity forward, doubled backward: a custom backward that is not the derivative of the forward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+class AttentionAfterCustomFunction(torch.nn.Module):
+    def forward(self, q, k, v):
+        return CausalTril()(ScaledGradient.apply(q), k, v)
+
+
+def test_custom_autograd_function_keeps_its_backward_in_training(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(AttentionAfterCustomFunction(), backend="fuse_attn")(q, k, v)
+    (ours,) = torch.autograd.grad(out.sum(), q)
+    (expected,) = torch.autograd.grad(AttentionAfterCustomFunction()(q, k, v).sum(), q)
+    torch.testing.assert_close(ours, expected)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert verdicts and not any(v.fused for v in verdicts) and "custom autograd.Function" in verdicts[0].reason
+    with torch.no_grad(), collect_reports() as reports:  # without gradients the forward alone matters: fused
+        torch._dynamo.reset()
+        torch.compile(AttentionAfterCustomFunction(), backend="fuse_attn")(q, k, v)
+    assert [v.fused for r in reports for v in r.verdicts] == [True]

@@ -149,6 +149,76 @@ class TestGoldenGraphs(TestCase):
         getitem: "f32[2, 3, 3, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
+    def test_gqa_repeat_kv_is_folded_into_the_kernel(self):
+        def repeat_kv(x, n_rep):
+            b, h, n, d = x.shape
+            return x[:, :, None, :, :].expand(b, h, n_rep, n, d).reshape(b, h * n_rep, n, d)
+
+        def fn(q, k, v):
+            k, v = repeat_kv(k, 2), repeat_kv(v, 2)
+            w = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
+            w = F.softmax(w, dim=-1, dtype=torch.float32).to(q.dtype)
+            return torch.matmul(w, v)
+
+        q = torch.randn(2, 4, 5, 8)
+        k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
+        self.assertExpectedInline(self.check(fn, q, k, v), """\
+    def forward(self, arg0_1: "f32[2, 2, 5, 8]", arg1_1: "f32[2, 2, 5, 8]", arg2_1: "f32[2, 4, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_mqa_by_broadcasting_one_kv_head(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1) @ v
+
+        q = torch.randn(2, 4, 5, 8)
+        k, v = torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
+        self.assertExpectedInline(self.check(fn, q, k, v), """\
+    def forward(self, arg0_1: "f32[2, 1, 5, 8]", arg1_1: "f32[2, 4, 5, 8]", arg2_1: "f32[2, 1, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_baddbmm_alibi_and_in_place_scale(self):
+        def fn(q, k, v, alibi):
+            B, H, T, D = q.shape
+            w = alibi.baddbmm(batch1=q.reshape(B * H, T, D), batch2=k.reshape(B * H, T, D).transpose(1, 2), beta=1.0, alpha=D**-0.5)
+            w = w.view(B, H, T, T)
+            w.div_(2.0)
+            p = torch.softmax(w, -1).view(B * H, T, T)
+            return torch.bmm(p, v.reshape(B * H, T, D)).view(B, H, T, D)
+
+        alibi = torch.randn(2 * 3, 1, 5)
+        self.assertExpectedInline(self.check(fn, *qkv(), alibi), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[6, 1, 5]", arg2_1: "f32[2, 3, 5, 8]", arg3_1: "f32[2, 3, 5, 8]"):
+        reshape: "f32[6, 5, 8]" = torch.ops.aten.reshape.default(arg0_1, [6, 5, 8])
+        reshape_1: "f32[6, 5, 8]" = torch.ops.aten.reshape.default(arg2_1, [6, 5, 8])
+        reshape_2: "f32[6, 5, 8]" = torch.ops.aten.reshape.default(arg3_1, [6, 5, 8])
+        unsqueeze_default: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape, 0)
+        unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
+        unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
+        unsqueeze_default_3: "f32[1, 6, 1, 5]" = torch.ops.aten.unsqueeze.default(arg1_1, 0)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [{"kind": "add", "tensor": 0}, {"factor": 0.5, "kind": "scale"}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
+        getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
+        squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
+        view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
+        return (view_2,)""")
+
+    def test_softcap_then_causal_mask(self):
+        def fn(q, k, v):
+            T = q.shape[-2]
+            w = q @ k.transpose(-1, -2) * 0.125
+            w = torch.tanh(w / 50.0) * 50.0
+            w = w + torch.full((T, T), float("-inf")).triu(1)
+            return torch.softmax(w, -1) @ v
+
+        self.assertExpectedInline(self.check(fn, *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "score_mods": [{"kind": "tanh"}, {"factor": 50.0, "kind": "scale"}], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
 
 class TestNotRewritten(TestCase):
     def verdicts(self, fn, *args):
@@ -236,3 +306,14 @@ class TestNotRewritten(TestCase):
 
         (verdict,) = rewrite_reports(fn, *qkv())[0].verdicts
         self.assertEqual(verdict.source, f"test_matcher.py:{fn.__code__.co_firstlineno + 1} `weights = torch.softmax(q @ k.transpose(-1, -2), -1)`")
+
+    def test_causal_mask_before_tanh_stays_a_tensor(self):
+        """tanh(-inf) = -1: a mask applied before a softcap does not mask, so it must not become 'causal'."""
+
+        def fn(q, k, v):
+            T = q.shape[-2]
+            w = (q @ k.transpose(-1, -2)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf"))
+            return torch.softmax(torch.tanh(w / 50.0) * 50.0, -1) @ v
+
+        reports = rewrite_reports(fn, *qkv())
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 fill(mask0[1,1,M,N]==True, -inf) *0.02 tanh *50""")

@@ -1,0 +1,170 @@
+"""Real models as their authors wrote them: small Hugging Face models built from configs (random weights, eager
+attention), compiled with ``backend="fuse_attn"`` on the CPU. For each: every attention layer is fused, and the
+output and every parameter gradient of a training step match eager under the 2x rule against fp64."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fuse_attn.report import collect_reports
+
+transformers = pytest.importorskip("transformers")
+T = transformers
+
+FLOOR = 1e-5  # fp32
+HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
+
+
+def ids(batch=2, seq=SEQ):
+    return torch.randint(3, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))
+
+
+def decoder(config_cls, **extra):
+    config = config_cls(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+                        vocab_size=VOCAB, attention_dropout=0.0, **extra)
+    return config
+
+
+def gpt2():
+    config = T.GPT2Config(n_embd=HIDDEN, n_head=HEADS, n_layer=LAYERS, vocab_size=VOCAB, n_positions=32,
+                          attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)
+    return T.GPT2LMHeadModel, config, dict(input_ids=ids()), LAYERS
+
+
+def bert():
+    config = T.BertConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+                          vocab_size=VOCAB, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    padding = torch.ones(2, SEQ, dtype=torch.long)
+    padding[1, 6:] = 0
+    return T.BertModel, config, dict(input_ids=ids(), attention_mask=padding), LAYERS
+
+
+def t5():
+    config = T.T5Config(d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=2 * HIDDEN, num_layers=LAYERS,
+                        vocab_size=VOCAB, dropout_rate=0.0)
+    return T.T5EncoderModel, config, dict(input_ids=ids()), LAYERS
+
+
+def vit():
+    config = T.ViTConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+                         image_size=16, patch_size=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return T.ViTModel, config, dict(pixel_values=torch.randn(2, 3, 16, 16)), LAYERS
+
+
+def whisper():
+    config = T.WhisperConfig(d_model=HIDDEN, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_layers=1,
+                             decoder_layers=1, encoder_ffn_dim=2 * HIDDEN, decoder_ffn_dim=2 * HIDDEN, num_mel_bins=8,
+                             max_source_positions=6, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                             decoder_start_token_id=1, dropout=0.0, attention_dropout=0.0)
+    inputs = dict(input_features=torch.randn(2, 8, 12), decoder_input_ids=ids(seq=5))
+    return T.WhisperModel, config, inputs, 3  # encoder self, decoder self (causal), decoder cross (M != N)
+
+
+def bloom():
+    config = T.BloomConfig(hidden_size=HIDDEN, n_head=HEADS, n_layer=LAYERS, vocab_size=VOCAB, attention_dropout=0.0, hidden_dropout=0.0)
+    return T.BloomForCausalLM, config, dict(input_ids=ids()), LAYERS
+
+
+def falcon():
+    config = T.FalconConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, num_hidden_layers=LAYERS, vocab_size=VOCAB,
+                            multi_query=True, new_decoder_architecture=False, attention_dropout=0.0, hidden_dropout=0.0)
+    return T.FalconForCausalLM, config, dict(input_ids=ids()), LAYERS
+
+
+def opt():
+    config = T.OPTConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, ffn_dim=2 * HIDDEN, num_hidden_layers=LAYERS,
+                         vocab_size=VOCAB, word_embed_proj_dim=HIDDEN, dropout=0.0, attention_dropout=0.0)
+    return T.OPTForCausalLM, config, dict(input_ids=ids()), LAYERS
+
+
+MODELS = {
+    "gpt2": gpt2,
+    "llama-gqa": lambda: (T.LlamaForCausalLM, decoder(T.LlamaConfig, num_key_value_heads=2), dict(input_ids=ids()), LAYERS),
+    "mistral-sliding-window": lambda: (T.MistralForCausalLM, decoder(T.MistralConfig, num_key_value_heads=2, sliding_window=4),
+                                       dict(input_ids=ids()), LAYERS),
+    "qwen2": lambda: (T.Qwen2ForCausalLM, decoder(T.Qwen2Config, num_key_value_heads=2), dict(input_ids=ids()), LAYERS),
+    "gemma2-softcap": lambda: (T.Gemma2ForCausalLM, decoder(T.Gemma2Config, num_key_value_heads=2, head_dim=HIDDEN // HEADS),
+                               dict(input_ids=ids()), LAYERS),
+    "phi": lambda: (T.PhiForCausalLM, decoder(T.PhiConfig, resid_pdrop=0.0, embd_pdrop=0.0), dict(input_ids=ids()), LAYERS),
+    "bert-padding": bert,
+    "t5-relative-bias": t5,
+    "vit": vit,
+    "whisper-self-and-cross": whisper,
+    "bloom-alibi": bloom,
+    "falcon-mqa": falcon,
+    "opt": opt,
+}
+
+
+def first_tensor(output):
+    return output.logits if hasattr(output, "logits") else output.last_hidden_state
+
+
+def max_error(a, b):
+    return (a.double() - b.double()).abs().max().item()
+
+
+# Bloom's GELU is a custom autograd.Function whose backward is an approximation: fusing its graph would replace
+# that backward, so in training Bloom's graph is compiled unchanged (and said so); in inference it is fused.
+UNFUSED_IN_TRAINING = {"bloom-alibi": "custom autograd.Function"}
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("name", list(MODELS))
+def test_model_fuses_every_attention_and_matches_eager(name, train, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU path of the op; the kernels are tested on their own
+    if not train and name not in UNFUSED_IN_TRAINING:
+        pytest.skip("inference is covered by the training run (same forward graph rewrite)")
+    model_cls, config, inputs, attention_layers = MODELS[name]()
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = model_cls(config).train(train)
+    ref_model = copy.deepcopy(model).double()
+    eager_model = copy.deepcopy(model)
+
+    def run(m, cast):
+        with torch.set_grad_enabled(train):
+            out = first_tensor(m(**{k: cast(v) for k, v in inputs.items()}))
+        if train:
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+            (out * grad.to(out.dtype)).sum().backward()
+        return out
+
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        ours = run(torch.compile(model, backend="fuse_attn"), lambda v: v)
+    verdicts = [v for r in reports for v in r.verdicts]
+    if train and name in UNFUSED_IN_TRAINING:
+        assert verdicts and all(not v.fused and UNFUSED_IN_TRAINING[name] in v.reason for v in verdicts)
+    else:
+        assert sum(v.fused for v in verdicts) == attention_layers, "\n".join(v.line() for v in verdicts)
+    ref = run(ref_model, lambda v: v.double() if v.is_floating_point() else v)
+    eager = run(eager_model, lambda v: v)
+
+    pairs = [("output", ours, eager, ref)]
+    for (pname, r), o, e in zip(ref_model.named_parameters(), model.parameters(), eager_model.parameters()):
+        if r.grad is not None:
+            pairs.append((f"grad of {pname}", o.grad, e.grad, r.grad))
+    for what, o, e, r in pairs:
+        assert o is not None, f"{what} is missing"
+        allowed = 2 * max_error(e, r) + FLOOR
+        assert max_error(o, r) <= allowed, f"{name} {what}: {max_error(o, r):.3g} > {allowed:.3g}"
+
+
+def test_output_attentions_keeps_the_weights_path_and_stays_right():
+    model_cls, config, inputs, _ = bert()
+    config._attn_implementation = "eager"
+    model = model_cls(config).eval()
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(model, backend="fuse_attn")(**inputs, output_attentions=True)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert verdicts and not any(v.fused for v in verdicts)
+    assert all("used by" in v.reason for v in verdicts)
+    expected = model(**inputs, output_attentions=True)
+    torch.testing.assert_close(out.last_hidden_state, expected.last_hidden_state)
+    for got, want in zip(out.attentions, expected.attentions):
+        torch.testing.assert_close(got, want)

@@ -1,1 +1,28 @@
 """fuse_attn: ``torch.compile(model, backend="fuse_attn")`` fuses every attention into a generated Triton flash kernel."""
+
+from __future__ import annotations
+
+from .report import ExplainReport, collect_reports
+
+__all__ = ["explain", "collect_reports", "ExplainReport"]
+
+
+def explain(model, *args, **kwargs) -> ExplainReport:
+    """Say, for every softmax in ``model(*args, **kwargs)``, whether the backend fuses it and why not.
+
+    Runs Dynamo and the backend's matcher only (the graphs then run eagerly; nothing is compiled by Inductor).
+    """
+    import torch
+
+    from .backend import analyze_graph
+
+    graphs = []
+
+    def analyze_only(gm, example_inputs):
+        _, report = analyze_graph(gm, example_inputs, apply=False)
+        if report is not None:
+            graphs.append(report)
+        return gm.forward
+
+    torch.compile(model, backend=analyze_only)(*args, **kwargs)
+    return ExplainReport(graphs)

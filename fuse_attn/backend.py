@@ -52,22 +52,31 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     config_patches.update(options)
     config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
 
-    if not enabled or not _mentions_softmax(gm):
+    if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
+    rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only)
+    if report is not None:
+        publish(report)
+    if rewritten is None or log_only or not report.fused:
+        return compile_fx(gm, example_inputs, config_patches=config_patches)
+    return compile_fx(rewritten, example_inputs, config_patches=config_patches)
+
+
+def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+    """The pre-autograd graph of ``gm`` with its attentions replaced (when ``apply``) and the report; the graph
+    is None when ``gm`` must be compiled as it is. Never raises for a graph it cannot handle."""
+    if not _mentions_softmax(gm):
+        return None, None
     blocker = _retrace_blocker(gm)
     if blocker is not None:
-        publish(GraphReport([SoftmaxVerdict(n.name, False, reason=blocker) for n in gm.graph.nodes if _is_softmax_call(n)], rewritten=False))
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
+        softmaxes = [n for n in gm.graph.nodes if _is_softmax_call(n)]
+        return None, GraphReport([SoftmaxVerdict(n.name, False, reason=blocker) for n in softmaxes], rewritten=False)
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs)
-        report = rewrite_attention(traced, ctx, apply=not log_only, capture=_capture_requested())
+        return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested())
     except Exception:
         log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
-    publish(report)
-    if log_only or not report.fused:
-        return compile_fx(gm, example_inputs, config_patches=config_patches)
-    return compile_fx(traced, example_inputs, config_patches=config_patches)
+        return None, None
 
 
 def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[fx.GraphModule, MatchContext]:

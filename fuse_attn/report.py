@@ -46,6 +46,26 @@ class GraphReport:
         return [v for v in self.verdicts if not v.fused]
 
 
+@dataclass
+class ExplainReport:
+    """What ``fuse_attn.explain`` found: one GraphReport per graph Dynamo captured."""
+
+    graphs: list[GraphReport]
+
+    @property
+    def fused(self) -> list[SoftmaxVerdict]:
+        return [v for g in self.graphs for v in g.fused]
+
+    @property
+    def not_fused(self) -> list[SoftmaxVerdict]:
+        return [v for g in self.graphs for v in g.not_fused]
+
+    def __str__(self) -> str:
+        lines = [f"{len(self.fused)} attention(s) fused, {len(self.not_fused)} softmax(es) not fused, in {len(self.graphs)} graph(s)"]
+        lines += [v.line() for g in self.graphs for v in g.verdicts]
+        return "\n".join(lines)
+
+
 _collectors: list[list[GraphReport]] = []
 
 

@@ -278,3 +278,13 @@ def test_custom_autograd_function_keeps_its_backward_in_training(monkeypatch):
         torch._dynamo.reset()
         torch.compile(AttentionAfterCustomFunction(), backend="fuse_attn")(q, k, v)
     assert [v.fused for r in reports for v in r.verdicts] == [True]
+
+
+def test_explain_names_what_is_fused_and_why_not():
+    import fuse_attn
+
+    report = fuse_attn.explain(PaddedEncoderAttention(width=32, heads=2, return_weights=True), torch.randn(2, 9, 32), torch.ones(2, 9))
+    assert len(report.fused) == 0 and len(report.not_fused) == 1
+    assert "used by" in report.not_fused[0].reason and "softmax" in str(report)
+    report = fuse_attn.explain(TinyGPT(vocab=64, width=32, heads=2, layers=3, block_size=16), torch.randint(0, 64, (1, 16)))
+    assert [v.spec.causal is not None for v in report.fused] == [True, True, True]

@@ -75,11 +75,13 @@ class MatchContext:
 
 @dataclass
 class Operand:
-    """``node`` with ``views`` (nodes whose first arg is the previous value) replayed on it, times ``factor``."""
+    """``node`` with ``views`` (nodes whose first arg is the previous value) replayed on it, then permuted by
+    ``permute`` (an einsum operand), times ``factor``."""
 
     node: fx.Node
     views: list[fx.Node] = field(default_factory=list)
     factor: float = 1.0
+    permute: Optional[list[int]] = None
 
 
 @dataclass
@@ -88,8 +90,8 @@ class AttentionMatch:
     qk: fx.Node
     pv: fx.Node
     q: Operand  # [*b_qk, M, D]
-    k: Operand  # [*b_qk, N, D]  (the transpose of the product's right operand)
-    v: fx.Node  # [*b_pv, N, DV]
+    k: Operand  # the product's right operand k^T [*b_qk, D, N] -- or, when it has a permute (einsum), k itself
+    v: Operand  # [*b_pv, N, DV] (after its permute, for einsum)
     qk_batch: tuple  # batch shape of the scores at the product
     pv_batch: tuple  # batch shape of the output
     batch: tuple  # the batch shape the fused op works in (laid out as [Z, H] = [prod(batch[:-1]), batch[-1]])
@@ -251,6 +253,34 @@ def _batch_of(node: fx.Node) -> tuple:
     return tuple(val(node).shape[:-2])
 
 
+def einsum_as_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list[int]]]:
+    """A two-operand ``einsum`` that is a batched matrix product ``[batch, m, c] x [batch, n, c] -> [batch, m, n]``:
+    the permutations that bring the left operand to ``[batch, m, c]`` and the right one to ``[batch, c, n]`` and
+    to ``[batch, n, c]``. None for any other einsum (ellipsis, broadcasting letters, several contractions...)."""
+    if node.target != aten.einsum.default or len(node.args[1]) != 2:
+        return None
+    equation = node.args[0].replace(" ", "")
+    if "..." in equation or "->" not in equation:
+        return None
+    inputs, out = equation.split("->")
+    x, y = inputs.split(",")
+    if any(len(set(t)) != len(t) for t in (x, y, out)) or len(out) < 2:
+        return None
+    batch, m, n = out[:-2], out[-2], out[-1]
+    contracted = [c for c in x if c in y and c not in out]
+    if len(contracted) != 1 or m not in x or m in y or n not in y or n in x:
+        return None
+    c = contracted[0]
+    if set(x) != set(batch) | {m, c} or set(y) != set(batch) | {n, c}:
+        return None
+    return ([x.index(l) for l in batch + m + c], [y.index(l) for l in batch + c + n], [y.index(l) for l in batch + n + c])
+
+
+def _is_qk_product(node: fx.Node) -> bool:
+    target = _target(node)
+    return target in CONTRACTION_OPS or target == aten.baddbmm.default or einsum_as_matmul(node) is not None
+
+
 def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
     """From the softmax input back to the QK product. Returns (product node, ops in forward order, chain nodes)."""
     ops: list[_ScoreOp] = []
@@ -267,7 +297,7 @@ def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
             raise NotFused(f"no q @ k^T product before the softmax: the scores come from {node.op} {node.name}", node)
         target = _target(node)
         chain.append(node)
-        if target in CONTRACTION_OPS or target == aten.baddbmm.default:
+        if _is_qk_product(node):
             chain.pop()
             break
         consumer = node
@@ -369,7 +399,7 @@ def _reaches_contraction(node: fx.Node, budget: int = 64) -> bool:
             continue
         seen.add(n)
         budget -= 1
-        if n.op == "call_function" and (n.target in CONTRACTION_OPS or n.target == aten.baddbmm.default):
+        if n.op == "call_function" and _is_qk_product(n):
             return True
         stack.extend(n.all_input_nodes)
     return False
@@ -395,6 +425,12 @@ def _walk_to_pv(softmax: fx.Node):
         if target in CONTRACTION_OPS:
             if user.args[0] is not node or user.args[1] is node:
                 raise NotFused(f"{user.name} multiplies the attention weights from the right", user)
+            return user, chain
+        einsum = einsum_as_matmul(user)
+        if einsum is not None:
+            left_perm = einsum[0]
+            if user.args[1][0] is not node or user.args[1][1] is node or left_perm != sorted(left_perm):
+                raise NotFused(f"{user.name}: the einsum does not multiply the weights [.., q, k] from the left", user)
             return user, chain
         if target in IDENTITY_OPS or (target in CAST_OPS and cast_dtype(user) is not None):
             pass
@@ -509,13 +545,18 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     qk, raw_ops, score_chain = _walk_score_chain(softmax, evaluate)
     pv, weight_chain = _walk_to_pv(softmax)
 
-    a, b = qk.args[1:3] if qk.target == aten.baddbmm.default else qk.args[:2]
-    a_val, b_val, v_node = val(a), val(b), pv.args[1]
-    v_val, s_val, out_val = val(v_node), val(qk), val(pv)
+    qk_einsum, pv_einsum = einsum_as_matmul(qk), einsum_as_matmul(pv)
+    if qk_einsum is not None:
+        a, b = qk.args[1]
+    else:
+        a, b = qk.args[1:3] if qk.target == aten.baddbmm.default else qk.args[:2]
+    v_node = pv.args[1][1] if pv_einsum is not None else pv.args[1]
+    a_val, b_val, v_val, s_val, out_val = val(a), val(b), val(v_node), val(qk), val(pv)
     if any(t is None or t.dim() < 2 for t in (a_val, b_val, v_val)):
         raise NotFused(f"{qk.name}: operands are not batched matrices", qk)
     m, n = s_val.shape[-2:]
-    d, dv = a_val.shape[-1], v_val.shape[-1]
+    d = a_val.shape[qk_einsum[0][-1]] if qk_einsum else a_val.shape[-1]
+    dv = v_val.shape[pv_einsum[1][-1]] if pv_einsum else v_val.shape[-1]
 
     q_dtype = a_val.dtype
     for name, t in (("k", b_val), ("v", v_val)):
@@ -557,7 +598,11 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     mods = []
     q_operand, k_operand = peel_scale(a), peel_scale(b)
     scale = q_operand.factor * k_operand.factor
-    gqa_group, k_source, v_source = _fold_kv_heads(k_operand, b, v_node, batch, tuple(s_val.shape[:-2]), pv_batch)
+    if qk_einsum is not None:  # einsum operands: permute q to [batch, m, d] and k to [batch, n, d]
+        q_operand.permute, k_operand.permute = qk_einsum[0], qk_einsum[2]
+        gqa_group, k_source, v_source = 1, None, None
+    else:
+        gqa_group, k_source, v_source = _fold_kv_heads(k_operand, b, v_node, batch, tuple(s_val.shape[:-2]), pv_batch)
     for op in kept:
         if op.kind == "scale":
             if mods:
@@ -598,7 +643,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         pv=pv,
         q=q_operand,
         k=k_operand,
-        v=v_node,
+        v=Operand(v_node, permute=pv_einsum[1] if pv_einsum else None),
         qk_batch=tuple(s_val.shape[:-2]),
         pv_batch=pv_batch,
         batch=batch,

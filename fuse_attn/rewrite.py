@@ -40,10 +40,14 @@ class _Emitter:
                 node.meta["val"] = target(*fake_args)
         return node
 
-    def replay(self, source: fx.Node, views: list[fx.Node]) -> fx.Node:
-        for view in views:
-            source = self(view.target, source, *view.args[1:])
-        return source
+    def operand(self, operand) -> fx.Node:
+        """An operand's node with its views replayed and its permutation applied."""
+        node = operand.node
+        for view in operand.views:
+            node = self(view.target, node, *view.args[1:])
+        if operand.permute is not None and operand.permute != sorted(operand.permute):
+            node = self(aten.permute.default, node, list(operand.permute))
+        return node
 
     def transpose_last(self, node: fx.Node) -> fx.Node:
         """Swap the last two dims; when ``node`` is itself such a swap, return its input instead."""
@@ -91,14 +95,16 @@ class _Emitter:
 
 def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
-    q = emit.replay(match.q.node, match.q.views)
+    q = emit.operand(match.q)
     q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
     if match.kv_heads_source is not None:
         k4, v4 = match.kv_heads_source  # already [Z, H // gqa_group, N, D]: the kernel shares each kv head
     else:
-        k = emit.transpose_last(emit.replay(match.k.node, match.k.views))
+        k = emit.operand(match.k)
+        if match.k.permute is None:
+            k = emit.transpose_last(k)  # the product's right operand is k^T
         k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, batch, "k")
-        v = emit.rebatch(emit.broadcast_to(match.v, pv_batch, "v"), pv_batch, batch, "v")
+        v = emit.rebatch(emit.broadcast_to(emit.operand(match.v), pv_batch, "v"), pv_batch, batch, "v")
         k4, v4 = emit.to_4d(k, len(batch)), emit.to_4d(v, len(batch))
 
     tensors = []

@@ -64,6 +64,14 @@ class BiasedBmm(torch.nn.Module):
         return torch.bmm(p, v.reshape(B * H, T, D)).view(B, H, T, D)
 
 
+class EinsumHeadsLast(torch.nn.Module):
+    """einsum spellings on [B, T, H, D] tensors: the permutes are folded into the fused op's strides."""
+
+    def forward(self, q, k, v):
+        w = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+        return torch.einsum("bhqk,bkhd->bhqd", torch.softmax(w, dim=-1), v)
+
+
 def max_error(a, b):
     return (a.double() - b.double()).abs().max().item()
 
@@ -130,6 +138,12 @@ def test_bias_gradient_through_bmm_spelling(target):
     torch.manual_seed(2)
     device, dtype = target
     compile_and_compare(BiasedBmm(), [torch.randn(2, 2, 17, 16) for _ in range(3)], train=True, device=device, dtype=dtype)
+
+
+def test_einsum_spelling(target):
+    torch.manual_seed(6)
+    device, dtype = target
+    compile_and_compare(EinsumHeadsLast(), [torch.randn(2, 17, 3, 16) for _ in range(3)], train=True, device=device, dtype=dtype)
 
 
 def test_padding_mask_encoder_fp16_inference():

@@ -219,6 +219,20 @@ class TestGoldenGraphs(TestCase):
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
+    def test_einsum_on_heads_last_layout(self):
+        def fn(q, k, v):
+            w = torch.einsum("bqhd,bkhd->bhqk", q, k) / 4.0
+            return torch.einsum("bhqk,bkhd->bhqd", torch.softmax(w, dim=-1), v)
+
+        self.assertExpectedInline(self.check(fn, *(torch.randn(2, 5, 3, 8) for _ in range(3))), """\
+    def forward(self, arg0_1: "f32[2, 5, 3, 8]", arg1_1: "f32[2, 5, 3, 8]", arg2_1: "f32[2, 5, 3, 8]"):
+        permute_default: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg0_1, [0, 2, 1, 3])
+        permute_default_1: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg1_1, [0, 2, 1, 3])
+        permute_default_2: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg2_1, [0, 2, 1, 3])
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "score_mods": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
 
 class TestNotRewritten(TestCase):
     def verdicts(self, fn, *args):

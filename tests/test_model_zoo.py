@@ -14,7 +14,11 @@ from fuse_attn.report import collect_reports
 transformers = pytest.importorskip("transformers")
 T = transformers
 
-FLOOR = 1e-5  # fp32
+import os
+
+# Absolute floors of the 2x rule: about one unit in the last place of values of size ~1.
+FLOOR = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
+INTERPRETER_SESSION = os.environ.get("TRITON_INTERPRET") == "1"  # see conftest.py
 HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
 
 
@@ -112,24 +116,38 @@ def max_error(a, b):
 UNFUSED_IN_TRAINING = {"bloom-alibi": "custom autograd.Function"}
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("train", [True, False], ids=["training", "inference"])
 @pytest.mark.parametrize("name", list(MODELS))
-def test_model_fuses_every_attention_and_matches_eager(name, train, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the CPU path of the op; the kernels are tested on their own
+def test_model_fuses_every_attention_and_matches_eager(name, train, device, monkeypatch):
+    """On a CPU in fp32 through the op's plain-PyTorch path (the kernels are tested on their own); on a GPU in
+    bf16 through the Triton kernels.
+
+    In bf16 the rest of the model is compiled by Inductor, whose own rounding differs from eager's by more than 2x
+    on some models (T5 on an H200: the embedding gradient of ``torch.compile`` default is 0.415 off fp64 where
+    eager's is 0.063), so there the same-dtype baseline is the worse of eager and ``torch.compile`` default.
+    """
+    if device == "cuda" and (not torch.cuda.is_available() or INTERPRETER_SESSION):
+        pytest.skip("needs a GPU and TRITON_INTERPRET=0")
+    if device == "cpu":
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
     if not train and name not in UNFUSED_IN_TRAINING:
         pytest.skip("inference is covered by the training run (same forward graph rewrite)")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model_cls, config, inputs, attention_layers = MODELS[name]()
     config._attn_implementation = "eager"
     torch.manual_seed(0)
-    model = model_cls(config).train(train)
+    model = model_cls(config).train(train).to(device, dtype)
+    inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
     ref_model = copy.deepcopy(model).double()
     eager_model = copy.deepcopy(model)
+    baselines = [eager_model] + ([copy.deepcopy(model)] if dtype != torch.float32 else [])
 
     def run(m, cast):
         with torch.set_grad_enabled(train):
             out = first_tensor(m(**{k: cast(v) for k, v in inputs.items()}))
         if train:
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(out.device)
             (out * grad.to(out.dtype)).sum().backward()
         return out
 
@@ -142,15 +160,16 @@ def test_model_fuses_every_attention_and_matches_eager(name, train, monkeypatch)
     else:
         assert sum(v.fused for v in verdicts) == attention_layers, "\n".join(v.line() for v in verdicts)
     ref = run(ref_model, lambda v: v.double() if v.is_floating_point() else v)
-    eager = run(eager_model, lambda v: v)
+    torch._dynamo.reset()
+    same_dtype = [run(m if i == 0 else torch.compile(m), lambda v: v) for i, m in enumerate(baselines)]
 
-    pairs = [("output", ours, eager, ref)]
-    for (pname, r), o, e in zip(ref_model.named_parameters(), model.parameters(), eager_model.parameters()):
+    pairs = [("output", ours, same_dtype, ref)]
+    for (pname, r), o, *others in zip(ref_model.named_parameters(), model.parameters(), *(m.parameters() for m in baselines)):
         if r.grad is not None:
-            pairs.append((f"grad of {pname}", o.grad, e.grad, r.grad))
-    for what, o, e, r in pairs:
+            pairs.append((f"grad of {pname}", o.grad, [b.grad for b in others], r.grad))
+    for what, o, others, r in pairs:
         assert o is not None, f"{what} is missing"
-        allowed = 2 * max_error(e, r) + FLOOR
+        allowed = 2 * max(max_error(b, r) for b in others) + FLOOR[dtype]
         assert max_error(o, r) <= allowed, f"{name} {what}: {max_error(o, r):.3g} > {allowed:.3g}"
 
 

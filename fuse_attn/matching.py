@@ -3,10 +3,13 @@
 Anchor: every softmax over the last dim. From it the matcher walks
 
 * backwards through the *score chain* -- casts, batch-only reshapes, clones, scalar multiplications and
-  divisions, additive tensors, ``masked_fill`` / ``where`` with a boolean tensor -- to a batched matrix product
-  ``A @ B`` (the scores ``q @ k^T``). Scalar factors applied to ``q`` or ``k`` before the product (behind any
-  views) are peeled into the scale.
-* forwards through casts, batch-only reshapes and identity ops to the product ``P @ V``.
+  divisions, additive tensors, ``masked_fill`` / ``where`` with a boolean tensor, ``tanh`` (softcaps), and the
+  in-place forms of these -- to a batched matrix product (the scores ``q @ k^T``: ``matmul`` / ``bmm``, a
+  ``baddbmm`` whose added input becomes a bias, or a two-operand ``einsum``). Scalar factors applied to ``q`` or
+  ``k`` before the product (behind any views) are peeled into the scale.
+* forwards through casts, batch-only reshapes, identity ops and eval-mode dropout to the product ``P @ V``.
+
+Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head) are folded into ``gqa_group``.
 
 Masks and biases that are computed from constants only (``tril``/``triu``, ``arange`` comparisons, a sliced
 registered buffer) are *evaluated* at compile time; one equal to a causal pattern (as fill or as an additive

@@ -21,6 +21,10 @@ def qkv(batch=2, heads=3, length=5, dim=8, dtype=torch.float32, k_length=None):
     )
 
 
+def plain_attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
+
+
 class TestGoldenGraphs(TestCase):
     def check(self, fn, *args):
         reports = rewrite_reports(fn, *args)
@@ -268,16 +272,10 @@ class TestNotRewritten(TestCase):
         self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: sub (sub.Tensor) between q @ k^T and the softmax is not a supported score change""")
 
     def test_float64_is_left_alone(self):
-        def fn(q, k, v):
-            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
-
-        self.assertExpectedInline(self.verdicts(fn, *qkv(dtype=torch.float64)), """not fused softmax: dtype float64 is not supported (fp16, bf16, fp32 are)""")
+        self.assertExpectedInline(self.verdicts(plain_attention, *qkv(dtype=torch.float64)), """not fused softmax: dtype float64 is not supported (fp16, bf16, fp32 are)""")
 
     def test_head_dim_over_256(self):
-        def fn(q, k, v):
-            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
-
-        self.assertExpectedInline(self.verdicts(fn, *qkv(dim=320)), """not fused softmax: the head dim 320 is over 256""")
+        self.assertExpectedInline(self.verdicts(plain_attention, *qkv(dim=320)), """not fused softmax: the head dim 320 is over 256""")
 
     def test_value_of_another_dtype(self):
         def fn(q, k, v):
@@ -286,10 +284,7 @@ class TestNotRewritten(TestCase):
         self.assertExpectedInline(self.verdicts(fn, *qkv(dtype=torch.float16)), """not fused softmax: q is torch.float16 but v is torch.float32""")
 
     def test_zero_length_sequence(self):
-        def fn(q, k, v):
-            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v
-
-        self.assertExpectedInline(self.verdicts(fn, *qkv(length=0)), """not fused softmax: the query length is 0""")
+        self.assertExpectedInline(self.verdicts(plain_attention, *qkv(length=0)), """not fused softmax: the query length is 0""")
 
     def test_dropout_in_training(self):
         def fn(q, k, v):

@@ -102,7 +102,9 @@ def _is_registered_buffer(node: fx.Node) -> bool:
 
 
 def _is_softmax_call(node: fx.Node) -> bool:
-    return node.op in ("call_function", "call_method", "call_module") and "softmax" in str(node.target).lower()
+    """A softmax in Dynamo's graph, however it is spelled (not log_softmax: losses are no attention)."""
+    name = str(node.target).lower()
+    return node.op in ("call_function", "call_method", "call_module") and "softmax" in name and "log_softmax" not in name
 
 
 def _mentions_softmax(gm: fx.GraphModule) -> bool:

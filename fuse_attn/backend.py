@@ -86,6 +86,10 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[f
     # Interpreting under preserve_node_meta carries each node's stack trace (the user's source line) over.
     with fx_traceback.preserve_node_meta():
         traced = make_fx(fx.Interpreter(gm).run, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
+    # Values nobody uses (the averaged weights nn.MultiheadAttention computes and its caller drops) would count as
+    # users of the attention weights; side-effecting nodes are kept by FX's own impurity rules.
+    traced.graph.eliminate_dead_code()
+    traced.recompile()
     traced_placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constants = {}
     for dynamo_node, traced_node, real in zip(placeholders, traced_placeholders, example_inputs):

@@ -2,18 +2,15 @@
 
 Anchor: every softmax over the last dim. From it the matcher walks
 
-* backwards through the *score chain* -- casts, batch-only reshapes, clones, scalar multiplications and
-  divisions, additive tensors, ``masked_fill`` / ``where`` with a boolean tensor, ``tanh`` (softcaps), and the
-  in-place forms of these -- to a batched matrix product (the scores ``q @ k^T``: ``matmul`` / ``bmm``, a
-  ``baddbmm`` whose added input becomes a bias, or a two-operand ``einsum``). Scalar factors applied to ``q`` or
-  ``k`` before the product (behind any views) are peeled into the scale.
-* forwards through casts, batch-only reshapes, identity ops and eval-mode dropout to the product ``P @ V``.
+* backwards along the *score path* (:mod:`fuse_attn.score_chain`) -- any pointwise ops, casts, batch-only
+  reshapes, clones and their in-place forms -- to a batched matrix product (the scores ``q @ k^T``: ``matmul`` /
+  ``bmm``, a ``baddbmm`` whose added input becomes a bias, or a two-operand ``einsum``). The ops become the
+  spec's score program; constant masks equal to a causal band become ``spec.causal``. Scalar factors applied to
+  ``q`` or ``k`` before the product (behind any views) are peeled into the scale.
+* forwards through casts, batch-only reshapes, identity ops and dropout (eval mode: the identity; training:
+  the spec's ``dropout_p``, applied in the kernel) to the product ``P @ V``.
 
 Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head) are folded into ``gqa_group``.
-
-Masks and biases that are computed from constants only (``tril``/``triu``, ``arange`` comparisons, a sliced
-registered buffer) are *evaluated* at compile time; one equal to a causal pattern (as fill or as an additive
-0/-inf tensor) becomes ``spec.causal``, so the kernel skips masked blocks instead of loading a tensor.
 
 Whatever cannot be proven equivalent raises :class:`NotFused` with the reason; the caller records it.
 The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an ``AttentionSpec``.
@@ -21,9 +18,8 @@ The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 import torch.fx as fx
@@ -37,43 +33,28 @@ from .graph_utils import (
     all_ones,
     aten,
     cast_dtype,
-    is_pure,
     is_static,
     same_shape,
     shape_text,
     val,
 )
-from .spec import MAX_HEAD_DIM, AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, Tanh, UnsupportedSpec
-
-# A fill value at or below this masks a key exactly like -inf would for any row that keeps one key whose score is
-# above it: it is float16's most negative finite value, the smallest fill Hugging Face style masks use
-# (torch.finfo(dtype).min), and exp(fill - rowmax) underflows to 0 in fp32 once the gap exceeds ~104.
-MASKING_FILL_LIMIT = -65504.0
-# Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
-# evaluation makes a few temporaries of that size on the host, so bigger ones are loaded as tensors instead).
-MAX_EVALUATED_MASK_ELEMENTS = 2**28
-# A masked score this negative stays masked after adding any bias short of 1e29 in magnitude (finfo(fp32).min is
-# -3.4e38; a bias that large would itself overflow any attention).
-HUGE_NEGATIVE = -1e30
+from .score_chain import (
+    SCORE,
+    ConstantEvaluator,
+    MatchContext,
+    NotFused,
+    PathOp,
+    SideExpressions,
+    build_program,
+    masking_band,
+    op_name,
+    stays_masked,
+    target_of,
+    walk_score_path,
+)
+from .spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, ScoreTensor, UnsupportedSpec, dtype_name
 
 _SCALAR_TYPES = (int, float)
-
-
-class NotFused(Exception):
-    """A softmax that is not rewritten, with the reason and the node it is about."""
-
-    def __init__(self, reason: str, node: Optional[fx.Node] = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.node = node
-
-
-@dataclass
-class MatchContext:
-    """What the matcher may know beyond the graph: real values of constant inputs (registered buffers)."""
-
-    constant_inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)
-    gm: Optional[fx.GraphModule] = None
 
 
 @dataclass
@@ -112,27 +93,9 @@ def softmax_dim_is_last(node: fx.Node) -> bool:
     return isinstance(dim, int) and x is not None and dim % x.dim() == x.dim() - 1
 
 
-# In-place pointwise ops on the scores (pre-autograd graphs keep them) read as their functional forms: the walk
-# only accepts a chain where each value has one user, so the mutation is seen by nothing else.
-FUNCTIONAL_FORM = {
-    aten.mul_.Tensor: aten.mul.Tensor,
-    aten.mul_.Scalar: aten.mul.Scalar,
-    aten.div_.Tensor: aten.div.Tensor,
-    aten.div_.Scalar: aten.div.Scalar,
-    aten.add_.Tensor: aten.add.Tensor,
-    aten.masked_fill_.Scalar: aten.masked_fill.Scalar,
-    aten.masked_fill_.Tensor: aten.masked_fill.Tensor,
-    aten.tanh_.default: aten.tanh.default,
-}
-
-
-def _target(node: fx.Node):
-    return FUNCTIONAL_FORM.get(node.target, node.target)
-
-
 def _scalar_factor(node: fx.Node, source: fx.Node) -> Optional[float]:
     """If ``node`` is ``source * c`` / ``c * source`` / ``source / c`` with a Python number c, return the factor."""
-    target = _target(node)
+    target = target_of(node)
     if target in (aten.mul.Tensor, aten.mul.Scalar):
         a, b = node.args[:2]
         other = b if a is source else a if b is source else None
@@ -171,87 +134,6 @@ def peel_scale(node: fx.Node) -> Operand:
 
 
 # --------------------------------------------------------------------------------------------------------------
-class _ConstantEvaluator:
-    """Evaluates a node whose value follows from constants alone (no graph input but registered buffers)."""
-
-    def __init__(self, ctx: MatchContext):
-        self.ctx = ctx
-        self.memo: dict[fx.Node, Any] = {}
-
-    def __call__(self, node: Any) -> Any:
-        if not isinstance(node, fx.Node):
-            if isinstance(node, (list, tuple)):
-                return type(node)(self(a) for a in node)
-            return node
-        if node in self.memo:
-            return self.memo[node]
-        result = self._evaluate(node)
-        self.memo[node] = result
-        return result
-
-    def _evaluate(self, node: fx.Node) -> Any:
-        fake = val(node)
-        if isinstance(fake, torch.Tensor):
-            if not is_static(fake.shape):
-                raise NotFused(f"{node.name} has a symbolic shape {shape_text(fake.shape)}", node)
-            if fake.numel() > MAX_EVALUATED_MASK_ELEMENTS:
-                raise NotFused(f"{node.name} is too large to evaluate at compile time", node)
-        if node.op == "placeholder":
-            if node in self.ctx.constant_inputs:
-                return self.ctx.constant_inputs[node]
-            raise NotFused(f"{node.name} is a graph input, not a constant", node)
-        if node.op == "get_attr" and self.ctx.gm is not None:
-            return getattr(self.ctx.gm, node.target)
-        if node.op != "call_function" or not is_pure(node):
-            raise NotFused(f"{node.name} ({node.target}) is not a pure function of constants", node)
-        args = self(node.args)
-        kwargs = {k: self(v) for k, v in node.kwargs.items()}
-        return node.target(*args, **kwargs)
-
-
-def _as_keep_matrix(keep: torch.Tensor, m: int, n: int) -> Optional[torch.Tensor]:
-    """The [m, n] visibility matrix if ``keep`` is the same for every batch entry, else None."""
-    keep = keep.to(torch.bool)
-    while keep.dim() < 2:
-        keep = keep.unsqueeze(0)
-    batch = keep.reshape(-1, keep.shape[-2], keep.shape[-1])
-    if not bool((batch == batch[:1]).all()):
-        return None
-    return batch[0].expand(m, n)
-
-
-def causal_diagonal(keep: torch.Tensor) -> Optional[int]:
-    """``d`` such that ``keep == tril(ones, d)`` with every row keeping at least one key; None otherwise."""
-    m, n = keep.shape
-    d = int(keep[0].sum()) - 1
-    if d < 0:
-        return None
-    expected = torch.ones(m, n, dtype=torch.bool, device=keep.device).tril(d)
-    return d if bool((keep == expected).all()) else None
-
-
-# --------------------------------------------------------------------------------------------------------------
-@dataclass
-class _ScoreOp:
-    kind: str  # "scale" | "add" | "fill"
-    node: fx.Node
-    batch: tuple
-    factor: float = 1.0
-    tensor: Optional[fx.Node] = None
-    value: float = 0.0
-    fill_when: bool = True
-
-
-def _fill_value(arg: Any, evaluate: _ConstantEvaluator, node: fx.Node) -> float:
-    if isinstance(arg, _SCALAR_TYPES) and not isinstance(arg, bool):
-        return float(arg)
-    if isinstance(arg, fx.Node):
-        fake = val(arg)
-        if isinstance(fake, torch.Tensor) and all_ones(fake.shape):
-            return float(evaluate(arg).reshape(()).item())
-    raise NotFused(f"{node.name}: the fill value is not a constant scalar", node)
-
-
 def _batch_of(node: fx.Node) -> tuple:
     return tuple(val(node).shape[:-2])
 
@@ -280,142 +162,15 @@ def einsum_as_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list
 
 
 def _is_qk_product(node: fx.Node) -> bool:
-    target = _target(node)
+    target = target_of(node)
     return target in CONTRACTION_OPS or target == aten.baddbmm.default or einsum_as_matmul(node) is not None
 
 
-def _walk_score_chain(softmax: fx.Node, evaluate: _ConstantEvaluator):
-    """From the softmax input back to the QK product. Returns (product node, ops in forward order, chain nodes)."""
-    ops: list[_ScoreOp] = []
-    chain: list[fx.Node] = []
-    node = softmax.args[0]
-    consumer = softmax
-    while True:
-        if not isinstance(node, fx.Node):
-            raise NotFused("the softmax input is not a tensor node", softmax)
-        if len(node.users) != 1:
-            others = ", ".join(u.name for u in node.users if u is not consumer)
-            raise NotFused(f"the scores {node.name} are also used by {others}", node)
-        if node.op != "call_function":
-            raise NotFused(f"no q @ k^T product before the softmax: the scores come from {node.op} {node.name}", node)
-        target = _target(node)
-        chain.append(node)
-        if _is_qk_product(node):
-            chain.pop()
-            break
-        consumer = node
-        if target in IDENTITY_OPS:
-            node = node.args[0]
-            continue
-        if target in CAST_OPS:
-            if cast_dtype(node) not in (torch.float16, torch.bfloat16, torch.float32):
-                raise NotFused(f"{node.name} casts the scores to {val(node).dtype}", node)
-            node = node.args[0]
-            continue
-        if target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
-            before, after = val(node.args[0]).shape, val(node).shape
-            if len(after) < 2 or not same_shape(before[-2:], after[-2:]):
-                raise NotFused(f"{node.name} reshapes the score matrix itself {shape_text(before)} -> {shape_text(after)}", node)
-            node = node.args[0]
-            continue
-        factor = None
-        for position in (0, 1):
-            if len(node.args) > position and isinstance(node.args[position], fx.Node):
-                factor = _scalar_factor(node, node.args[position])
-                if factor is not None:
-                    source = node.args[position]
-                    break
-        if factor is not None:
-            ops.append(_ScoreOp("scale", node, _batch_of(node), factor=factor))
-            node = source
-            continue
-        if target == aten.tanh.default:
-            ops.append(_ScoreOp("tanh", node, _batch_of(node)))
-            node = node.args[0]
-            continue
-        if target == aten.add.Tensor and "alpha" not in node.kwargs and len(node.args) == 2:
-            a, b = node.args
-            if not all(isinstance(x, fx.Node) for x in (a, b)):
-                raise NotFused(f"{node.name} adds a scalar to the scores", node)
-            score, bias = _split_scores(node, a, b)
-            if not torch.is_floating_point(val(bias)):
-                raise NotFused(f"{node.name} adds a {val(bias).dtype} tensor to the scores", node)
-            ops.append(_ScoreOp("add", node, _batch_of(node), tensor=bias))
-            node = score
-            continue
-        if target == aten.masked_fill.Scalar:
-            score, mask, value = node.args[:3]
-            ops.append(_ScoreOp("fill", node, _batch_of(node), tensor=mask, value=_fill_value(value, evaluate, node), fill_when=True))
-            node = score
-            continue
-        if target in (aten.where.self, aten.where.ScalarOther, aten.where.ScalarSelf, aten.masked_fill.Tensor):
-            if target == aten.masked_fill.Tensor:
-                score, mask, other = node.args[:3]
-                fill_when = True
-            else:
-                mask, a, b = node.args[:3]
-                if isinstance(a, fx.Node) and (not isinstance(b, fx.Node) or _split_scores(node, a, b)[0] is a):
-                    score, other, fill_when = a, b, False
-                else:
-                    score, other, fill_when = b, a, True
-            if val(mask).dtype != torch.bool:
-                raise NotFused(f"{node.name} selects by a {val(mask).dtype} tensor", node)
-            ops.append(_ScoreOp("fill", node, _batch_of(node), tensor=mask, value=_fill_value(other, evaluate, node), fill_when=fill_when))
-            node = score
-            continue
-        if target in (aten.mul.Tensor, aten.div.Tensor) and any(isinstance(val(x), (torch.SymInt, torch.SymFloat)) for x in node.args[:2]):
-            raise NotFused(f"{node.name} scales the scores by a symbolic value (symbolic scales are not folded yet)", node)
-        raise NotFused(f"{node.name} ({_op_name(target)}) between q @ k^T and the softmax is not a supported score change", node)
-    if node.target == aten.baddbmm.default:
-        # baddbmm(input, q, k^T, beta, alpha) = beta * input + alpha * (q @ k^T)
-        beta, alpha = node.kwargs.get("beta", 1), node.kwargs.get("alpha", 1)
-        if beta not in (0, 1) or not isinstance(alpha, _SCALAR_TYPES):
-            raise NotFused(f"{node.name}: baddbmm with beta={beta}, alpha={alpha} is not folded", node)
-        if beta == 1:
-            ops.append(_ScoreOp("add", node, _batch_of(node), tensor=node.args[0]))
-        ops.append(_ScoreOp("scale", node, _batch_of(node), factor=float(alpha)))
-    ops.reverse()
-    return node, ops, chain
-
-
-def _split_scores(node: fx.Node, a: fx.Node, b: fx.Node) -> tuple[fx.Node, fx.Node]:
-    """Tell the scores operand of a binary op from the bias/fill operand: (scores, other).
-
-    The scores are used only here, have the op's full shape and come from a matrix product upstream.
-    """
-
-    def looks_like_scores(x: fx.Node) -> bool:
-        return len(x.users) == 1 and same_shape(val(x).shape, val(node).shape) and _reaches_contraction(x)
-
-    a_ok, b_ok = looks_like_scores(a), looks_like_scores(b)
-    if a_ok == b_ok:
-        raise NotFused(f"{node.name}: cannot tell the scores from the other operand", node)
-    return (a, b) if a_ok else (b, a)
-
-
-def _reaches_contraction(node: fx.Node, budget: int = 64) -> bool:
-    """Whether a matrix product lies upstream of ``node`` (a bounded walk)."""
-    seen, stack = set(), [node]
-    while stack and budget > 0:
-        n = stack.pop()
-        if n in seen or not isinstance(n, fx.Node):
-            continue
-        seen.add(n)
-        budget -= 1
-        if n.op == "call_function" and _is_qk_product(n):
-            return True
-        stack.extend(n.all_input_nodes)
-    return False
-
-
-def _op_name(target: Any) -> str:
-    return str(target).replace("aten.", "")
-
-
 def _walk_to_pv(softmax: fx.Node):
-    """From the softmax forward to ``P @ V``. Returns (pv node, chain nodes)."""
+    """From the softmax forward to ``P @ V``. Returns (pv node, chain nodes, the training dropout's p or 0)."""
     chain = [softmax]
     node = softmax
+    dropout_p = 0.0
     while True:
         users = list(node.users)
         if len(users) != 1:
@@ -428,13 +183,13 @@ def _walk_to_pv(softmax: fx.Node):
         if target in CONTRACTION_OPS:
             if user.args[0] is not node or user.args[1] is node:
                 raise NotFused(f"{user.name} multiplies the attention weights from the right", user)
-            return user, chain
+            return user, chain, dropout_p
         einsum = einsum_as_matmul(user)
         if einsum is not None:
             left_perm = einsum[0]
             if user.args[1][0] is not node or user.args[1][1] is node or left_perm != sorted(left_perm):
                 raise NotFused(f"{user.name}: the einsum does not multiply the weights [.., q, k] from the left", user)
-            return user, chain
+            return user, chain, dropout_p
         if target in IDENTITY_OPS or (target in CAST_OPS and cast_dtype(user) is not None):
             pass
         elif target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
@@ -442,44 +197,21 @@ def _walk_to_pv(softmax: fx.Node):
                 raise NotFused(f"{user.name} reshapes the attention weights across their last two dims", user)
         elif target in (aten.dropout.default, aten.native_dropout.default):
             p, train = user.args[1], user.args[2]
-            if train and p > 0:
-                raise NotFused(f"{user.name}: dropout (p={p}) on the attention weights is not fused yet", user)
             if target == aten.native_dropout.default:
-                raise NotFused(f"{user.name}: native_dropout in eval mode is not folded", user)
+                raise NotFused(f"{user.name}: native_dropout on the attention weights is not folded", user)
+            if train and p > 0:
+                if dropout_p:
+                    raise NotFused(f"{user.name}: a second dropout on the attention weights", user)
+                if not isinstance(p, float) or not 0 < p < 1:
+                    raise NotFused(f"{user.name}: dropout with p={p}", user)
+                dropout_p = p
         else:
-            raise NotFused(f"the attention weights {node.name} go through {_op_name(target)} ({user.name}) before P @ V", user)
+            raise NotFused(f"the attention weights {node.name} go through {op_name(target)} ({user.name}) before P @ V", user)
         chain.append(user)
         node = user
 
 
 # --------------------------------------------------------------------------------------------------------------
-def _prove_causal(op: _ScoreOp, evaluate: _ConstantEvaluator, m: int, n: int):
-    """For a fill or add op whose tensor is a constant: ("causal", diagonal, masked value), ("noop", None, None)
-    when it masks nothing, or None."""
-    try:
-        tensor = evaluate(op.tensor)
-    except Exception:  # not a constant (NotFused), or an op that cannot run here: keep it as a tensor
-        return None
-    if op.kind == "fill":
-        value = op.value
-        keep = tensor != op.fill_when
-    else:
-        nonzero = tensor[tensor != 0].unique()
-        if nonzero.numel() > 1:
-            return None
-        value = float(nonzero[0]) if nonzero.numel() else -math.inf
-        keep = tensor == 0
-    if not (value == -math.inf or value <= MASKING_FILL_LIMIT):
-        return None
-    keep = _as_keep_matrix(keep, m, n)
-    if keep is None:
-        return None
-    if bool(keep.all()):
-        return ("noop", None, None)
-    d = causal_diagonal(keep)
-    return ("causal", d, value) if d is not None else None
-
-
 def _skip_noop_slices(node: fx.Node) -> fx.Node:
     """Through ``x[:, :, ...]``-style slices that keep every element."""
     while (
@@ -544,9 +276,9 @@ def _fold_kv_heads(k_operand: Operand, b: fx.Node, v: fx.Node, batch: tuple, qk_
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     if not softmax_dim_is_last(softmax):
         raise NotFused("the softmax is not over the last dim", softmax)
-    evaluate = _ConstantEvaluator(ctx)
-    qk, raw_ops, score_chain = _walk_score_chain(softmax, evaluate)
-    pv, weight_chain = _walk_to_pv(softmax)
+    evaluate = ConstantEvaluator(ctx)
+    qk, path, score_chain = walk_score_path(softmax, _is_qk_product)
+    pv, weight_chain, dropout_p = _walk_to_pv(softmax)
 
     qk_einsum, pv_einsum = einsum_as_matmul(qk), einsum_as_matmul(pv)
     if qk_einsum is not None:
@@ -568,71 +300,64 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         if t.device != a_val.device:
             raise NotFused(f"q is on {a_val.device} but {name} is on {t.device}", qk)
     for name, dim in (("head dim", d), ("value head dim", dv)):
-        if not isinstance(dim, int):
-            raise NotFused(f"the {name} is symbolic ({dim})", qk)
-        if dim > MAX_HEAD_DIM:
+        if isinstance(dim, int) and dim > MAX_HEAD_DIM:
             raise NotFused(f"the {name} {dim} is over {MAX_HEAD_DIM}", qk)
     for name, length in (("query", m), ("key", n)):
         if isinstance(length, int) and length == 0:
             raise NotFused(f"the {name} length is 0", qk)
 
-    # Score ops: constant masks that are causal (and stay masking through the ops after them) become the causal
-    # flag; leading scales fold into the scale; the rest becomes the spec's score mods.
-    causal_diag: Optional[int] = None
-    kept: list[_ScoreOp] = []
-    for position, op in enumerate(raw_ops):
-        if op.kind in ("add", "fill") and isinstance(m, int) and isinstance(n, int):
-            proof = _prove_causal(op, evaluate, m, n)
-            if proof is not None and (proof[0] == "noop" or _stays_masked(proof[2], raw_ops[position + 1 :])):
-                kind, diag, _ = proof
-                if kind == "causal":
-                    if causal_diag is not None and causal_diag != diag:
-                        raise NotFused(f"{op.node.name}: two causal masks with different diagonals", op.node)
-                    causal_diag = diag
-                continue
-        kept.append(op)
+    if qk.target == aten.baddbmm.default:
+        # baddbmm(input, q, k^T, beta, alpha) = beta * input + alpha * (q @ k^T)
+        beta, alpha = qk.kwargs.get("beta", 1), qk.kwargs.get("alpha", 1)
+        if beta not in (0, 1) or not isinstance(alpha, (int, float)):
+            raise NotFused(f"{qk.name}: baddbmm with beta={beta}, alpha={alpha} is not folded", qk)
+        steps = [("mul", [SCORE, alpha])] + ([("add", [SCORE, qk.args[0]])] if beta == 1 else [])
+        path.insert(0, PathOp(qk, steps, tuple(s_val.shape[:-2])))
 
+    # Constant masks that are a causal band (and stay masking through the ops after them) leave the program.
+    band = None
+    for position, op in enumerate(list(path)):
+        if not (isinstance(m, int) and isinstance(n, int)):
+            break
+        proof = masking_band(op, evaluate, m, n)
+        if proof is None or (proof[0] == "band" and not stays_masked(proof[2], path[position + 1 :], evaluate)):
+            continue
+        if proof[0] == "band":
+            if band is not None and band != proof[1]:
+                raise NotFused(f"{op.node.name}: two causal masks with different bands", op.node)
+            band = proof[1]
+        path.remove(op)
+
+    program = build_program(path, SideExpressions(evaluate, m, n), d)
     pv_batch = tuple(out_val.shape[:-2])
     # All batch shapes along the attention are row-major reshapes of one another. Work in the longest one at which
     # a mask/bias applies (so that none of them needs a reshape, which would copy a broadcast tensor densely).
-    batch = max([pv_batch] + [op.batch for op in kept if op.tensor is not None], key=len)
-    tensors: list[ScoreTensorUse] = []
-    score_tensors: list[ScoreTensor] = []
-    mods = []
+    batch = max([pv_batch] + [op.batch for _, op in program.loads], key=len)
+    tensors = [_place_tensor(node, op, batch, a_val.device) for node, op in program.loads]
+    score_tensors = [
+        ScoreTensor("mask" if val(node).dtype == torch.bool else "bias", dtype_name(val(node).dtype), use.broadcast)
+        for (node, _), use in zip(program.loads, tensors)
+    ]
     q_operand, k_operand = peel_scale(a), peel_scale(b)
-    scale = q_operand.factor * k_operand.factor
+    scale = q_operand.factor * k_operand.factor * program.scale_factor
     if qk_einsum is not None:  # einsum operands: permute q to [batch, m, d] and k to [batch, n, d]
         q_operand.permute, k_operand.permute = qk_einsum[0], qk_einsum[2]
         gqa_group, k_source, v_source = 1, None, None
     else:
         gqa_group, k_source, v_source = _fold_kv_heads(k_operand, b, v_node, batch, tuple(s_val.shape[:-2]), pv_batch)
-    for op in kept:
-        if op.kind == "scale":
-            if mods:
-                mods.append(ScaleScores(op.factor))
-            else:
-                scale *= op.factor
-            continue
-        if op.kind == "tanh":
-            mods.append(Tanh())
-            continue
-        use = _place_tensor(op, batch, a_val.device)
-        index = len(tensors)
-        tensors.append(use)
-        dtype = str(val(op.tensor).dtype).replace("torch.", "")
-        score_tensors.append(ScoreTensor("bias" if op.kind == "add" else "mask", dtype, use.broadcast))
-        mods.append(AddTensor(index) if op.kind == "add" else FillWhere(index, op.value, op.fill_when))
 
     try:
         spec = AttentionSpec(
-            dtype=str(q_dtype).replace("torch.", ""),
-            head_dim=d,
-            head_dim_v=dv,
+            dtype=dtype_name(q_dtype),
+            head_dim=d if isinstance(d, int) else None,
+            head_dim_v=dv if isinstance(dv, int) else None,
             scale=scale,
-            causal=CausalMask(causal_diag) if causal_diag is not None else None,
-            score_mods=tuple(mods),
+            scale_head_dim_power=program.head_dim_power,
+            causal=CausalMask(band.diagonal, window=band.window) if band is not None else None,
+            score_mod=program.nodes,
             score_tensors=tuple(score_tensors),
             gqa_group=gqa_group,
+            dropout_p=dropout_p,
             q_len=m if isinstance(m, int) else None,
             kv_len=n if isinstance(n, int) else None,
             num_heads=int(out_val.shape[-3]) if out_val.dim() >= 3 and isinstance(out_val.shape[-3], int) else None,
@@ -657,30 +382,6 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     )
 
 
-def _stays_masked(value: float, later: list[_ScoreOp]) -> bool:
-    """Whether keys masked to ``value`` still get exactly zero weight after the ops that follow the mask.
-
-    Only then may the mask move to the end of the score chain as ``causal`` (the kernel applies it last and skips
-    masked blocks). Positive scales keep -inf and keep a huge negative fill huge; adding a bias keeps it huge when
-    it is -inf or beyond 1e30 (a bias would have to be as large to matter); tanh, a negative scale or a fill with a
-    value that does not mask can make a masked key visible again.
-    """
-    for nxt in later:
-        if nxt.kind == "scale":
-            if nxt.factor <= 0:
-                return False
-            value *= nxt.factor
-        elif nxt.kind == "add":
-            if value != -math.inf and value > HUGE_NEGATIVE:
-                return False
-        elif nxt.kind == "fill":
-            if not (nxt.value == -math.inf or nxt.value <= MASKING_FILL_LIMIT):
-                return False
-        else:
-            return False
-    return value == -math.inf or value <= MASKING_FILL_LIMIT
-
-
 @dataclass
 class ScoreTensorUse:
     """A mask/bias node as the fused op receives it: ``node`` (at ``tensor_batch``), reshaped to the attention's
@@ -692,8 +393,9 @@ class ScoreTensorUse:
     broadcast: tuple[bool, bool, bool, bool]
 
 
-def _place_tensor(op: _ScoreOp, batch: tuple, device) -> ScoreTensorUse:
-    fake = val(op.tensor)
+def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device) -> ScoreTensorUse:
+    """How the fused op receives ``tensor``, a side input of path op ``op`` broadcast against its value."""
+    fake = val(tensor)
     rank = len(op.batch) + 2
     if fake.dim() > rank:
         raise NotFused(f"{op.node.name}: the mask/bias {shape_text(fake.shape)} has more dims than the scores", op.node)
@@ -715,7 +417,7 @@ def _place_tensor(op: _ScoreOp, batch: tuple, device) -> ScoreTensorUse:
             op.node,
         )
     broadcast = (all_ones(batch_part[:-1]), all_ones(batch_part[-1:]), all_ones(tail[:1]), all_ones(tail[1:]))
-    return ScoreTensorUse(op.tensor, op.batch, rebatch, broadcast)
+    return ScoreTensorUse(tensor, op.batch, rebatch, broadcast)
 
 
 def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:

@@ -7,8 +7,8 @@ Semantics, for q ``[Z, H, M, D]``, k ``[Z, H // gqa_group, N, D]``, v ``[Z, H //
 score tensors ``T[i]`` (4-D, broadcastable to ``[Z, H, M, N]``)::
 
     s = (q @ k^T) * scale                      # fp32, natural-log units
-    for op in score_mods: s = op(s)            # ScaleScores / AddTensor / FillWhere / Tanh, in this order
-    if causal: s = where(key <= query + causal.offset(M, N), s, -inf)
+    s = score_mod(s, z, h, i, j, T[.][z, h, i, j])   # a pointwise program (ScoreNode list), computed in fp32
+    if causal: s = where(causal.visible(i, j), s, -inf)
     out = softmax(s, dim=-1) @ v               # out in q's dtype; lse = logsumexp(s, -1) in fp32
 
 Lengths M and N are run-time values (a spec may record them for display when they are static).
@@ -30,41 +30,136 @@ SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 MAX_HEAD_DIM = 256
 
 
-@dataclass(frozen=True)
-class ScaleScores:
-    """``s = s * factor`` (a multiplication that is not leading; leading ones are folded into ``scale``)."""
-
-    factor: float
-    kind: Literal["scale"] = "scale"
-
-
-@dataclass(frozen=True)
-class AddTensor:
-    """``s = s + T[tensor]`` -- an additive bias or float mask, loaded per tile through broadcast strides."""
-
-    tensor: int
-    kind: Literal["add"] = "add"
-
-
-@dataclass(frozen=True)
-class FillWhere:
-    """``s = where(T[tensor] == fill_when, value, s)`` -- ``masked_fill`` / ``where`` with a boolean tensor."""
-
-    tensor: int
-    value: float
-    fill_when: bool
-    kind: Literal["fill"] = "fill"
+# ---- the score modification: a small pointwise program ---------------------------------------------------------
+# Leaves (no args): the score, the element's indices, the run-time lengths, a constant, a score-tensor element.
+LEAF_OPS = ("score", "q_idx", "kv_idx", "batch_idx", "head_idx", "q_len", "kv_len", "const", "load")
+UNARY_OPS = ("neg", "abs", "exp", "log", "tanh", "sigmoid", "sqrt", "logical_not", "to_float")
+BINARY_OPS = (
+    "add", "sub", "mul", "div", "maximum", "minimum", "clamp_min", "clamp_max",
+    "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or",
+)
+TERNARY_OPS = ("where",)  # where(cond, a, b)
+SCORE_OP_ARITY = {**{op: 0 for op in LEAF_OPS}, **{op: 1 for op in UNARY_OPS}, **{op: 2 for op in BINARY_OPS},
+                  **{op: 3 for op in TERNARY_OPS}}
+COMPARISON_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+_INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==",
+          "ne": "!=", "logical_and": "&", "logical_or": "|"}
 
 
 @dataclass(frozen=True)
-class Tanh:
-    """``s = tanh(s)`` -- with ScaleScores around it, a logit softcap ``tanh(s / c) * c`` (Gemma-2)."""
+class ScoreNode:
+    """One instruction of a score program. ``args`` index earlier nodes of the program; ``value`` is the number
+    of a ``const`` and the score-tensor index of a ``load``. Every op has torch's semantics (``maximum`` /
+    ``minimum`` split the gradient of a tie in halves, ``clamp_min`` / ``clamp_max`` pass it, as torch does)."""
 
-    kind: Literal["tanh"] = "tanh"
+    op: str
+    args: tuple[int, ...] = ()
+    value: Union[float, int, bool, None] = None
 
 
-ScoreOp = Union[ScaleScores, AddTensor, FillWhere, Tanh]
-_SCORE_OP_TYPES = {cls.__dataclass_fields__["kind"].default: cls for cls in (ScaleScores, AddTensor, FillWhere, Tanh)}
+def node_kinds(program: tuple[ScoreNode, ...], tensors: tuple["ScoreTensor", ...]) -> list[str]:
+    """The value kind -- "float", "int" or "bool" -- of each node (leaves: score float, indices and lengths int,
+    a const by its Python type, a load by its tensor's role); raises UnsupportedSpec for an ill-formed program."""
+    kinds: list[str] = []
+    for i, node in enumerate(program):
+        if node.op not in SCORE_OP_ARITY:
+            raise UnsupportedSpec(f"score program node {i}: unknown op {node.op!r}")
+        if len(node.args) != SCORE_OP_ARITY[node.op] or any(not 0 <= a < i for a in node.args):
+            raise UnsupportedSpec(f"score program node {i} ({node.op}) has bad args {node.args}")
+        a = [kinds[j] for j in node.args]
+        if node.op == "score":
+            kind = "float"
+        elif node.op in ("q_idx", "kv_idx", "batch_idx", "head_idx", "q_len", "kv_len"):
+            kind = "int"
+        elif node.op == "const":
+            kind = "bool" if isinstance(node.value, bool) else "int" if isinstance(node.value, int) else "float"
+            if not isinstance(node.value, (bool, int, float)):
+                raise UnsupportedSpec(f"score program node {i}: const {node.value!r} is not a number")
+        elif node.op == "load":
+            if not isinstance(node.value, int) or not 0 <= node.value < len(tensors):
+                raise UnsupportedSpec(f"score program node {i} loads a missing tensor {node.value!r}")
+            kind = "bool" if tensors[node.value].role == "mask" else "float"
+        elif node.op in ("logical_not", "logical_and", "logical_or"):
+            if any(k != "bool" for k in a):
+                raise UnsupportedSpec(f"score program node {i}: {node.op} of {a}")
+            kind = "bool"
+        elif node.op in COMPARISON_OPS:
+            kind = "bool"
+        elif node.op == "to_float":
+            kind = "float"
+        elif node.op == "where":
+            if a[0] != "bool":
+                raise UnsupportedSpec(f"score program node {i}: where on a {a[0]} condition")
+            kind = "float" if "float" in a[1:] else "int" if "int" in a[1:] else "bool"
+        elif node.op in ("exp", "log", "tanh", "sigmoid", "sqrt", "div"):
+            kind = "float"  # true division and transcendental functions promote to float, as in torch
+        else:
+            if "bool" in a:
+                raise UnsupportedSpec(f"score program node {i}: arithmetic {node.op} on a bool")
+            kind = "float" if "float" in a else "int"
+        kinds.append(kind)
+    return kinds
+
+
+class ScoreProgramBuilder:
+    """Builds a score program node by node; identical nodes are shared (so each is computed once)."""
+
+    def __init__(self):
+        self.nodes: list[ScoreNode] = []
+        self._index: dict[ScoreNode, int] = {}
+
+    def add(self, op: str, *args: int, value: Union[float, int, bool, None] = None) -> int:
+        node = ScoreNode(op, tuple(args), value)
+        if node not in self._index:
+            self._index[node] = len(self.nodes)
+            self.nodes.append(node)
+        return self._index[node]
+
+    def const(self, value: Union[float, int, bool]) -> int:
+        return self.add("const", value=value)
+
+    def program(self, result: int) -> tuple[ScoreNode, ...]:
+        """The nodes ``result`` depends on, renumbered, ending in ``result``; () if that is the bare score."""
+        if self.nodes[result].op == "score":
+            return ()
+        needed, stack = set(), [result]
+        while stack:
+            i = stack.pop()
+            if i not in needed:
+                needed.add(i)
+                stack.extend(self.nodes[i].args)
+        order = sorted(needed - {result}) + [result]
+        renumber = {old: new for new, old in enumerate(order)}
+        return tuple(ScoreNode(self.nodes[i].op, tuple(renumber[a] for a in self.nodes[i].args), self.nodes[i].value)
+                     for i in order)
+
+
+def program_text(program: tuple[ScoreNode, ...], tensors: tuple["ScoreTensor", ...] = ()) -> str:
+    """The program as one expression (shared subexpressions repeated), e.g. ``tanh(s * 0.02) * 50``."""
+    texts: list[str] = []
+    for node in program:
+        a = [texts[j] for j in node.args]
+        if node.op == "score":
+            t = "s"
+        elif node.op == "const":
+            t = f"{node.value:.6g}" if isinstance(node.value, float) else repr(node.value)
+        elif node.op == "load":
+            kind = tensors[node.value].role if node.value < len(tensors) else "t"
+            bc = f"[{_broadcast_text(tensors[node.value].broadcast)}]" if node.value < len(tensors) else ""
+            t = f"{kind}{node.value}{bc}"
+        elif node.op in LEAF_OPS:
+            t = node.op
+        elif node.op in _INFIX:
+            t = f"({a[0]} {_INFIX[node.op]} {a[1]})"
+        else:
+            t = f"{node.op}({', '.join(_unwrapped(x) for x in a)})"
+        texts.append(t)
+    return _unwrapped(texts[-1]) if texts else "s"
+
+
+def _unwrapped(text: str) -> str:
+    """An infix expression without its outer parentheses (each infix text is wrapped in exactly one pair)."""
+    return text[1:-1] if text.startswith("(") and text.endswith(")") else text
 
 
 @dataclass(frozen=True)
@@ -78,14 +173,17 @@ class ScoreTensor:
 
 @dataclass(frozen=True)
 class CausalMask:
-    """Key ``j`` is visible to query ``i`` iff ``j <= i + offset``.
+    """Key ``j`` is visible to query ``i`` iff ``j <= i + offset`` -- and, with a sliding ``window``, also
+    ``j > i + offset - window`` (the ``window`` most recent keys, Mistral style).
 
     ``offset = diagonal`` for ``top_left`` alignment (``tril(ones(M, N), diagonal)``) and
     ``diagonal + N - M`` for ``bottom_right`` (the query block is the last M positions of the N keys).
+    Both bounds are index-only: the kernels skip blocks outside them and never load a mask tensor.
     """
 
     diagonal: int = 0
     alignment: Literal["top_left", "bottom_right"] = "top_left"
+    window: Optional[int] = None
 
     def offset(self, q_len: int, kv_len: int) -> int:
         return self.diagonal + (kv_len - q_len if self.alignment == "bottom_right" else 0)
@@ -94,14 +192,17 @@ class CausalMask:
 @dataclass(frozen=True)
 class AttentionSpec:
     dtype: str
-    head_dim: int
-    head_dim_v: int
-    scale: float
+    head_dim: Optional[int]  # None: symbolic, taken from q at run time (the kernels are specialized per head dim)
+    head_dim_v: Optional[int]
+    scale: float  # the scores are (q @ k^T) * scale * head_dim ** scale_head_dim_power
     causal: Optional[CausalMask] = None
-    score_mods: tuple[ScoreOp, ...] = ()
+    # The scores after ``scale``, as a pointwise program (empty: unchanged); its last node is the new score.
+    score_mod: tuple[ScoreNode, ...] = ()
     score_tensors: tuple[ScoreTensor, ...] = ()
     gqa_group: int = 1
     dropout_p: float = 0.0
+    # Nonzero for a scale written in terms of a symbolic head dim (``q.size(-1) ** -0.5`` under dynamic shapes).
+    scale_head_dim_power: float = 0.0
     # Display only (None when symbolic); not part of the kernel key.
     q_len: Optional[int] = None
     kv_len: Optional[int] = None
@@ -117,7 +218,7 @@ class AttentionSpec:
         if self.dtype not in SUPPORTED_DTYPES:
             reasons.append(f"dtype {self.dtype} is not supported (fp16, bf16, fp32 are)")
         for name, dim in (("head dim", self.head_dim), ("value head dim", self.head_dim_v)):
-            if not 1 <= dim <= MAX_HEAD_DIM:
+            if dim is not None and not 1 <= dim <= MAX_HEAD_DIM:
                 reasons.append(f"{name} {dim} is outside 1..{MAX_HEAD_DIM}")
         if not math.isfinite(self.scale):
             reasons.append(f"scale {self.scale} is not finite")
@@ -125,14 +226,24 @@ class AttentionSpec:
             reasons.append(f"gqa_group {self.gqa_group} < 1")
         if self.dropout_p != 0.0:
             reasons.append("dropout inside the attention is not fused yet")
-        for op in self.score_mods:
-            if isinstance(op, (AddTensor, FillWhere)) and not 0 <= op.tensor < len(self.score_tensors):
-                reasons.append(f"score op {op} names a missing tensor")
-            if isinstance(op, AddTensor) and self.score_tensors[op.tensor].role != "bias":
-                reasons.append(f"score op {op} adds a non-bias tensor")
-            if isinstance(op, FillWhere) and self.score_tensors[op.tensor].role != "mask":
-                reasons.append(f"score op {op} fills by a non-mask tensor")
+        if self.causal is not None and self.causal.window is not None and self.causal.window < 1:
+            reasons.append(f"sliding window {self.causal.window} < 1")
+        if self.score_mod:
+            try:
+                kinds = node_kinds(self.score_mod, self.score_tensors)
+            except UnsupportedSpec as e:
+                reasons.append(str(e))
+            else:
+                if kinds[-1] != "float":
+                    reasons.append(f"the score program ends in a {kinds[-1]}, not a float score")
+        loaded = {n.value for n in self.score_mod if n.op == "load"}
+        if loaded != set(range(len(self.score_tensors))):
+            reasons.append(f"score tensors {sorted(set(range(len(self.score_tensors))) - loaded)} are not loaded by the program")
         return reasons
+
+    def scale_for(self, head_dim: int) -> float:
+        """The score scale for q's actual head dim."""
+        return self.scale * head_dim**self.scale_head_dim_power if self.scale_head_dim_power else self.scale
 
     # ---- keys and serialization -------------------------------------------------------------------------
     def kernel_key(self) -> "AttentionSpec":
@@ -151,7 +262,7 @@ class AttentionSpec:
     def from_json(text: str) -> "AttentionSpec":
         raw = json.loads(text)
         raw["causal"] = CausalMask(**raw["causal"]) if raw["causal"] else None
-        raw["score_mods"] = tuple(_SCORE_OP_TYPES[op["kind"]](**op) for op in raw["score_mods"])
+        raw["score_mod"] = tuple(ScoreNode(n["op"], tuple(n["args"]), n["value"]) for n in raw["score_mod"])
         raw["score_tensors"] = tuple(
             ScoreTensor(role=t["role"], dtype=t["dtype"], broadcast=tuple(t["broadcast"])) for t in raw["score_tensors"]
         )
@@ -159,23 +270,17 @@ class AttentionSpec:
 
     def describe(self) -> str:
         """One line for logs and dump_graph."""
-        parts = [f"{self.dtype}", f"D={self.head_dim}" + (f"/Dv={self.head_dim_v}" if self.head_dim_v != self.head_dim else "")]
+        dims = [("?" if d is None else str(d)) for d in (self.head_dim, self.head_dim_v)]
+        parts = [f"{self.dtype}", f"D={dims[0]}" + (f"/Dv={dims[1]}" if dims[1] != dims[0] else "")]
         if self.q_len is not None or self.kv_len is not None:
             parts.append(f"M={self.q_len if self.q_len is not None else '?'} N={self.kv_len if self.kv_len is not None else '?'}")
-        parts.append(f"scale={self.scale:.6g}")
+        power = f"*D^{self.scale_head_dim_power:.6g}" if self.scale_head_dim_power else ""
+        parts.append(f"scale={self.scale:.6g}{power}")
         if self.causal:
-            parts.append(f"causal({self.causal.alignment}, diagonal={self.causal.diagonal})")
-        for op in self.score_mods:
-            if isinstance(op, ScaleScores):
-                parts.append(f"*{op.factor:.6g}")
-            elif isinstance(op, AddTensor):
-                t = self.score_tensors[op.tensor]
-                parts.append(f"+bias{op.tensor}[{_broadcast_text(t.broadcast)}]")
-            elif isinstance(op, Tanh):
-                parts.append("tanh")
-            else:
-                t = self.score_tensors[op.tensor]
-                parts.append(f"fill(mask{op.tensor}[{_broadcast_text(t.broadcast)}]=={op.fill_when}, {op.value:.6g})")
+            window = f", window={self.causal.window}" if self.causal.window is not None else ""
+            parts.append(f"causal({self.causal.alignment}, diagonal={self.causal.diagonal}{window})")
+        if self.score_mod:
+            parts.append(f"s -> {program_text(self.score_mod, self.score_tensors)}")
         if self.gqa_group > 1:
             parts.append(f"gqa={self.gqa_group}")
         return " ".join(parts)
@@ -183,6 +288,11 @@ class AttentionSpec:
 
 def _broadcast_text(broadcast: tuple[bool, bool, bool, bool]) -> str:
     return ",".join("1" if b else name for b, name in zip(broadcast, "ZHMN"))
+
+
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``: how specs and reports name a dtype."""
+    return str(dtype).replace("torch.", "")
 
 
 class UnsupportedSpec(ValueError):

@@ -12,7 +12,7 @@ from fuse_attn.report import GraphReport
 from fuse_attn.rewrite import rewrite_attention
 
 
-def rewrite_reports(fn, *args, **kwargs) -> list[GraphReport]:
+def rewrite_reports(fn, *args, dynamic=None, **kwargs) -> list[GraphReport]:
     """Each graph of ``fn(*args)`` after the rewrite; the original graphs run eagerly."""
     reports: list[GraphReport] = []
 
@@ -22,7 +22,7 @@ def rewrite_reports(fn, *args, **kwargs) -> list[GraphReport]:
         return gm.forward
 
     torch._dynamo.reset()
-    torch.compile(fn, backend=capture)(*args, **kwargs)
+    torch.compile(fn, backend=capture, dynamic=dynamic)(*args, **kwargs)
     return reports
 
 

@@ -47,7 +47,7 @@ class TestGoldenGraphs(TestCase):
         transpose_1: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_1, 1, 2)
         view_2: "f32[2, 6, 2, 8]" = torch.ops.aten.view.default(getitem_2, [2, 6, 2, 8])
         transpose_2: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_2, 1, 2)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem_3: "f32[2, 2, 6, 8]" = flash_attention_default[0]
         transpose_4: "f32[2, 6, 2, 8]" = torch.ops.aten.transpose.int(getitem_3, 1, 2)
         contiguous: "f32[2, 6, 2, 8]" = torch.ops.aten.contiguous.default(transpose_4)
@@ -64,7 +64,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -78,7 +78,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -90,7 +90,7 @@ class TestGoldenGraphs(TestCase):
         mask = torch.zeros(2, 1, 1, 5).masked_fill(torch.rand(2, 1, 1, 5) > 0.7, float("-inf"))
         self.assertExpectedInline(self.check(fn, *qkv(), mask), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 1, 1, 5]", arg3_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [{"kind": "add", "tensor": 0}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -101,7 +101,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -113,7 +113,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(dtype=torch.float16)), """\
     def forward(self, arg0_1: "f16[2, 3, 5, 8]", arg1_1: "f16[2, 3, 5, 8]", arg2_1: "f16[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f16[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -134,7 +134,7 @@ class TestGoldenGraphs(TestCase):
         unsqueeze_default: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape, 0)
         unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
         unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
         squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
@@ -149,7 +149,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(length=3, k_length=7)), """\
     def forward(self, arg0_1: "f32[2, 3, 3, 8]", arg1_1: "f32[2, 3, 7, 8]", arg2_1: "f32[2, 3, 7, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 4}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 4, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 3, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -168,7 +168,7 @@ class TestGoldenGraphs(TestCase):
         k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
         self.assertExpectedInline(self.check(fn, q, k, v), """\
     def forward(self, arg0_1: "f32[2, 2, 5, 8]", arg1_1: "f32[2, 2, 5, 8]", arg2_1: "f32[2, 4, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -180,7 +180,7 @@ class TestGoldenGraphs(TestCase):
         k, v = torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
         self.assertExpectedInline(self.check(fn, q, k, v), """\
     def forward(self, arg0_1: "f32[2, 1, 5, 8]", arg1_1: "f32[2, 4, 5, 8]", arg2_1: "f32[2, 1, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -203,7 +203,7 @@ class TestGoldenGraphs(TestCase):
         unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
         unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
         unsqueeze_default_3: "f32[1, 6, 1, 5]" = torch.ops.aten.unsqueeze.default(arg1_1, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "score_mods": [{"kind": "add", "tensor": 0}, {"factor": 0.5, "kind": "scale"}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}, {"args": [], "op": "const", "value": 2.0}, {"args": [2, 3], "op": "div", "value": null}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
         squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
@@ -219,7 +219,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "score_mods": [{"kind": "tanh"}, {"factor": 50.0, "kind": "scale"}], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [0], "op": "tanh", "value": null}, {"args": [], "op": "const", "value": 50.0}, {"args": [1, 2], "op": "mul", "value": null}], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -233,9 +233,67 @@ class TestGoldenGraphs(TestCase):
         permute_default: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg0_1, [0, 2, 1, 3])
         permute_default_1: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg1_1, [0, 2, 1, 3])
         permute_default_2: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg2_1, [0, 2, 1, 3])
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "score_mods": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
+
+
+class TestScorePrograms(TestCase):
+    """Pointwise score changes become a program run in the kernel's tile loop; index-only masks never load."""
+
+    def describe(self, fn, *args, dynamic=None):
+        reports = rewrite_reports(fn, *args, dynamic=dynamic)
+        verdicts = [v for r in reports for v in r.verdicts]
+        self.assertTrue(verdicts and all(v.fused for v in verdicts), verdict_lines(reports))
+        return "\n".join(v.spec.describe() for v in verdicts)
+
+    def test_alibi_from_arange_is_computed_in_the_kernel(self):
+        def fn(q, k, v, slopes):
+            M, N = q.shape[-2], k.shape[-2]
+            distance = torch.arange(N)[None, :] - torch.arange(M)[:, None]
+            w = q @ k.transpose(-1, -2) + slopes[:, None, None] * distance
+            return torch.softmax(w, -1) @ v
+
+        self.assertExpectedInline(self.describe(fn, *qkv(), torch.rand(3)), """float32 D=8 M=5 N=5 scale=1 s -> s + (bias0[1,H,1,1] * (kv_idx - q_idx))""")
+
+    def test_sliding_window_mask_is_a_band(self):
+        def fn(q, k, v):
+            i = torch.arange(q.shape[-2])[:, None]
+            j = torch.arange(k.shape[-2])[None, :]
+            visible = (j <= i) & (j > i - 3)
+            w = (q @ k.transpose(-1, -2)).masked_fill(~visible, torch.finfo(q.dtype).min)
+            return torch.softmax(w, -1) @ v
+
+        self.assertExpectedInline(self.describe(fn, *qkv(length=7)), """float32 D=8 M=7 N=7 scale=1 causal(top_left, diagonal=0, window=3)""")
+
+    def test_padding_and_causal_from_a_graph_input_load_only_the_padding(self):
+        """Hugging Face style: an [B, N] padding input and an arange causal mask, combined into an additive mask."""
+
+        def fn(q, k, v, padding):
+            M, N = q.shape[-2], k.shape[-2]
+            causal = torch.arange(N)[None, :] <= torch.arange(M)[:, None]
+            keep = causal[None, None] & padding[:, None, None, :].bool()
+            mask = torch.where(keep, 0.0, torch.finfo(q.dtype).min)
+            return torch.softmax(q @ k.transpose(-1, -2) + mask, -1) @ v
+
+        padding = torch.ones(2, 5, dtype=torch.long)
+        padding[1, :2] = 0
+        self.assertExpectedInline(self.describe(fn, *qkv(), padding), """float32 D=8 M=5 N=5 scale=1 s -> s + where((kv_idx <= q_idx) & mask0[Z,1,1,N], 0, -3.40282e+38)""")
+
+    def test_clamped_scores(self):
+        def fn(q, k, v):
+            return torch.softmax((q @ k.transpose(-1, -2)).clamp(-2.0, 3.0) * 0.5, -1) @ v
+
+        self.assertExpectedInline(self.describe(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1 s -> clamp_max(clamp_min(s, -2), 3) * 0.5""")
+
+    def test_symbolic_lengths_keep_an_arange_mask_in_the_kernel(self):
+        def fn(q, k, v):
+            M, N = q.shape[-2], k.shape[-2]
+            future = torch.arange(N, device=q.device)[None, :] > torch.arange(M, device=q.device)[:, None]
+            w = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+            return torch.softmax(w.masked_fill(future, float("-inf")), -1) @ v
+
+        self.assertExpectedInline(self.describe(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 s -> where(kv_idx > q_idx, -inf, s)""")
 
 
 class TestNotRewritten(TestCase):
@@ -262,14 +320,14 @@ class TestNotRewritten(TestCase):
         def fn(q, k, v):
             return torch.softmax((q @ k.transpose(-1, -2)).cumsum(-1), -1) @ v
 
-        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: cumsum (cumsum.default) between q @ k^T and the softmax is not a supported score change""")
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: cumsum (cumsum.default) between q @ k^T and the softmax is not a pointwise score change""")
 
     def test_scores_used_twice(self):
         def fn(q, k, v):
             w = q @ k.transpose(-1, -2)
             return torch.softmax(w - w.mean(-1, keepdim=True), -1) @ v
 
-        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: sub (sub.Tensor) between q @ k^T and the softmax is not a supported score change""")
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: the scores matmul are also used by mean""")
 
     def test_float64_is_left_alone(self):
         self.assertExpectedInline(self.verdicts(plain_attention, *qkv(dtype=torch.float64)), """not fused softmax: dtype float64 is not supported (fp16, bf16, fp32 are)""")
@@ -306,7 +364,7 @@ class TestNotRewritten(TestCase):
             return torch.softmax(w, -1) @ v
 
         reports = rewrite_reports(fn, *qkv(), torch.ones(5, 5, dtype=torch.bool).tril())
-        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 fill(mask0[1,1,M,N]==True, -inf)""")
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> where(mask0[1,1,M,N], -inf, s)""")
 
     def test_verdicts_name_the_users_source_line(self):
         def fn(q, k, v):
@@ -325,4 +383,4 @@ class TestNotRewritten(TestCase):
             return torch.softmax(torch.tanh(w / 50.0) * 50.0, -1) @ v
 
         reports = rewrite_reports(fn, *qkv())
-        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 fill(mask0[1,1,M,N]==True, -inf) *0.02 tanh *50""")
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> tanh(where(mask0[1,1,M,N], -inf, s) / 50) * 50""")

@@ -112,8 +112,10 @@ def _is_softmax_call(node: fx.Node) -> bool:
 
 
 def _mentions_softmax(gm: fx.GraphModule) -> bool:
-    """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse."""
-    return any(_is_softmax_call(node) for node in gm.graph.nodes)
+    """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse. Dynamo keeps some functions
+    whole (``F.multi_head_attention_forward``), so a call named after attention counts too."""
+    return any(_is_softmax_call(node) or (node.op == "call_function" and "attention" in str(node.target).lower())
+               for node in gm.graph.nodes)
 
 
 def _retrace_blocker(gm: fx.GraphModule) -> Optional[str]:

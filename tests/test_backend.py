@@ -72,6 +72,44 @@ class EinsumHeadsLast(torch.nn.Module):
         return torch.einsum("bhqk,bkhd->bhqd", torch.softmax(w, dim=-1), v)
 
 
+class LearnedAlibi(torch.nn.Module):
+    """ALiBi written out: a learned per-head slope times the key-query distance from ``arange`` (the kernel
+    computes the distance; only the [H] slopes are read, and get a gradient)."""
+
+    def __init__(self, heads=2):
+        super().__init__()
+        self.slopes = torch.nn.Parameter(-torch.rand(heads))
+
+    def forward(self, q, k, v):
+        M, N = q.shape[-2], k.shape[-2]
+        distance = (torch.arange(N, device=q.device)[None, :] - torch.arange(M, device=q.device)[:, None]).abs()
+        w = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + self.slopes[:, None, None] * distance
+        return torch.softmax(w, -1) @ v
+
+
+class SlidingWindowSoftcap(torch.nn.Module):
+    """A Mistral-style sliding window from index comparisons, a Gemma-2 style softcap and a clamp."""
+
+    def forward(self, q, k, v):
+        i = torch.arange(q.shape[-2], device=q.device)[:, None]
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
+        w = torch.tanh(q @ k.transpose(-1, -2) / 30.0) * 30.0
+        w = w.clamp(min=-20.0).masked_fill((j > i) | (j <= i - 5), torch.finfo(q.dtype).min)
+        return torch.softmax(w, -1) @ v
+
+
+class MultiheadBlock(torch.nn.Module):
+    """``nn.MultiheadAttention`` as users call it (weights computed, then dropped by the caller)."""
+
+    def __init__(self, width=32, heads=2):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(width, heads, batch_first=True)
+
+    def forward(self, x, causal, padding):
+        out, _ = self.attention(x, x, x, attn_mask=causal, key_padding_mask=padding)
+        return out
+
+
 def max_error(a, b):
     return (a.double() - b.double()).abs().max().item()
 
@@ -144,6 +182,27 @@ def test_einsum_spelling(target):
     torch.manual_seed(6)
     device, dtype = target
     compile_and_compare(EinsumHeadsLast(), [torch.randn(2, 17, 3, 16) for _ in range(3)], train=True, device=device, dtype=dtype)
+
+
+def test_learned_alibi_slopes_get_their_gradient(target):
+    torch.manual_seed(7)
+    device, dtype = target
+    compile_and_compare(LearnedAlibi(), [torch.randn(2, 2, 17, 16) for _ in range(3)], train=True, device=device, dtype=dtype)
+
+
+def test_sliding_window_softcap_and_clamp(target):
+    torch.manual_seed(8)
+    device, dtype = target
+    compile_and_compare(SlidingWindowSoftcap(), [torch.randn(1, 2, 23, 16) for _ in range(3)], train=True, device=device, dtype=dtype)
+
+
+def test_multihead_attention_module_with_masks(target):
+    torch.manual_seed(9)
+    device, dtype = target
+    causal = torch.ones(11, 11, dtype=torch.bool).triu(1)
+    padding = torch.zeros(2, 11, dtype=torch.bool)
+    padding[1, 7:] = True
+    compile_and_compare(MultiheadBlock(), [torch.randn(2, 11, 32), causal, padding], train=True, device=device, dtype=dtype)
 
 
 def test_padding_mask_encoder_fp16_inference():
@@ -258,6 +317,26 @@ def test_dynamic_lengths_compile_once_with_the_mask_as_a_tensor(monkeypatch):
             torch.testing.assert_close(compiled(x), model(x))
     assert len(reports) == 1
     assert [v.spec.describe() for v in reports[0].verdicts] == ["float32 D=16 scale=0.25 fill(mask0[1,1,M,N]==True, -inf)"]
+
+
+def test_symbolic_head_dim_and_lengths_compile_once(monkeypatch):
+    """``dynamic=True`` makes every size symbolic, the head dim too: the scale ``D ** -0.5`` is kept as a power of
+    the run-time head dim, the arange causal mask is computed in the kernel."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+    def attention(q, k, v):
+        M, N = q.shape[-2], k.shape[-2]
+        future = torch.arange(N)[None, :] > torch.arange(M)[:, None]
+        w = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(future, float("-inf"))
+        return torch.softmax(w, -1) @ v
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, backend="fuse_attn", dynamic=True)
+    with collect_reports() as reports:
+        for length, dim in ((9, 16), (13, 8), (20, 32)):
+            q, k, v = (torch.randn(2, 3, length, dim) for _ in range(3))
+            torch.testing.assert_close(compiled(q, k, v), attention(q, k, v))
+    assert len(reports) == 1 and [v.fused for v in reports[0].verdicts] == [True]
 
 
 class ScaledGradient(torch.autograd.Function):

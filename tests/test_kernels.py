@@ -14,6 +14,7 @@ import tempfile
 os.environ.setdefault("FUSE_ATTN_CACHE_DIR", tempfile.mkdtemp(prefix="fuse_attn_test_cache_"))
 
 import math
+import re
 
 import pytest
 import torch
@@ -21,44 +22,55 @@ import torch
 from fuse_attn.kernels import flash_attention, generated_source, reference_attention
 from fuse_attn.kernels import codegen
 from fuse_attn.kernels.flash_attention import blockwise_backward, blockwise_forward
-from fuse_attn.spec import (AddTensor, AttentionSpec, CausalMask, FillWhere, ScaleScores, ScoreTensor, Tanh,
-                            UnsupportedSpec)
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
 # The interpreter evaluates the padding rows of a tail block in numpy too (0/0, log2(0)); those rows are never
 # stored, but numpy warns about them.
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
-                                        "ignore:divide by zero encountered:RuntimeWarning")
+                                        "ignore:divide by zero encountered:RuntimeWarning",
+                                        "ignore:overflow encountered:RuntimeWarning")
 
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3}
 DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
 def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=None, bias=None, mask=None,
-              gqa=1, seed=0, scale_op=None, bias_grad=True, softcap=None):
-    """Random q/k/v (+ a bias of shape `bias`, a bool mask of shape `mask`) and the spec describing them.
-    Score mods in order: ScaleScores(scale_op), bias, softcap (``tanh(s / c) * c`` as Gemma-2), mask."""
+              gqa=1, seed=0, scale_op=None, bias_grad=True, softcap=None, biases=(), program=None):
+    """Random q/k/v, score tensors and the spec describing them.
+
+    Tensors, in order: a bias of shape ``bias``, more biases of the shapes in ``biases``, a bool mask of shape
+    ``mask``. The score program is ``program(b, s, loads)`` (b a ScoreProgramBuilder, s the score node, loads the
+    load nodes of the tensors in order; returns the result node) or, by default, in order: ``s * scale_op``,
+    ``+ bias``, a softcap ``tanh(s / c) * c`` (Gemma-2), ``where(mask, s, -1e4)`` (``masked_fill(~mask, -1e4)``)."""
     DV = DV or D
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(Z, H, M, D, generator=g).to(dtype)
     k = torch.randn(Z, H // gqa, N, D, generator=g).to(dtype)
     v = torch.randn(Z, H // gqa, N, DV, generator=g).to(dtype)
-    mods, tensors, infos = [], [], []
-    if scale_op is not None:
-        mods.append(ScaleScores(scale_op))
-    if bias is not None:
-        t = torch.randn(*bias, generator=g).to(dtype)
-        infos.append(ScoreTensor("bias", DTYPE_NAME[dtype], tuple(s == 1 for s in bias)))
-        mods.append(AddTensor(len(tensors)))
-        tensors.append(t.requires_grad_(bias_grad))
-    if softcap is not None:
-        mods += [ScaleScores(1 / softcap), Tanh(), ScaleScores(softcap)]
+    tensors, infos = [], []
+    for shape in ([bias] if bias is not None else []) + list(biases):
+        infos.append(ScoreTensor("bias", DTYPE_NAME[dtype], tuple(n == 1 for n in shape)))
+        tensors.append(torch.randn(*shape, generator=g).to(dtype).requires_grad_(bias_grad))
     if mask is not None:
-        t = torch.rand(*mask, generator=g) > 0.25
-        infos.append(ScoreTensor("mask", "bool", tuple(s == 1 for s in mask)))
-        mods.append(FillWhere(len(tensors), -1e4, False))
-        tensors.append(t)
+        infos.append(ScoreTensor("mask", "bool", tuple(n == 1 for n in mask)))
+        tensors.append(torch.rand(*mask, generator=g) > 0.25)
+    b = ScoreProgramBuilder()
+    s = b.add("score")
+    loads = [b.add("load", value=i) for i in range(len(tensors))]
+    if program is not None:
+        x = program(b, s, loads)
+    else:
+        x = s
+        if scale_op is not None:
+            x = b.add("mul", x, b.const(scale_op))
+        if bias is not None:
+            x = b.add("add", x, loads[0])
+        if softcap is not None:
+            x = b.add("mul", b.add("tanh", b.add("div", x, b.const(softcap))), b.const(softcap))
+        if mask is not None:
+            x = b.add("where", loads[-1], x, b.const(-1e4))
     spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=DV, scale=1 / math.sqrt(D), causal=causal,
-                         score_mods=tuple(mods), score_tensors=tuple(infos), gqa_group=gqa)
+                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa)
     return q, k, v, tensors, spec
 
 
@@ -111,6 +123,54 @@ def run_and_check(q, k, v, tensors, spec, dtype, grads=True, seed=1):
         assert_close_2x(names[i], a, b, c, dtype)
 
 
+# ---- score programs (b: ScoreProgramBuilder, s: the score node, t: the load nodes) -------------------------------
+def alibi(b, s, t):
+    """s + slope[h] * (kv_idx - q_idx), the slopes a [1, H, 1, 1] bias (ALiBi, Bloom)."""
+    return b.add("add", s, b.add("mul", t[0], b.add("sub", b.add("kv_idx"), b.add("q_idx"))))
+
+
+def clamps(b, s, t):
+    """clamp_max(clamp_min(s, bias), 1.5): the bias gets the gradient where it wins, s where it is in range."""
+    return b.add("clamp_max", b.add("clamp_min", s, t[0]), b.const(1.5))
+
+
+def near_diagonal(b, s, t):
+    """where(kv_idx <= q_idx + 2, s, -inf): a mask from index comparisons only."""
+    visible = b.add("le", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(2)))
+    return b.add("where", visible, s, b.const(float("-inf")))
+
+
+def bias_twice(b, s, t):
+    """s + bias * sigmoid(bias): one bias read twice, its gradient the sum of both paths."""
+    return b.add("add", s, b.add("mul", t[0], b.add("sigmoid", t[0])))
+
+
+def transcendental(b, s, t):
+    """s / sqrt(|bias| + 1) + log(exp(bias / 2) + 1): div, sqrt, abs, log and exp, on the score and a bias."""
+    denom = b.add("sqrt", b.add("add", b.add("abs", t[0]), b.const(1.0)))
+    softplus = b.add("log", b.add("add", b.add("exp", b.add("mul", t[0], b.const(0.5))), b.const(1.0)))
+    return b.add("add", b.add("div", s, denom), softplus)
+
+
+def index_leaves(b, s, t):
+    """Every index leaf and logical op: keys in the last 3 of kv_len or on the diagonal stay visible through a
+    mask; a per-head and per-batch offset; a bonus for queries in the second half of q_len."""
+    last3 = b.add("ge", b.add("kv_idx"), b.add("sub", b.add("kv_len"), b.const(3)))
+    diagonal = b.add("eq", b.add("kv_idx"), b.add("q_idx"))
+    keep = b.add("logical_or", t[0], b.add("logical_and", b.add("logical_or", last3, diagonal),
+                                             b.add("logical_not", b.add("lt", b.add("q_idx"), b.const(1)))))
+    x = b.add("add", s, b.add("mul", b.add("to_float", b.add("head_idx")), b.const(0.25)))
+    x = b.add("sub", x, b.add("div", b.add("batch_idx"), b.const(2)))
+    second_half = b.add("gt", b.add("mul", b.add("q_idx"), b.const(2)), b.add("q_len"))
+    x = b.add("add", x, b.add("where", second_half, b.const(0.5), b.const(0.0)))
+    return b.add("where", keep, x, b.const(-1e4))
+
+
+def ties(b, s, t):
+    """s + maximum(bias0, bias1) + minimum(s, 0) - a tie's gradient is split in halves (torch)."""
+    return b.add("add", b.add("add", s, b.add("maximum", t[0], t[1])), b.add("minimum", s, b.const(0.0)))
+
+
 CASES = {
     # name: make_case kwargs -- odd lengths, M != N, padded head dims, both causal alignments, bias/mask, GQA
     "seq1": dict(M=1, N=1, D=16),
@@ -129,6 +189,23 @@ CASES = {
                                   causal=CausalMask(0, "bottom_right")),
     "softcap2_bias_causal_mask": dict(Z=2, M=33, N=33, D=16, bias=(2, 1, 1, 33), softcap=2.0, causal=CausalMask(),
                                       mask=(1, 2, 33, 33)),
+    # programs beyond the enumerated mods
+    "alibi_causal": dict(H=4, M=33, N=47, D=16, biases=((1, 4, 1, 1),), program=alibi,
+                         causal=CausalMask(0, "bottom_right")),
+    "clamp_bias": dict(M=29, N=37, D=16, biases=((1, 2, 29, 37),), program=clamps),
+    "index_band": dict(M=40, N=33, D=16, program=near_diagonal),
+    "bias_twice_sigmoid_causal": dict(M=23, N=31, D=16, biases=((1, 2, 1, 31),), program=bias_twice,
+                                      causal=CausalMask()),
+    "div_sqrt_abs_log_exp": dict(M=19, N=45, D=16, biases=((1, 2, 19, 45),), program=transcendental),
+    "index_leaves_logical_mask": dict(Z=2, M=21, N=27, D=16, mask=(2, 1, 21, 27), program=index_leaves),
+    # sliding windows; the interpreter's blocks are 32 x 16 (forward, dQ) and 16 x 32 (dK/dV): windows of 1,
+    # below one block (5), between the two block sizes (20) and above both (40), both alignments, M != N.
+    "window1": dict(M=17, N=17, D=16, causal=CausalMask(window=1)),
+    "window5_m97": dict(M=97, N=97, D=16, H=1, causal=CausalMask(window=5)),
+    "window20_br_m33_n97": dict(M=33, N=97, D=16, causal=CausalMask(0, "bottom_right", window=20)),
+    "window40_tl_diag3_m97_n61": dict(M=97, N=61, D=16, H=1, causal=CausalMask(3, "top_left", window=40)),
+    "window9_softcap_bias_gqa2": dict(H=4, gqa=2, M=45, N=45, D=16, causal=CausalMask(window=9), bias=(1, 4, 45, 45),
+                                      softcap=5.0),
 }
 
 
@@ -138,17 +215,34 @@ def test_interpreter_fp32(name):
 
 
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m97_n17_causal_tl", "softcap50_bias_causal",
-                                  "softcap2_bias_causal_mask"])
+                                  "softcap2_bias_causal_mask", "alibi_causal", "div_sqrt_abs_log_exp",
+                                  "window20_br_m33_n97"])
 def test_interpreter_fp16(name):
     run_and_check(*make_case(dtype=torch.float16, **CASES[name]), dtype=torch.float16)
 
 
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m130_n130_causal_d128", "bias_Z11N_causal",
-                                  "softcap50_bias_causal", "softcap2_bias_causal_mask"])
+                                  "softcap50_bias_causal", "softcap2_bias_causal_mask", "alibi_causal", "clamp_bias",
+                                  "bias_twice_sigmoid_causal", "div_sqrt_abs_log_exp", "index_leaves_logical_mask",
+                                  "window1", "window20_br_m33_n97", "window40_tl_diag3_m97_n61"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_cpu_blockwise(name, dtype, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the op dispatches per call: plain PyTorch path
     run_and_check(*make_case(dtype=dtype, **CASES[name]), dtype=dtype)
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_maximum_minimum_ties(interpret, dtype, monkeypatch):
+    # bias1 equals bias0 on ~40% of the elements, and q is 0 on rows 3 and 10 (their scores are exactly 0): the
+    # gradient of every tie is split in halves, as torch.maximum / minimum do.
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    q, k, v, ts, spec = make_case(M=21, N=27, D=16, dtype=dtype, biases=((1, 2, 21, 27), (1, 2, 21, 27)), program=ties)
+    same = torch.rand(ts[0].shape, generator=torch.Generator().manual_seed(5)) < 0.4
+    with torch.no_grad():
+        ts[1][same] = ts[0][same]
+    q[:, :, [3, 10]] = 0
+    run_and_check(q, k, v, ts, spec, dtype)
 
 
 def test_blockwise_small_blocks_match_reference():
@@ -158,19 +252,22 @@ def test_blockwise_small_blocks_match_reference():
     assert (out - ref).abs().max() < 1e-5 and (lse - ref_lse).abs().max() < 1e-5
 
 
-def test_blockwise_backward_small_blocks_softcap():
-    # Several row blocks (the last one a single row) through the autograd-based score-mod backward, against
-    # autograd of the fp64 reference: a per-row bias (sliced per block) and a key bias (summed over rows).
-    q, k, v, ts, spec = make_case(M=25, N=29, D=16, causal=CausalMask(), bias=(1, 2, 25, 29), softcap=2.0)
-    spec_b = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=spec.scale, causal=spec.causal,
-                           score_mods=spec.score_mods[:1] + (AddTensor(1),) + spec.score_mods[1:],
-                           score_tensors=spec.score_tensors + (ScoreTensor("bias", "float32", (True, True, True, False)),))
-    ts = [ts[0].detach(), torch.randn(1, 1, 1, 29)]
-    out, lse = blockwise_forward(q, k, v, ts, spec_b, block_m=8)
+@pytest.mark.parametrize("window", [None, 6])
+def test_blockwise_backward_small_blocks_softcap(window):
+    # Several row blocks (the last one a single row) through the program's reverse pass, against autograd of the
+    # fp64 reference: a per-row bias (sliced per block) and a key bias (summed over rows), both read by a softcap.
+    def program(b, s, t):
+        x = b.add("add", b.add("add", s, t[0]), t[1])
+        return b.add("mul", b.add("tanh", b.add("div", x, b.const(2.0))), b.const(2.0))
+
+    q, k, v, ts, spec = make_case(M=25, N=29, D=16, causal=CausalMask(window=window), biases=((1, 2, 25, 29), (1, 1, 1, 29)),
+                                  program=program)
+    ts = [t.detach() for t in ts]
+    out, lse = blockwise_forward(q, k, v, ts, spec, block_m=8)
     dout = torch.randn(out.shape)
-    dq, dk, dv, (db0, db1) = blockwise_backward(dout, q, k, v, ts, out, lse, spec_b, [True, True], block_m=8)
+    dq, dk, dv, (db0, db1) = blockwise_backward(dout, q, k, v, ts, out, lse, spec, [True, True], block_m=8)
     ref_in = [x.double().requires_grad_(True) for x in (q, k, v, *ts)]
-    ref, _ = reference_attention(*ref_in[:3], ref_in[3:], spec_b)
+    ref, _ = reference_attention(*ref_in[:3], ref_in[3:], spec)
     g_ref = torch.autograd.grad(ref, ref_in, dout.double())
     for name, a, b in zip(["out", "dq", "dk", "dv", "db0", "db1"], [out, dq, dk, dv, db0, db1], [ref, *g_ref]):
         assert a.shape == b.shape and (a.double() - b).abs().max() < 1e-4, name
@@ -179,15 +276,16 @@ def test_blockwise_backward_small_blocks_softcap():
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_neg_inf_before_tanh_is_finite(interpret, monkeypatch):
     # masked_fill(-inf) before a softcap: tanh(-inf) = -1, so those keys get weight exp(-c - max) as in eager
-    # (not 0); a row masked entirely is uniform, not NaN. The causal mask, after the score mods, still hides keys.
+    # (not 0); a row masked entirely is uniform, not NaN. The causal mask, after the program, still hides keys.
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    q, k, v, ts, _ = make_case(M=21, N=19, D=16, bias=(1, 2, 21, 19), mask=(1, 1, 21, 19), seed=4)
+
+    def program(b, s, t):
+        x = b.add("where", t[1], b.add("add", s, t[0]), b.const(float("-inf")))
+        return b.add("mul", b.add("tanh", b.add("mul", x, b.const(0.5))), b.const(2.0))
+
+    q, k, v, ts, spec = make_case(M=21, N=19, D=16, biases=((1, 2, 21, 19),), mask=(1, 1, 21, 19), seed=4, program=program,
+                                  causal=CausalMask(0, "top_left"))
     ts[1][..., 3, :] = False  # row 3 fully filled with -inf
-    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=CausalMask(0, "top_left"),
-                         score_mods=(AddTensor(0), FillWhere(1, float("-inf"), False), ScaleScores(0.5), Tanh(),
-                                     ScaleScores(2.0)),
-                         score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),
-                                        ScoreTensor("mask", "bool", (True, True, False, False))))
     run_and_check(q, k, v, ts, spec, torch.float32)
     out = flash_attention(q, k, v, spec, [t.detach() for t in ts])
     assert not torch.isnan(out).any()
@@ -205,11 +303,17 @@ def test_strided_inputs():
     run_and_check(q, k, v, [], spec, torch.float32)
 
 
+def _fill_where_mask(value):
+    """where(mask, value, s) -- masked_fill(mask, value) -- on a [1, 1, M, N] bool mask."""
+    b = ScoreProgramBuilder()
+    return b.program(b.add("where", b.add("load", value=0), b.const(value), b.add("score")))
+
+
 def test_lse_and_fully_masked_rows():
     # Row 0 fully masked with -inf -> NaN like eager; row 1 fully masked with finfo.min -> uniform like eager.
     M, N, D = 3, 20, 16
     for value, expect_nan in ((float("-inf"), True), (torch.finfo(torch.float32).min, False)):
-        spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_mods=(FillWhere(0, value, True),),
+        spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_mod=_fill_where_mask(value),
                              score_tensors=(ScoreTensor("mask", "bool", (True, True, False, False)),))
         q, k, v = torch.randn(1, 1, M, D), torch.randn(1, 1, N, D), torch.randn(1, 1, N, D)
         mask = torch.zeros(1, 1, M, N, dtype=torch.bool)
@@ -222,6 +326,20 @@ def test_lse_and_fully_masked_rows():
         if not expect_nan:
             assert torch.allclose(out[0, 0, 0], v[0, 0].mean(0), atol=1e-5)
         assert torch.allclose(lse[..., 1:], ref_lse[..., 1:], atol=1e-4)
+
+
+def test_finfo_min_bias_row_is_uniform():
+    # An additive 0 / finfo.min mask (Hugging Face style) with one row entirely finfo.min: eager gives that row
+    # uniform weights; the bias is converted to log2 units without overflowing to -inf.
+    M, N, D = 5, 19, 16
+    q, k, v, ts, spec = make_case(M=M, N=N, D=D, H=1, bias=(1, 1, M, N), bias_grad=False)
+    bias = torch.zeros(1, 1, M, N)
+    bias[..., 2, :] = torch.finfo(torch.float32).min
+    bias[..., 4, ::2] = torch.finfo(torch.float32).min
+    out = flash_attention(q, k, v, spec, [bias])
+    ref, _ = reference_attention(q.double(), k.double(), v.double(), [bias.double()], spec)
+    assert torch.allclose(out[0, 0, 2], v[0, 0].mean(0), atol=1e-5)
+    assert (out.double() - ref).abs().max() < 1e-5
 
 
 def test_zero_lengths():
@@ -255,8 +373,7 @@ def test_unsupported_inputs():
         AttentionSpec(dtype="float32", head_dim=300, head_dim_v=300, scale=0.1)
     with pytest.raises(UnsupportedSpec, match="score tensors"):
         flash_attention(q, q, q, spec, [torch.zeros(1, 1, 4, 4)])
-    spec_b = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mods=(AddTensor(0),),
-                           score_tensors=(ScoreTensor("bias", "float32", (True, True, False, False)),))
+    spec_b = make_case(D=16, bias=(1, 1, 4, 4))[4]
     with pytest.raises(UnsupportedSpec, match="broadcast"):
         flash_attention(q, q, q, spec_b, [torch.zeros(1, 2, 4, 4)])
     with pytest.raises(UnsupportedSpec, match="gqa"):
@@ -266,7 +383,7 @@ def test_unsupported_inputs():
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_opcheck(interpret, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    q, k, v, ts, spec = make_case(M=9, N=11, D=16, causal=CausalMask(), bias=(1, 2, 1, 11), mask=(1, 1, 9, 11))
+    q, k, v, ts, spec = make_case(M=9, N=11, D=16, causal=CausalMask(window=4), bias=(1, 2, 1, 11), mask=(1, 1, 9, 11))
     q.requires_grad_(True)
     text = spec.to_json()
     torch.library.opcheck(torch.ops.fuse_attn.flash_attention.default, (q, k, v, ts, text))
@@ -276,14 +393,67 @@ def test_opcheck(interpret, monkeypatch):
                           (dout, q.detach(), k, v, [t.detach() for t in ts], out, lse, text, [True, False]))
 
 
+def _loop_body(src: str, loop: str) -> str:
+    """The source of one @triton.jit loop function of a generated module."""
+    start = src.index(f"def {loop}(")
+    return src[start:src.index("@triton.jit", start)]
+
+
 def test_generated_source_and_cache():
     q, k, v, ts, spec = make_case(bias=(1, 2, 17, 1), mask=(1, 1, 17, 17), causal=CausalMask())
     src = generated_source(spec)
     assert "{{" not in src and spec.digest in src
-    assert "bias_0 = tl.load(" in src and "fill_1" in src and "tl.atomic_add" in src
+    # the row bias is loaded as one column of the tile; its gradient summed over keys
+    assert "sm_1 = tl.load(T0 + off_z * stride_t0_z + off_h * stride_t0_h + offs_m[:, None] * stride_t0_m, " in src
+    assert "tl.atomic_add(" in src and "tl.sum(dt0, 1)" in src
     compile(src, "<generated>", "exec")
-    capped = generated_source(make_case(softcap=30.0)[4])
-    assert "tanh_1 = " in capped and "ds = ds * (1.0 - tanh_1 * tanh_1)" in capped
     mod = codegen.load_module(spec)
     assert mod.__file__.startswith(str(codegen.cache_dir())) and spec.digest in os.path.basename(mod.__file__)
     assert codegen.load_module(spec) is mod
+
+
+def test_generated_fast_paths():
+    # The common programs cost what the enumerated mods did: an empty program adds nothing to the loops; a bias
+    # add converts the bias once and nothing else; a softcap and a bool mask convert nothing (the tanh takes its
+    # log2-unit argument, its constant factor carries log2(e)); adjoints never leave natural units.
+    plain = generated_source(make_case(causal=CausalMask())[4])
+    for loop in ("_fwd_loop", "_dkdv_loop", "_dq_loop"):
+        assert "sm_" not in _loop_body(plain, loop) and "g_" not in _loop_body(plain, loop)
+    bias = _loop_body(generated_source(make_case(bias=(1, 2, 17, 17))[4]), "_dkdv_loop")
+    assert len(re.findall(r"\b_to_log2\(", bias)) == 1 and "LN2" not in bias and "LOG2E" not in bias
+    for case in (dict(softcap=30.0), dict(mask=(1, 1, 17, 17))):
+        body = _loop_body(generated_source(make_case(**case)[4]), "_dkdv_loop")
+        assert not re.search(r"\b_to_log2\(", body) and "LN2" not in body and "LOG2E" not in body, case
+    capped = _loop_body(generated_source(make_case(softcap=30.0)[4]), "_dq_loop")
+    assert "tl.math.exp2(-2.0 * sm_2)" in capped and "g_2 = g_3 * (1.0 - (sm_3 * sm_3))" in capped
+    assert "tl.where(tile_mask, ds, 0.0)" not in capped  # no padding guard: every derivative is finite there
+    unread = generated_source(make_case(biases=((1, 2, 17, 17),), program=lambda b, s, t: t[0])[4])
+    assert "ds = tl.zeros_like(ds)" in unread
+
+
+def test_padding_guard_for_unbounded_derivatives():
+    # log / sqrt / division by a loaded value: their derivatives are infinite on out-of-bounds elements (loads
+    # give 0 there), so masked tiles zero the adjoints outside the tensor before dk / dq / d(bias) sum them.
+    src = _loop_body(generated_source(make_case(biases=((1, 2, 17, 17),), program=transcendental)[4]), "_dkdv_loop")
+    assert "ds = tl.where(tile_mask, ds, 0.0)" in src and "dt0 = tl.where(tile_mask, dt0, 0.0)" in src
+
+
+@pytest.mark.parametrize("window", [2, 15, 16, 17, 31, 32, 33, 47, 50])
+def test_window_block_edges(window):
+    # Windows around multiples of the interpreter's block sizes (16, 32), with offsets 0 and 3: each bound of the
+    # forward, dQ and dK/dV kernels' block skipping is hit exactly by one of them (a block one short or one long
+    # changes the result; 47 and 50 reach the dK/dV kernel's fully visible rows past its causal diagonal).
+    for causal, M, N in ((CausalMask(window=window), 80, 80), (CausalMask(0, "bottom_right", window=window), 77, 80)):
+        run_and_check(*make_case(H=1, M=M, N=N, D=16, causal=causal), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_symbolic_head_dim_scale(interpret, monkeypatch):
+    # A spec with a symbolic head dim (dynamic shapes): one spec, run at two head dims, scale = D ** -0.5 each.
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    spec = AttentionSpec(dtype="float32", head_dim=None, head_dim_v=None, scale=1.0, scale_head_dim_power=-0.5,
+                         causal=CausalMask(window=7))
+    for D in (16, 80):
+        q, k, v, _, fixed = make_case(M=19, N=23, D=D, causal=CausalMask(window=7))
+        assert fixed.scale == pytest.approx(spec.scale_for(D))
+        run_and_check(q, k, v, [], spec, torch.float32)

@@ -1,12 +1,15 @@
 """GPU correctness sweep and speed/memory table of the fused attention kernel against PyTorch's attentions.
 
-    PYTHONPATH=. python3 tools/bench_attention.py --out OUTDIR [--shapes 8,16,1024,64 ...] [--skip-check]
+    PYTHONPATH=. python3 tools/bench_attention.py --out OUTDIR [--shapes 8,16,1024,64 ...] [--mods none bias softcap]
+                                                  [--skip-check] [--skip-speed]
 
-1. Correctness: bf16 / fp16 / fp32 at larger sizes, causal and not, bias, mask, GQA; forward and gradients, each
-   held to ``max|ours - ref64| <= 2 * max|eager_same_dtype - ref64| + floor``.
+1. Correctness: bf16 / fp16 / fp32 at larger sizes, causal and not, bias, mask, softcap, ALiBi, sliding windows,
+   GQA; forward and gradients, each held to ``max|ours - ref64| <= 2 * max|eager_same_dtype - ref64| + floor``.
 2. Speed: TF/s = 4*B*H*N^2*D / time (halved when causal; fwd+bwd counts 3.5x the forward FLOPs), median of
    ``triton.testing.do_bench``, and the peak memory a call allocates beyond its inputs, for ours, eager,
-   ``torch.compile`` default, SDPA flash and SDPA cuDNN, bf16, on random (never zero) inputs.
+   ``torch.compile`` default, SDPA flash and SDPA cuDNN, bf16, on random (never zero) inputs; with ``--mods``
+   also with a score program: a [1, H, N, N] bias added, or a Gemma-2 softcap ``tanh(s / 50) * 50`` (SDPA has
+   no softcap, and its flash / cuDNN kernels take no bias here: those cells are "-").
 Rows are printed and appended to OUTDIR/bench_attention.csv as they are measured.
 """
 
@@ -26,9 +29,11 @@ from tabulate import tabulate
 
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.kernels import autotune
-from fuse_attn.spec import AddTensor, AttentionSpec, CausalMask, FillWhere, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
 
 DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
+# Gemma-2's attention logit softcap (config.attn_logit_softcapping).
+SOFTCAP = 50.0
 NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
@@ -42,22 +47,37 @@ def _err(a, b):
     return (a[ok] - b[ok]).abs().max().item() if ok.any() else 0.0
 
 
-def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None, gqa=1, dev="cuda"):
+def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None, softcap=None, alibi=False, gqa=1,
+               dev="cuda"):
+    """Score program, in order: + bias, + ALiBi (slopes[h] * (kv_idx - q_idx), the slopes a [1, H, 1, 1] bias),
+    softcap ``tanh(s / c) * c``, ``where(mask, s, finfo.min)``."""
     DV = DV or D
     q = torch.randn(Z, H, M, D, device=dev, dtype=dtype)
     k = torch.randn(Z, H // gqa, N, D, device=dev, dtype=dtype)
     v = torch.randn(Z, H // gqa, N, DV, device=dev, dtype=dtype)
-    mods, infos, tensors = [], [], []
+    b = ScoreProgramBuilder()
+    x = b.add("score")
+    infos, tensors = [], []
+
+    def load(role, shape, tensor):
+        infos.append(ScoreTensor(role, NAMES[dtype] if role == "bias" else "bool", tuple(n == 1 for n in shape)))
+        tensors.append(tensor)
+        return b.add("load", value=len(tensors) - 1)
+
     if bias is not None:
-        infos.append(ScoreTensor("bias", NAMES[dtype], tuple(s == 1 for s in bias)))
-        mods.append(AddTensor(len(tensors)))
-        tensors.append(torch.randn(*bias, device=dev, dtype=dtype))
+        x = b.add("add", x, load("bias", bias, torch.randn(*bias, device=dev, dtype=dtype)))
+    if alibi:
+        # Bloom's slopes 2^(-8 h / H), h = 1..H
+        slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1, device=dev) / H)
+        distance = b.add("sub", b.add("kv_idx"), b.add("q_idx"))
+        x = b.add("add", x, b.add("mul", load("bias", (1, H, 1, 1), slopes.view(1, H, 1, 1).to(dtype)), distance))
+    if softcap is not None:
+        x = b.add("mul", b.add("tanh", b.add("div", x, b.const(softcap))), b.const(softcap))
     if mask is not None:
-        infos.append(ScoreTensor("mask", "bool", tuple(s == 1 for s in mask)))
-        mods.append(FillWhere(len(tensors), torch.finfo(dtype).min, False))  # eager must represent it too
-        tensors.append(torch.rand(*mask, device=dev) > 0.2)
+        keep = load("mask", mask, torch.rand(*mask, device=dev) > 0.2)
+        x = b.add("where", keep, x, b.const(torch.finfo(dtype).min))  # eager must represent it too
     spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=DV, scale=D ** -0.5, causal=causal,
-                         score_mods=tuple(mods), score_tensors=tuple(infos), gqa_group=gqa)
+                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa)
 
     def leaves(cast):
         xs = [t.detach().to(cast if cast and t.is_floating_point() else t.dtype) for t in (q, k, v, *tensors)]
@@ -75,7 +95,7 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
     go = torch.autograd.grad(o, [ours[i] for i in idx], dout)
     gr = torch.autograd.grad(r, [ref[i] for i in idx], dout.double())
     ge = torch.autograd.grad(e, [eag[i] for i in idx], dout)
-    names = ["out"] + [["dq", "dk", "dv", "dbias", "dmask"][i] for i in idx]
+    names = ["out"] + [["dq", "dk", "dv"][i] if i < 3 else f"dscore{i - 3}" for i in idx]
     worst = []
     ok = True
     for name, a, b, c in zip(names, [o, *go], [r, *gr], [e, *ge]):
@@ -97,6 +117,12 @@ def correctness_sweep():
         (torch.float16, dict(Z=1, H=2, M=300, N=300, D=256, causal=CausalMask())),
         (torch.float32, dict(Z=1, H=4, M=333, N=555, D=96, DV=64, causal=CausalMask(3, "top_left"), bias=(1, 1, 333, 555))),
         (torch.bfloat16, dict(Z=1, H=8, M=2048, N=2048, D=128, gqa=4, causal=CausalMask())),
+        (torch.bfloat16, dict(Z=2, H=4, M=1000, N=1000, D=64, causal=CausalMask(), bias=(1, 4, 1000, 1000),
+                              softcap=SOFTCAP)),
+        (torch.float16, dict(Z=1, H=8, M=700, N=1111, D=64, alibi=True, causal=CausalMask(0, "bottom_right"))),
+        (torch.bfloat16, dict(Z=1, H=8, M=1500, N=1500, D=128, gqa=2, causal=CausalMask(window=300))),
+        (torch.float16, dict(Z=2, H=4, M=333, N=1000, D=64, causal=CausalMask(0, "bottom_right", window=100),
+                             mask=(2, 1, 333, 1000))),
     ]
     rows, all_ok = [], True
     for dtype, kw in cases:
@@ -158,19 +184,37 @@ def backward_config_sweep():
 
 
 # ---- speed ---------------------------------------------------------------------------------------------------------
-def _eager(q, k, v, scale, causal_mask):
+def _eager(q, k, v, scale, causal_mask, bias=None, softcap=None):
     s = (q @ k.transpose(-2, -1)) * scale
+    if bias is not None:
+        s = s + bias
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
     if causal_mask is not None:
         s = s.masked_fill(causal_mask, float("-inf"))
     return torch.softmax(s, dim=-1) @ v
 
 
-def make_methods(B, H, N, D, causal):
+def make_methods(B, H, N, D, causal, mod="none"):
+    """The attentions timed for one row; ``mod``: "none", "bias" (a random [1, H, N, N] bf16 bias added to the
+    scores) or "softcap" (``tanh(s / SOFTCAP) * SOFTCAP``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
     scale = D ** -0.5
-    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=scale, causal=CausalMask() if causal else None)
+    b = ScoreProgramBuilder()
+    x = b.add("score")
+    tensors, infos = [], []
+    if mod == "bias":
+        tensors.append(torch.randn(1, H, N, N, device="cuda", dtype=torch.bfloat16))
+        infos.append(ScoreTensor("bias", "bfloat16", (True, False, False, False)))
+        x = b.add("add", x, b.add("load", value=0))
+    elif mod == "softcap":
+        x = b.add("mul", b.add("tanh", b.add("div", x, b.const(SOFTCAP))), b.const(SOFTCAP))
+    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=scale, causal=CausalMask() if causal else None,
+                         score_mod=b.program(x), score_tensors=tuple(infos))
+    bias = tensors[0] if tensors else None
+    softcap = SOFTCAP if mod == "softcap" else None
     compiled = torch.compile(_eager)
     mask_holder = {}
 
@@ -185,13 +229,15 @@ def make_methods(B, H, N, D, causal):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
         return f
 
-    return {
-        "ours": lambda q, k, v: flash_attention(q, k, v, spec),
-        "eager": lambda q, k, v: _eager(q, k, v, scale, causal_mask()),
-        "torch.compile": lambda q, k, v: compiled(q, k, v, scale, causal_mask()),
-        "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
-        "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+    methods = {
+        "ours": lambda q, k, v: flash_attention(q, k, v, spec, tensors),
+        "eager": lambda q, k, v: _eager(q, k, v, scale, causal_mask(), bias, softcap),
+        "torch.compile": lambda q, k, v: compiled(q, k, v, scale, causal_mask(), bias, softcap),
     }
+    if mod == "none":
+        methods["SDPA flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
+        methods["SDPA cuDNN"] = sdpa(SDPBackend.CUDNN_ATTENTION)
+    return methods
 
 
 def measure(fn, q, k, v, dout, backward):
@@ -213,12 +259,15 @@ def measure(fn, q, k, v, dout, backward):
     return ms, peak
 
 
-def speed(shapes, methods_filter, writer, csv_file):
+METHOD_NAMES = ("ours", "eager", "torch.compile", "SDPA flash", "SDPA cuDNN")
+
+
+def speed(shapes, methods_filter, writer, csv_file, mods=("none",)):
     rows = []
-    for B, H, N, D in shapes:
+    for (B, H, N, D), mod in ((shape, mod) for shape in shapes for mod in mods):
         for causal in (False, True):
             torch._dynamo.reset()  # each shape gets its own torch.compile graph (not the recompile limit's fallback)
-            methods = make_methods(B, H, N, D, causal)
+            methods = make_methods(B, H, N, D, causal, mod)
             for mode in ("fwd", "fwd+bwd"):
                 backward = mode == "fwd+bwd"
                 gen = torch.Generator(device="cuda").manual_seed(0)
@@ -227,24 +276,25 @@ def speed(shapes, methods_filter, writer, csv_file):
                            for _ in range(3))
                 dout = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=gen)
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
-                row = [f"{B},{H},{N},{D}", "causal" if causal else "full", mode]
-                for name, fn in methods.items():
-                    if methods_filter and name not in methods_filter:
+                row = [f"{B},{H},{N},{D}", ("causal" if causal else "full") + ("" if mod == "none" else f"+{mod}"), mode]
+                for name in METHOD_NAMES:
+                    fn = methods.get(name)
+                    if fn is None or methods_filter and name not in methods_filter:
                         row.append("-")
                         continue
                     t0 = time.time()
                     try:
                         ms, peak = measure(fn, q, k, v, dout, backward)
                         cell = f"{flops / (ms * 1e-3) / 1e12:.0f} TF/s, {peak / 2**20:.0f} MiB"
-                        writer.writerow([B, H, N, D, int(causal), mode, name, f"{ms:.4f}",
+                        writer.writerow([B, H, N, D, int(causal), mod, mode, name, f"{ms:.4f}",
                                          f"{flops / (ms * 1e-3) / 1e12:.2f}", peak])
                     except torch.cuda.OutOfMemoryError:
                         cell = "OOM"
-                        writer.writerow([B, H, N, D, int(causal), mode, name, "OOM", "", ""])
+                        writer.writerow([B, H, N, D, int(causal), mod, mode, name, "OOM", "", ""])
                     except Exception as e:
                         cell = f"error: {type(e).__name__}"
                         print(f"{name} failed: {e}", flush=True)
-                        writer.writerow([B, H, N, D, int(causal), mode, name, "error", "", ""])
+                        writer.writerow([B, H, N, D, int(causal), mod, mode, name, "error", "", ""])
                     csv_file.flush()
                     for t in (q, k, v):
                         t.grad = None
@@ -262,6 +312,8 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", nargs="*", help="B,H,N,D ...", default=None)
     ap.add_argument("--methods", nargs="*", default=None, help="subset of: ours eager torch.compile 'SDPA flash' 'SDPA cuDNN'")
+    ap.add_argument("--mods", nargs="*", default=["none"], choices=["none", "bias", "softcap"],
+                    help="score programs timed per shape (default: none)")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--check-backward-configs", action="store_true", help="run every backward candidate config on odd shapes")
@@ -283,8 +335,9 @@ def main(argv=None):
         with open(path, "a", newline="") as f:
             writer = csv.writer(f)
             if new:
-                writer.writerow(["B", "H", "N", "D", "causal", "mode", "method", "median_ms", "TF/s", "peak_bytes_above_inputs"])
-            rows = speed(shapes, args.methods, writer, f)
+                writer.writerow(["B", "H", "N", "D", "causal", "score_mod", "mode", "method", "median_ms", "TF/s",
+                                 "peak_bytes_above_inputs"])
+            rows = speed(shapes, args.methods, writer, f, args.mods)
         headers = ["B,H,N,D", "mask", "mode", "ours", "eager", "torch.compile default", "SDPA flash", "SDPA cuDNN"]
         print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)
         for key, cfg in autotune.chosen_configs().items():

@@ -8,15 +8,16 @@ kernels through the Triton interpreter; other CPU tensors -> :func:`blockwise_fo
 
 from __future__ import annotations
 
+import functools
 import math
 import os
-from typing import Optional, Sequence
+from typing import Sequence
 
 import torch
 from torch import Tensor
 
-from ..spec import AddTensor, AttentionSpec, FillWhere, ScaleScores, Tanh, UnsupportedSpec
-from . import autotune, codegen
+from ..spec import AttentionSpec, UnsupportedSpec
+from . import autotune, codegen, score_program
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -56,9 +57,9 @@ def validate(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], s
     N, DV = k.shape[2], v.shape[3]
     if D > 256 or DV > 256:
         problems.append(f"head dims {D}/{DV} exceed 256")
-    if D != spec.head_dim or k.shape[3] != D:
+    if spec.head_dim is not None and D != spec.head_dim or k.shape[3] != D:
         problems.append(f"head dim: spec {spec.head_dim}, q {D}, k {k.shape[3]}")
-    if DV != spec.head_dim_v:
+    if spec.head_dim_v is not None and DV != spec.head_dim_v:
         problems.append(f"value head dim: spec {spec.head_dim_v}, v {DV}")
     if H % spec.gqa_group:
         problems.append(f"{H} query heads are not a multiple of gqa_group {spec.gqa_group}")
@@ -99,57 +100,52 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence
     g = spec.gqa_group
     k = k.repeat_interleave(g, dim=1)
     v = v.repeat_interleave(g, dim=1)
-    s = (q @ k.transpose(-2, -1)) * spec.scale
-    s = _apply_score_mods(s, score_tensors, spec, rows=slice(None))
-    M, N = q.shape[2], k.shape[2]
+    s = (q @ k.transpose(-2, -1)) * spec.scale_for(q.shape[3])
+    Z, H, M, N = s.shape
+    s = _score_mod(s, score_tensors, spec, 0, M, N)[-1]
     if spec.causal is not None:
         s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
     p = torch.softmax(s, dim=-1)
     return p @ v, torch.logsumexp(s, dim=-1).float()
 
 
-def _apply_score_mods(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, rows: slice,
-                      saved: Optional[dict] = None) -> Tensor:
-    """The spec's score_mods on ``s`` (rows ``rows`` of the score tensors). ``saved``, if given, receives the
-    values the backward's chain rules need, by op index: the output of each Tanh."""
-    for k, op in enumerate(spec.score_mods):
-        if isinstance(op, ScaleScores):
-            s = s * op.factor
-        elif isinstance(op, AddTensor):
-            t = score_tensors[op.tensor]
-            s = s + (t if t.shape[2] == 1 else t[:, :, rows]).to(s.dtype)
-        elif isinstance(op, FillWhere):
-            t = score_tensors[op.tensor]
-            t = t if t.shape[2] == 1 else t[:, :, rows]
-            s = s.masked_fill(t == op.fill_when, op.value)
-        elif isinstance(op, Tanh):
-            s = torch.tanh(s)
-            if saved is not None:
-                saved[k] = s
-        else:  # pragma: no cover - the spec rejects unknown ops
-            raise NotImplementedError(op)
-    return s
+def _score_mod(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, row0: int, M: int, N: int) -> list:
+    """The values of every node of the score program on the scores ``s`` of query rows [row0, row0 + rows) (the
+    last one broadcast to ``s``'s shape); ``[s]`` for an empty program."""
+    if not spec.score_mod:
+        return [s]
+    Z, H, rows, _ = s.shape
+    tensors = [t if t.shape[2] == 1 else t[:, :, row0:row0 + rows] for t in score_tensors]
+    ops = score_program.TorchOps(s, tensors, score_program.torch_indices(row0, rows, Z, H, M, N, s.device))
+    vals = score_program.forward(spec.score_mod, ops)
+    vals[-1] = torch.broadcast_to(vals[-1], s.shape)
+    return vals
 
 
 def _causal_visible(row0: int, rows: int, M: int, N: int, spec: AttentionSpec, device) -> Tensor:
     i = torch.arange(row0, row0 + rows, device=device)[:, None]
     j = torch.arange(N, device=device)[None, :]
-    return j <= i + spec.causal.offset(M, N)
+    offset = spec.causal.offset(M, N)
+    visible = j <= i + offset
+    if spec.causal.window is not None:
+        visible &= j > i + offset - spec.causal.window
+    return visible
 
 
 # ---- CPU blockwise path --------------------------------------------------------------------------------------------
-def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N, saved: Optional[dict] = None):
-    """fp32 (or fp64) modified scores of one block of query rows: [Z, H, rows, N] (``saved``: see
-    :func:`_apply_score_mods`)."""
+def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N) -> tuple[Tensor, list]:
+    """fp32 (or fp64) modified and masked scores of one block of query rows, [Z, H, rows, N], and the values of
+    the score program's nodes (for the backward)."""
     g = spec.gqa_group
     Z, H, rows, D = q_blk.shape
     ct = torch.float64 if q_blk.dtype == torch.float64 else torch.float32
     qg = q_blk.to(ct).reshape(Z, H // g, g * rows, D)  # the g query heads of one kv head share its keys
-    s = (qg @ k.to(ct).transpose(-2, -1)).reshape(Z, H, rows, N) * spec.scale
-    s = _apply_score_mods(s, score_tensors, spec, rows=slice(row0, row0 + rows), saved=saved)
+    s = (qg @ k.to(ct).transpose(-2, -1)).reshape(Z, H, rows, N) * spec.scale_for(D)
+    vals = _score_mod(s, score_tensors, spec, row0, M, N)
+    s = vals[-1]
     if spec.causal is not None:
         s = s.masked_fill(~_causal_visible(row0, rows, M, N, spec, s.device), float("-inf"))
-    return s
+    return s, vals
 
 
 def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M) -> tuple[Tensor, Tensor]:
@@ -159,7 +155,7 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M) 
     out = torch.empty((Z, H, M, DV), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
     for r0 in range(0, M, block_m):
-        s = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
+        s, _ = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
         rows = s.shape[2]
         p = torch.softmax(s, dim=-1)
         o = (p.reshape(Z, H // g, g * rows, N) @ v.to(p.dtype)).reshape(Z, H, rows, DV)
@@ -172,8 +168,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
     softmax of the block's scores; no N x N buffer). Rows that saw only -inf contribute no gradient.
 
-    The score mods' chain rules are written out (in reverse op order), with the intermediate values they need
-    (each Tanh's output) kept while the block's scores are recomputed: at most a few [Z, H, rows, N] tensors.
+    The score program is differentiated by :func:`.score_program.backward` (the same derivative rules as the
+    kernels) on the node values kept while the block's scores are recomputed: a few [Z, H, rows, N] tensors.
     torch.autograd cannot do this part: this runs as the implementation of a custom op, below the Autograd
     dispatch key, where ``torch.enable_grad()`` records nothing."""
     Z, H, M, D = q.shape
@@ -184,10 +180,14 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     dk = torch.zeros(k.shape, dtype=ct, device=q.device)
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
     dts = {i: torch.zeros(t.shape, dtype=ct, device=q.device) for i, (t, need) in enumerate(zip(score_tensors, needs_grad)) if need}
+    program = spec.score_mod
+    scores = score_program.score_sources(program)
+    bias_loads = {t: nodes for t, nodes in score_program.bias_load_sources(program, spec.score_tensors).items() if t in dts}
+    sources = scores.union(*bias_loads.values())
     kc, vc = k.to(ct), v.to(ct)
+    scale = spec.scale_for(D)
     for r0 in range(0, M, block_m):
-        saved = {}
-        s = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N, saved=saved)
+        s, vals = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
         rows = s.shape[2]
         p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
         do = dout[:, :, r0:r0 + rows].to(ct)
@@ -197,28 +197,24 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
         dp = (dog @ vc.transpose(-2, -1)).reshape(Z, H, rows, N)
         delta = (do * out[:, :, r0:r0 + rows].to(ct)).sum(-1, keepdim=True)
         ds = p * (dp - delta)
-        for k_op in reversed(range(len(spec.score_mods))):
-            op = spec.score_mods[k_op]
-            if isinstance(op, ScaleScores):
-                ds = ds * op.factor
-            elif isinstance(op, AddTensor) and op.tensor in dts:
-                t = score_tensors[op.tensor]
-                red = [d for d in range(4) if t.shape[d] == 1 and ds.shape[d] != 1]
-                part = ds.sum(dim=red, keepdim=True) if red else ds
-                if t.shape[2] == 1:
-                    dts[op.tensor] += part
-                else:
-                    dts[op.tensor][:, :, r0:r0 + rows] += part
-            elif isinstance(op, FillWhere):
-                t = score_tensors[op.tensor]
-                t = t if t.shape[2] == 1 else t[:, :, r0:r0 + rows]
-                ds = ds.masked_fill(t == op.fill_when, 0.0)
-            elif isinstance(op, Tanh):
-                t = saved[k_op]  # tanh(x); a -inf input gave t = -1 and so gets no gradient, as in eager
-                ds = ds * (1.0 - t * t)
+        if program:
+            ops = score_program.TorchOps(ds, (), {})  # the reverse pass reads no leaves: only the dtype, device
+            adj = score_program.backward(program, spec.score_tensors, vals, ops, ds, sources)
+            for t, nodes in bias_loads.items():
+                for node in nodes:
+                    if node in adj:
+                        part = torch.broadcast_to(adj[node], ds.shape)
+                        shape = score_tensors[t].shape
+                        part = part.sum_to_size(shape[0], shape[1], rows if shape[2] != 1 else 1, shape[3])
+                        if shape[2] == 1:
+                            dts[t] += part
+                        else:
+                            dts[t][:, :, r0:r0 + rows] += part
+            score_adj = [torch.broadcast_to(adj[i], ds.shape) for i in sorted(scores) if i in adj]
+            ds = functools.reduce(torch.add, score_adj) if score_adj else torch.zeros_like(ds)
         dsg = ds.reshape(Z, H // g, g * rows, N)
-        dq[:, :, r0:r0 + rows] = ((dsg @ kc).reshape(Z, H, rows, D) * spec.scale).to(q.dtype)
-        dk += dsg.transpose(-2, -1) @ q[:, :, r0:r0 + rows].to(ct).reshape(Z, H // g, g * rows, D) * spec.scale
+        dq[:, :, r0:r0 + rows] = ((dsg @ kc).reshape(Z, H, rows, D) * scale).to(q.dtype)
+        dk += dsg.transpose(-2, -1) @ q[:, :, r0:r0 + rows].to(ct).reshape(Z, H // g, g * rows, D) * scale
     dscores = [dts[i].to(score_tensors[i].dtype) for i in sorted(dts)]
     return dq, dk.to(k.dtype), dv.to(v.dtype), dscores
 
@@ -250,9 +246,10 @@ def _common(q, k, v, spec) -> dict:
     return dict(
         H=H, M=M, N=N,
         causal_offset=spec.causal.offset(M, N) if spec.causal else 0,
-        qk_scale=spec.scale * math.log2(math.e),
+        qk_scale=spec.scale_for(D) * math.log2(math.e),
         D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
         GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
+        WINDOW=spec.causal.window if spec.causal is not None and spec.causal.window is not None else 0,
         PRECISION=_precision(q.dtype), UPCAST=_interpret(),
     )
 
@@ -306,7 +303,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad):
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, Delta=delta, **_score_kwargs(score_tensors),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
-                sm_scale=spec.scale, **common)
+                sm_scale=spec.scale_for(D), **common)
 
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims).
     dbufs = {}

@@ -348,7 +348,7 @@ class TestNotRewritten(TestCase):
         def fn(q, k, v):
             return F.dropout(torch.softmax(q @ k.transpose(-1, -2), -1), p=0.1, training=True) @ v
 
-        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: dropout: dropout (p=0.1) on the attention weights is not fused yet""")
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: dropout inside the attention is not fused yet""")
 
     def test_graph_break_between_product_and_softmax(self):
         def fn(q, k, v):

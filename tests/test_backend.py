@@ -316,7 +316,7 @@ def test_dynamic_lengths_compile_once_with_the_mask_as_a_tensor(monkeypatch):
             x = torch.randn(2, length, 32)
             torch.testing.assert_close(compiled(x), model(x))
     assert len(reports) == 1
-    assert [v.spec.describe() for v in reports[0].verdicts] == ["float32 D=16 scale=0.25 fill(mask0[1,1,M,N]==True, -inf)"]
+    assert [v.spec.describe() for v in reports[0].verdicts] == ["float32 D=16 scale=0.25 s -> where(mask0[1,1,M,N], -inf, s)"]
 
 
 def test_symbolic_head_dim_and_lengths_compile_once(monkeypatch):

@@ -134,10 +134,6 @@ def peel_scale(node: fx.Node) -> Operand:
 
 
 # --------------------------------------------------------------------------------------------------------------
-def _batch_of(node: fx.Node) -> tuple:
-    return tuple(val(node).shape[:-2])
-
-
 def einsum_as_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list[int]]]:
     """A two-operand ``einsum`` that is a batched matrix product ``[batch, m, c] x [batch, n, c] -> [batch, m, n]``:
     the permutations that bring the left operand to ``[batch, m, c]`` and the right one to ``[batch, c, n]`` and
@@ -316,11 +312,12 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
 
     # Constant masks that are a causal band (and stay masking through the ops after them) leave the program.
     band = None
-    for position, op in enumerate(list(path)):
+    original_path = list(path)  # "what follows a mask" is read here, unchanged by the removals below
+    for position, op in enumerate(original_path):
         if not (isinstance(m, int) and isinstance(n, int)):
             break
         proof = masking_band(op, evaluate, m, n)
-        if proof is None or (proof[0] == "band" and not stays_masked(proof[2], path[position + 1 :], evaluate)):
+        if proof is None or (proof[0] == "band" and not stays_masked(proof[2], original_path[position + 1 :], evaluate)):
             continue
         if proof[0] == "band":
             if band is not None and band != proof[1]:

@@ -116,7 +116,7 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
             tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
         tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
 
-    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, match.spec.to_json())
+    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, None, match.spec.to_json())
     out = emit(operator.getitem, fused, 0)
     tail = list(val(match.pv).shape[-2:])
     out = emit.from_4d(out, batch, tail)

@@ -11,6 +11,11 @@ score tensors ``T[i]`` (4-D, broadcastable to ``[Z, H, M, N]``)::
     if causal: s = where(causal.visible(i, j), s, -inf)
     out = softmax(s, dim=-1) @ v               # out in q's dtype; lse = logsumexp(s, -1) in fp32
 
+With ``dropout_p > 0`` each probability is kept with probability ``1 - dropout_p`` and scaled by
+``1 / (1 - dropout_p)``, else zeroed, before the product with v (``dropout(softmax(s), p, training=True) @ v``);
+lse stays that of the undropped scores. The keep-mask is Philox noise from an int64 seed tensor the op receives
+(``fuse_attn.kernels.philox``).
+
 Lengths M and N are run-time values (a spec may record them for display when they are static).
 """
 
@@ -224,8 +229,8 @@ class AttentionSpec:
             reasons.append(f"scale {self.scale} is not finite")
         if self.gqa_group < 1:
             reasons.append(f"gqa_group {self.gqa_group} < 1")
-        if self.dropout_p != 0.0:
-            reasons.append("dropout inside the attention is not fused yet")
+        if not 0.0 <= self.dropout_p < 1.0:
+            reasons.append(f"dropout_p {self.dropout_p} is outside [0, 1)")
         if self.causal is not None and self.causal.window is not None and self.causal.window < 1:
             reasons.append(f"sliding window {self.causal.window} < 1")
         if self.score_mod:
@@ -283,6 +288,8 @@ class AttentionSpec:
             parts.append(f"s -> {program_text(self.score_mod, self.score_tensors)}")
         if self.gqa_group > 1:
             parts.append(f"gqa={self.gqa_group}")
+        if self.dropout_p:
+            parts.append(f"dropout={self.dropout_p:.6g}")
         return " ".join(parts)
 
 

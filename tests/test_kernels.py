@@ -386,11 +386,11 @@ def test_opcheck(interpret, monkeypatch):
     q, k, v, ts, spec = make_case(M=9, N=11, D=16, causal=CausalMask(window=4), bias=(1, 2, 1, 11), mask=(1, 1, 9, 11))
     q.requires_grad_(True)
     text = spec.to_json()
-    torch.library.opcheck(torch.ops.fuse_attn.flash_attention.default, (q, k, v, ts, text))
-    out, lse = torch.ops.fuse_attn.flash_attention(q.detach(), k, v, [t.detach() for t in ts], text)
+    torch.library.opcheck(torch.ops.fuse_attn.flash_attention.default, (q, k, v, ts, None, text))
+    out, lse = torch.ops.fuse_attn.flash_attention(q.detach(), k, v, [t.detach() for t in ts], None, text)
     dout = torch.randn_like(out)
     torch.library.opcheck(torch.ops.fuse_attn.flash_attention_backward.default,
-                          (dout, q.detach(), k, v, [t.detach() for t in ts], out, lse, text, [True, False]))
+                          (dout, q.detach(), k, v, [t.detach() for t in ts], None, out, lse, text, [True, False]))
 
 
 def _loop_body(src: str, loop: str) -> str:

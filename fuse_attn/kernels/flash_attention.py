@@ -11,13 +11,13 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..spec import AttentionSpec, UnsupportedSpec
-from . import autotune, codegen, score_program
+from . import autotune, codegen, philox, score_program
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -36,7 +36,8 @@ def _pow2_at_least_16(n: int) -> int:
 
 
 # ---- validation ----------------------------------------------------------------------------------------------------
-def validate(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec) -> None:
+def validate(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
+             dropout_seed: Optional[Tensor] = None) -> None:
     """Raise UnsupportedSpec for inputs the kernels cannot run (before anything is launched)."""
     problems = []
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -84,8 +85,21 @@ def validate(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], s
                 if bc and size != 1 or not bc and size != want:
                     problems.append(f"score tensor {i} shape {tuple(t.shape)} does not broadcast to {full} as the spec says ({st.broadcast})")
                     break
+    problems += _seed_problems(q, spec, dropout_seed)
     if problems:
         raise UnsupportedSpec("; ".join(problems))
+
+
+def _seed_problems(q: Tensor, spec: AttentionSpec, dropout_seed: Optional[Tensor]) -> list[str]:
+    """The dropout seed is an int64 scalar tensor on q's device when dropout_p > 0, else None."""
+    if not spec.dropout_p:
+        return [] if dropout_seed is None else ["a dropout seed was given but the spec's dropout_p is 0"]
+    if dropout_seed is None:
+        return [f"dropout_p {spec.dropout_p} needs a dropout seed tensor"]
+    if dropout_seed.dtype != torch.int64 or dropout_seed.dim() != 0 or dropout_seed.device != q.device:
+        return [f"the dropout seed must be a 0-dim int64 tensor on {q.device}, got {dropout_seed.dtype} "
+                f"{tuple(dropout_seed.shape)} on {dropout_seed.device}"]
+    return []
 
 
 def _bcast_strides(t: Tensor) -> list[int]:
@@ -94,9 +108,11 @@ def _bcast_strides(t: Tensor) -> list[int]:
 
 
 # ---- reference (naive, full score matrix) -------------------------------------------------------------------------
-def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec) -> tuple[Tensor, Tensor]:
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
+                        dropout_seed: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Eager attention as the spec defines it, in q's dtype (run it on fp64 copies for a reference).
-    Materializes the [Z, H, M, N] scores: for tests only. Returns (out, lse in fp32)."""
+    Materializes the [Z, H, M, N] scores: for tests only. Returns (out, lse in fp32). With dropout, the keep-mask
+    is the kernels' own (drawn from ``dropout_seed``), so results compare exactly."""
     g = spec.gqa_group
     k = k.repeat_interleave(g, dim=1)
     v = v.repeat_interleave(g, dim=1)
@@ -106,7 +122,17 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence
     if spec.causal is not None:
         s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
     p = torch.softmax(s, dim=-1)
+    if spec.dropout_p:
+        p = _apply_dropout(p, dropout_seed, spec, M, 0)
     return p @ v, torch.logsumexp(s, dim=-1).float()
+
+
+def _apply_dropout(x: Tensor, dropout_seed: Tensor, spec: AttentionSpec, M: int, row0: int) -> Tensor:
+    """``x * keep / (1 - p)`` on rows [row0, row0 + rows) of [Z, H, M, N], as eager dropout computes it (the
+    scale is applied in x's compute precision); keep is the kernels' Philox mask."""
+    Z, H, rows, N = x.shape
+    keep = philox.dropout_keep(dropout_seed, spec.dropout_p, Z, H, M, N, row0, rows)
+    return torch.where(keep, x * (1.0 / (1.0 - spec.dropout_p)), 0.0)
 
 
 def _score_mod(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, row0: int, M: int, N: int) -> list:
@@ -148,7 +174,7 @@ def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N) -> tuple[Tensor
     return s, vals
 
 
-def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M) -> tuple[Tensor, Tensor]:
+def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M, dropout_seed=None) -> tuple[Tensor, Tensor]:
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
     g = spec.gqa_group
@@ -158,13 +184,16 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M) 
         s, _ = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
         rows = s.shape[2]
         p = torch.softmax(s, dim=-1)
+        if spec.dropout_p:
+            p = _apply_dropout(p, dropout_seed, spec, M, r0)
         o = (p.reshape(Z, H // g, g * rows, N) @ v.to(p.dtype)).reshape(Z, H, rows, DV)
         out[:, :, r0:r0 + rows] = o.to(q.dtype)
         lse[:, :, r0:r0 + rows] = torch.logsumexp(s, dim=-1).float()
     return out, lse
 
 
-def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M):
+def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M,
+                       dropout_seed=None):
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
     softmax of the block's scores; no N x N buffer). Rows that saw only -inf contribute no gradient.
 
@@ -191,10 +220,13 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
         rows = s.shape[2]
         p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
         do = dout[:, :, r0:r0 + rows].to(ct)
-        pg = p.reshape(Z, H // g, g * rows, N)
+        # dropout: dV from the dropped, rescaled P; dP through the same keep-mask and scale
+        pv = _apply_dropout(p, dropout_seed, spec, M, r0) if spec.dropout_p else p
         dog = do.reshape(Z, H // g, g * rows, DV)
-        dv += pg.transpose(-2, -1) @ dog
+        dv += pv.reshape(Z, H // g, g * rows, N).transpose(-2, -1) @ dog
         dp = (dog @ vc.transpose(-2, -1)).reshape(Z, H, rows, N)
+        if spec.dropout_p:
+            dp = _apply_dropout(dp, dropout_seed, spec, M, r0)
         delta = (do * out[:, :, r0:r0 + rows].to(ct)).sum(-1, keepdim=True)
         ds = p * (dp - delta)
         if program:
@@ -251,6 +283,8 @@ def _common(q, k, v, spec) -> dict:
         GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
         WINDOW=spec.causal.window if spec.causal is not None and spec.causal.window is not None else 0,
         PRECISION=_precision(q.dtype), UPCAST=_interpret(),
+        # dropout_p is a run-time fp32 argument (not a constexpr): the compiled kernel does not depend on p.
+        DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,
     )
 
 
@@ -270,14 +304,14 @@ def _launch_kwargs(cfg: autotune.KernelConfig) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-def triton_forward(q, k, v, score_tensors, spec) -> tuple[Tensor, Tensor]:
+def triton_forward(q, k, v, score_tensors, spec, dropout_seed=None) -> tuple[Tensor, Tensor]:
     mod = codegen.load_module(spec)
     Z, H, M, _ = q.shape
     DV = v.shape[3]
     out = torch.empty((Z, H, M, DV), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
     common = _common(q, k, v, spec)
-    kw = dict(Q=q, K=k, V=v, Out=out, Lse=lse, **_score_kwargs(score_tensors), **_strides("q", q), **_strides("k", k),
+    kw = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors), **_strides("q", q), **_strides("k", k),
               **_strides("v", v), **_strides("o", out), **common)
 
     def launch(cfg):
@@ -287,7 +321,12 @@ def triton_forward(q, k, v, score_tensors, spec) -> tuple[Tensor, Tensor]:
     return out, lse
 
 
-def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad):
+def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
+    # Without dropout the kernels never read Seed (DROPOUT is a constexpr); any pointer fills the parameter.
+    return placeholder if dropout_seed is None else dropout_seed
+
+
+def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dropout_seed=None):
     mod = codegen.load_module(spec)
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
@@ -301,7 +340,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad):
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
-    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, Delta=delta, **_score_kwargs(score_tensors),
+    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, Delta=delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
                 sm_scale=spec.scale_for(D), **common)
 
@@ -353,9 +392,10 @@ def _use_triton(q: Tensor) -> bool:
 
 
 @torch.library.custom_op("fuse_attn::flash_attention", mutates_args=())
-def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], spec: str) -> tuple[Tensor, Tensor]:
+def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
+                       spec: str) -> tuple[Tensor, Tensor]:
     s = AttentionSpec.from_json(spec)
-    validate(q, k, v, score_tensors, s)
+    validate(q, k, v, score_tensors, s, dropout_seed)
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
     if Z * H * M == 0 or N == 0:
@@ -363,25 +403,25 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tens
         return (torch.zeros((Z, H, M, DV), dtype=q.dtype, device=q.device),
                 torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
     if _use_triton(q):
-        return triton_forward(q, k, v, score_tensors, s)
-    return blockwise_forward(q, k, v, score_tensors, s)
+        return triton_forward(q, k, v, score_tensors, s, dropout_seed)
+    return blockwise_forward(q, k, v, score_tensors, s, dropout_seed=dropout_seed)
 
 
 @flash_attention_op.register_fake
-def _(q, k, v, score_tensors, spec):
+def _(q, k, v, score_tensors, dropout_seed, spec):
     s = AttentionSpec.from_json(spec)
-    validate(q, k, v, score_tensors, s)
+    validate(q, k, v, score_tensors, s, dropout_seed)
     Z, H, M, _ = q.shape
     return q.new_empty((Z, H, M, v.shape[3])), q.new_empty((Z, H, M), dtype=torch.float32)
 
 
 @torch.library.custom_op("fuse_attn::flash_attention_backward", mutates_args=())
 def flash_attention_backward_op(
-    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], out: Tensor, lse: Tensor, spec: str,
-    score_tensor_needs_grad: list[bool],
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
+    out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     s = AttentionSpec.from_json(spec)
-    validate(q, k, v, score_tensors, s)
+    validate(q, k, v, score_tensors, s, dropout_seed)
     needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
     Z, H, M, _ = q.shape
     N = k.shape[2]
@@ -390,8 +430,8 @@ def flash_attention_backward_op(
                 torch.zeros(v.shape, dtype=v.dtype, device=v.device),
                 [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t, n in zip(score_tensors, needs) if n])
     if _use_triton(q):
-        return triton_backward(dout, q, k, v, score_tensors, out, lse, s, needs)
-    return blockwise_backward(dout, q, k, v, score_tensors, out, lse, s, needs)
+        return triton_backward(dout, q, k, v, score_tensors, out, lse, s, needs, dropout_seed)
+    return blockwise_backward(dout, q, k, v, score_tensors, out, lse, s, needs, dropout_seed=dropout_seed)
 
 
 def _check_needs(score_tensors, spec: AttentionSpec, needs: Sequence[bool]) -> list[bool]:
@@ -404,46 +444,52 @@ def _check_needs(score_tensors, spec: AttentionSpec, needs: Sequence[bool]) -> l
 
 
 @flash_attention_backward_op.register_fake
-def _(dout, q, k, v, score_tensors, out, lse, spec, score_tensor_needs_grad):
+def _(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad):
     s = AttentionSpec.from_json(spec)
-    validate(q, k, v, score_tensors, s)
+    validate(q, k, v, score_tensors, s, dropout_seed)
     needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             [t.new_empty(t.shape) for t, n in zip(score_tensors, needs) if n])
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, score_tensors, spec = inputs
+    q, k, v, score_tensors, dropout_seed, spec = inputs
     out, lse = output
     ctx.spec = spec
     ctx.num_scores = len(score_tensors)
     ctx.needs = [bool(t.requires_grad and t.is_floating_point()) for t in score_tensors]
-    ctx.save_for_backward(q, k, v, out, lse, *score_tensors)
+    # the seed (a scalar) is all the backward needs to regenerate the keep-mask
+    ctx.save_for_backward(q, k, v, out, lse, dropout_seed, *score_tensors)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, out, lse, *score_tensors = ctx.saved_tensors
+    q, k, v, out, lse, dropout_seed, *score_tensors = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, dscores = torch.ops.fuse_attn.flash_attention_backward(
-        dout, q, k, v, score_tensors, out, lse, ctx.spec, ctx.needs)
+        dout, q, k, v, score_tensors, dropout_seed, out, lse, ctx.spec, ctx.needs)
     it = iter(dscores)
     grads = [next(it) if n else None for n in ctx.needs]
-    return dq, dk, dv, grads, None
+    return dq, dk, dv, grads, None, None
 
 
 flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, spec, score_tensors: Sequence[Tensor] = (),
-                    return_lse: bool = False):
+                    dropout_seed: Optional[Tensor] = None, return_lse: bool = False):
     """Fused attention without torch.compile: ``out`` (differentiable), or ``(out, lse)`` with ``return_lse``.
 
     ``spec`` is an :class:`AttentionSpec` or its JSON. q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``,
-    v ``[Z, H // g, N, DV]`` with any strides; score tensors 4-D, broadcastable to ``[Z, H, M, N]``."""
+    v ``[Z, H // g, N, DV]`` with any strides; score tensors 4-D, broadcastable to ``[Z, H, M, N]``.
+    ``dropout_seed``: with ``spec.dropout_p > 0``, the 0-dim int64 tensor on q's device that the kernels draw the
+    keep-mask from (the same seed gives the same mask); if None, one is drawn from torch's generator for q's
+    device (``torch.manual_seed`` governs it, no host sync). Must be None when dropout_p is 0."""
     text = spec.to_json() if isinstance(spec, AttentionSpec) else spec
-    out, lse = torch.ops.fuse_attn.flash_attention(q, k, v, list(score_tensors), text)
+    if dropout_seed is None and AttentionSpec.from_json(text).dropout_p:
+        dropout_seed = torch.randint(torch.iinfo(torch.int64).max, (), dtype=torch.int64, device=q.device)
+    out, lse = torch.ops.fuse_attn.flash_attention(q, k, v, list(score_tensors), dropout_seed, text)
     return (out, lse) if return_lse else out
 
 

@@ -18,9 +18,11 @@ import re
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 
 from fuse_attn.kernels import flash_attention, generated_source, reference_attention
-from fuse_attn.kernels import codegen
+from fuse_attn.kernels import codegen, philox
 from fuse_attn.kernels.flash_attention import blockwise_backward, blockwise_forward
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
@@ -35,13 +37,15 @@ DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16
 
 
 def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=None, bias=None, mask=None,
-              gqa=1, seed=0, scale_op=None, bias_grad=True, softcap=None, biases=(), program=None):
+              gqa=1, seed=0, scale_op=None, bias_grad=True, softcap=None, biases=(), program=None,
+              dropout_p=0.0):
     """Random q/k/v, score tensors and the spec describing them.
 
     Tensors, in order: a bias of shape ``bias``, more biases of the shapes in ``biases``, a bool mask of shape
     ``mask``. The score program is ``program(b, s, loads)`` (b a ScoreProgramBuilder, s the score node, loads the
     load nodes of the tensors in order; returns the result node) or, by default, in order: ``s * scale_op``,
-    ``+ bias``, a softcap ``tanh(s / c) * c`` (Gemma-2), ``where(mask, s, -1e4)`` (``masked_fill(~mask, -1e4)``)."""
+    ``+ bias``, a softcap ``tanh(s / c) * c`` (Gemma-2), ``where(mask, s, -1e4)`` (``masked_fill(~mask, -1e4)``).
+    ``dropout_p``: the spec's dropout on the probabilities."""
     DV = DV or D
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(Z, H, M, D, generator=g).to(dtype)
@@ -70,7 +74,7 @@ def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=N
         if mask is not None:
             x = b.add("where", loads[-1], x, b.const(-1e4))
     spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=DV, scale=1 / math.sqrt(D), causal=causal,
-                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa)
+                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
     return q, k, v, tensors, spec
 
 
@@ -88,8 +92,9 @@ def assert_close_2x(name, ours, ref64, eager, dtype):
     assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"
 
 
-def run_and_check(q, k, v, tensors, spec, dtype, grads=True, seed=1):
-    """Forward (+ grads of q, k, v and the bias) of ours vs the fp64 reference and eager in `dtype`."""
+def run_and_check(q, k, v, tensors, spec, dtype, grads=True, seed=1, dropout_seed=None):
+    """Forward (+ grads of q, k, v and the bias) of ours vs the fp64 reference and eager in `dtype` (all three
+    with the keep-mask of `dropout_seed` when the spec has dropout)."""
     def leaves(ts, cast=None):
         out = []
         for t in ts:
@@ -105,9 +110,9 @@ def run_and_check(q, k, v, tensors, spec, dtype, grads=True, seed=1):
     for x in (ours_in, ref_in, eag_in):
         for t in x[:3]:
             t.requires_grad_(grads)
-    out = flash_attention(*ours_in[:3], spec, ours_in[3:])
-    ref, _ = reference_attention(*ref_in[:3], ref_in[3:], spec)
-    eag, _ = reference_attention(*eag_in[:3], eag_in[3:], spec)
+    out = flash_attention(*ours_in[:3], spec, ours_in[3:], dropout_seed=dropout_seed)
+    ref, _ = reference_attention(*ref_in[:3], ref_in[3:], spec, dropout_seed)
+    eag, _ = reference_attention(*eag_in[:3], eag_in[3:], spec, dropout_seed)
     assert out.shape == ref.shape and out.dtype == q.dtype and out.is_contiguous()
     assert_close_2x("out", out, ref, eag, dtype)
     if not grads:
@@ -418,7 +423,7 @@ def test_generated_fast_paths():
     # log2-unit argument, its constant factor carries log2(e)); adjoints never leave natural units.
     plain = generated_source(make_case(causal=CausalMask())[4])
     for loop in ("_fwd_loop", "_dkdv_loop", "_dq_loop"):
-        assert "sm_" not in _loop_body(plain, loop) and "g_" not in _loop_body(plain, loop)
+        assert not re.search(r"\b(sm|g)_\d", _loop_body(plain, loop))  # no program values, no adjoints
     bias = _loop_body(generated_source(make_case(bias=(1, 2, 17, 17))[4]), "_dkdv_loop")
     assert len(re.findall(r"\b_to_log2\(", bias)) == 1 and "LN2" not in bias and "LOG2E" not in bias
     for case in (dict(softcap=30.0), dict(mask=(1, 1, 17, 17))):
@@ -457,3 +462,136 @@ def test_symbolic_head_dim_scale(interpret, monkeypatch):
         q, k, v, _, fixed = make_case(M=19, N=23, D=D, causal=CausalMask(window=7))
         assert fixed.scale == pytest.approx(spec.scale_for(D))
         run_and_check(q, k, v, [], spec, torch.float32)
+
+
+# ---- dropout -----------------------------------------------------------------------------------------------------
+@triton.jit
+def _triton_rand_kernel(Seed, Offsets, Ints, Floats, BLOCK: tl.constexpr):
+    i = tl.arange(0, BLOCK)
+    seed = tl.load(Seed)
+    offsets = tl.load(Offsets + i)
+    tl.store(Ints + i, tl.randint(seed, offsets).to(tl.int32, bitcast=True))
+    tl.store(Floats + i, tl.rand(seed, offsets))
+
+
+@pytest.mark.parametrize("seed", [0, 12345, 2**40 + 7, -3])
+def test_philox_matches_triton_rand(seed):
+    # Bit for bit against tl.randint / tl.rand with int64 offsets in Triton's interpreter: small counters, counters
+    # around and far beyond 2**32 (both counter words in use), and seeds using both key words or negative.
+    g = torch.Generator().manual_seed(seed & 0xFFFF)
+    offsets = torch.cat([torch.arange(96), torch.tensor([2**32 - 1, 2**32, 2**32 + 1, 2**63 - 1]),
+                         torch.randint(0, 2**62, (156,), generator=g)])
+    ints, floats = torch.empty(256, dtype=torch.int32), torch.empty(256)
+    _triton_rand_kernel[(1,)](torch.tensor(seed), offsets, ints, floats, BLOCK=256)
+    seed_t = torch.tensor(seed)
+    assert torch.equal(philox.randint(seed_t, offsets), ints.to(torch.int64) & 0xFFFFFFFF)
+    assert torch.equal(philox.rand(seed_t, offsets).view(torch.int32), floats.view(torch.int32))
+
+
+DROPOUT_CASES = {
+    "p30": dict(M=17, N=97, D=16, dropout_p=0.3),
+    "p10_bias_causal_br": dict(Z=2, M=29, N=37, D=16, bias=(2, 1, 29, 37), causal=CausalMask(0, "bottom_right"),
+                               dropout_p=0.1),
+    "p50_gqa2_causal_dv_differs": dict(H=4, M=23, N=31, D=16, DV=32, gqa=2, causal=CausalMask(), mask=(1, 1, 23, 31),
+                                       dropout_p=0.5),
+}
+
+
+def _seed(value):
+    return torch.tensor(value, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("name", sorted(DROPOUT_CASES))
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_dropout_fp32(name, interpret, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    run_and_check(*make_case(**DROPOUT_CASES[name]), dtype=torch.float32, dropout_seed=_seed(2**33 + 5))
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_dropout_fp16_gqa_causal(interpret, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    case = make_case(dtype=torch.float16, **DROPOUT_CASES["p50_gqa2_causal_dv_differs"])
+    run_and_check(*case, dtype=torch.float16, dropout_seed=_seed(-7))
+
+
+def test_dropout_blockwise_small_blocks():
+    # Several row blocks (the last a single row): each block draws the mask rows it owns.
+    q, k, v, ts, spec = make_case(M=25, N=29, D=16, causal=CausalMask(), bias=(1, 2, 25, 29), dropout_p=0.4)
+    ts, seed = [t.detach() for t in ts], _seed(99)
+    out, lse = blockwise_forward(q, k, v, ts, spec, block_m=8, dropout_seed=seed)
+    dout = torch.randn(out.shape)
+    grads = blockwise_backward(dout, q, k, v, ts, out, lse, spec, [True], block_m=8, dropout_seed=seed)
+    ref_in = [x.double().requires_grad_(True) for x in (q, k, v, *ts)]
+    ref, ref_lse = reference_attention(*ref_in[:3], ref_in[3:], spec, seed)
+    g_ref = torch.autograd.grad(ref, ref_in, dout.double())
+    for name, a, b in zip(["out", "lse", "dq", "dk", "dv", "dbias"], [out, lse, *grads[:3], *grads[3]],
+                          [ref, ref_lse, *g_ref]):
+        assert a.shape == b.shape and (a.double() - b.double()).abs().max() < 1e-4, name
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_dropout_keep_fraction_and_seeds(interpret, monkeypatch):
+    # q = k = 0 makes P uniform (1/N) and v = 1 makes out[i] = kept_i / (N (1 - p)): the op's own mask, counted.
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    Z, H, M, N, p = 1, 2, 64, 256, 0.2
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, dropout_p=p)
+    q, k, v = torch.zeros(Z, H, M, 16), torch.zeros(Z, H, N, 16), torch.ones(Z, H, N, 16)
+
+    def kept(seed):
+        out, lse = flash_attention(q, k, v, spec, dropout_seed=_seed(seed), return_lse=True)
+        assert torch.allclose(lse, torch.full_like(lse, math.log(N)))  # the lse of the undropped scores
+        assert torch.equal(out, out[..., :1].expand_as(out))
+        return torch.round(out[..., 0] * N * (1 - p))
+
+    a, b = kept(1), kept(2)
+    n = Z * H * M * N
+    assert abs(a.sum().item() - n * (1 - p)) <= 5 * math.sqrt(n * p * (1 - p))  # binomial, 5 sigma
+    assert not torch.equal(a, b)  # another seed, another mask
+    assert torch.equal(kept(1), a)  # the same seed, the same mask
+    expect = philox.dropout_keep(_seed(1), p, Z, H, M, N, 0, M).sum(-1)
+    assert torch.equal(a, expect.float())
+
+
+def test_dropout_same_seed_same_output_and_default_seed():
+    q, k, v, ts, spec = make_case(M=19, N=23, D=16, causal=CausalMask(), dropout_p=0.25)
+    ts = [t.detach() for t in ts]
+    one = flash_attention(q, k, v, spec, ts, dropout_seed=_seed(5))
+    assert torch.equal(one, flash_attention(q, k, v, spec, ts, dropout_seed=_seed(5)))
+    assert not torch.equal(one, flash_attention(q, k, v, spec, ts, dropout_seed=_seed(6)))
+    torch.manual_seed(0)
+    drawn = flash_attention(q, k, v, spec, ts)  # no seed: one is drawn from torch's generator
+    torch.manual_seed(0)
+    assert torch.equal(drawn, flash_attention(q, k, v, spec, ts))
+
+
+def test_dropout_spec_and_seed_validation():
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, dropout_p=0.1)
+    assert "dropout=0.1" in spec.describe()
+    no_dropout = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25)
+    # the digest (kernel module and autotune key) tells dropout kernels apart
+    assert AttentionSpec.from_json(spec.to_json()) == spec and spec.digest != no_dropout.digest
+    for p in (1.0, -0.1, float("nan")):
+        with pytest.raises(UnsupportedSpec, match="dropout_p"):
+            AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, dropout_p=p)
+    q = torch.randn(1, 2, 4, 16)
+    op = torch.ops.fuse_attn.flash_attention
+    with pytest.raises(UnsupportedSpec, match="needs a dropout seed"):
+        op(q, q, q, [], None, spec.to_json())
+    with pytest.raises(UnsupportedSpec, match="0-dim int64"):
+        op(q, q, q, [], torch.tensor([3]), spec.to_json())
+    with pytest.raises(UnsupportedSpec, match="dropout_p is 0"):
+        op(q, q, q, [], _seed(3), no_dropout.to_json())
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_opcheck_dropout(interpret, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    q, k, v, ts, spec = make_case(M=9, N=11, D=16, causal=CausalMask(), bias=(1, 2, 1, 11), dropout_p=0.3)
+    q.requires_grad_(True)
+    text, seed = spec.to_json(), _seed(11)
+    torch.library.opcheck(torch.ops.fuse_attn.flash_attention.default, (q, k, v, ts, seed, text))
+    out, lse = torch.ops.fuse_attn.flash_attention(q.detach(), k, v, [t.detach() for t in ts], seed, text)
+    torch.library.opcheck(torch.ops.fuse_attn.flash_attention_backward.default,
+                          (torch.randn_like(out), q.detach(), k, v, [t.detach() for t in ts], seed, out, lse, text,
+                           [True]))

@@ -4,7 +4,8 @@
                                                   [--skip-check] [--skip-speed]
 
 1. Correctness: bf16 / fp16 / fp32 at larger sizes, causal and not, bias, mask, softcap, ALiBi, sliding windows,
-   GQA; forward and gradients, each held to ``max|ours - ref64| <= 2 * max|eager_same_dtype - ref64| + floor``.
+   GQA, dropout (the reference draws the kernels' keep-mask from the same seed); forward and gradients, each held
+   to ``max|ours - ref64| <= 2 * max|eager_same_dtype - ref64| + floor``.
 2. Speed: TF/s = 4*B*H*N^2*D / time (halved when causal; fwd+bwd counts 3.5x the forward FLOPs), median of
    ``triton.testing.do_bench``, and the peak memory a call allocates beyond its inputs, for ours, eager,
    ``torch.compile`` default, SDPA flash and SDPA cuDNN, bf16, on random (never zero) inputs; with ``--mods``
@@ -48,7 +49,7 @@ def _err(a, b):
 
 
 def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None, softcap=None, alibi=False, gqa=1,
-               dev="cuda"):
+               dropout_p=0.0, dev="cuda"):
     """Score program, in order: + bias, + ALiBi (slopes[h] * (kv_idx - q_idx), the slopes a [1, H, 1, 1] bias),
     softcap ``tanh(s / c) * c``, ``where(mask, s, finfo.min)``."""
     DV = DV or D
@@ -77,7 +78,9 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
         keep = load("mask", mask, torch.rand(*mask, device=dev) > 0.2)
         x = b.add("where", keep, x, b.const(torch.finfo(dtype).min))  # eager must represent it too
     spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=DV, scale=D ** -0.5, causal=causal,
-                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa)
+                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
+    # the reference draws the kernels' own keep-mask from the same seed
+    seed = torch.randint(torch.iinfo(torch.int64).max, (), device=dev) if dropout_p else None
 
     def leaves(cast):
         xs = [t.detach().to(cast if cast and t.is_floating_point() else t.dtype) for t in (q, k, v, *tensors)]
@@ -87,9 +90,9 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
         return xs
 
     ours, ref, eag = leaves(None), leaves(torch.float64), leaves(None)
-    o = flash_attention(*ours[:3], spec, ours[3:])
-    r, _ = reference_attention(*ref[:3], ref[3:], spec)
-    e, _ = reference_attention(*eag[:3], eag[3:], spec)
+    o = flash_attention(*ours[:3], spec, ours[3:], dropout_seed=seed)
+    r, _ = reference_attention(*ref[:3], ref[3:], spec, seed)
+    e, _ = reference_attention(*eag[:3], eag[3:], spec, seed)
     dout = torch.randn_like(o)
     idx = [i for i, x in enumerate(ours) if x.requires_grad]
     go = torch.autograd.grad(o, [ours[i] for i in idx], dout)
@@ -123,6 +126,8 @@ def correctness_sweep():
         (torch.bfloat16, dict(Z=1, H=8, M=1500, N=1500, D=128, gqa=2, causal=CausalMask(window=300))),
         (torch.float16, dict(Z=2, H=4, M=333, N=1000, D=64, causal=CausalMask(0, "bottom_right", window=100),
                              mask=(2, 1, 333, 1000))),
+        (torch.bfloat16, dict(Z=2, H=4, M=1000, N=1000, D=64, causal=CausalMask(), dropout_p=0.1)),
+        (torch.float16, dict(Z=2, H=8, M=513, N=700, D=80, gqa=2, bias=(2, 1, 1, 700), dropout_p=0.3)),
     ]
     rows, all_ok = [], True
     for dtype, kw in cases:

@@ -123,16 +123,19 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence
         s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
     p = torch.softmax(s, dim=-1)
     if spec.dropout_p:
-        p = _apply_dropout(p, dropout_seed, spec, M, 0)
+        p = _drop(p, _keep_mask(dropout_seed, spec, p.shape, M, 0), spec.dropout_p)
     return p @ v, torch.logsumexp(s, dim=-1).float()
 
 
-def _apply_dropout(x: Tensor, dropout_seed: Tensor, spec: AttentionSpec, M: int, row0: int) -> Tensor:
-    """``x * keep / (1 - p)`` on rows [row0, row0 + rows) of [Z, H, M, N], as eager dropout computes it (the
-    scale is applied in x's compute precision); keep is the kernels' Philox mask."""
-    Z, H, rows, N = x.shape
-    keep = philox.dropout_keep(dropout_seed, spec.dropout_p, Z, H, M, N, row0, rows)
-    return torch.where(keep, x * (1.0 / (1.0 - spec.dropout_p)), 0.0)
+def _keep_mask(dropout_seed: Tensor, spec: AttentionSpec, block_shape, M: int, row0: int) -> Tensor:
+    """The kernels' Philox keep-mask of a [Z, H, rows, N] block holding rows [row0, row0 + rows) of [Z, H, M, N]."""
+    Z, H, rows, N = block_shape
+    return philox.dropout_keep(dropout_seed, spec.dropout_p, Z, H, M, N, row0, rows)
+
+
+def _drop(x: Tensor, keep: Tensor, dropout_p: float) -> Tensor:
+    """``x * keep / (1 - p)`` as eager dropout computes it (the scale applied in x's compute precision)."""
+    return torch.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
 
 
 def _score_mod(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, row0: int, M: int, N: int) -> list:
@@ -185,7 +188,7 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M, 
         rows = s.shape[2]
         p = torch.softmax(s, dim=-1)
         if spec.dropout_p:
-            p = _apply_dropout(p, dropout_seed, spec, M, r0)
+            p = _drop(p, _keep_mask(dropout_seed, spec, p.shape, M, r0), spec.dropout_p)
         o = (p.reshape(Z, H // g, g * rows, N) @ v.to(p.dtype)).reshape(Z, H, rows, DV)
         out[:, :, r0:r0 + rows] = o.to(q.dtype)
         lse[:, :, r0:r0 + rows] = torch.logsumexp(s, dim=-1).float()
@@ -221,12 +224,13 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
         p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
         do = dout[:, :, r0:r0 + rows].to(ct)
         # dropout: dV from the dropped, rescaled P; dP through the same keep-mask and scale
-        pv = _apply_dropout(p, dropout_seed, spec, M, r0) if spec.dropout_p else p
+        keep = _keep_mask(dropout_seed, spec, p.shape, M, r0) if spec.dropout_p else None
+        pv = _drop(p, keep, spec.dropout_p) if spec.dropout_p else p
         dog = do.reshape(Z, H // g, g * rows, DV)
         dv += pv.reshape(Z, H // g, g * rows, N).transpose(-2, -1) @ dog
         dp = (dog @ vc.transpose(-2, -1)).reshape(Z, H, rows, N)
         if spec.dropout_p:
-            dp = _apply_dropout(dp, dropout_seed, spec, M, r0)
+            dp = _drop(dp, keep, spec.dropout_p)
         delta = (do * out[:, :, r0:r0 + rows].to(ct)).sum(-1, keepdim=True)
         ds = p * (dp - delta)
         if program:

@@ -30,14 +30,14 @@ class _Emitter:
         self.fake_mode = fake_mode
         self.inserted: list[fx.Node] = []
 
-    def __call__(self, target, *args) -> fx.Node:
+    def __call__(self, target, *args, **kwargs) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
-            node = self.graph.call_function(target, args)
+            node = self.graph.call_function(target, args, kwargs)
         self.inserted.append(node)
         if self.fake_mode is not None:
-            fake_args = fx.node.map_arg(args, val)
+            fake_args, fake_kwargs = fx.node.map_arg((args, kwargs), val)
             with self.fake_mode:
-                node.meta["val"] = target(*fake_args)
+                node.meta["val"] = target(*fake_args, **fake_kwargs)
         return node
 
     def operand(self, operand) -> fx.Node:
@@ -116,7 +116,12 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
             tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
         tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
 
-    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, None, match.spec.to_json())
+    seed = None
+    if match.spec.dropout_p > 0:
+        # The keep-mask's Philox seed, drawn from torch's generator of q's device on every call (so
+        # torch.manual_seed governs it, as it does eager dropout); the backward reuses the saved seed.
+        seed = emit(aten.randint.low, 0, 2**62, [], dtype=torch.int64, device=val(q4).device)
+    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, seed, match.spec.to_json())
     out = emit(operator.getitem, fused, 0)
     tail = list(val(match.pv).shape[-2:])
     out = emit.from_4d(out, batch, tail)

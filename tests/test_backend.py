@@ -98,6 +98,18 @@ class SlidingWindowSoftcap(torch.nn.Module):
         return torch.softmax(w, -1) @ v
 
 
+class DropoutWeights(torch.nn.Module):
+    """Dropout on the attention weights, on in training only (as nanoGPT / Hugging Face write it)."""
+
+    def __init__(self, p=0.2):
+        super().__init__()
+        self.p = p
+
+    def forward(self, q, k, v):
+        w = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, -1)
+        return torch.nn.functional.dropout(w, p=self.p, training=self.training) @ v
+
+
 class MultiheadBlock(torch.nn.Module):
     """``nn.MultiheadAttention`` as users call it (weights computed, then dropped by the caller)."""
 
@@ -203,6 +215,53 @@ def test_multihead_attention_module_with_masks(target):
     padding = torch.zeros(2, 11, dtype=torch.bool)
     padding[1, 7:] = True
     compile_and_compare(MultiheadBlock(), [torch.randn(2, 11, 32), causal, padding], train=True, device=device, dtype=dtype)
+
+
+def test_dropout_on_the_weights(target):
+    """Training-mode dropout is fused (the kernels draw the keep-mask from a seed drawn per call). The mask
+    differs from eager's, so training is checked in distribution. The query is one row repeated n times: each
+    row of the output (and of dq) is then an independent draw (its own keep-mask row) whose mean is the eval-mode
+    (no dropout) value, as both are linear in the mask scaled by 1 / (1 - p), whose mean is 1. The mean over the
+    n draws is held to 6 standard errors estimated from the same draws (rows in one call: a handful of programs,
+    cheap in the Triton interpreter)."""
+    device, dtype = target
+    torch.manual_seed(10)
+    model = DropoutWeights(p=0.2)
+    # eval mode: dropout is the identity; fused (dropout_p 0) and held to the 2x rule, output and gradients
+    compile_and_compare(model.eval(), [torch.randn(2, 2, 7, 16), torch.randn(2, 2, 11, 16), torch.randn(2, 2, 11, 16)],
+                        train=True, device=device, dtype=dtype)
+
+    n = 96
+    q1, k, v = (torch.randn(1, 2, length, 16, device=device, dtype=dtype) for length in (1, 11, 11))
+    q = q1.repeat(1, 1, n, 1).requires_grad_(True)
+    k.requires_grad_(True), v.requires_grad_(True)
+    torch._dynamo.reset()
+    compiled = torch.compile(model.train(), backend="fuse_attn")
+    with collect_reports() as reports:
+        compiled(q, k, v)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True], "\n".join(v.line() for v in verdicts)
+    assert verdicts[0].spec.dropout_p == 0.2
+
+    # torch.manual_seed governs the seed: the same seed, the same output; consecutive calls, other masks
+    torch.manual_seed(123)
+    out = compiled(q, k, v)
+    torch.manual_seed(123)
+    again = compiled(q, k, v)
+    assert torch.equal(out, again)
+    assert not torch.equal(again, compiled(q, k, v))
+
+    dout1 = torch.randn_like(q1)
+    grads = torch.autograd.grad(out, (q, k, v), dout1.expand_as(out))
+    assert all(torch.isfinite(g).all() for g in grads)
+    ref_in = [x.detach().requires_grad_(True) for x in (q1, k, v)]
+    ref = model.eval()(*ref_in)
+    (ref_dq,) = torch.autograd.grad(ref, ref_in[0], dout1)
+    for name, draws, expected in (("out", out.detach(), ref.detach()), ("dq", grads[0], ref_dq)):
+        mean, std_err = draws.mean(2, keepdim=True), draws.std(2, keepdim=True) / math.sqrt(n)
+        assert (std_err > 0).all(), f"{name}: some elements do not vary over the draws"
+        z = ((mean - expected).abs() / std_err).max().item()
+        assert z <= 6, f"{name}: the mean over {n} draws is {z:.2f} standard errors from the eval-mode value"
 
 
 def test_padding_mask_encoder_fp16_inference():

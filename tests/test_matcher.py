@@ -237,6 +237,19 @@ class TestGoldenGraphs(TestCase):
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
+    def test_dropout_in_training(self):
+        """Training-mode dropout on the weights is the spec's dropout_p; a fresh seed is drawn before each call."""
+
+        def fn(q, k, v):
+            return F.dropout(torch.softmax(q @ k.transpose(-1, -2), -1), p=0.1, training=True) @ v
+
+        self.assertExpectedInline(self.check(fn, *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
+        randint_low: "i64[]" = torch.ops.aten.randint.low(0, 4611686018427387904, [], dtype = torch.int64, device = device(type='cpu'))
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
 
 class TestScorePrograms(TestCase):
     """Pointwise score changes become a program run in the kernel's tile loop; index-only masks never load."""
@@ -343,12 +356,6 @@ class TestNotRewritten(TestCase):
 
     def test_zero_length_sequence(self):
         self.assertExpectedInline(self.verdicts(plain_attention, *qkv(length=0)), """not fused softmax: the query length is 0""")
-
-    def test_dropout_in_training(self):
-        def fn(q, k, v):
-            return F.dropout(torch.softmax(q @ k.transpose(-1, -2), -1), p=0.1, training=True) @ v
-
-        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: dropout inside the attention is not fused yet""")
 
     def test_graph_break_between_product_and_softmax(self):
         def fn(q, k, v):

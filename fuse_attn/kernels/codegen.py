@@ -106,7 +106,7 @@ class TVal:
 
     expr: str
     kind: str  # "float" | "int" | "bool"
-    shape: str  # "tile" [BLOCK_M, BLOCK_N] | "row" [BLOCK_M, 1] | "col" [1, BLOCK_N] | "scalar"
+    shape: str  # "tile" | "row" (one value per query) | "col" (one value per key) | "scalar"
     unit: str = "nat"  # floats: "nat" (the expression is the natural value) or "log2" (natural value * log2(e))
     const: Union[float, int, bool, None] = None  # a constant: expr is its literal, written in whatever unit is asked
     bound: Bound = _UNKNOWN
@@ -123,10 +123,19 @@ def _shape(*vals: TVal) -> str:
     return "row" if "row" in shapes else "col" if "col" in shapes else "scalar"
 
 
-_INDEX_EXPR = {
-    "q_idx": ("offs_m[:, None]", "row"), "kv_idx": ("offs_n[None, :]", "col"), "batch_idx": ("off_z", "scalar"),
-    "head_idx": ("off_h", "scalar"), "q_len": ("M", "scalar"), "kv_len": ("N", "scalar"),
-}
+@dataclasses.dataclass(frozen=True)
+class TileAxes:
+    """How a tile is laid out: query-major [BLOCK_M, BLOCK_N] (forward, dQ) or key-major [BLOCK_N, BLOCK_M] (the
+    dK/dV kernel, which computes the transposed tile so that P^T and dS^T are its dots' register operands)."""
+
+    rows: str  # the query indices broadcast along the tile: offs_m[:, None] or offs_m[None, :]
+    cols: str  # the key indices broadcast along the tile
+    row_axis: int  # the tile axis that runs over queries (summed over for a bias broadcast over queries)
+
+
+QUERY_MAJOR = TileAxes("offs_m[:, None]", "offs_n[None, :]", 0)
+KEY_MAJOR = TileAxes("offs_m[None, :]", "offs_n[:, None]", 1)
+_SCALAR_INDEX = {"batch_idx": "off_z", "head_idx": "off_h", "q_len": "M", "kv_len": "N"}
 _CMP = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 
 
@@ -136,8 +145,9 @@ class TritonOps:
     :attr:`lines`. In forward mode float results are kept in log2 units wherever that costs no per-element
     conversion; in gradient mode (:attr:`grad_mode`) they are natural."""
 
-    def __init__(self, tensors: Sequence[ScoreTensor]):
+    def __init__(self, tensors: Sequence[ScoreTensor], axes: TileAxes = QUERY_MAJOR):
         self.tensors = tensors
+        self.axes = axes
         self.lines: list[str] = []
         self.grad_mode = False
         self._bounds = BoundOps(score=_UNKNOWN, load=_UNKNOWN)
@@ -207,7 +217,7 @@ class TritonOps:
         return TVal("s", "float", "tile", "log2")
 
     def index(self, op: str) -> TVal:
-        expr, shape = _INDEX_EXPR[op]
+        expr, shape = {"q_idx": (self.axes.rows, "row"), "kv_idx": (self.axes.cols, "col")}.get(op, (_SCALAR_INDEX.get(op), "scalar"))
         return TVal(expr, "int", shape, bound=self._bounds.index(op))
 
     def const(self, value) -> TVal:
@@ -215,15 +225,16 @@ class TritonOps:
         return TVal(_literal(value), kind, "scalar", const=value, bound=self._bounds.const(value))
 
     def load(self, i: int) -> TVal:
-        """Element [z, h, i, j] of score tensor i, read through its broadcast strides: a [BLOCK_M, BLOCK_N] tile,
-        one row or column of it, or a scalar, by the dims the tensor broadcasts over."""
+        """Element [z, h, i, j] of score tensor i, read through its broadcast strides: a tile, one row or column
+        of it, or a scalar, by the dims the tensor broadcasts over."""
         bz, bh, bm, bn = self.tensors[i].broadcast
+        rows, cols = self.axes.rows, self.axes.cols
         ptr = f"T{i} + off_z * stride_t{i}_z + off_h * stride_t{i}_h"
         if not bm:
-            ptr += f" + offs_m[:, None] * stride_t{i}_m"
+            ptr += f" + {rows} * stride_t{i}_m"
         if not bn:
-            ptr += f" + offs_n[None, :] * stride_t{i}_n"
-        mask = {(False, False): "tile_mask", (False, True): "offs_m[:, None] < M", (True, False): "offs_n[None, :] < N",
+            ptr += f" + {cols} * stride_t{i}_n"
+        mask = {(False, False): "tile_mask", (False, True): f"{rows} < M", (True, False): f"{cols} < N",
                 (True, True): None}[(bm, bn)]
         shape = {(False, False): "tile", (False, True): "row", (True, False): "col", (True, True): "scalar"}[(bm, bn)]
         if self.tensors[i].role == "mask":  # bool tensors are passed as uint8
@@ -383,25 +394,26 @@ def _dscore_params(spec: AttentionSpec, annotate: bool) -> str:
     return "".join(out)
 
 
-def _dscore_accumulate_lines(spec: AttentionSpec, i: int, grad: str) -> list[str]:
+def _dscore_accumulate_lines(spec: AttentionSpec, i: int, grad: str, axes: TileAxes) -> list[str]:
     """Add ``grad`` into the fp32 gradient buffer of bias i, summing first over the tile axes it broadcasts over."""
     bz, bh, bm, bn = spec.score_tensors[i].broadcast
     base = f"DT{i} + off_z * stride_dt{i}_z + off_h * stride_dt{i}_h"
     if bm and bn:
         return [f"tl.atomic_add({base}, tl.sum(tl.sum({grad}, 1), 0), sem=\"relaxed\")"]
     if bm:
-        return [f"tl.atomic_add({base} + offs_n * stride_dt{i}_n, tl.sum({grad}, 0), mask=offs_n < N, sem=\"relaxed\")"]
+        return [f"tl.atomic_add({base} + offs_n * stride_dt{i}_n, tl.sum({grad}, {axes.row_axis}), mask=offs_n < N, sem=\"relaxed\")"]
     if bn:
-        return [f"tl.atomic_add({base} + offs_m * stride_dt{i}_m, tl.sum({grad}, 1), mask=offs_m < M, sem=\"relaxed\")"]
-    ptrs = f"{base} + offs_m[:, None] * stride_dt{i}_m + offs_n[None, :] * stride_dt{i}_n"
+        return [f"tl.atomic_add({base} + offs_m * stride_dt{i}_m, tl.sum({grad}, {1 - axes.row_axis}), mask=offs_m < M, sem=\"relaxed\")"]
+    ptrs = f"{base} + {axes.rows} * stride_dt{i}_m + {axes.cols} * stride_dt{i}_n"
     return [f"tl.atomic_add({ptrs}, {grad}, mask=tile_mask, sem=\"relaxed\")"]
 
 
 @dataclasses.dataclass
 class _ScoreCode:
-    forward: list[str]
-    backward: list[str]
-    backward_and_dscore: list[str]
+    forward: list[str]  # query-major tile
+    backward: list[str]  # query-major, the adjoint of the score only (dQ)
+    forward_key_major: list[str]
+    backward_and_dscore_key_major: list[str]  # also the bias gradients (dK/dV)
 
 
 def _needs_padding_guard(program: tuple[ScoreNode, ...], tensors, relevant: set[int]) -> bool:
@@ -444,23 +456,31 @@ def _backward_lines(spec: AttentionSpec, ops: TritonOps, vals: list[TVal], with_
         lines.append(f"    dt{t} = {_sum(ops, bias_adj)}")
         if guard:
             lines += ["    if MASKED:", f"        dt{t} = tl.where(tile_mask, dt{t}, 0.0)"]
-        lines += ["    " + line for line in _dscore_accumulate_lines(spec, t, f"dt{t}")]
+        lines += ["    " + line for line in _dscore_accumulate_lines(spec, t, f"dt{t}", ops.axes)]
     return lines
 
 
-def _score_code(spec: AttentionSpec) -> _ScoreCode:
-    """SCORE_MOD (``s`` -> the program's result, log2 units), SCORE_MOD_BWD (``ds`` -> the adjoint of the
-    score) and SCORE_MOD_BWD_AND_DSCORE (the same, plus the bias gradients). Empty for an empty program."""
-    if not spec.score_mod:
-        return _ScoreCode([], [], [])
-    ops = TritonOps(spec.score_tensors)
+def _forward_lines(spec: AttentionSpec, ops: TritonOps) -> tuple[list[str], list[TVal]]:
     vals = forward(spec.score_mod, ops)
     result = vals[-1]
     s = _strip(ops._as(result, "log2"))
     if result.shape != "tile":
         s = f"{s} + tl.zeros_like(s)  # broadcast to the tile"
-    fwd = [f"# score program: s -> {program_text(spec.score_mod, spec.score_tensors)}", *ops.lines, f"s = {s}"]
-    return _ScoreCode(fwd, _backward_lines(spec, ops, vals, False), _backward_lines(spec, ops, vals, True))
+    return [f"# score program: s -> {program_text(spec.score_mod, spec.score_tensors)}", *ops.lines, f"s = {s}"], vals
+
+
+def _score_code(spec: AttentionSpec) -> _ScoreCode:
+    """SCORE_MOD (``s`` -> the program's result, log2 units) and SCORE_MOD_BWD (``ds`` -> the adjoint of the
+    score) on query-major tiles; SCORE_MOD_KEY_MAJOR and SCORE_MOD_BWD_AND_DSCORE_KEY_MAJOR (the same, plus the
+    bias gradients) on key-major tiles. Empty for an empty program."""
+    if not spec.score_mod:
+        return _ScoreCode([], [], [], [])
+    ops = TritonOps(spec.score_tensors, QUERY_MAJOR)
+    fwd, vals = _forward_lines(spec, ops)
+    bwd = _backward_lines(spec, ops, vals, False)
+    ops_t = TritonOps(spec.score_tensors, KEY_MAJOR)
+    fwd_t, vals_t = _forward_lines(spec, ops_t)
+    return _ScoreCode(fwd, bwd, fwd_t, _backward_lines(spec, ops_t, vals_t, True))
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
@@ -493,7 +513,8 @@ def generate_source(spec: AttentionSpec) -> str:
     blocks = {
         "SCORE_MOD": code.forward,
         "SCORE_MOD_BWD": code.backward,
-        "SCORE_MOD_BWD_AND_DSCORE": code.backward_and_dscore,
+        "SCORE_MOD_KEY_MAJOR": code.forward_key_major,
+        "SCORE_MOD_BWD_AND_DSCORE_KEY_MAJOR": code.backward_and_dscore_key_major,
     }
     score_params = _score_params(key)
     inline = {

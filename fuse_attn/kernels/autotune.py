@@ -1,22 +1,54 @@
-"""Launch configurations for the attention kernels and the run-time tuner (v1: in-process cache only).
+"""Launch configurations for the attention kernels and the run-time tuner, whose choices persist on disk.
 
 A config is (BLOCK_M, BLOCK_N, num_warps, num_stages). Candidates come from a small space pruned by the GPU's
 shared-memory limit, the head dim and causality; at the first call for a key, each candidate is timed with
-``triton.testing.do_bench`` on the real inputs and the fastest kept for that key:
-(GPU name, compute capability, kernel, spec digest, dtype, head dims, power-of-two buckets of M and N).
-Under the Triton interpreter exactly one config is used (multi-config tuning does not work there, and timing
-an interpreter is meaningless). ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate.
+``triton.testing.do_bench`` on the real inputs and the fastest kept for that key (:class:`TuningKey`): GPU name and
+compute capability, Triton and torch versions, kernel, spec digest, dtype, head dims, and power-of-two buckets of
+M and N (a new length in a bucket already seen reuses its config). Under the Triton interpreter exactly one config
+is used (multi-config tuning does not work there, and timing an interpreter is meaningless).
+
+Lookup for a key: this process's memory, then the disk cache, then tuning, whose result is written to disk. Each
+tuning logs one INFO line on the ``fuse_attn.kernels.autotune`` logger before (the key, how many candidates) and
+one after (the config, its time, the tuning's wall time); a candidate that fails to compile or launch is dropped
+with an INFO line giving the first line of its error.
+
+Disk cache: the directory ``$FUSE_ATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fuse_attn``, else ``~/.cache/fuse_attn``.
+One JSON file per (GPU name, compute capability, Triton version, torch version): that part of the key decides
+whether a stored timing means anything at all, so an upgrade starts a new file rather than mixing stale entries
+into a live one, and a process reads only the one file that can apply to it. The file holds ``format``
+(:data:`FORMAT_VERSION`), that identity, and ``entries``: entry name (the rest of the key) -> config and its time
+in ms. A file that does not parse, has another format or identity, and any entry that is not a valid config are
+ignored with a warning and dropped by the next write; a stored config no longer among the candidates is re-tuned.
+A write goes to a temp file in the same directory, fsync'ed and ``os.replace``-d over the old file, so readers
+see the old file or the new one, never a partial one. Writers hold ``fcntl.flock`` on ``<file>.lock`` while they
+re-read the file and merge their entry into it, so processes tuning at once keep each other's entries (where
+fcntl is missing, e.g. on Windows, writes are still atomic but a concurrent writer's entry can be lost, and is then
+re-tuned by a later process). A cache directory that cannot be written logs one warning; choices stay in memory.
+
+Environment: ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate that compiles and runs (fast
+compiles); such untimed picks live in memory under their own key, never stand in for tuned ones and are never
+written to disk. ``FUSE_ATTN_CACHE=0`` neither reads nor writes the disk cache (memory only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import json
 import logging
 import os
-from typing import Callable, Sequence
+import re
+import tempfile
+import time
+from typing import Callable, NamedTuple, Sequence
 
 import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; writes stay atomic, concurrent writers may drop each other's entries
+    fcntl = None
 
 log = logging.getLogger("fuse_attn.kernels.autotune")
 
@@ -130,75 +162,286 @@ def length_bucket(n: int) -> int:
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
 
 
-_chosen: dict[tuple, KernelConfig] = {}
+# Bump when the file layout or the meaning of an entry changes: files of any other format are ignored.
+FORMAT_VERSION = 1
+
+
+class TuningKey(NamedTuple):
+    """What a tuned config is valid for. A tuple (not a dataclass): the launchers build one on every call."""
+
+    gpu: str
+    capability: str  # compute capability, "major.minor"
+    triton_version: str
+    torch_version: str
+    kind: str  # "fwd", "bwd_dkdv" or "bwd_dq"
+    spec_digest: str
+    dtype: str
+    d: int
+    dv: int
+    m_bucket: int
+    n_bucket: int
+    timed: bool  # False under FUSE_ATTN_AUTOTUNE=0: an untimed pick must not stand in for a tuned one
+
+    def file_identity(self) -> dict:
+        """The part of the key that names its cache file (and is stored in it)."""
+        return {"gpu": self.gpu, "capability": self.capability, "triton": self.triton_version, "torch": self.torch_version}
+
+    def entry_name(self) -> str:
+        """The rest of the key: its entry's name within the cache file."""
+        return (f"{self.kind} {self.spec_digest} {self.dtype} D={self.d} DV={self.dv} "
+                f"M_bucket={self.m_bucket} N_bucket={self.n_bucket}")
+
+    def __str__(self) -> str:
+        return f"{self.entry_name()} on {self.gpu} (sm {self.capability})" + ("" if self.timed else ", untimed")
+
+
+_chosen: dict[TuningKey, KernelConfig] = {}
+_unwritable_dirs: set[str] = set()  # cache dirs already warned about: one warning per directory and process
+
+
+def device_identity(device: torch.device) -> tuple[str, str]:
+    """(GPU name, compute capability "major.minor") of a CUDA device."""
+    return _device_identity(device.index if device.index is not None else torch.cuda.current_device())
 
 
 @functools.lru_cache(maxsize=None)
-def _device_id(index: int) -> tuple:
+def _device_identity(index: int) -> tuple[str, str]:
     props = torch.cuda.get_device_properties(index)
-    return props.name, (props.major, props.minor)
+    return props.name, f"{props.major}.{props.minor}"
 
 
-def tuning_key(kind: str, device: torch.device, spec_digest: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> tuple:
-    untimed = os.environ.get("FUSE_ATTN_AUTOTUNE", "1") == "0"  # an untimed pick must not stand in for a tuned one
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return (*_device_id(index), kind, spec_digest, str(dtype), d, dv, length_bucket(m), length_bucket(n), untimed)
+@functools.lru_cache(maxsize=None)
+def software_versions() -> tuple[str, str]:
+    """(Triton version, torch version): a new compiler can make another config the fastest."""
+    import triton
+
+    return triton.__version__, torch.__version__
 
 
-def cached(key: tuple) -> KernelConfig | None:
+def tuning_key(kind: str, device: torch.device, spec_digest: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> TuningKey:
+    timed = os.environ.get("FUSE_ATTN_AUTOTUNE", "1") != "0"
+    return TuningKey(*device_identity(device), *software_versions(), kind, spec_digest, str(dtype), d, dv,
+                     length_bucket(m), length_bucket(n), timed)
+
+
+def cached(key: TuningKey) -> KernelConfig | None:
+    """The config chosen for ``key`` in this process, if any (memory only: the launchers' hot path)."""
     return _chosen.get(key)
 
 
-def choose(key: tuple, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
+def choose(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
            reset: Callable[[], None] | None = None) -> KernelConfig:
-    """The fastest candidate for ``key``, timing each with ``launch`` on first use. ``reset`` runs after tuning
-    (e.g. to zero gradient buffers that the timed launches accumulated into)."""
+    """The config for ``key``: from memory, else from the disk cache, else the fastest candidate, timing each with
+    ``launch``. ``reset`` runs after candidates were launched (e.g. to zero gradient buffers that the launches
+    accumulated into)."""
     cfg = _chosen.get(key)
-    if cfg is not None:
-        return cfg
-    if len(candidates) == 1:
-        cfg = candidates[0]
-    elif os.environ.get("FUSE_ATTN_AUTOTUNE", "1") == "0":
-        # no timing: the first candidate that compiles and runs (the smem estimate is only an estimate)
-        errors = []
-        for cand in candidates:
-            try:
-                launch(cand)
-            except Exception as e:
-                log.debug("config %s for %s failed: %s", cand, key, e)
-                errors.append(f"{cand}: {type(e).__name__}: {e}")
-                continue
-            cfg = cand
-            break
-        else:
-            raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
-        if reset is not None:
-            reset()
-    else:
-        import triton.testing
-
-        best, errors = None, []
-        for cand in candidates:
-            try:
-                # warmup/rep in ms: ~25 timed launches of a ms-scale kernel are enough to rank configs apart
-                # and keep first-call tuning of ~10 candidates under a few seconds.
-                t = triton.testing.do_bench(lambda: launch(cand), warmup=5, rep=25)
-            except Exception as e:  # out of shared memory / registers: not a usable config here
-                log.debug("config %s for %s failed: %s", cand, key, e)
-                errors.append(f"{cand}: {type(e).__name__}: {e}")
-                continue
-            log.debug("config %s for %s: %.4f ms", cand, key, t)
-            if best is None or t < best[0]:
-                best = (t, cand)
-        if best is None:
-            raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
-        cfg = best[1]
-        if reset is not None:
-            reset()
-        log.info("tuned %s -> %s", key, cfg)
-    _chosen[key] = cfg
+    if cfg is None:
+        cfg = _stored_or_tuned(key, candidates, launch, reset)
+        _chosen[key] = cfg
     return cfg
 
 
-def chosen_configs() -> dict[tuple, KernelConfig]:
+def chosen_configs() -> dict[TuningKey, KernelConfig]:
     return dict(_chosen)
+
+
+def cache_dir() -> str:
+    explicit = os.environ.get("FUSE_ATTN_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fuse_attn")
+
+
+def cache_file(key: TuningKey) -> str:
+    identity = "-".join((key.gpu, "sm" + key.capability, "triton" + key.triton_version, "torch" + key.torch_version))
+    # GPU names hold spaces (and could hold anything): keep the name portable. Two identities that map to one name
+    # share a file, which then holds one of them; the identity stored in it tells them apart.
+    return os.path.join(cache_dir(), "autotune-" + re.sub(r"[^A-Za-z0-9.+-]", "_", identity) + ".json")
+
+
+def _stored_or_tuned(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
+                     reset: Callable[[], None] | None) -> KernelConfig:
+    if len(candidates) == 1:
+        return candidates[0]  # nothing to choose between: neither timed nor stored
+    if not key.timed:
+        cfg = _first_working(key, candidates, launch)
+    else:
+        use_disk = os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+        stored = _stored(key, candidates) if use_disk else None
+        if stored is not None:
+            return stored
+        cfg, ms = _fastest(key, candidates, launch)
+        if use_disk:
+            _store(key, cfg, ms)
+    if reset is not None:
+        reset()
+    return cfg
+
+
+def _first_working(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None]) -> KernelConfig:
+    """No timing: the first candidate that compiles and runs (the smem estimate is only an estimate)."""
+    errors = []
+    for cand in candidates:
+        try:
+            launch(cand)
+        except Exception as e:
+            errors.append(_dropped(key, cand, e))
+            continue
+        return cand
+    raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
+
+
+def _fastest(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None]) -> tuple[KernelConfig, float]:
+    """The fastest candidate and its time in ms."""
+    log.info("tuning %s: timing %d candidate configs", key, len(candidates))
+    start = time.perf_counter()
+    best, errors = None, []
+    for cand in candidates:
+        try:
+            ms = _time_config(launch, cand)
+        except Exception as e:  # out of shared memory / registers: not a usable config here
+            errors.append(_dropped(key, cand, e))
+            continue
+        log.debug("config %s for %s: %.4f ms", cand, key, ms)
+        if best is None or ms < best[1]:
+            best = (cand, ms)
+    if best is None:
+        raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
+    log.info("tuned %s: %s at %.4f ms (%d of %d candidates ran; tuning took %.2f s)", key, best[0], best[1],
+             len(candidates) - len(errors), len(candidates), time.perf_counter() - start)
+    return best
+
+
+def _time_config(launch: Callable[[KernelConfig], None], cfg: KernelConfig) -> float:
+    """Milliseconds per ``launch(cfg)`` on the GPU."""
+    import triton.testing
+
+    # warmup/rep in ms: ~25 timed launches of a ms-scale kernel are enough to rank configs apart
+    # and keep first-call tuning of ~10 candidates under a few seconds.
+    return triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=25)
+
+
+def _dropped(key: TuningKey, cand: KernelConfig, error: Exception) -> str:
+    """Log a candidate that failed; its reason (the error's first line) for the message if none works."""
+    lines = str(error).strip().splitlines()
+    reason = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    log.info("config %s for %s dropped: %s", cand, key, reason)
+    log.debug("config %s for %s failed", cand, key, exc_info=error)
+    return f"{cand}: {reason}"
+
+
+# ---- disk cache ----------------------------------------------------------------------------------------------------
+_CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(KernelConfig))
+
+
+def _entry_config(value) -> KernelConfig:
+    """The config of a cache entry ({config fields..., "ms": time}); ValueError saying why if it is not one."""
+    if not isinstance(value, dict) or set(value) != {*_CONFIG_FIELDS, "ms"}:
+        raise ValueError(f"expected an object with keys {sorted({*_CONFIG_FIELDS, 'ms'})}, got {value!r}")
+    fields = {name: value[name] for name in _CONFIG_FIELDS}
+    if not all(type(v) is int and v > 0 for v in fields.values()):
+        raise ValueError(f"config values must be positive integers, got {fields}")
+    if type(value["ms"]) not in (int, float) or not value["ms"] >= 0:  # `not >=` also rejects NaN
+        raise ValueError(f"time {value['ms']!r} is not a number of milliseconds")
+    return KernelConfig(**fields)
+
+
+def _file_problem(data, identity: dict) -> str | None:
+    """Why a parsed cache file cannot be used for ``identity``; None if it can."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got a {type(data).__name__}"
+    if data.get("format") != FORMAT_VERSION:
+        return f"format {data.get('format')!r}, this version reads {FORMAT_VERSION}"
+    found = {name: data.get(name) for name in identity}
+    if found != identity:
+        return f"written for {found}, not {identity}"
+    if not isinstance(data.get("entries"), dict):
+        return "it has no 'entries' object"
+    return None
+
+
+def _read_entries(path: str, identity: dict, level: int = logging.WARNING) -> dict[str, dict]:
+    """The valid entries of the cache file at ``path``; {} if it is missing or unusable. Whatever is ignored is
+    logged at ``level`` with the reason."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):  # nothing stored yet (or nothing can be: the dir is a file)
+        return {}
+    except (OSError, ValueError) as e:  # unreadable, truncated, not JSON, not UTF-8 (the last three: ValueErrors)
+        log.log(level, "ignoring autotune cache %s: %s", path, e)
+        return {}
+    problem = _file_problem(data, identity)
+    if problem is not None:
+        log.log(level, "ignoring autotune cache %s: %s", path, problem)
+        return {}
+    entries = {}
+    for name, value in data["entries"].items():
+        try:
+            _entry_config(value)
+        except ValueError as e:
+            log.log(level, "ignoring entry %r of autotune cache %s: %s", name, path, e)
+            continue
+        entries[name] = value
+    return entries
+
+
+def _stored(key: TuningKey, candidates: Sequence[KernelConfig]) -> KernelConfig | None:
+    path = cache_file(key)
+    value = _read_entries(path, key.file_identity()).get(key.entry_name())
+    if value is None:
+        return None
+    cfg = _entry_config(value)
+    if cfg not in candidates:  # the candidate space changed since it was stored (a config may have been found wrong)
+        log.debug("stored config %s for %s is no longer a candidate; re-tuning", cfg, key)
+        return None
+    return cfg
+
+
+def _store(key: TuningKey, cfg: KernelConfig, ms: float) -> None:
+    """Merge the entry for ``key`` into its cache file; on an unwritable directory, warn once and go on."""
+    path = cache_file(key)
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with _locked(path + ".lock"):
+            # re-read under the lock: entries other processes wrote since our lookup stay; the lookup already
+            # warned about anything this drops
+            entries = _read_entries(path, key.file_identity(), level=logging.DEBUG)
+            entries[key.entry_name()] = {**dataclasses.asdict(cfg), "ms": ms}
+            _write_atomically(path, {"format": FORMAT_VERSION, **key.file_identity(), "entries": entries})
+    except OSError as e:
+        if directory not in _unwritable_dirs:
+            _unwritable_dirs.add(directory)
+            log.warning("cannot write the autotune cache in %s (%s); tuned configs stay in this process's memory",
+                        directory, e)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str):
+    """An exclusive lock between processes, on a file of its own: the cache file itself is replaced by each write,
+    so a lock on it would guard an inode that is no longer the file."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)  # 0o666 & ~umask: what open() gives a new file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_atomically(path: str, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

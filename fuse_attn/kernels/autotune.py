@@ -85,11 +85,12 @@ _STAGES = (2, 3)
 # tutorial uses (BLOCK_M, BLOCK_N) = (32, 128) there and (128, 32) for dQ (the resident side is the large one).
 _DKDV_SHAPES = ((32, 128), (64, 128), (32, 64))
 _DQ_SHAPES = ((128, 32), (128, 64), (64, 32))
-# The dK/dV kernel is not software-pipelined: on an H200 with Triton 3.6 (2026-11-21), bf16, D=64, causal,
-# M=N=1024 and M=97/N=1000, num_stages=2 at (32, 128, 4 warps) gave dk errors 40-50x eager's, and
-# (32, 128, 8 warps, 3 stages) 4x, while every num_stages=1 config agreed with the fp64 reference; dq and dv
-# were right in all of them. Until that is narrowed down (compiler or kernel), stages=1 is the only safe choice.
-_DKDV_STAGES = (1,)
+# dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
+# errors 4-50x eager's on an H200 with Triton 3.6 (2026-11-21). The key-major kernel (k @ q^T, no register
+# transposes) has none: `tools/bench_attention.py --check-backward-configs` ran 125 config runs over 7 shapes
+# with stages 1-3, all within the 2x rule (H200, Triton 3.6, 2026-11-22), and stages=3 was the fastest at
+# N=4096, D=64 and 128.
+_DKDV_STAGES = (1, 2, 3)
 
 
 def _smem_bytes(resident_rows: int, streamed_rows: int, block_d: int, block_dv: int, elem: int, stages: int) -> int:
@@ -174,7 +175,7 @@ class TuningKey(NamedTuple):
     triton_version: str
     torch_version: str
     kind: str  # "fwd", "bwd_dkdv" or "bwd_dq"
-    spec_digest: str
+    kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew
     dtype: str
     d: int
     dv: int
@@ -188,7 +189,7 @@ class TuningKey(NamedTuple):
 
     def entry_name(self) -> str:
         """The rest of the key: its entry's name within the cache file."""
-        return (f"{self.kind} {self.spec_digest} {self.dtype} D={self.d} DV={self.dv} "
+        return (f"{self.kind} {self.kernel_id} {self.dtype} D={self.d} DV={self.dv} "
                 f"M_bucket={self.m_bucket} N_bucket={self.n_bucket}")
 
     def __str__(self) -> str:
@@ -218,9 +219,9 @@ def software_versions() -> tuple[str, str]:
     return triton.__version__, torch.__version__
 
 
-def tuning_key(kind: str, device: torch.device, spec_digest: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> TuningKey:
+def tuning_key(kind: str, device: torch.device, kernel_id: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> TuningKey:
     timed = os.environ.get("FUSE_ATTN_AUTOTUNE", "1") != "0"
-    return TuningKey(*device_identity(device), *software_versions(), kind, spec_digest, str(dtype), d, dv,
+    return TuningKey(*device_identity(device), *software_versions(), kind, kernel_id, str(dtype), d, dv,
                      length_bucket(m), length_bucket(n), timed)
 
 

@@ -295,7 +295,7 @@ def _common(q, k, v, spec) -> dict:
 def _pick(kind: str, q: Tensor, spec: AttentionSpec, common: dict, candidates_fn, launch, reset=None):
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
-    key = autotune.tuning_key(kind, q.device, codegen.spec_digest(spec), q.dtype, common["D"], common["DV"], common["M"], common["N"])
+    key = autotune.tuning_key(kind, q.device, codegen.load_module(spec).KERNEL_ID, q.dtype, common["D"], common["DV"], common["M"], common["N"])
     cfg = autotune.cached(key)  # the hot path: no candidate list, no device queries
     if cfg is not None:
         return cfg

@@ -408,9 +408,12 @@ def test_generated_source_and_cache():
     q, k, v, ts, spec = make_case(bias=(1, 2, 17, 1), mask=(1, 1, 17, 17), causal=CausalMask())
     src = generated_source(spec)
     assert "{{" not in src and spec.digest in src
-    # the row bias is loaded as one column of the tile; its gradient summed over keys
+    # the row bias is loaded as one column of a query-major tile (forward, dQ) and one row of a key-major tile
+    # (dK/dV); its gradient is summed over keys: axis 0 of the key-major tile
     assert "sm_1 = tl.load(T0 + off_z * stride_t0_z + off_h * stride_t0_h + offs_m[:, None] * stride_t0_m, " in src
-    assert "tl.atomic_add(" in src and "tl.sum(dt0, 1)" in src
+    assert "sm_1 = tl.load(T0 + off_z * stride_t0_z + off_h * stride_t0_h + offs_m[None, :] * stride_t0_m, " in src
+    dkdv = _loop_body(src, "_dkdv_loop")
+    assert "tl.atomic_add(" in dkdv and "tl.sum(dt0, 0)" in dkdv
     compile(src, "<generated>", "exec")
     mod = codegen.load_module(spec)
     assert mod.__file__.startswith(str(codegen.cache_dir())) and spec.digest in os.path.basename(mod.__file__)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime
+import importlib.util
 import os
 import sys
 import time
@@ -217,13 +218,14 @@ def flex_method(N, scale, causal, bias, softcap, device):
     block_mask = None
     if causal:
         block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, N, N, device=device)
-    score_mod = None
     if bias is not None:
         def score_mod(score, b, h, q_idx, kv_idx):
             return score + bias[0, h, q_idx, kv_idx]
     elif softcap is not None:
         def score_mod(score, b, h, q_idx, kv_idx):
             return torch.tanh(score / softcap) * softcap
+    else:
+        score_mod = None
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
@@ -417,12 +419,9 @@ def main(argv=None):
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--check-backward-configs", action="store_true", help="run every backward candidate config on odd shapes")
     args = ap.parse_args(argv)
-    if args.plot:
-        try:
-            import matplotlib  # noqa: F401  (checked before measuring, used by plot())
-        except ImportError:
-            print('matplotlib is not installed: no plot will be written (pip install -e ".[bench]")', flush=True)
-            args.plot = False
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # said before measuring, not after
+        print('matplotlib is not installed: no plot will be written (pip install -e ".[bench]")', flush=True)
+        args.plot = False
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
     ok = True

@@ -1,23 +1,31 @@
 """GPU correctness sweep and speed/memory table of the fused attention kernel against PyTorch's attentions.
 
     PYTHONPATH=. python3 tools/bench_attention.py --out OUTDIR [--shapes 8,16,1024,64 ...] [--mods none bias softcap]
-                                                  [--skip-check] [--skip-speed]
+                                                  [--skip-check] [--skip-speed] [--plot]
+    PYTHONPATH=. python3 tools/bench_attention.py --out OUTDIR --skip-check --plot \
+        --lengths 1024 2048 4096 8192 16384 --batch-tokens 16384 --heads 16 --head-dims 64 128
 
 1. Correctness: bf16 / fp16 / fp32 at larger sizes, causal and not, bias, mask, softcap, ALiBi, sliding windows,
    GQA, dropout (the reference draws the kernels' keep-mask from the same seed); forward and gradients, each held
    to ``max|ours - ref64| <= 2 * max|eager_same_dtype - ref64| + floor``.
 2. Speed: TF/s = 4*B*H*N^2*D / time (halved when causal; fwd+bwd counts 3.5x the forward FLOPs), median of
    ``triton.testing.do_bench``, and the peak memory a call allocates beyond its inputs, for ours, eager,
-   ``torch.compile`` default, SDPA flash and SDPA cuDNN, bf16, on random (never zero) inputs; with ``--mods``
-   also with a score program: a [1, H, N, N] bias added, or a Gemma-2 softcap ``tanh(s / 50) * 50`` (SDPA has
-   no softcap, and its flash / cuDNN kernels take no bias here: those cells are "-").
-Rows are printed and appended to OUTDIR/bench_attention.csv as they are measured.
+   ``torch.compile`` default, SDPA flash, SDPA cuDNN and FlexAttention (compiled, causal as a block mask built
+   once per length, scale passed), bf16, on random (never zero) inputs; with ``--mods`` also with a score
+   program: a [1, H, N, N] bias added, or a Gemma-2 softcap ``tanh(s / 50) * 50`` (FlexAttention as a score_mod;
+   SDPA has no softcap, and its flash / cuDNN kernels take no bias here: those cells are "-").
+Rows are printed and appended to OUTDIR/bench_attention.csv as they are measured, each with the GPU's name, the
+torch and triton versions and the date. ``--plot`` then draws every row of that CSV (several runs into one OUTDIR
+add up; for a repeated case the last row wins) into OUTDIR/bench_attention.png: TF/s against N, one subplot per
+head dim, mask, mode and score program, one line per implementation (needs matplotlib: ``pip install -e ".[bench]"``).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import datetime
+import importlib.util
 import os
 import sys
 import time
@@ -33,6 +41,8 @@ from fuse_attn.kernels import autotune
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
 
 DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
+# --lengths defaults: 16 heads as in DEFAULT_SHAPES, B*N = 16384 tokens as in its N=4096 and N=16384 rows
+DEFAULT_BATCH_TOKENS, DEFAULT_HEADS, DEFAULT_HEAD_DIMS = 16384, 16, (64, 128)
 # Gemma-2's attention logit softcap (config.attn_logit_softcapping).
 SOFTCAP = 50.0
 NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
@@ -204,6 +214,25 @@ def _eager(q, k, v, scale, causal_mask, bias=None, softcap=None):
     return torch.softmax(s, dim=-1) @ v
 
 
+def flex_method(N, scale, causal, bias, softcap, device):
+    """FlexAttention with the same math as ``_eager``: the score program as a score_mod, causal as a block mask."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    compiled = torch.compile(flex_attention)
+    block_mask = None
+    if causal:
+        block_mask = create_block_mask(lambda b, h, q_idx, kv_idx: q_idx >= kv_idx, None, None, N, N, device=device)
+    if bias is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return score + bias[0, h, q_idx, kv_idx]
+    elif softcap is not None:
+        def score_mod(score, b, h, q_idx, kv_idx):
+            return torch.tanh(score / softcap) * softcap
+    else:
+        score_mod = None
+    return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
 def make_methods(B, H, N, D, causal, mod="none"):
     """The attentions timed for one row; ``mod``: "none", "bias" (a random [1, H, N, N] bf16 bias added to the
     scores) or "softcap" (``tanh(s / SOFTCAP) * SOFTCAP``)."""
@@ -242,6 +271,7 @@ def make_methods(B, H, N, D, causal, mod="none"):
         "ours": lambda q, k, v: flash_attention(q, k, v, spec, tensors),
         "eager": lambda q, k, v: _eager(q, k, v, scale, causal_mask(), bias, softcap),
         "torch.compile": lambda q, k, v: compiled(q, k, v, scale, causal_mask(), bias, softcap),
+        "FlexAttention": flex_method(N, scale, causal, bias, softcap, "cuda"),
     }
     if mod == "none":
         methods["SDPA flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
@@ -268,10 +298,14 @@ def measure(fn, q, k, v, dout, backward):
     return ms, peak
 
 
-METHOD_NAMES = ("ours", "eager", "torch.compile", "SDPA flash", "SDPA cuDNN")
+METHOD_NAMES = ("ours", "eager", "torch.compile", "SDPA flash", "SDPA cuDNN", "FlexAttention")
+TABLE_NAMES = {"torch.compile": "torch.compile default"}
+CSV_COLUMNS = ["B", "H", "N", "D", "causal", "score_mod", "mode", "method", "median_ms", "TF/s",
+               "peak_bytes_above_inputs", "gpu", "torch", "triton", "date"]
 
 
-def speed(shapes, methods_filter, writer, csv_file, mods=("none",)):
+def speed(shapes, methods_filter, record, mods=("none",)):
+    """Time every method on every case; ``record(values)`` gets one CSV row's measured columns per method."""
     rows = []
     for (B, H, N, D), mod in ((shape, mod) for shape in shapes for mod in mods):
         for causal in (False, True):
@@ -295,16 +329,15 @@ def speed(shapes, methods_filter, writer, csv_file, mods=("none",)):
                     try:
                         ms, peak = measure(fn, q, k, v, dout, backward)
                         cell = f"{flops / (ms * 1e-3) / 1e12:.0f} TF/s, {peak / 2**20:.0f} MiB"
-                        writer.writerow([B, H, N, D, int(causal), mod, mode, name, f"{ms:.4f}",
-                                         f"{flops / (ms * 1e-3) / 1e12:.2f}", peak])
+                        record([B, H, N, D, int(causal), mod, mode, name, f"{ms:.4f}",
+                                f"{flops / (ms * 1e-3) / 1e12:.2f}", peak])
                     except torch.cuda.OutOfMemoryError:
                         cell = "OOM"
-                        writer.writerow([B, H, N, D, int(causal), mod, mode, name, "OOM", "", ""])
+                        record([B, H, N, D, int(causal), mod, mode, name, "OOM", "", ""])
                     except Exception as e:
                         cell = f"error: {type(e).__name__}"
                         print(f"{name} failed: {e}", flush=True)
-                        writer.writerow([B, H, N, D, int(causal), mod, mode, name, "error", "", ""])
-                    csv_file.flush()
+                        record([B, H, N, D, int(causal), mod, mode, name, "error", "", ""])
                     for t in (q, k, v):
                         t.grad = None
                     torch.cuda.empty_cache()
@@ -316,17 +349,83 @@ def speed(shapes, methods_filter, writer, csv_file, mods=("none",)):
     return rows
 
 
+def plot(csv_path, png_path):
+    """TF/s against N from every row of the CSV: one subplot per (D, mask, mode, score program), one line per
+    method (colours fixed per method across subplots); for a case measured more than once the last row wins."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on a benchmark machine
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    series = {}  # (D, causal, mode, score_mod) -> method -> N -> TF/s
+    for row in rows:
+        if not row["TF/s"]:  # OOM or error
+            continue
+        case = (int(row["D"]), row["causal"] == "1", row["mode"], row["score_mod"])
+        series.setdefault(case, {}).setdefault(row["method"], {})[int(row["N"])] = float(row["TF/s"])
+    if not series:
+        print(f"no measured rows in {csv_path}: no plot", flush=True)
+        return
+    # a plot row per head dim and score program (plain first), its columns full/causal x fwd/fwd+bwd
+    cases = sorted(series, key=lambda c: (c[0], c[3] != "none", c[3], c[1], c[2]))
+    columns = min(4, len(cases))
+    plot_rows = -(-len(cases) // columns)
+    fig, axes = plt.subplots(plot_rows, columns, figsize=(4.5 * columns, 3.5 * plot_rows), squeeze=False)
+    colours = {name: f"C{i}" for i, name in enumerate(METHOD_NAMES)}
+    for ax, case in zip(axes.flat, cases):
+        D, causal, mode, mod = case
+        lengths = sorted({n for by_n in series[case].values() for n in by_n})
+        for name in METHOD_NAMES:
+            by_n = series[case].get(name)
+            if by_n:
+                ns = sorted(by_n)
+                ax.plot(ns, [by_n[n] for n in ns], marker="o", color=colours[name], label=TABLE_NAMES.get(name, name))
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(lengths, [str(n) for n in lengths])
+        ax.minorticks_off()
+        ax.set_title(f"D={D} {'causal' if causal else 'full'}{'' if mod == 'none' else '+' + mod} {mode}")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel("TF/s")
+        ax.grid(True, alpha=0.3)
+    for ax in axes.flat[len(cases):]:
+        ax.set_visible(False)
+    handles = {}
+    for ax in axes.flat[:len(cases)]:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles))
+    runs = sorted({f"{r['gpu']}, torch {r['torch']}, triton {r['triton']}, {r['date']}" for r in rows})
+    fig.suptitle("fused attention, bf16: " + "; ".join(runs))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))  # leave the bottom for the legend
+    fig.savefig(png_path, dpi=120)
+    plt.close(fig)
+    print(f"plot: {png_path}", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
-    ap.add_argument("--shapes", nargs="*", help="B,H,N,D ...", default=None)
-    ap.add_argument("--methods", nargs="*", default=None, help="subset of: ours eager torch.compile 'SDPA flash' 'SDPA cuDNN'")
+    shapes_group = ap.add_mutually_exclusive_group()
+    shapes_group.add_argument("--shapes", nargs="*", help="B,H,N,D ...", default=None)
+    shapes_group.add_argument("--lengths", nargs="*", type=int, default=None,
+                              help="sequence lengths N: shapes (B, --heads, N, D) for each of --head-dims, "
+                                   "B = max(1, --batch-tokens // N)")
+    ap.add_argument("--batch-tokens", type=int, default=DEFAULT_BATCH_TOKENS, help="B*N with --lengths")
+    ap.add_argument("--heads", type=int, default=DEFAULT_HEADS, help="H with --lengths")
+    ap.add_argument("--head-dims", nargs="*", type=int, default=list(DEFAULT_HEAD_DIMS), help="D values with --lengths")
+    ap.add_argument("--methods", nargs="*", default=None, choices=METHOD_NAMES, help="subset of the methods timed")
     ap.add_argument("--mods", nargs="*", default=["none"], choices=["none", "bias", "softcap"],
                     help="score programs timed per shape (default: none)")
+    ap.add_argument("--plot", action="store_true", help="draw OUTDIR/bench_attention.csv into OUTDIR/bench_attention.png")
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--check-backward-configs", action="store_true", help="run every backward candidate config on odd shapes")
     args = ap.parse_args(argv)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:  # said before measuring, not after
+        print('matplotlib is not installed: no plot will be written (pip install -e ".[bench]")', flush=True)
+        args.plot = False
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
     ok = True
@@ -336,21 +435,41 @@ def main(argv=None):
         print(f"correctness sweep: {'PASS' if ok else 'FAIL'} in {time.time() - t0:.0f}s", flush=True)
     if args.check_backward_configs:
         ok &= backward_config_sweep()
+    path = os.path.join(args.out, "bench_attention.csv")
     if not args.skip_speed:
-        shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
+        if args.lengths:
+            shapes = [(max(1, args.batch_tokens // N), args.heads, N, D) for D in args.head_dims for N in args.lengths]
+        elif args.shapes:
+            shapes = [tuple(int(x) for x in s.split(",")) for s in args.shapes]
+        else:
+            shapes = DEFAULT_SHAPES
         os.makedirs(args.out, exist_ok=True)
-        path = os.path.join(args.out, "bench_attention.csv")
-        new = not os.path.exists(path)
+        if os.path.exists(path) and os.path.getsize(path):
+            with open(path, newline="") as f:
+                header = next(csv.reader(f), None)
+            if header != CSV_COLUMNS:
+                print(f"{path} has other columns ({header}): choose another --out", flush=True)
+                return 2
+        run_info = [props.name, torch.__version__, triton.__version__, datetime.date.today().isoformat()]
         with open(path, "a", newline="") as f:
             writer = csv.writer(f)
-            if new:
-                writer.writerow(["B", "H", "N", "D", "causal", "score_mod", "mode", "method", "median_ms", "TF/s",
-                                 "peak_bytes_above_inputs"])
-            rows = speed(shapes, args.methods, writer, f, args.mods)
-        headers = ["B,H,N,D", "mask", "mode", "ours", "eager", "torch.compile default", "SDPA flash", "SDPA cuDNN"]
+            if f.tell() == 0:
+                writer.writerow(CSV_COLUMNS)
+
+            def record(values):
+                writer.writerow(values + run_info)
+                f.flush()
+
+            rows = speed(shapes, args.methods, record, args.mods)
+        headers = ["B,H,N,D", "mask", "mode"] + [TABLE_NAMES.get(name, name) for name in METHOD_NAMES]
         print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)
         for key, cfg in autotune.chosen_configs().items():
             print("tuned:", key, "->", cfg, flush=True)
+    if args.plot:
+        if os.path.exists(path):
+            plot(path, os.path.join(args.out, "bench_attention.png"))
+        else:
+            print(f"no {path} to plot", flush=True)
     return 0 if ok else 1
 
 

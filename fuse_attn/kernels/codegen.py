@@ -235,7 +235,7 @@ class TritonOps:
             ptr += f" + {rows} * stride_t{i}_m"
         if not bn:
             ptr += f" + {cols} * stride_t{i}_n"
-        mask = {(False, False): "tile_mask", (False, True): f"{rows} < M", (True, False): f"{cols} < N",
+        mask = {(False, False): "load_mask", (False, True): f"{rows} < M", (True, False): f"{cols} < N",
                 (True, True): None}[(bm, bn)]
         shape = {(False, False): "tile", (False, True): "row", (True, False): "col", (True, True): "scalar"}[(bm, bn)]
         if self.tensors[i].role == "mask":  # bool tensors are passed as uint8
@@ -406,7 +406,7 @@ def _dscore_accumulate_lines(spec: AttentionSpec, i: int, grad: str, axes: TileA
     if bn:
         return [f"tl.atomic_add({base} + offs_m * stride_dt{i}_m, tl.sum({grad}, {1 - axes.row_axis}), mask=offs_m < M, sem=\"relaxed\")"]
     ptrs = f"{base} + {axes.rows} * stride_dt{i}_m + {axes.cols} * stride_dt{i}_n"
-    return [f"tl.atomic_add({ptrs}, {grad}, mask=tile_mask, sem=\"relaxed\")"]
+    return [f"tl.atomic_add({ptrs}, {grad}, mask=load_mask, sem=\"relaxed\")"]
 
 
 @dataclasses.dataclass

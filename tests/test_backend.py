@@ -440,3 +440,37 @@ def test_explain_names_what_is_fused_and_why_not():
     assert "used by" in report.not_fused[0].reason and "softmax" in str(report)
     report = fuse_attn.explain(TinyGPT(vocab=64, width=32, heads=2, layers=3, block_size=16), torch.randint(0, 64, (1, 16)))
     assert [v.spec.causal is not None for v in report.fused] == [True, True, True]
+
+
+def _saved_shapes(fn, x):
+    """Shapes of every tensor autograd saves for the backward while ``fn(x)`` runs (compiled graphs save through
+    their autograd.Function, so the hooks see them too)."""
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(x).sum().backward()
+    return shapes
+
+
+def test_backward_saves_no_score_sized_tensor(monkeypatch):
+    """What a fused training step keeps for its backward grows linearly in the sequence length: no saved tensor has
+    both a query and a key axis of length T (eager saves its [B, H, T, T] softmax output; checked too, so the test
+    can tell them apart)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    T = 48  # longer than the width (32), so a [*, T, T] tensor is told apart from activations [B, T, width]
+    model = NanoGPTAttention(width=32, heads=2, block_size=T)
+    x = torch.randn(2, T, 32, requires_grad=True)
+
+    def score_sized(shapes):
+        return [s for s in shapes if len(s) >= 2 and s[-1] == T and s[-2] == T]
+
+    assert score_sized(_saved_shapes(model, x)), "eager saves its softmax output"
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="fuse_attn")
+    compiled(x)  # compile outside the hooks
+    shapes = _saved_shapes(compiled, x)
+    assert shapes and not score_sized(shapes), shapes

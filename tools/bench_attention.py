@@ -39,6 +39,7 @@ from tabulate import tabulate
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.kernels import autotune
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from tools.bench_csv import appending
 
 DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
 # --lengths defaults: 16 heads as in DEFAULT_SHAPES, B*N = 16384 tokens as in its N=4096 and N=16384 rows
@@ -451,15 +452,7 @@ def main(argv=None):
                 print(f"{path} has other columns ({header}): choose another --out", flush=True)
                 return 2
         run_info = [props.name, torch.__version__, triton.__version__, datetime.date.today().isoformat()]
-        with open(path, "a", newline="") as f:
-            writer = csv.writer(f)
-            if f.tell() == 0:
-                writer.writerow(CSV_COLUMNS)
-
-            def record(values):
-                writer.writerow(values + run_info)
-                f.flush()
-
+        with appending(path, CSV_COLUMNS, run_info) as record:
             rows = speed(shapes, args.methods, record, args.mods)
         headers = ["B,H,N,D", "mask", "mode"] + [TABLE_NAMES.get(name, name) for name in METHOD_NAMES]
         print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)

@@ -31,7 +31,6 @@ warm (a second subprocess with the same caches). Rows go to OUTDIR/bench_models_
 from __future__ import annotations
 
 import argparse
-import contextlib
 import csv
 import datetime
 import gc
@@ -53,6 +52,7 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.backend import fuse_attn_backend  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
+from tools.bench_csv import appending  # noqa: E402
 
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192]
 TINY_LENGTH = 32
@@ -280,21 +280,6 @@ def columns_clash(path, columns):
     if header != columns:
         print(f"{path} has other columns ({header}): choose another --out", flush=True)
     return header != columns
-
-
-@contextlib.contextmanager
-def appending(path, columns, run_info):
-    """Yield ``record(values)``: appends one row (``values`` + ``run_info``) to ``path`` and flushes it."""
-    with open(path, "a", newline="") as f:
-        writer = csv.writer(f)
-        if f.tell() == 0:
-            writer.writerow(columns)
-
-        def record(values):
-            writer.writerow(values + run_info)
-            f.flush()
-
-        yield record
 
 
 def main(argv=None):

@@ -218,7 +218,12 @@ class TritonOps:
         return TVal("s", "float", "tile", "log2")
 
     def index(self, op: str) -> TVal:
-        expr, shape = {"q_idx": (self.axes.rows, "row"), "kv_idx": (self.axes.cols, "col")}.get(op, (_SCALAR_INDEX.get(op), "scalar"))
+        if op == "q_idx":
+            expr, shape = self.axes.rows, "row"
+        elif op == "kv_idx":
+            expr, shape = self.axes.cols, "col"
+        else:
+            expr, shape = _SCALAR_INDEX[op], "scalar"
         return TVal(expr, "int", shape, bound=self._bounds.index(op))
 
     def const(self, value) -> TVal:

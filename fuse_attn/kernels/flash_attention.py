@@ -292,10 +292,10 @@ def _common(q, k, v, spec) -> dict:
     )
 
 
-def _pick(kind: str, q: Tensor, spec: AttentionSpec, common: dict, candidates_fn, launch, reset=None):
+def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, launch, reset=None):
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
-    key = autotune.tuning_key(kind, q.device, codegen.load_module(spec).KERNEL_ID, q.dtype, common["D"], common["DV"], common["M"], common["N"])
+    key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"], common["M"], common["N"])
     cfg = autotune.cached(key)  # the hot path: no candidate list, no device queries
     if cfg is not None:
         return cfg
@@ -321,7 +321,7 @@ def triton_forward(q, k, v, score_tensors, spec, dropout_seed=None) -> tuple[Ten
     def launch(cfg):
         mod._attn_fwd[(triton_cdiv(M, cfg.block_m), Z * H)](**kw, **_launch_kwargs(cfg))
 
-    launch(_pick("fwd", q, spec, common, autotune.forward_candidates, launch))
+    launch(_pick("fwd", q, mod.KERNEL_ID, common, autotune.forward_candidates, launch))
     return out, lse
 
 
@@ -374,14 +374,14 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
         for buf in dbufs.values():
             buf.zero_()
 
-    launch_dkdv(_pick("bwd_dkdv", q, spec, common, autotune.dkdv_candidates, launch_dkdv, reset_dbias))
+    launch_dkdv(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, launch_dkdv, reset_dbias))
 
     q_kw = dict(base, DQ=dq, **_strides("dq", dq))
 
     def launch_dq(cfg):
         mod._attn_bwd_dq[(triton_cdiv(M, cfg.block_m), Z * H)](**q_kw, **_launch_kwargs(cfg))
 
-    launch_dq(_pick("bwd_dq", q, spec, common, autotune.dq_candidates, launch_dq))
+    launch_dq(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, launch_dq))
     dscores = [dbufs[i].to(score_tensors[i].dtype) for i in sorted(dbufs)]
     return dq, dk, dv, dscores
 

@@ -198,7 +198,9 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M, 
 def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M,
                        dropout_seed=None):
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
-    softmax of the block's scores; no N x N buffer). Rows that saw only -inf contribute no gradient.
+    softmax of the block's scores; no N x N buffer). A row that saw only -inf (or a NaN) has P = NaN, as in eager:
+    dV of its kv head is NaN, and its dS passes through the score program's backward (where a masking ``where``
+    zeroes it, as eager's does).
 
     The score program is differentiated by :func:`.score_program.backward` (the same derivative rules as the
     kernels) on the node values kept while the block's scores are recomputed: a few [Z, H, rows, N] tensors.
@@ -221,7 +223,7 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     for r0 in range(0, M, block_m):
         s, vals = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
         rows = s.shape[2]
-        p = torch.nan_to_num(torch.softmax(s, dim=-1), nan=0.0)
+        p = torch.softmax(s, dim=-1)
         do = dout[:, :, r0:r0 + rows].to(ct)
         # dropout: dV from the dropped, rescaled P; dP through the same keep-mask and scale
         keep = _keep_mask(dropout_seed, spec, p.shape, M, r0) if spec.dropout_p else None
@@ -233,6 +235,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
             dp = _drop(dp, keep, spec.dropout_p)
         delta = (do * out[:, :, r0:r0 + rows].to(ct)).sum(-1, keepdim=True)
         ds = p * (dp - delta)
+        if spec.causal is not None:  # masked_fill's backward: no gradient outside the band, even where P is NaN
+            ds = ds.masked_fill(~_causal_visible(r0, rows, M, N, spec, ds.device), 0.0)
         if program:
             ops = score_program.TorchOps(ds, (), {})  # the reverse pass reads no leaves: only the dtype, device
             adj = score_program.backward(program, spec.score_tensors, vals, ops, ds, sources)
@@ -382,6 +386,10 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
         mod._attn_bwd_dq[(triton_cdiv(M, cfg.block_m), Z * H)](**q_kw, **_launch_kwargs(cfg))
 
     launch_dq(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, launch_dq))
+    # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
+    # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
+    nan_rows = ~torch.isfinite(lse).view(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)
+    dv.masked_fill_(nan_rows[:, :, None, None], float("nan"))
     dscores = [dbufs[i].to(score_tensors[i].dtype) for i in sorted(dbufs)]
     return dq, dk, dv, dscores
 

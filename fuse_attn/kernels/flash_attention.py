@@ -3,12 +3,14 @@ and the plain-PyTorch reference it is tested against.
 
 Dispatch: CUDA tensors -> the generated Triton kernels; CPU tensors with ``TRITON_INTERPRET=1`` -> the same
 kernels through the Triton interpreter; other CPU tensors -> :func:`blockwise_forward` / :func:`blockwise_backward`
-(plain PyTorch, a block of query rows at a time, never the full N x N matrix).
+(plain PyTorch, a block of query rows at a time, never the full N x N matrix). If the kernels cannot be generated,
+compiled or launched (no launch config works), the op warns once and runs the blockwise path instead, on any device.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import os
 from typing import Optional, Sequence
@@ -19,6 +21,7 @@ from torch import Tensor
 from ..spec import AttentionSpec, UnsupportedSpec
 from . import autotune, codegen, philox, score_program
 
+log = logging.getLogger("fuse_attn.kernels")
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 _BIAS_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # Query rows per step of the CPU blockwise path: a [Z, H, 128, N] fp32 score block is 0.5 MiB per (z, h)
@@ -403,6 +406,29 @@ def _use_triton(q: Tensor) -> bool:
     return q.is_cuda or (q.device.type == "cpu" and _interpret())
 
 
+# (spec digest, "forward" / "backward", head dims) whose kernels failed in this process: they run the blockwise
+# path from then on, without trying (and warning) again.
+_kernel_failures: set[tuple] = set()
+
+
+def _with_fallback(direction: str, spec: AttentionSpec, q: Tensor, v: Tensor, kernels, blockwise):
+    """``kernels()`` -- or, if generating, compiling or launching them fails (no launch config works, a Triton
+    error), ``blockwise()``: the same attention in plain PyTorch, on any device. The user's model never crashes
+    because of a kernel; the first failure per spec, direction and head dims logs a warning saying why."""
+    key = (codegen.spec_digest(spec), direction, q.shape[3], v.shape[3])
+    if key not in _kernel_failures:
+        try:
+            return kernels()
+        except Exception as e:
+            _kernel_failures.add(key)
+            lines = str(e).strip().splitlines()
+            log.warning("fuse_attn: the %s kernels for %s (head dims %d/%d) failed (%s: %s); this attention's %s runs "
+                        "in plain PyTorch (blockwise, slower) from now on", direction, spec.describe(), q.shape[3],
+                        v.shape[3], type(e).__name__, lines[0] if lines else "", direction)
+            log.debug("fuse_attn: %s kernel failure", direction, exc_info=e)
+    return blockwise()
+
+
 @torch.library.custom_op("fuse_attn::flash_attention", mutates_args=())
 def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
                        spec: str) -> tuple[Tensor, Tensor]:
@@ -414,9 +440,12 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tens
         # softmax over zero keys @ v is zeros in eager; the logsumexp of nothing is -inf.
         return (torch.zeros((Z, H, M, DV), dtype=q.dtype, device=q.device),
                 torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
+    def blockwise():
+        return blockwise_forward(q, k, v, score_tensors, s, dropout_seed=dropout_seed)
+
     if _use_triton(q):
-        return triton_forward(q, k, v, score_tensors, s, dropout_seed)
-    return blockwise_forward(q, k, v, score_tensors, s, dropout_seed=dropout_seed)
+        return _with_fallback("forward", s, q, v, lambda: triton_forward(q, k, v, score_tensors, s, dropout_seed), blockwise)
+    return blockwise()
 
 
 @flash_attention_op.register_fake
@@ -441,9 +470,13 @@ def flash_attention_backward_op(
         return (torch.zeros(q.shape, dtype=q.dtype, device=q.device), torch.zeros(k.shape, dtype=k.dtype, device=k.device),
                 torch.zeros(v.shape, dtype=v.dtype, device=v.device),
                 [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t, n in zip(score_tensors, needs) if n])
+    def blockwise():
+        return blockwise_backward(dout, q, k, v, score_tensors, out, lse, s, needs, dropout_seed=dropout_seed)
+
     if _use_triton(q):
-        return triton_backward(dout, q, k, v, score_tensors, out, lse, s, needs, dropout_seed)
-    return blockwise_backward(dout, q, k, v, score_tensors, out, lse, s, needs, dropout_seed=dropout_seed)
+        return _with_fallback("backward", s, q, v,
+                              lambda: triton_backward(dout, q, k, v, score_tensors, out, lse, s, needs, dropout_seed), blockwise)
+    return blockwise()
 
 
 def _check_needs(score_tensors, spec: AttentionSpec, needs: Sequence[bool]) -> list[bool]:

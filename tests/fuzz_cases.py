@@ -1,0 +1,260 @@
+"""Random attention cases for the property-based tests (tests/test_fuzz.py): a :class:`Case` describes one
+attention -- sizes, dtype, memory layouts of q / k / v, the score modifications, the mask -- and builds its inputs
+and spec (for the op) or an eager module spelling the same attention (for ``torch.compile``).
+
+Comparison rule (flash-attention's, as everywhere in tests/): on the elements all three results hold finite,
+``max|ours - ref64| <= 2 * max|eager - ref64| + floor`` with ``eager`` the same computation in the input dtype and
+``ref64`` in fp64; the non-finite elements (NaN, +-inf) of ours must be exactly eager's: no NaN hidden, none added.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from hypothesis import strategies as st
+
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, dtype_name
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+# Absolute floors of the 2x rule, relative to max|ref|: about one unit in the last place of each dtype (as in
+# test_kernels / test_backend).
+FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+# Lengths: 1, primes, powers of two and their neighbours (tile edges of every block size the kernels use).
+LENGTHS = (1, 2, 3, 5, 7, 13, 16, 17, 31, 32, 33, 37, 61, 64, 65, 97)
+LONG_LENGTHS = LENGTHS + (127, 128, 129, 191, 251, 256, 257)
+HEAD_DIMS = (1, 8, 16, 24, 40, 64, 80)
+LONG_HEAD_DIMS = HEAD_DIMS + (96, 128, 160, 256)
+LAYOUTS = ("contiguous", "transposed", "sliced", "expanded")
+MASK_FILLS = (float("-inf"), "finfo.min", -1e4)
+
+
+@dataclass(frozen=True)
+class Case:
+    Z: int
+    kv_heads: int
+    gqa: int
+    M: int
+    N: int
+    D: int
+    DV: int
+    dtype: str
+    layouts: tuple[str, str, str]  # of q, k, v (see :func:`_view`)
+    scale_op: Optional[float]  # an extra ``s * scale_op``
+    bias: Optional[tuple[bool, bool, bool, bool]]  # broadcast dims of a float bias ``s + bias``
+    bias_grad: bool
+    alibi: bool  # ``s + slope[h] * (kv_idx - q_idx)``, the slopes a [1, H, 1, 1] tensor
+    softcap: Optional[float]  # ``tanh(s / c) * c``
+    mask: Optional[tuple[bool, bool, bool, bool]]  # broadcast dims of a bool mask: ``where(mask, s, fill)``
+    mask_fill: object  # a float, or "finfo.min" (of the dtype)
+    mask_keep: float  # probability that a key is kept; rows left with none are fully masked
+    band: Optional[int]  # ``where(kv_idx <= q_idx + band, s, -inf)``: a mask from indices only
+    causal: Optional[CausalMask]
+    dropout_p: float
+    seed: int
+
+    @property
+    def H(self) -> int:
+        return self.kv_heads * self.gqa
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def fill_value(self) -> float:
+        return torch.finfo(self.torch_dtype).min if self.mask_fill == "finfo.min" else self.mask_fill
+
+
+def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout: bool = True,
+          max_elements: Optional[int] = None) -> st.SearchStrategy[Case]:
+    """Cases; ``long``: the larger sizes for a GPU. ``max_elements`` bounds Z * H * M * N (interpreter cost)."""
+    lengths = LONG_LENGTHS if long else LENGTHS
+    dims = LONG_HEAD_DIMS if long else HEAD_DIMS
+
+    @st.composite
+    def build(draw) -> Case:
+        gqa = draw(st.sampled_from((1, 1, 2, 3)))
+        kv_heads = draw(st.sampled_from((1, 2, 3)))
+        Z = draw(st.sampled_from((1, 1, 2, 3)))
+        M, N = draw(st.sampled_from(lengths)), draw(st.sampled_from(lengths))
+        if max_elements is not None:
+            while Z * kv_heads * gqa * M * N > max_elements:
+                M, N = max(1, M // 2), max(1, N // 2)
+        D = draw(st.sampled_from(dims))
+        DV = draw(st.sampled_from((D, D, draw(st.sampled_from(dims)))))
+        broadcast = st.tuples(st.booleans(), st.booleans(), st.booleans(), st.booleans())
+        causal = None
+        if draw(st.booleans()):
+            window = draw(st.sampled_from((None, None, 1, 2, 5, 16, 17, 40)))
+            causal = CausalMask(draw(st.sampled_from((0, 0, 0, 1, 3, -1, -2))), draw(st.sampled_from(("top_left", "bottom_right"))),
+                                window)
+        return Case(
+            Z=Z, kv_heads=kv_heads, gqa=gqa, M=M, N=N, D=D, DV=DV,
+            dtype=draw(st.sampled_from(dtypes)),
+            layouts=draw(st.tuples(*[st.sampled_from(LAYOUTS)] * 3)),
+            scale_op=draw(st.sampled_from((None, None, 0.5, 3.0))),
+            bias=draw(st.none() | broadcast), bias_grad=draw(st.booleans()),
+            alibi=draw(st.booleans()),
+            softcap=draw(st.sampled_from((None, None, 2.0, 30.0))),
+            mask=draw(st.none() | broadcast), mask_fill=draw(st.sampled_from(MASK_FILLS)),
+            mask_keep=draw(st.sampled_from((0.9, 0.5, 0.1))),
+            band=draw(st.sampled_from((None, None, None, 0, 3, -2))),
+            causal=causal,
+            dropout_p=draw(st.sampled_from((0.0, 0.0, 0.0, 0.3))) if dropout else 0.0,
+            seed=draw(st.integers(0, 2**31 - 1)),
+        )
+
+    return build()
+
+
+# ---- the op's inputs ---------------------------------------------------------------------------------------------
+def _base_and_view(layout: str, shape: tuple[int, int, int, int], g: torch.Generator, dtype: torch.dtype):
+    """A leaf tensor and a function giving the 4-D ``shape`` view of it (or of its fp64 / eager copy):
+    contiguous; transposed (a [Z, L, H, E] projection output, ``.transpose(1, 2)``); sliced (every other row of a
+    wider tensor, the middle third of its last dim, as q/k/v split from one fused projection); expanded (one batch
+    element broadcast over Z with stride 0, or one head over H)."""
+    Z, H, L, E = shape
+    if layout == "transposed":
+        return torch.randn(Z, L, H, E, generator=g).to(dtype), lambda t: t.transpose(1, 2)
+    if layout == "sliced":
+        return torch.randn(Z, H, 2 * L, 3 * E, generator=g).to(dtype), lambda t: t[:, :, ::2, E:2 * E]
+    if layout == "expanded":
+        if H > 1 and Z == 1:
+            return torch.randn(Z, 1, L, E, generator=g).to(dtype), lambda t: t.expand(Z, H, L, E)
+        return torch.randn(1, H, L, E, generator=g).to(dtype), lambda t: t.expand(Z, H, L, E)
+    return torch.randn(Z, H, L, E, generator=g).to(dtype), lambda t: t
+
+
+@dataclass
+class OpInputs:
+    bases: list  # leaves: q, k, v bases, then the score tensors
+    views: list  # per base: the function making the op's operand from it
+    grads: list  # per base: whether its gradient is checked
+    spec: AttentionSpec
+    dropout_seed: Optional[torch.Tensor]
+
+
+def op_inputs(case: Case) -> OpInputs:
+    g = torch.Generator().manual_seed(case.seed)
+    dtype = case.torch_dtype
+    Z, H, Hk, M, N = case.Z, case.H, case.kv_heads, case.M, case.N
+    bases, views = [], []
+    for layout, shape in zip(case.layouts, ((Z, H, M, case.D), (Z, Hk, N, case.D), (Z, Hk, N, case.DV))):
+        base, view = _base_and_view(layout, shape, g, dtype)
+        bases.append(base)
+        views.append(view)
+    grads = [True, True, True]
+    infos = []
+    b = ScoreProgramBuilder()
+    x = s = b.add("score")
+
+    def add_tensor(role, tensor, broadcast, grad):
+        infos.append(ScoreTensor(role, dtype_name(tensor.dtype), broadcast))
+        bases.append(tensor)
+        views.append(lambda t: t)
+        grads.append(grad)
+        return b.add("load", value=len(infos) - 1)
+
+    if case.scale_op is not None:
+        x = b.add("mul", x, b.const(case.scale_op))
+    if case.bias is not None:
+        shape = tuple(1 if bc else n for bc, n in zip(case.bias, (Z, H, M, N)))
+        x = b.add("add", x, add_tensor("bias", torch.randn(shape, generator=g).to(dtype), case.bias, case.bias_grad))
+    if case.alibi:
+        slopes = -torch.rand(1, H, 1, 1, generator=g).to(dtype)
+        distance = b.add("sub", b.add("kv_idx"), b.add("q_idx"))
+        x = b.add("add", x, b.add("mul", add_tensor("bias", slopes, (True, False, True, True), case.bias_grad), distance))
+    if case.softcap is not None:
+        x = b.add("mul", b.add("tanh", b.add("div", x, b.const(case.softcap))), b.const(case.softcap))
+    if case.mask is not None:
+        shape = tuple(1 if bc else n for bc, n in zip(case.mask, (Z, H, M, N)))
+        keep = torch.rand(shape, generator=g) < case.mask_keep
+        x = b.add("where", add_tensor("mask", keep, case.mask, False), x, b.const(float(case.fill_value())))
+    if case.band is not None:
+        visible = b.add("le", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(case.band)))
+        x = b.add("where", visible, x, b.const(float("-inf")))
+    spec = AttentionSpec(dtype=case.dtype, head_dim=case.D, head_dim_v=case.DV, scale=1 / math.sqrt(case.D),
+                         causal=case.causal, score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=case.gqa,
+                         dropout_p=case.dropout_p)
+    seed = torch.tensor(case.seed, dtype=torch.int64) if case.dropout_p else None
+    return OpInputs(bases, views, grads, spec, seed)
+
+
+# ---- comparison --------------------------------------------------------------------------------------------------
+def assert_matches_eager(name: str, ours: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor, dtype: torch.dtype):
+    """Non-finite elements exactly eager's; finite ones within 2x eager's error against fp64 (+ a floor)."""
+    assert ours.shape == eager.shape == ref64.shape, f"{name}: shapes {ours.shape} / {eager.shape} / {ref64.shape}"
+    ours, ref64, eager = ours.double(), ref64.double(), eager.double()
+    for what, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
+        differ = test(ours) != test(eager)
+        assert not differ.any(), (f"{name}: {what} at {differ.sum().item()} elements where eager differs, "
+                                  f"first at {tuple(differ.nonzero()[0].tolist())}")
+    finite = torch.isfinite(ours) & torch.isfinite(ref64) & torch.isfinite(eager)
+    if not finite.any():
+        return
+    err = (ours[finite] - ref64[finite]).abs().max().item()
+    err_eager = (eager[finite] - ref64[finite]).abs().max().item()
+    floor = FLOOR[dtype] * max(1.0, ref64[finite].abs().max().item())
+    assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"
+
+
+# ---- an eager module spelling the same attention (for torch.compile) ---------------------------------------------
+class GeneratedAttention(torch.nn.Module):
+    """The attention of a Case as model code writes it: q/k/v arrive as ``[Z, L, H, E]`` projection outputs (or
+    ``[Z, H, L, E]``), GQA by ``repeat_interleave``, the scale as ``* D ** -0.5``, ``+ bias``, ALiBi from ``arange``,
+    ``tanh`` softcap, ``masked_fill(~mask, fill)``, causal/window and band masks from ``tril`` / ``arange``
+    comparisons, softmax in fp32 for half inputs. Inputs: q, k, v, then the bias and the bool mask if any."""
+
+    def __init__(self, case: Case):
+        super().__init__()
+        self.case = case
+        if case.alibi:
+            self.slopes = torch.nn.Parameter(-torch.rand(case.H, generator=torch.Generator().manual_seed(case.seed)))
+
+    def forward(self, q, k, v, *tensors):
+        c = self.case
+        q, k, v = (t.transpose(1, 2) if layout == "transposed" else t for t, layout in zip((q, k, v), c.layouts))
+        if c.gqa > 1:
+            k, v = k.repeat_interleave(c.gqa, dim=1), v.repeat_interleave(c.gqa, dim=1)
+        s = q @ k.transpose(-1, -2) * c.D ** -0.5
+        if c.scale_op is not None:
+            s = s * c.scale_op
+        rest = list(tensors)
+        if c.bias is not None:
+            s = s + rest.pop(0)
+        M, N = q.shape[-2], k.shape[-2]
+        i = torch.arange(M, device=q.device)[:, None]
+        j = torch.arange(N, device=q.device)[None, :]
+        if c.alibi:
+            s = s + self.slopes[:, None, None] * (j - i)
+        if c.softcap is not None:
+            s = torch.tanh(s / c.softcap) * c.softcap
+        if c.mask is not None:
+            s = s.masked_fill(~rest.pop(0), c.fill_value())
+        if c.band is not None:
+            s = s.masked_fill(j > i + c.band, float("-inf"))
+        if c.causal is not None:
+            offset = c.causal.offset(M, N)
+            visible = torch.ones(M, N, dtype=torch.bool, device=q.device).tril(offset)
+            if c.causal.window is not None:
+                visible = visible & (j > i + offset - c.causal.window)
+            s = s.masked_fill(~visible, float("-inf"))
+        p = torch.softmax(s.float(), dim=-1).to(q.dtype) if q.dtype != torch.float32 else torch.softmax(s, dim=-1)
+        return p @ v
+
+
+def module_inputs(case: Case) -> list[torch.Tensor]:
+    """The inputs of :class:`GeneratedAttention` (in fp32: the caller casts them)."""
+    g = torch.Generator().manual_seed(case.seed + 1)
+    Z, H, M, N = case.Z, case.H, case.M, case.N
+    out = []
+    for layout, (heads, length, dim) in zip(case.layouts, ((H, M, case.D), (case.kv_heads, N, case.D), (case.kv_heads, N, case.DV))):
+        shape = (Z, length, heads, dim) if layout == "transposed" else (Z, heads, length, dim)
+        out.append(torch.randn(shape, generator=g))
+    if case.bias is not None:
+        out.append(torch.randn(tuple(1 if bc else n for bc, n in zip(case.bias, (Z, H, M, N))), generator=g))
+    if case.mask is not None:
+        out.append(torch.rand(tuple(1 if bc else n for bc, n in zip(case.mask, (Z, H, M, N))), generator=g) < case.mask_keep)
+    return out

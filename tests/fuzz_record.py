@@ -1,0 +1,65 @@
+"""Writes the result of a fuzz run into a markdown file (``FUSE_ATTN_FUZZ_RECORD=path``; TESTING.md keeps them).
+
+The file's table between the two marker lines below holds one row per (profile, device, test): the latest run of
+each replaces its previous row; everything outside the markers is left as it is. Failures of a run are listed
+under the table (the ten first, each with the case that reproduces it)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import re
+
+import torch
+
+BEGIN = "<!-- fuzz results: written by tests/fuzz_record.py, one row per profile, device and test -->"
+END = "<!-- end of fuzz results -->"
+HEADER = ("| date (UTC) | profile | device | torch / triton | test | cases run | passed | failed | seconds |\n"
+          "|---|---|---|---|---|---|---|---|---|")
+FAILURES_TITLE = "Failures of the latest recorded runs:"
+
+_rows: list[dict] = []
+
+
+def add(test: str, run: int, passed: int, failures: list[str], seconds: float) -> None:
+    _rows.append(dict(test=test, run=run, passed=passed, failures=failures, seconds=seconds))
+
+
+def write(profile: str, device: str) -> None:
+    path = os.environ.get("FUSE_ATTN_FUZZ_RECORD")
+    rows, _rows[:] = list(_rows), []
+    if not path or not rows:
+        return
+    import triton
+
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    versions = f"{torch.__version__} / {triton.__version__}"
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path} has no fuzz results section (the lines {BEGIN!r} and {END!r})")
+    head, rest = text.split(BEGIN, 1)
+    section, tail = rest.split(END, 1)
+    table = {}  # (profile, device, test) -> row text, in order
+    failures = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) == 9 and not set(cells[0]) <= set("-") and cells[0] != "date (UTC)":
+            table[(cells[1], cells[2], cells[4])] = line
+        m = re.match(r"- \[(.*?) / (.*?) / (.*?)\] (.*)", line)
+        if m:
+            failures.setdefault(m.groups()[:3], []).append(line)
+    for r in rows:
+        key = (profile, device, r["test"])
+        table[key] = (f"| {date} | {profile} | {device} | {versions} | {r['test']} | {r['run']} | {r['passed']} | "
+                      f"{r['run'] - r['passed']} | {r['seconds']:.0f} |")
+        failures[key] = [f"- [{profile} / {device} / {r['test']}] {_one_line(f)}" for f in r["failures"][:10]]
+    lines = [BEGIN, HEADER, *table.values(), ""]
+    listed = [line for key in table for line in failures.get(key, [])]
+    lines += [FAILURES_TITLE, "", *(listed or ["- none"]), END]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(head + "\n".join(lines) + tail)
+
+
+def _one_line(text: str) -> str:
+    return text.replace("|", "/").replace("\n", " ")[:400]

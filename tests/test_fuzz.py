@@ -1,0 +1,201 @@
+"""Property-based tests (hypothesis): random attentions -- sizes (1, primes, tile edges), head dims, dtypes, q/k/v
+layouts (transposed, sliced, expanded), bias / bool / additive masks with every fill, softcap, ALiBi, index bands,
+GQA, causal and sliding windows, dropout -- through the fused op and through ``torch.compile(backend="fuse_attn")``,
+outputs and gradients against eager PyTorch under the 2x rule (tests/fuzz_cases.py).
+
+Profiles (``FUSE_ATTN_FUZZ_PROFILE``):
+
+* ``fast`` (default, CI): derandomized -- the same cases on every run -- and small: the op in Triton's interpreter
+  and on the CPU blockwise path, and a few end-to-end compiles; well under a minute on 2 CPU cores.
+* ``long``: random cases, larger sizes, ``FUSE_ATTN_FUZZ_CASES`` (default 10,000) through the op and a tenth of that
+  through ``torch.compile``, on a GPU (``TRITON_INTERPRET=0``); on a CPU the same runs the blockwise path. A failing
+  case does not stop the run: every failure is collected, then the test fails listing them.
+
+With ``FUSE_ATTN_FUZZ_RECORD=path.md`` the result (date, device, versions, cases run and passed, failures) is
+written into that file's fuzz table (TESTING.md keeps the recorded runs).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+
+import fuzz_record
+from fuzz_cases import GeneratedAttention, assert_matches_eager, cases, module_inputs, op_inputs
+from fuse_attn.kernels import flash_attention, reference_attention
+from fuse_attn.report import collect_reports
+
+PROFILE = os.environ.get("FUSE_ATTN_FUZZ_PROFILE", "fast")
+LONG = PROFILE == "long"
+CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
+LONG_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_CASES", "10000"))
+
+# The interpreter evaluates the padding rows of a tail block in numpy too; those rows are never stored.
+pytestmark = [
+    pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                               "ignore:divide by zero encountered:RuntimeWarning",
+                               "ignore:overflow encountered:RuntimeWarning"),
+    pytest.mark.skipif(PROFILE not in ("fast", "long"), reason=f"unknown FUSE_ATTN_FUZZ_PROFILE {PROFILE!r}"),
+]
+
+
+def profile(examples: int) -> settings:
+    """Fast: the same ``examples`` cases every run (no example database, no deadline: the interpreter's first call
+    of a new spec generates and loads its kernels). Long: random cases, no shrinking (failures are collected)."""
+    # function_scoped_fixture: the tests only set TRITON_INTERPRET through monkeypatch, the same for every example
+    common = dict(deadline=None, database=None, suppress_health_check=[
+        HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
+    if LONG:
+        return settings(max_examples=examples, phases=("generate",), **common)
+    return settings(max_examples=examples, derandomize=True, **common)
+
+
+class Tally:
+    """Cases run and passed by one test; in the long profile, failures are kept (and the run goes on)."""
+
+    def __init__(self, name: str):
+        self.name, self.run, self.passed, self.failures, self.start = name, 0, 0, [], time.perf_counter()
+
+    def check(self, fn, case):
+        self.run += 1
+        try:
+            fn(case)
+        except Exception as e:
+            if not LONG:
+                raise
+            self.failures.append(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} -- {case}")
+            return
+        self.passed += 1
+
+    def finish(self):
+        fuzz_record.add(self.name, self.run, self.passed, self.failures, time.perf_counter() - self.start)
+        assert not self.failures, f"{len(self.failures)} of {self.run} cases failed:\n" + "\n".join(self.failures[:20])
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _record():
+    yield
+    fuzz_record.write(PROFILE, device())
+
+
+def device() -> str:
+    if CUDA:
+        return torch.cuda.get_device_name()
+    return "CPU, Triton interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "CPU"
+
+
+# ---- the op ------------------------------------------------------------------------------------------------------
+def check_op(case, device="cpu"):
+    """The op on ``case``: output and every gradient against eager in the dtype and fp64 (same dropout mask)."""
+    inputs = op_inputs(case)
+    dtype = case.torch_dtype
+
+    def run(cast):
+        leaves = [(b.to(device, cast) if cast is not None and b.is_floating_point() else b.to(device)).detach()
+                  .requires_grad_(need) for b, need in zip(inputs.bases, inputs.grads)]
+        operands = [view(t) for view, t in zip(inputs.views, leaves)]
+        return leaves, operands
+
+    seed = None if inputs.dropout_seed is None else inputs.dropout_seed.to(device)
+    ours_leaves, ours = run(None)
+    out = flash_attention(*ours[:3], inputs.spec, ours[3:], dropout_seed=seed)
+    results = {}
+    for name, cast in (("ref", torch.float64), ("eager", None)):
+        leaves, operands = run(cast)
+        results[name] = (leaves, reference_attention(*operands[:3], operands[3:], inputs.spec, seed)[0])
+    assert out.dtype == dtype and out.is_contiguous()
+    assert_matches_eager("out", out, results["ref"][1], results["eager"][1], dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(case.seed + 2)).to(device, dtype)
+    want = [i for i, need in enumerate(inputs.grads) if need]
+    names = ["dq", "dk", "dv"] + [f"d(score tensor {i})" for i in range(len(inputs.bases) - 3)]
+    grads = {"ours": torch.autograd.grad(out, [ours_leaves[i] for i in want], dout)}
+    for name, (leaves, res) in results.items():
+        grads[name] = torch.autograd.grad(res, [leaves[i] for i in want], dout.to(res.dtype))
+    for i, a, r, e in zip(want, grads["ours"], grads["ref"], grads["eager"]):
+        assert a.dtype == inputs.bases[i].dtype
+        assert_matches_eager(names[i], a, r, e, dtype)
+
+
+# Interpreter cost grows with Z * H * M * N (each program is interpreted in numpy): bounded so that ~40 cases run
+# in ~20 s. The interpreter's tl.dot on bf16 is wrong (shared/README.md, section 5): bf16 runs on the other paths.
+INTERPRETER_MAX_ELEMENTS = 6000
+
+
+@pytest.mark.skipif(LONG or os.environ.get("TRITON_INTERPRET") != "1", reason="fast profile, Triton interpreter")
+@profile(40)
+@given(cases(dtypes=("float32", "float16"), max_elements=INTERPRETER_MAX_ELEMENTS))
+def test_op_in_interpreter(case):
+    tally = _tallies.setdefault("op, Triton interpreter", Tally("op, Triton interpreter"))
+    tally.check(check_op, case)
+
+
+@pytest.mark.skipif(LONG and CUDA, reason="the long profile on a GPU fuzzes the kernels instead")
+@profile(LONG_CASES if LONG else 60)
+@given(cases(long=LONG))
+def test_op_blockwise(case, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    _tallies.setdefault("op, CPU blockwise", Tally("op, CPU blockwise")).check(check_op, case)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs a GPU and TRITON_INTERPRET=0")
+@profile(LONG_CASES if LONG else 200)
+@given(cases(long=LONG))
+def test_op_cuda(case):
+    _tallies.setdefault("op, GPU kernels", Tally("op, GPU kernels")).check(lambda c: check_op(c, "cuda"), case)
+
+
+_tallies: dict[str, Tally] = {}
+
+
+@pytest.fixture(autouse=True)
+def _finish_tallies():
+    """Each test function runs its examples, then its tally is recorded (and fails on collected failures)."""
+    _tallies.clear()
+    yield
+    for tally in _tallies.values():
+        tally.finish()
+
+
+# ---- end to end --------------------------------------------------------------------------------------------------
+def check_compiled(case, device="cpu"):
+    """``torch.compile(GeneratedAttention(case), backend="fuse_attn")``: the attention fused (exactly one), output
+    and gradients of every input and parameter against the module run eagerly in the dtype and in fp64."""
+    dtype = case.torch_dtype
+    model = GeneratedAttention(case)
+    models = {name: GeneratedAttention(case).to(device, d) for name, d in (("ours", dtype), ("eager", dtype), ("ref", torch.float64))}
+    for m in models.values():
+        m.load_state_dict({k: v.to(device) for k, v in model.state_dict().items()})
+        for p in m.parameters():  # load_state_dict keeps each model's dtype
+            p.requires_grad_(case.bias_grad)
+    raw = module_inputs(case)
+    ins = {name: [(x.to(device, d) if x.is_floating_point() else x.to(device)).requires_grad_(x.is_floating_point())
+                  for x in raw] for name, d in (("ours", dtype), ("eager", dtype), ("ref", torch.float64))}
+    torch._dynamo.reset()
+    compiled = torch.compile(models["ours"], backend="fuse_attn")
+    with collect_reports() as reports:
+        out = compiled(*ins["ours"])
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True], "not fused:\n" + "\n".join(v.line() for v in verdicts)
+    outs = {"ours": out, "eager": models["eager"](*ins["eager"]), "ref": models["ref"](*ins["ref"])}
+    assert_matches_eager("out", outs["ours"], outs["ref"], outs["eager"], dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(case.seed + 3)).to(device)
+    grads = {}
+    for name in outs:
+        leaves = [x for x in ins[name] if x.requires_grad] + [p for p in models[name].parameters() if p.requires_grad]
+        grads[name] = torch.autograd.grad(outs[name], leaves, dout.to(outs[name].dtype))
+    for i, (a, r, e) in enumerate(zip(grads["ours"], grads["ref"], grads["eager"])):
+        assert_matches_eager(f"gradient {i}", a, r, e, dtype)
+
+
+@profile(max(LONG_CASES // 10, 1) if LONG else 8)
+@given(cases(long=LONG, dtypes=("float32", "float16", "bfloat16") if CUDA else ("float32",), dropout=False,
+             max_elements=None if CUDA else INTERPRETER_MAX_ELEMENTS))
+def test_compiled_module(case, monkeypatch):
+    if not CUDA:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter's kernels are fuzzed through the op
+    name = "torch.compile, " + ("GPU kernels" if CUDA else "CPU blockwise")
+    _tallies.setdefault(name, Tally(name)).check(lambda c: check_compiled(c, "cuda" if CUDA else "cpu"), case)

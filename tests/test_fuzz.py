@@ -43,15 +43,18 @@ pytestmark = [
 ]
 
 
-def profile(examples: int) -> settings:
+def profile(examples: int, shrink: bool = True) -> settings:
     """Fast: the same ``examples`` cases every run (no example database, no deadline: the interpreter's first call
-    of a new spec generates and loads its kernels). Long: random cases, no shrinking (failures are collected)."""
+    of a new spec generates and loads its kernels), a failure shrunk to a small case unless ``shrink`` is False
+    (each step of shrinking a compiled case compiles anew). Long: random cases, no shrinking (failures are
+    collected)."""
     # function_scoped_fixture: the tests only set TRITON_INTERPRET through monkeypatch, the same for every example
     common = dict(deadline=None, database=None, suppress_health_check=[
         HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture])
     if LONG:
         return settings(max_examples=examples, phases=("generate",), **common)
-    return settings(max_examples=examples, derandomize=True, **common)
+    phases = ("explicit", "reuse", "generate", "target", "shrink") if shrink else ("explicit", "reuse", "generate", "target")
+    return settings(max_examples=examples, derandomize=True, phases=phases, **common)
 
 
 class Tally:
@@ -120,22 +123,22 @@ def check_op(case, device="cpu"):
         assert_matches_eager(names[i], a, r, e, dtype)
 
 
-# Interpreter cost grows with Z * H * M * N (each program is interpreted in numpy): bounded so that ~40 cases run
+# Interpreter cost grows with Z * H * M * N (each program is interpreted in numpy): bounded so that 20 cases run
 # in ~20 s. The interpreter's tl.dot on bf16 is wrong (shared/README.md, section 5): bf16 runs on the other paths.
-INTERPRETER_MAX_ELEMENTS = 6000
+INTERPRETER_MAX_ELEMENTS = 3000
 
 
 @pytest.mark.skipif(LONG or os.environ.get("TRITON_INTERPRET") != "1", reason="fast profile, Triton interpreter")
-@profile(40)
-@given(cases(dtypes=("float32", "float16"), max_elements=INTERPRETER_MAX_ELEMENTS))
+@profile(20)
+@given(case=cases(dtypes=("float32", "float16"), max_elements=INTERPRETER_MAX_ELEMENTS))
 def test_op_in_interpreter(case):
     tally = _tallies.setdefault("op, Triton interpreter", Tally("op, Triton interpreter"))
     tally.check(check_op, case)
 
 
 @pytest.mark.skipif(LONG and CUDA, reason="the long profile on a GPU fuzzes the kernels instead")
-@profile(LONG_CASES if LONG else 60)
-@given(cases(long=LONG))
+@profile(LONG_CASES if LONG else 40)
+@given(case=cases(long=LONG))
 def test_op_blockwise(case, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     _tallies.setdefault("op, CPU blockwise", Tally("op, CPU blockwise")).check(check_op, case)
@@ -143,7 +146,7 @@ def test_op_blockwise(case, monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU and TRITON_INTERPRET=0")
 @profile(LONG_CASES if LONG else 200)
-@given(cases(long=LONG))
+@given(case=cases(long=LONG))
 def test_op_cuda(case):
     _tallies.setdefault("op, GPU kernels", Tally("op, GPU kernels")).check(lambda c: check_op(c, "cuda"), case)
 
@@ -191,9 +194,9 @@ def check_compiled(case, device="cpu"):
         assert_matches_eager(f"gradient {i}", a, r, e, dtype)
 
 
-@profile(max(LONG_CASES // 10, 1) if LONG else 8)
-@given(cases(long=LONG, dtypes=("float32", "float16", "bfloat16") if CUDA else ("float32",), dropout=False,
-             max_elements=None if CUDA else INTERPRETER_MAX_ELEMENTS))
+@profile(max(LONG_CASES // 10, 1) if LONG else 4, shrink=False)
+@given(case=cases(long=LONG, dtypes=("float32", "float16", "bfloat16") if CUDA else ("float32",), dropout=False,
+                  max_elements=None if CUDA else INTERPRETER_MAX_ELEMENTS, compiled=True))
 def test_compiled_module(case, monkeypatch):
     if not CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter's kernels are fuzzed through the op

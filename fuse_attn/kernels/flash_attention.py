@@ -137,8 +137,9 @@ def _keep_mask(dropout_seed: Tensor, spec: AttentionSpec, block_shape, M: int, r
 
 
 def _drop(x: Tensor, keep: Tensor, dropout_p: float) -> Tensor:
-    """``x * keep / (1 - p)`` as eager dropout computes it (the scale applied in x's compute precision)."""
-    return torch.where(keep, x * (1.0 / (1.0 - dropout_p)), 0.0)
+    """``x * keep / (1 - p)`` as eager dropout computes it (the scale applied in x's compute precision; a dropped
+    NaN stays NaN, as eager's multiplication by the mask leaves it)."""
+    return x * (keep.to(x.dtype) * (1.0 / (1.0 - dropout_p)))
 
 
 def _score_mod(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, row0: int, M: int, N: int) -> list:
@@ -236,7 +237,9 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
         dp = (dog @ vc.transpose(-2, -1)).reshape(Z, H, rows, N)
         if spec.dropout_p:
             dp = _drop(dp, keep, spec.dropout_p)
-        delta = (do * out[:, :, r0:r0 + rows].to(ct)).sum(-1, keepdim=True)
+        # rowsum(P * dP) (= rowsum(dO * O) with dropout's factor on dP): from P itself, not from the output rounded to
+        # q's dtype, so that dS is as exact as eager's (a row with one key gets dS = 0 exactly, as in eager)
+        delta = (p * dp).sum(-1, keepdim=True)
         ds = p * (dp - delta)
         if spec.causal is not None:  # masked_fill's backward: no gradient outside the band, even where P is NaN
             ds = ds.masked_fill(~_causal_visible(r0, rows, M, N, spec, ds.device), 0.0)

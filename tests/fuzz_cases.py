@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 from hypothesis import strategies as st
 
+from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, dtype_name
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -211,6 +212,37 @@ def op_inputs(case: Case) -> OpInputs:
                          dropout_p=case.dropout_p)
     seed = torch.tensor(case.seed, dtype=torch.int64) if case.dropout_p else None
     return OpInputs(bases, views, grads, spec, seed)
+
+
+def check_op(case, device="cpu"):
+    """The op on ``case``: output and every gradient against eager in the dtype and fp64 (same dropout mask)."""
+    inputs = op_inputs(case)
+    dtype = case.torch_dtype
+
+    def run(cast):
+        leaves = [(b.to(device, cast) if cast is not None and b.is_floating_point() else b.to(device)).detach()
+                  .requires_grad_(need) for b, need in zip(inputs.bases, inputs.grads)]
+        operands = [view(t) for view, t in zip(inputs.views, leaves)]
+        return leaves, operands
+
+    seed = None if inputs.dropout_seed is None else inputs.dropout_seed.to(device)
+    ours_leaves, ours = run(None)
+    out = flash_attention(*ours[:3], inputs.spec, ours[3:], dropout_seed=seed)
+    results = {}
+    for name, cast in (("ref", torch.float64), ("eager", None)):
+        leaves, operands = run(cast)
+        results[name] = (leaves, reference_attention(*operands[:3], operands[3:], inputs.spec, seed)[0])
+    assert out.dtype == dtype and out.is_contiguous()
+    assert_matches_eager("out", out, results["ref"][1], results["eager"][1], dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(case.seed + 2)).to(device, dtype)
+    want = [i for i, need in enumerate(inputs.grads) if need]
+    names = ["dq", "dk", "dv"] + [f"d(score tensor {i})" for i in range(len(inputs.bases) - 3)]
+    grads = {"ours": torch.autograd.grad(out, [ours_leaves[i] for i in want], dout)}
+    for name, (leaves, res) in results.items():
+        grads[name] = torch.autograd.grad(res, [leaves[i] for i in want], dout.to(res.dtype))
+    for i, a, r, e in zip(want, grads["ours"], grads["ref"], grads["eager"]):
+        assert a.dtype == inputs.bases[i].dtype
+        assert_matches_eager(names[i], a, r, e, dtype)
 
 
 # ---- comparison --------------------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ import os
 import pytest
 import torch
 
-from fuzz_cases import assert_matches_eager
+from fuzz_cases import Case, assert_matches_eager, check_op
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.report import collect_reports
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
@@ -178,6 +178,20 @@ def test_large_fp16_logits_stay_finite(path):
     assert s.abs().max() > 2e4 and torch.isfinite(s).all()
     out, grads = check_against_eager(q, k, v, [], spec)
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
+
+
+def test_fp16_peaked_softmax_gradient_limit(path, request):
+    # Found by the fuzz (tests/test_fuzz.py). Scores 3x the usual scale over a head dim of 1 make each softmax row
+    # nearly one-hot; eager's dS = P (dP - rowsum(P dP)) then cancels almost exactly, while the kernels take
+    # rowsum(P dP) as rowsum(dO * O) with O rounded to fp16, an error of one fp16 ulp of |dO| |O| that does not
+    # cancel: dq comes out ~4x eager's error. The blockwise path computes rowsum(P dP) from P and passes.
+    if path == "interpreter":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="kernels: delta = rowsum(dO * O) from O rounded to "
+                                              "fp16 (TESTING.md, known differences)"))
+    case = Case(Z=1, kv_heads=1, gqa=1, M=13, N=16, D=1, DV=1, dtype="float16", layouts=("contiguous",) * 3,
+                scale_op=3.0, bias=None, bias_grad=False, alibi=False, softcap=None, mask=None, mask_fill=float("-inf"),
+                mask_keep=0.9, band=0, causal=None, dropout_p=0.0, seed=0)
+    check_op(case)
 
 
 @pytest.mark.parametrize("shape", [(0, 2, 5, 7), (2, 0, 5, 7), (2, 2, 0, 7), (2, 2, 5, 0)], ids=["Z0", "H0", "M0", "N0"])

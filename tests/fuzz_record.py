@@ -1,7 +1,8 @@
 """Writes the result of a fuzz run into a markdown file (``FUSE_ATTN_FUZZ_RECORD=path``; TESTING.md keeps them).
 
 The file's table between the two marker lines below holds one row per (profile, device, test): the latest run of
-each replaces its previous row; everything outside the markers is left as it is. Failures of a run are listed
+each replaces its previous row (or, with ``FUSE_ATTN_FUZZ_ACCUMULATE=1`` and the same versions, adds to it);
+everything outside the markers is left as it is. Failures of a run are listed
 under the table (the ten first, each with the case that reproduces it)."""
 
 from __future__ import annotations
@@ -49,11 +50,18 @@ def write(profile: str, device: str) -> None:
         m = re.match(r"- \[(.*?) / (.*?) / (.*?)\] (.*)", line)
         if m:
             failures.setdefault(m.groups()[:3], []).append(line)
+    accumulate = os.environ.get("FUSE_ATTN_FUZZ_ACCUMULATE", "0") == "1"
     for r in rows:
         key = (profile, device, r["test"])
-        table[key] = (f"| {date} | {profile} | {device} | {versions} | {r['test']} | {r['run']} | {r['passed']} | "
-                      f"{r['run'] - r['passed']} | {r['seconds']:.0f} |")
-        failures[key] = [f"- [{profile} / {device} / {r['test']}] {_one_line(f)}" for f in r["failures"][:10]]
+        run, passed, seconds = r["run"], r["passed"], r["seconds"]
+        new_failures = [f"- [{profile} / {device} / {r['test']}] {_one_line(f)}" for f in r["failures"]]
+        old = [c.strip() for c in table[key].strip().strip("|").split("|")] if key in table else None
+        if accumulate and old is not None and old[3] == versions:
+            run, passed, seconds = run + int(old[5]), passed + int(old[6]), seconds + float(old[8])
+            new_failures = failures.get(key, []) + new_failures
+        table[key] = (f"| {date} | {profile} | {device} | {versions} | {r['test']} | {run} | {passed} | "
+                      f"{run - passed} | {seconds:.0f} |")
+        failures[key] = new_failures[:10]
     lines = [BEGIN, HEADER, *table.values(), ""]
     listed = [line for key in table for line in failures.get(key, [])]
     lines += [FAILURES_TITLE, "", *(listed or ["- none"]), END]
@@ -62,4 +70,4 @@ def write(profile: str, device: str) -> None:
 
 
 def _one_line(text: str) -> str:
-    return text.replace("|", "/").replace("\n", " ")[:400]
+    return text.replace("|", "/").replace("\n", " ")[:700]

@@ -7,12 +7,15 @@ Profiles (``FUSE_ATTN_FUZZ_PROFILE``):
 
 * ``fast`` (default, CI): derandomized -- the same cases on every run -- and small: the op in Triton's interpreter
   and on the CPU blockwise path, and a few end-to-end compiles; well under a minute on 2 CPU cores.
-* ``long``: random cases, larger sizes, ``FUSE_ATTN_FUZZ_CASES`` (default 10,000) through the op and a tenth of that
-  through ``torch.compile``, on a GPU (``TRITON_INTERPRET=0``); on a CPU the same runs the blockwise path. A failing
-  case does not stop the run: every failure is collected, then the test fails listing them.
+* ``long``: random cases, larger sizes, ``FUSE_ATTN_FUZZ_CASES`` (default 10,000) through the op and
+  ``FUSE_ATTN_FUZZ_COMPILED_CASES`` (default 100) through ``torch.compile``, on a GPU (``TRITON_INTERPRET=0``); on a
+  CPU the same runs the blockwise path. A failing case does not stop the run: every failure is collected, then the
+  test fails listing them.
 
 With ``FUSE_ATTN_FUZZ_RECORD=path.md`` the result (date, device, versions, cases run and passed, failures) is
-written into that file's fuzz table (TESTING.md keeps the recorded runs).
+written into that file's fuzz table (TESTING.md keeps the recorded runs); with ``FUSE_ATTN_FUZZ_ACCUMULATE=1`` a
+run adds its counts to the row of an earlier run of the same profile, device, versions and test (a long run split
+over several calls).
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ PROFILE = os.environ.get("FUSE_ATTN_FUZZ_PROFILE", "fast")
 LONG = PROFILE == "long"
 CUDA = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1"
 LONG_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_CASES", "10000"))
+# Long profile on a GPU: kernel-defining choices from this many fixed combinations (fuzz_cases.cases), so the run
+# compiles a bounded number of kernel families (each costs seconds of Triton compiles) and spends its time on cases.
+LONG_SPEC_POOL = int(os.environ.get("FUSE_ATTN_FUZZ_SPECS", "24"))
+# Each compiled case runs Dynamo, the rewrite and Inductor (seconds): fewer of them.
+LONG_COMPILED_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_COMPILED_CASES", "100"))
 
 # The interpreter evaluates the padding rows of a tail block in numpy too; those rows are never stored.
 pytestmark = [
@@ -114,7 +122,7 @@ def test_op_blockwise(case, monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU and TRITON_INTERPRET=0")
 @profile(LONG_CASES if LONG else 200)
-@given(case=cases(long=LONG))
+@given(case=cases(long=LONG, spec_pool=LONG_SPEC_POOL))
 def test_op_cuda(case):
     _tallies.setdefault("op, GPU kernels", Tally("op, GPU kernels")).check(lambda c: check_op(c, "cuda"), case)
 
@@ -162,9 +170,10 @@ def check_compiled(case, device="cpu"):
         assert_matches_eager(f"gradient {i}", a, r, e, dtype)
 
 
-@profile(max(LONG_CASES // 10, 1) if LONG else 4, shrink=False)
+@profile(LONG_COMPILED_CASES if LONG else 4, shrink=False)
 @given(case=cases(long=LONG, dtypes=("float32", "float16", "bfloat16") if CUDA else ("float32",), dropout=False,
-                  max_elements=None if CUDA else INTERPRETER_MAX_ELEMENTS, compiled=True))
+                  max_elements=None if CUDA else INTERPRETER_MAX_ELEMENTS, compiled=True,
+                  spec_pool=LONG_SPEC_POOL if CUDA else None))
 def test_compiled_module(case, monkeypatch):
     if not CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter's kernels are fuzzed through the op

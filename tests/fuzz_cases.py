@@ -129,6 +129,27 @@ def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout
     return build()
 
 
+def index_visibility(case: Case) -> torch.Tensor:
+    """[M, N] bool: which keys the causal band and the index band show to each query."""
+    M, N = case.M, case.N
+    i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
+    visible = torch.ones(M, N, dtype=torch.bool)
+    if case.causal is not None:
+        offset = case.causal.offset(M, N)
+        visible &= j <= i + offset
+        if case.causal.window is not None:
+            visible &= j > i + offset - case.causal.window
+    if case.band is not None:
+        visible &= j <= i + case.band
+    return visible
+
+
+def every_row_one_hot(case: Case) -> bool:
+    """Each query sees at most one key (one key in all, or a window of 1): eager's softmax gradient is then exactly
+    0, and the kernels' rounding noise in it (TESTING.md, known differences) is all there is to compare."""
+    return bool((index_visibility(case).sum(1) <= 1).all())
+
+
 def mask_tensor(case: Case, g: torch.Generator) -> torch.Tensor:
     """The case's bool mask (True: kept). With a finite fill, each row keeps its last key that the causal band and
     the index band show: a row whose visible scores are all one large finite fill is the kernels' known limit
@@ -139,16 +160,8 @@ def mask_tensor(case: Case, g: torch.Generator) -> torch.Tensor:
     keep = torch.rand(shape, generator=g) < case.mask_keep
     if case.fill_value() == float("-inf"):
         return keep
-    i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
-    visible = torch.ones(M, N, dtype=torch.bool)
-    if case.causal is not None:
-        offset = case.causal.offset(M, N)
-        visible &= j <= i + offset
-        if case.causal.window is not None:
-            visible &= j > i + offset - case.causal.window
-    if case.band is not None:
-        visible &= j <= i + case.band
-    last = torch.where(visible, j.expand(M, N), -1).max(1).values  # per row, -1 if none
+    visible = index_visibility(case)
+    last = torch.where(visible, torch.arange(N).expand(M, N), -1).max(1).values  # per row, -1 if none
     rows = torch.nonzero(last >= 0).flatten()
     keep[:, :, rows, last[rows]] = True
     return keep

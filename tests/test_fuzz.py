@@ -25,10 +25,10 @@ import time
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 
 import fuzz_record
-from fuzz_cases import GeneratedAttention, assert_matches_eager, cases, check_op, module_inputs
+from fuzz_cases import GeneratedAttention, assert_matches_eager, cases, check_op, every_row_one_hot, module_inputs
 from fuse_attn.report import collect_reports
 
 PROFILE = os.environ.get("FUSE_ATTN_FUZZ_PROFILE", "fast")
@@ -108,6 +108,9 @@ INTERPRETER_MAX_ELEMENTS = 3000
 @profile(12)
 @given(case=cases(dtypes=("float32",), max_elements=INTERPRETER_MAX_ELEMENTS))
 def test_op_in_interpreter(case):
+    # rows that all see one key: eager's softmax gradient is exactly 0 and the kernels' is rounding noise
+    # (TESTING.md, known differences; pinned by test_edge_semantics.py::test_one_hot_rows_gradient_noise)
+    assume(not every_row_one_hot(case))
     tally = _tallies.setdefault("op, Triton interpreter", Tally("op, Triton interpreter"))
     tally.check(check_op, case)
 

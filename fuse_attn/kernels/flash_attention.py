@@ -394,7 +394,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
     launch_dq(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, launch_dq))
     # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
     # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
-    nan_rows = ~torch.isfinite(lse).view(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)
+    nan_rows = ~torch.isfinite(lse).reshape(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)
     dv.masked_fill_(nan_rows[:, :, None, None], float("nan"))
     dscores = [dbufs[i].to(score_tensors[i].dtype) for i in sorted(dbufs)]
     return dq, dk, dv, dscores

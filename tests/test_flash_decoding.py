@@ -232,3 +232,85 @@ def test_generated_source_shares_the_forward_score_program():
     assert "{{" not in source
     assert source.count("def _dot(") == 1 and source.count("def _mask_tile(") == 1
     assert DTYPE_NAME[torch.float32] in source  # the spec's description heads the file
+
+
+# ---- on a GPU: TRITON_INTERPRET=0 python -m pytest -q tests/test_flash_decoding.py -k cuda -------------------------
+# Absolute floor of the 2x rule in bf16 (as tests/test_backend.py's): about one unit in the last place of ~1.
+BF16_FLOOR = 8e-3
+CUDA_CASES = {
+    # LLaMA-3-8B-like decode (32 query heads of 128, GQA 4) and a Mistral-like window, a Gemma-2-like softcap with a
+    # padding mask (batch 4), speculative decoding (q_len 4, GQA 8 -> 32 packed rows), MHA at 16k.
+    "llama_q1_k4097": dict(Z=1, M=1, N=4097, D=128, H=32, gqa=4, causal=BOTTOM_RIGHT),
+    "mistral_window_q1_k8192": dict(Z=2, M=1, N=8192, D=128, H=32, gqa=4,
+                                    causal=CausalMask(alignment="bottom_right", window=4096)),
+    "gemma_softcap_padding_q1_k1000": dict(Z=4, M=1, N=1000, D=256, H=8, gqa=2, softcap=50.0, mask=(4, 1, 1, 1000)),
+    "speculative_q4_k2048_gqa8": dict(Z=1, M=4, N=2048, D=128, H=32, gqa=8, causal=BOTTOM_RIGHT),
+    "mha_q1_k16384_d64": dict(Z=1, M=1, N=16384, D=64, H=16, gqa=1, causal=BOTTOM_RIGHT),
+}
+
+
+def _assert_close_2x_bf16(name, ours, ref, eager):
+    from test_kernels import _nan_safe_err
+
+    err, err_eager = _nan_safe_err(ours, ref), _nan_safe_err(eager, ref)
+    assert err <= 2 * err_eager + BF16_FLOOR, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {BF16_FLOOR}"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", CUDA_CASES)
+def test_cuda_decode_bf16_takes_split_k(name, monkeypatch):
+    from fuse_attn.kernels.flash_attention import triton_forward as forward_kernel
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # test_kernels sets 1 on import; the op reads it per call
+    launched = []
+    real = flash_decoding.triton_forward
+    monkeypatch.setattr(flash_decoding, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
+    q, k, v, tensors, spec = _inputs(CUDA_CASES[name])
+    spec = dataclasses.replace(spec, dtype="bfloat16")
+    q, k, v = (t.cuda().bfloat16() for t in (q, k, v))
+    tensors = [t.cuda() for t in tensors]
+    out, lse = flash_attention(q, k, v, spec, tensors, return_lse=True)
+    assert launched and launched[0] > 1, "the op did not take split-K"
+    ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), _fp64(tensors), spec)
+    eager, eager_lse = reference_attention(q, k, v, tensors, spec)
+    _assert_close_2x_bf16("out", out, ref, eager)
+    _assert_close_2x_bf16("lse", lse, ref_lse, eager_lse)
+    # the same fp32 arithmetic as the forward kernel on the same bf16 inputs, in another order of the keys
+    forward_out, forward_lse = forward_kernel(q, k, v, tensors, spec)
+    assert torch.allclose(lse, forward_lse, atol=1e-4, rtol=1e-5)
+    _assert_close_2x_bf16("out vs the forward kernel", out, ref, forward_out)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the interpreter takes minutes here)")
+def test_cuda_generate_with_a_kv_cache_takes_split_k(monkeypatch):
+    # Hugging Face generate on a small LLaMA (GQA 2) in fp32 with its dynamic KV cache, model.forward compiled
+    # with fuse_attn: the decode steps (q_len 1, k_len growing past 300) take split-K, and the greedy tokens and the
+    # last logits equal eager attention's -- for a batch of 1 and then of 3 through the same compiled forward.
+    T = pytest.importorskip("transformers")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # test_kernels sets 1 on import; the op reads it per call
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    launched = []
+    real = flash_decoding.triton_forward
+    monkeypatch.setattr(flash_decoding, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
+    config = T.LlamaConfig(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                           num_hidden_layers=2, vocab_size=128, max_position_embeddings=512,
+                           attn_implementation="eager")
+    torch.manual_seed(0)
+    model = T.LlamaForCausalLM(config).cuda().eval()
+    eager_forward = model.forward
+    compiled_forward = torch.compile(model.forward, backend="fuse_attn")
+    torch._dynamo.reset()
+    for batch in (1, 3):
+        ids = torch.randint(0, 128, (batch, 300), generator=torch.Generator().manual_seed(batch)).cuda()
+        runs = {}
+        for name, forward in (("eager", eager_forward), ("fused", compiled_forward)):
+            model.forward = forward
+            with torch.no_grad():
+                runs[name] = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                                            min_new_tokens=8, do_sample=False, pad_token_id=0,
+                                            output_logits=True, return_dict_in_generate=True)
+        assert torch.equal(runs["fused"].sequences, runs["eager"].sequences)
+        assert torch.allclose(runs["fused"].logits[-1], runs["eager"].logits[-1], atol=1e-4)
+    model.forward = eager_forward
+    # 2 layers x 7 decode steps per generate (the prefill has q_len 300: the forward kernel)
+    assert len(launched) == 28 and all(s > 1 for s in launched), launched

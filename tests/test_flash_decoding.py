@@ -134,6 +134,7 @@ def test_padding_mask_empties_whole_splits():
     (4, 4096, 8, H100_SMS, 16),  # LLaMA-8B-like decode: 8 kv heads fill 8 of 132 SMs; 16 splits of 256 keys
     (1, 4096, 32, H100_SMS, 4),  # MHA 32 heads: 4 splits make 128 programs (0.97 of one wave)
     (4, 128, 8, H100_SMS, 1),  # one MIN_KEYS_PER_SPLIT of keys: nothing to split
+    (4, 0, 8, H100_SMS, 1),  # no visible key (q_len > k_len under a causal offset)
     (4, 300, 2, H100_SMS, 3),  # three 128-key blocks, one split each
     (4, 1 << 20, 1, H100_SMS, 110),  # up to MAX_SPLITS: 128 (0.97 of a wave) is best, 110 the first within 0.85 of it
     (4, 1 << 20, 1, 16, 14),  # up to one split per SM: 14 of 16 SMs is within 0.85 of a full wave

@@ -60,7 +60,13 @@ def num_splits(rows: int, n_keys: int, batch_kv_heads: int, sm_count: Optional[i
     keys), the smallest whose last wave is as full as EFFICIENCY_SLACK times the best one's."""
     if sm_count is None or rows > MAX_ROWS or batch_kv_heads >= FILL_FRACTION * sm_count:
         return 1
-    n_blocks = triton_cdiv(n_keys, MIN_KEYS_PER_SPLIT)
+    return _splits_of_blocks(max(1, triton_cdiv(n_keys, MIN_KEYS_PER_SPLIT)), batch_kv_heads, sm_count)
+
+
+@functools.lru_cache(maxsize=4096)
+def _splits_of_blocks(n_blocks: int, batch_kv_heads: int, sm_count: int) -> int:
+    # Memoized: the op asks once per layer and generated token, and n_blocks changes only every
+    # MIN_KEYS_PER_SPLIT tokens, where the search below is up to 128 steps of Python.
     most = min(MAX_SPLITS, sm_count, n_blocks)
 
     def eligible(s):

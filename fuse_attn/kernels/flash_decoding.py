@@ -175,7 +175,7 @@ def triton_forward(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tens
         mod._decode_split[(launched, Z * (H // spec.gqa_group))](
             OutPart=out_part, LsePart=lse_part, **kw, kv_lo=lo, chunk=chunk, num_splits=launched,
             BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        parts.update(out=out_part, lse=lse_part, splits=launched)
+        parts.update(out=out_part, lse=lse_part)  # the last launch's: after tuning, the chosen config's
 
     launch(_config(q, mod.KERNEL_ID, common, rows, block_r, launch))
     combine(mod, parts["out"], parts["lse"], out, lse)
@@ -197,7 +197,8 @@ def combine_reference(out_part: Tensor, lse_part: Tensor) -> tuple[Tensor, Tenso
     top = lse_part.amax(-1, keepdim=True)
     weights = torch.exp(lse_part - torch.where(torch.isneginf(top), 0.0, top))
     total = weights.sum(-1)
-    return (weights.unsqueeze(-1) * out_part).sum(-2) / total.unsqueeze(-1), torch.log(total) + top.squeeze(-1).nan_to_num(neginf=0.0)
+    out = (weights.unsqueeze(-1) * out_part).sum(-2) / total.unsqueeze(-1)
+    return out, torch.log(total) + top.squeeze(-1).nan_to_num(neginf=0.0)
 
 
 def split_reference(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,

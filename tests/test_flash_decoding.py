@@ -35,7 +35,9 @@ CASES = {
     "q2_k97_gqa4_causal_softcap": (dict(M=2, N=97, D=16, H=4, gqa=4, causal=BOTTOM_RIGHT, softcap=20.0), 3),
     "q5_k97_d80_bias": (dict(M=5, N=97, D=80, H=2, bias=(1, 2, 5, 97)), 3),
     "q5_k300_gqa4_padding_mask": (dict(Z=2, M=5, N=300, D=16, H=4, gqa=4, mask=(2, 1, 1, 300)), 4),
-    "q2_k17_d128_window": (dict(M=2, N=17, D=128, H=2, causal=CausalMask(alignment="bottom_right", window=6)), 2),
+    # the window's keys [76, 97): the splits start at key 64 (rounded down to the interpreter's BLOCK_N of 16)
+    "q2_k97_d128_window": (dict(M=2, N=97, D=128, H=2, causal=CausalMask(alignment="bottom_right", window=20)), 2),
+    "q1_k17_window": (dict(M=1, N=17, D=16, H=2, causal=CausalMask(alignment="bottom_right", window=6)), 2),
     "q1_k97_gqa4_alibi": (dict(M=1, N=97, D=16, H=8, gqa=4, program=alibi, biases=[(1, 8, 1, 1)]), 3),
     "q5_k97_gqa4_index_leaves": (dict(Z=2, M=5, N=97, D=16, H=4, gqa=4, program=index_leaves, mask=(2, 1, 5, 97)), 3),
     "q5_k300_fp16_gqa4_causal_bias": (dict(M=5, N=300, D=80, H=4, gqa=4, causal=BOTTOM_RIGHT, bias=(1, 4, 1, 300),

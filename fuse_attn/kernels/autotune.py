@@ -77,6 +77,8 @@ INTERPRETER_CONFIGS = {
     "fwd": KernelConfig(32, 16, 4, 1),
     "bwd_dq": KernelConfig(32, 16, 4, 1),
     "bwd_dkdv": KernelConfig(16, 32, 4, 1),  # (query rows, key rows) per step of the dK/dV loop
+    # split-K decode (flash_decoding.py): block_m is the packed-row tile, set by the launcher from the rows
+    "decode": KernelConfig(16, 16, 4, 1),
 }
 # The preprocess (delta = rowsum(dO * O)) is memory-bound and tiny; 64 rows x BLOCK_DV keep it one pass.
 PREPROCESS_BLOCK_M = 64
@@ -165,6 +167,28 @@ def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelCon
     return _backward_candidates(_DQ_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
 
 
+# Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from
+# memory; the axes are the key tile (64/128 keys, 32/64 for 256-wide heads, as in the forward), the warps that
+# share it, and the pipelining depth of its K/V loads.
+_DECODE_BLOCK_N = (32, 64, 128)
+_DECODE_WARPS = (4, 8)
+_DECODE_STAGES = (2, 3, 4)
+
+
+def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem_limit: int) -> list[KernelConfig]:
+    """Configs of the split-K decode kernel, whose row tile ``block_r`` is fixed by the packed rows."""
+    wide = max(block_d, block_dv) > 128
+    out = []
+    for bn in _DECODE_BLOCK_N:
+        if (bn == 128) if wide else (bn == 32):
+            continue  # as in forward_candidates: 128-wide key tiles do not fit 256-wide heads, 32 only for those
+        for warps in _DECODE_WARPS:
+            for stages in _DECODE_STAGES:
+                if _smem_bytes(block_r, bn, block_d, block_dv, elem, stages) <= smem_limit:
+                    out.append(KernelConfig(block_r, bn, warps, stages))
+    return out or [KernelConfig(block_r, 32, 4, 1)]
+
+
 def length_bucket(n: int) -> int:
     """Next power of two: lengths in one bucket share a tuned config."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
@@ -181,7 +205,7 @@ class TuningKey(NamedTuple):
     capability: str  # compute capability, "major.minor"
     triton_version: str
     torch_version: str
-    kind: str  # "fwd", "bwd_dkdv" or "bwd_dq"
+    kind: str  # "fwd", "bwd_dkdv", "bwd_dq" or "decode" (m: the split-K kernel's packed rows)
     kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew
     dtype: str
     d: int

@@ -415,6 +415,11 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tens
         return (torch.zeros((Z, H, M, DV), dtype=q.dtype, device=q.device),
                 torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
     if _use_triton(q):
+        from . import flash_decoding  # here, not at the top: flash_decoding imports this module
+
+        splits = flash_decoding.dispatch_splits(q, k, s)  # few query rows, many keys: split-K over the keys
+        if splits > 1:
+            return flash_decoding.triton_forward(q, k, v, score_tensors, s, splits)
         return triton_forward(q, k, v, score_tensors, s, dropout_seed)
     return blockwise_forward(q, k, v, score_tensors, s, dropout_seed=dropout_seed)
 

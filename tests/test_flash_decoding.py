@@ -4,8 +4,6 @@ bad inputs of generation (an empty cache, q_len > k_len with a causal offset, a 
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
-
 import dataclasses
 import logging
 import math
@@ -61,6 +59,13 @@ def assert_lse_close(lse, ref_lse, eager_lse, dtype):
     assert_close_2x("lse", lse[finite], ref_lse[finite], eager_lse[finite], dtype)
 
 
+# Kernels on CPU tensors run in Triton's interpreter, which must be chosen before triton is imported (conftest.py
+# sets TRITON_INTERPRET=1 unless the session set it; a GPU session with TRITON_INTERPRET=0 runs the cuda tests).
+needs_interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                       reason="needs a TRITON_INTERPRET=1 session")
+
+
+@needs_interpreter
 @pytest.mark.parametrize("name", CASES)
 def test_split_k_matches_reference(name):
     kw, splits = CASES[name]
@@ -74,6 +79,7 @@ def test_split_k_matches_reference(name):
     assert_lse_close(lse, ref_lse, eager_lse, dtype)
 
 
+@needs_interpreter
 def test_q_len_above_k_len_with_causal_offset():
     # bottom-right causal with M > N: the first M - N rows see no key (out NaN, lse -inf, as eager and the
     # forward kernel give); a negative diagonal on top leaves every row of the last split empty.
@@ -87,6 +93,7 @@ def test_q_len_above_k_len_with_causal_offset():
         assert_lse_close(lse, ref_lse, eager_lse, torch.float32)
 
 
+@needs_interpreter
 def test_combine_with_fully_masked_splits():
     # The combine kernel on hand-made partials: split 1 of every row is empty (lse -inf, out 0), row 2 has only
     # empty splits (out NaN, lse -inf), 40 splits cross the combine's 16-split steps.
@@ -110,6 +117,7 @@ def test_combine_with_fully_masked_splits():
     assert torch.allclose(out.reshape(-1, DV)[0].double(), (w[:, None] * out_part[0].double()).sum(0), atol=1e-5)
 
 
+@needs_interpreter
 def test_padding_mask_empties_whole_splits():
     # Batch 0's first 64 keys are padding (masked with -inf): 4 splits of 97 keys in tiles of 16 (the interpreter's
     # BLOCK_N) are [0, 32), [32, 64), [64, 96), [96, 97), so its first two splits see no key at all; the kernel and
@@ -189,6 +197,7 @@ def gpu_sized(monkeypatch):
     return launched
 
 
+@needs_interpreter
 def test_op_dispatches_decode_shapes_and_changing_batch(gpu_sized):
     # Through the op, as a compiled model calls it: a decode step (q_len 1, GQA 4) takes split-K, with the batch
     # changing between calls of one spec; a long query takes the forward kernel.
@@ -205,6 +214,7 @@ def test_op_dispatches_decode_shapes_and_changing_batch(gpu_sized):
     assert gpu_sized == [3, 3, 3]
 
 
+@needs_interpreter
 def test_op_empty_kv_cache(gpu_sized):
     spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, gqa_group=2, causal=BOTTOM_RIGHT)
     q, k, v = torch.randn(2, 4, 1, 16), torch.randn(2, 2, 0, 16), torch.randn(2, 2, 0, 16)
@@ -213,6 +223,7 @@ def test_op_empty_kv_cache(gpu_sized):
     assert gpu_sized == []
 
 
+@needs_interpreter
 def test_dropout_falls_back_with_a_logged_reason(gpu_sized, caplog):
     spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, dropout_p=0.1)
     q, k = torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1000, 16)
@@ -259,12 +270,12 @@ def _assert_close_2x_bf16(name, ours, ref, eager):
     assert err <= 2 * err_eager + BF16_FLOOR, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {BF16_FLOOR}"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA GPU and a TRITON_INTERPRET=0 session")
 @pytest.mark.parametrize("name", CUDA_CASES)
 def test_cuda_decode_bf16_takes_split_k(name, monkeypatch):
     from fuse_attn.kernels.flash_attention import triton_forward as forward_kernel
 
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # test_kernels sets 1 on import; the op reads it per call
     launched = []
     real = flash_decoding.triton_forward
     monkeypatch.setattr(flash_decoding, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
@@ -284,13 +295,13 @@ def test_cuda_decode_bf16_takes_split_k(name, monkeypatch):
     _assert_close_2x_bf16("out vs the forward kernel", out, ref, forward_out)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the interpreter takes minutes here)")
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="needs a CUDA GPU and a TRITON_INTERPRET=0 session (the interpreter takes minutes here)")
 def test_cuda_generate_with_a_kv_cache_takes_split_k(monkeypatch):
     # Hugging Face generate on a small LLaMA (GQA 2) in fp32 with its dynamic KV cache, model.forward compiled
     # with fuse_attn: the decode steps (q_len 1, k_len growing past 300) take split-K, and the greedy tokens and the
     # last logits equal eager attention's -- for a batch of 1 and then of 3 through the same compiled forward.
     T = pytest.importorskip("transformers")
-    monkeypatch.setenv("TRITON_INTERPRET", "0")  # test_kernels sets 1 on import; the op reads it per call
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     launched = []
     real = flash_decoding.triton_forward

@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config).to(setup.device).eval()
     prompts = torch.randint(1, config.vocab_size, (batch, prompt_length), device=setup.device)
-    generation = dict(attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+    generation = dict(attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
                       do_sample=False, output_logits=True, return_dict_in_generate=True)
 
     def prepare(dtype):

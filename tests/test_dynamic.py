@@ -68,11 +68,12 @@ class Models:
 
 
 def compiled_kernels_or_blockwise(target) -> tuple[str, torch.dtype]:
-    """``target`` without the Triton interpreter: test_ten_lengths_one_compile runs the interpreted kernels at ten
-    run-time lengths; the other tests check what Dynamo and the rewrite do, which is the same there."""
+    """``target`` without the Triton interpreter, for tests of what Dynamo, the rewrite and Inductor do, which is
+    the same however the op runs on a CPU (the interpreted kernels at ten run-time lengths:
+    test_ten_lengths_one_compile; under the other forms: tests/test_backend.py)."""
     device, dtype = target
     if device == "cpu" and os.environ["TRITON_INTERPRET"] == "1":
-        pytest.skip("the interpreter's run-time lengths are covered by test_ten_lengths_one_compile")
+        pytest.skip("tests the compile, not the kernels: the blockwise CPU path and the GPU cover it")
     return device, dtype
 
 
@@ -204,3 +205,35 @@ def test_more_queries_than_keys_under_dynamic_lengths(target):
     assert counter.frame_count == 1
     fused_once(reports)
 
+
+
+@pytest.mark.parametrize("fill", ["-inf", "finfo.min"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_more_queries_than_keys_with_a_bottom_right_causal_mask(target, fill, dynamic):
+    """q_len > k_len under a bottom-right causal mask (a KV-cache mask ``j <= i + (N - M)``): the first M - N query
+    rows see no key. Fused as eager computes it: NaN rows for a -inf fill, a uniform average for finfo.min; the
+    other rows under the 2x rule."""
+    device, dtype = compiled_kernels_or_blockwise(target)
+    torch.manual_seed(6)
+
+    def attention(q, k, v):
+        M, N = q.shape[-2], k.shape[-2]
+        future = torch.arange(N, device=q.device)[None, :] > torch.arange(M, device=q.device)[:, None] + (N - M)
+        value = float("-inf") if fill == "-inf" else torch.finfo(q.dtype).min
+        w = (q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5).masked_fill(future, value)
+        return torch.softmax(w, -1) @ v
+
+    torch._dynamo.reset()
+    compiled = torch.compile(attention, backend="fuse_attn", dynamic=dynamic)
+    with collect_reports() as reports:
+        for M, N in ((14, 6),):
+            q = torch.randn(1, 2, M, 16, device=device, dtype=torch.float64)
+            k, v = (torch.randn(1, 2, N, 16, device=device, dtype=torch.float64) for _ in range(2))
+            low = [t.to(dtype) for t in (q, k, v)]
+            ours, eager, ref = compiled(*low), attention(*low), attention(q, k, v)
+            nan_rows = ref.isnan().any(-1)
+            assert bool(nan_rows[..., : M - N].all()) == (fill == "-inf") and not nan_rows[..., M - N:].any()
+            assert torch.equal(ours.isnan(), eager.isnan()) and torch.equal(eager.isnan(), ref.isnan())
+            seen = ~nan_rows
+            check_close(ours[seen], eager[seen], ref[seen], dtype, f"rows that see a key, M={M} N={N}")
+    assert all(v.fused for r in reports for v in r.verdicts) and reports

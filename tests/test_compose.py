@@ -67,6 +67,32 @@ def test_activation_checkpointing_fuses_inside_the_region(target):
     assert (forward_calls, len(calls)) == (1, 2), "the region's attention runs again in the backward"
 
 
+class DropoutAttention(torch.nn.Module):
+    def forward(self, x):
+        q, k, v = x.unflatten(-1, (3, 16)).unbind(-2)
+        weights = torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1)
+        return torch.nn.functional.dropout(weights, 0.3, training=True) @ v
+
+
+def test_dropout_inside_a_checkpointed_region_keeps_its_mask_in_the_recompute(target):
+    """The recomputed forward must drop the same weights as the first one: under the same ``torch.manual_seed``,
+    the checkpointed model's output and gradient equal the same model's without checkpointing."""
+    device, dtype = compiled_kernels_or_blockwise(target)
+    x = torch.randn(2, 2, 13, 48, device=device, dtype=dtype)
+    results = []
+    for model in (DropoutAttention(), Checkpointed(DropoutAttention())):
+        torch._dynamo.reset()
+        inputs = x.clone().requires_grad_(True)
+        with collect_reports() as reports:
+            torch.manual_seed(7)
+            out = torch.compile(model, backend="fuse_attn")(inputs)
+        assert [v.spec.dropout_p for r in reports for v in r.fused] == [0.3]
+        (dx,) = torch.autograd.grad(out.sum(), inputs)
+        results.append((out, dx))
+    (plain_out, plain_dx), (checkpointed_out, checkpointed_dx) = results
+    assert torch.equal(plain_out, checkpointed_out) and torch.equal(plain_dx, checkpointed_dx)
+
+
 def test_softmax_outside_the_checkpointed_regions_is_reported():
     class Mixed(torch.nn.Module):
         def __init__(self):

@@ -18,6 +18,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from fuse_attn.report import collect_reports
+from fuse_attn.spec import CausalMask
 
 from examples.attention_forms import NanoGPTAttention
 from test_backend import check_close, target  # noqa: F401  (target: the device/dtype fixture)
@@ -160,9 +161,9 @@ def test_changing_batch_size_recompiles_once(target):
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])
 def test_arange_mask_of_symbolic_lengths_does_not_specialize(target, train):
-    """A causal mask built from ``arange`` of symbolic lengths: the kernel computes it from the element's indices
-    (``where(kv_idx > q_idx, ...)``), so no guard ties the graph to a length: one compile for ten lengths, also
-    with fewer queries than keys and more."""
+    """A causal mask built from ``arange`` of symbolic lengths is read from its index expression (a predicate of
+    ``j - i``) and becomes the kernels' causal band, whatever the lengths: no guard ties the graph to a length, one
+    compile serves ten lengths, with fewer queries than keys."""
     device, dtype = compiled_kernels_or_blockwise(target)
     torch.manual_seed(4)
 
@@ -181,7 +182,8 @@ def test_arange_mask_of_symbolic_lengths_does_not_specialize(target, train):
             models.check(compiled, torch.randn(2, 2, length, 48), train=train, what=f"at length {length}")
     assert counter.frame_count == 1
     fused_once(reports)
-    assert reports[0].verdicts[0].spec.describe().endswith("s -> where(kv_idx > q_idx, -inf, s)")
+    spec = reports[0].verdicts[0].spec
+    assert spec.causal == CausalMask(diagonal=0) and spec.score_mod == () and spec.q_len is None
 
 
 def test_more_queries_than_keys_under_dynamic_lengths(target):

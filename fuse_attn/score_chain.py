@@ -17,7 +17,8 @@ a Hugging Face 0 / ``finfo.min`` additive mask) is *evaluated*: if it equals a c
 window) and keys it masks stay masked through the rest of the chain, it leaves the program and becomes
 ``spec.causal``, so the kernels skip masked blocks. Under symbolic lengths no mask can be evaluated; a ``where``
 whose condition is a predicate of the key-query distance ``j - i`` alone (read from its index expression) is
-checked for a band instead (:func:`symbolic_masking_band`).
+checked for a band instead, and so is the top-left corner of a constant (a sliced ``tril`` buffer)
+(:func:`symbolic_masking_band`).
 
 Everything here raises :class:`NotFused` (with the node) for a chain the kernel cannot express.
 """
@@ -430,9 +431,13 @@ def masking_band(op: PathOp, evaluate: ConstantEvaluator, m: int, n: int):
 
 def symbolic_masking_band(op: PathOp, side: "SideExpressions", m: Any, n: Any):
     """For symbolic lengths, where no mask can be evaluated: ("band", Band, masked value) for a one-step ``where``
-    whose condition is a predicate of the key-query distance ``d = j - i`` alone -- comparisons of integer linear
-    forms of the indices from ``arange`` (``j > i``, ``j - i > 0``, ``i < j - 3``) combined with and / or / not --
-    that keeps a band ``diagonal - window < d <= diagonal`` for every length; else None.
+    with a masking fill whose condition keeps a band ``diagonal - window < j - i <= diagonal`` for every length;
+    else None. The condition is read as
+
+    - a predicate of the key-query distance ``j - i`` alone: comparisons of integer linear forms of the indices
+      from ``arange`` (``j > i``, ``j - i > 0``, ``i < j - 3``) combined with and / or / not; or
+    - the top-left corner ``F[..., :M, :N]`` of a constant ``F`` (nanoGPT's ``bias[:, :, :T, :T] == 0``): F is
+      evaluated at its full size, and a band there is the same band in every top-left corner.
 
     Every query row must keep a key whatever the lengths (the kernels' band is only equivalent to eager's masking
     then): ``diagonal >= 0`` keeps key 0 for every row; a window also needs ``window > diagonal`` (row ``i`` keeps
@@ -447,6 +452,16 @@ def symbolic_masking_band(op: PathOp, side: "SideExpressions", m: Any, n: Any):
     fill = side.evaluate.try_scalar(b if a is SCORE else a)
     if fill is None or isinstance(fill, bool) or not (fill == -math.inf or fill <= MASKING_FILL_LIMIT):
         return None
+    # ``where(cond, s, fill)`` keeps the keys where cond holds, ``where(cond, fill, s)`` the others.
+    band = _distance_band(cond, a is SCORE, side) or _corner_band(cond, a is SCORE, side.evaluate)
+    if band is None or band.diagonal < 0:
+        return None
+    if band.window is not None and not (band.window > band.diagonal and statically_known_true(m <= n)):
+        return None
+    return ("band", band, float(fill))
+
+
+def _distance_band(cond: fx.Node, keep_where_true: bool, side: "SideExpressions") -> Optional[Band]:
     try:
         predicate = _distance_predicate(side.expression(cond))
     except _CannotExpress:
@@ -455,16 +470,55 @@ def symbolic_masking_band(op: PathOp, side: "SideExpressions", m: Any, n: Any):
         return None
     holds, changes = predicate
     # The predicate is constant below min(changes) and above max(changes): reading one distance past each end
-    # reads it everywhere. ``where(cond, s, fill)`` keeps the keys where cond holds, ``where(cond, fill, s)`` the others.
+    # reads it everywhere.
     distances = range(min(changes, default=0) - 1, max(changes, default=0) + 2)
-    keep = [d for d in distances if holds(d) == (a is SCORE)]
+    keep = [d for d in distances if holds(d) == keep_where_true]
     if not keep or keep[-1] == distances[-1] or keep != list(range(keep[0], keep[-1] + 1)):
         return None  # no key kept, keys kept beyond the diagonal forever, or a gap: not a band
     diagonal = keep[-1]
-    window = None if keep[0] == distances[0] else diagonal - keep[0] + 1
-    if diagonal < 0 or window is not None and not (window > diagonal and statically_known_true(m <= n)):
+    return Band(diagonal, None if keep[0] == distances[0] else diagonal - keep[0] + 1)
+
+
+def _corner_band(cond: fx.Node, keep_where_true: bool, evaluate: ConstantEvaluator) -> Optional[Band]:
+    full = _full_of_corner(cond, evaluate)
+    if full is None or full.dtype != torch.bool:
         return None
-    return ("band", Band(diagonal, window), float(fill))
+    keep = _keep_matrix(full if keep_where_true else ~full, *full.shape[-2:])
+    return band_of(keep) if keep is not None else None
+
+
+def _full_of_corner(node: Any, evaluate: ConstantEvaluator) -> Optional[torch.Tensor]:
+    """The constant ``F`` whose top-left corner ``F[..., :M, :N]`` is ``node`` (symbolic in its last two dims
+    only): constants sliced from 0 in those dims, changed pointwise by one-element constants; else None."""
+    fake = val(node)
+    if not isinstance(node, fx.Node) or not isinstance(fake, torch.Tensor) or fake.dim() < 2:
+        return None
+    if is_static(fake.shape):
+        return evaluate.try_tensor(node)
+    if not is_static(fake.shape[:-2]) or node.op != "call_function" or not is_pure(node):
+        return None
+    if target_of(node) == aten.slice.Tensor:
+        dim = node.args[1] if len(node.args) > 1 else 0
+        start = node.args[2] if len(node.args) > 2 else 0
+        step = node.args[4] if len(node.args) > 4 else 1
+        if start not in (0, None) or step != 1 or dim % fake.dim() < fake.dim() - 2:
+            return None
+        return _full_of_corner(node.args[0], evaluate)
+    if pointwise_form(node) is None:
+        return None
+    full_args = []
+    for x in node.args:
+        if isinstance(x, fx.Node) and not all_ones(val(x).shape):
+            x = _full_of_corner(x, evaluate)  # another corner (a one-element operand broadcasts as it is)
+        elif isinstance(x, fx.Node):
+            x = evaluate.try_tensor(x)
+        if x is None:
+            return None
+        full_args.append(x)
+    corners = [x for x in full_args if isinstance(x, torch.Tensor) and x.dim() >= 2 and not all_ones(x.shape)]
+    if any(c.shape != corners[0].shape for c in corners):
+        return None  # corners of different constants: the pointwise op would not be applied element by element
+    return node.target(*full_args, **node.kwargs)
 
 
 _COMPARISONS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,

@@ -100,6 +100,7 @@ def test_ten_lengths_one_compile(target, train):
     fused_once(reports)
     spec = reports[0].verdicts[0].spec
     assert spec.q_len is None and spec.kv_len is None  # symbolic: the kernels take the lengths at run time
+    assert spec.causal == CausalMask(diagonal=0) and spec.score_tensors == ()  # the sliced buffer: a band
 
 
 def test_mark_dynamic_sequence_and_batch(target):
@@ -123,8 +124,8 @@ def test_mark_dynamic_sequence_and_batch(target):
 
 
 def test_automatic_dynamic_after_one_recompile(target):
-    """Without ``dynamic=``: the first length compiles static (the causal mask recognized, blocks skipped), the
-    second recompiles with a symbolic length, and the other eight reuse that graph."""
+    """Without ``dynamic=``: the first length compiles static, the second recompiles with a symbolic length, and
+    the other eight reuse that graph; both graphs recognize the causal mask (blocks skipped)."""
     device, dtype = compiled_kernels_or_blockwise(target)
     torch.manual_seed(2)
     models = Models(NanoGPTAttention(width=32, heads=2, block_size=64), device, dtype)
@@ -137,8 +138,9 @@ def test_automatic_dynamic_after_one_recompile(target):
     assert counter.frame_count == 2
     assert [[v.fused for v in r.verdicts] for r in reports] == [[True], [True]]
     static, dynamic = (r.verdicts[0].spec for r in reports)
-    assert static.causal is not None and static.score_tensors == ()
-    assert dynamic.causal is None and [t.role for t in dynamic.score_tensors] == ["mask"]
+    assert static.q_len == 5 and dynamic.q_len is None
+    for spec in (static, dynamic):
+        assert spec.causal == CausalMask(diagonal=0) and spec.score_tensors == ()
 
 
 def test_changing_batch_size_recompiles_once(target):

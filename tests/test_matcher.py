@@ -330,6 +330,36 @@ class TestScorePrograms(TestCase):
         self.assertExpectedInline(masked(lambda i, j: j == i), """s -> where(kv_idx == q_idx, -inf, s)""")
 
 
+    def test_symbolic_lengths_sliced_buffer_corner(self):
+        """A constant mask sliced to the run-time lengths from its top-left corner is evaluated at full size: a band
+        there is the band of every corner. A corner that is not a band, or a slice that does not start at 0 (its
+        start depends on the lengths), stays a loaded mask."""
+
+        class Sliced(torch.nn.Module):
+            def __init__(self, mask, offset=False):
+                super().__init__()
+                self.register_buffer("mask", mask)
+                self.offset = offset
+
+            def forward(self, q, k, v):
+                M, N = q.shape[-2], k.shape[-2]
+                mask = self.mask[N - M:N, :N] if self.offset else self.mask[:M, :N]
+                return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(mask == 0, float("-inf")), -1) @ v
+
+        ones = torch.ones(16, 16)
+        window = ones.tril() - ones.tril(-3)
+        def describe(model, k_length=None):
+            return self.describe(model, *qkv(k_length=k_length), dynamic=True).removeprefix("float32 D=? scale=1 ")
+
+        self.assertExpectedInline(describe(Sliced(ones.tril())), """causal(top_left, diagonal=0)""")
+        self.assertExpectedInline(describe(Sliced(window)), """causal(top_left, diagonal=0, window=3)""")
+        not_a_band = ones.tril()
+        not_a_band[9, 2] = 0
+        self.assertExpectedInline(describe(Sliced(not_a_band)), """s -> where(mask0[1,1,M,N], -inf, s)""")
+        # 5 queries, 7 keys: the rows start at N - M, a symbolic offset
+        self.assertExpectedInline(describe(Sliced(ones.tril(), offset=True), k_length=7), """s -> where(mask0[1,1,M,N], -inf, s)""")
+
+
 class TestNotRewritten(TestCase):
     def verdicts(self, fn, *args):
         reports = rewrite_reports(fn, *args)

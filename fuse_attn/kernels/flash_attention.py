@@ -292,7 +292,7 @@ def _common(q, k, v, spec) -> dict:
     )
 
 
-def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, launch, reset=None):
+def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, launcher: "_Launcher", reset=None):
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
     key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"], common["M"], common["N"])
@@ -301,11 +301,25 @@ def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, lau
         return cfg
     cands = candidates_fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
                           autotune.max_shared_memory(q.device))
-    return autotune.choose(key, cands, launch, reset)
+    return autotune.choose(key, cands, launcher.launch, reset, launcher.compile_only)
 
 
 def _launch_kwargs(cfg: autotune.KernelConfig) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+class _Launcher:
+    """One generated kernel with its arguments bound: ``launch(cfg)`` runs it with cfg's blocks on the grid
+    ``grid(cfg)``; ``compile_only(cfg)`` compiles that variant without running it (for the tuner)."""
+
+    def __init__(self, kernel, grid, kwargs: dict):
+        self.kernel, self.grid, self.kwargs = kernel, grid, kwargs
+
+    def launch(self, cfg: autotune.KernelConfig) -> None:
+        self.kernel[self.grid(cfg)](**self.kwargs, **_launch_kwargs(cfg))
+
+    def compile_only(self, cfg: autotune.KernelConfig) -> None:
+        self.kernel.warmup(**self.kwargs, **_launch_kwargs(cfg), grid=self.grid(cfg))
 
 
 def triton_forward(q, k, v, score_tensors, spec, dropout_seed=None) -> tuple[Tensor, Tensor]:
@@ -318,10 +332,8 @@ def triton_forward(q, k, v, score_tensors, spec, dropout_seed=None) -> tuple[Ten
     kw = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors), **_strides("q", q), **_strides("k", k),
               **_strides("v", v), **_strides("o", out), **common)
 
-    def launch(cfg):
-        mod._attn_fwd[(triton_cdiv(M, cfg.block_m), Z * H)](**kw, **_launch_kwargs(cfg))
-
-    launch(_pick("fwd", q, mod.KERNEL_ID, common, autotune.forward_candidates, launch))
+    fwd = _Launcher(mod._attn_fwd, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H), kw)
+    fwd.launch(_pick("fwd", q, mod.KERNEL_ID, common, autotune.forward_candidates, fwd))
     return out, lse
 
 
@@ -367,21 +379,17 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
                  **{f"stride_dk{d}": s for d, s in zip("zhnd", dk.stride())},
                  **{f"stride_dv{d}": s for d, s in zip("zhnd", dv.stride())})
 
-    def launch_dkdv(cfg):
-        mod._attn_bwd_dkdv[(triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group))](**kv_kw, **_launch_kwargs(cfg))
+    dkdv = _Launcher(mod._attn_bwd_dkdv, lambda cfg: (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)), kv_kw)
 
     def reset_dbias():
         for buf in dbufs.values():
             buf.zero_()
 
-    launch_dkdv(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, launch_dkdv, reset_dbias))
+    dkdv.launch(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, dkdv, reset_dbias))
 
-    q_kw = dict(base, DQ=dq, **_strides("dq", dq))
-
-    def launch_dq(cfg):
-        mod._attn_bwd_dq[(triton_cdiv(M, cfg.block_m), Z * H)](**q_kw, **_launch_kwargs(cfg))
-
-    launch_dq(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, launch_dq))
+    dq_launcher = _Launcher(mod._attn_bwd_dq, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H),
+                            dict(base, DQ=dq, **_strides("dq", dq)))
+    dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
     dscores = [dbufs[i].to(score_tensors[i].dtype) for i in sorted(dbufs)]
     return dq, dk, dv, dscores
 
@@ -407,6 +415,11 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tens
         return (torch.zeros((Z, H, M, DV), dtype=q.dtype, device=q.device),
                 torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
     if _use_triton(q):
+        from . import flash_decoding  # here, not at the top: flash_decoding imports this module
+
+        splits = flash_decoding.dispatch_splits(q, k, s)  # few query rows, many keys: split-K over the keys
+        if splits > 1:
+            return flash_decoding.triton_forward(q, k, v, score_tensors, s, splits)
         return triton_forward(q, k, v, score_tensors, s, dropout_seed)
     return blockwise_forward(q, k, v, score_tensors, s, dropout_seed=dropout_seed)
 

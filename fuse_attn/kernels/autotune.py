@@ -25,6 +25,8 @@ re-read the file and merge their entry into it, so processes tuning at once keep
 fcntl is missing, e.g. on Windows, writes are still atomic but a concurrent writer's entry can be lost, and is then
 re-tuned by a later process). A cache directory that cannot be written logs one warning; choices stay in memory.
 
+A key first met while a CUDA graph is being captured is not tuned there (see :func:`_while_capturing`).
+
 Environment: ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate that compiles and runs (fast
 compiles); such untimed picks live in memory under their own key, never stand in for tuned ones and are never
 written to disk. ``FUSE_ATTN_CACHE=0`` neither reads nor writes the disk cache (memory only).
@@ -270,9 +272,28 @@ def choose(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[
     timing, every candidate is then compiled at once (:func:`_compile_concurrently`)."""
     cfg = _chosen.get(key)
     if cfg is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return _while_capturing(key, candidates)
         cfg = _stored_or_tuned(key, candidates, launch, reset, compile_only)
         _chosen[key] = cfg
     return cfg
+
+
+def _while_capturing(key: TuningKey, candidates: Sequence[KernelConfig]) -> KernelConfig:
+    """A config for a launch that a CUDA graph is recording (``torch.cuda.graph``, ``mode="reduce-overhead"``),
+    launching nothing: every candidate launch would be recorded into the graph, and timing synchronizes the
+    device, which invalidates the capture. The stored config if there is one, else the first candidate, untimed
+    and not remembered, so the next call outside a capture tunes. CUDA graph trees run each new shape once
+    before recording it, so under ``reduce-overhead`` the tuning happens in that warm-up run and this is not
+    reached."""
+    use_disk = key.timed and os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+    stored = _stored(key, candidates) if use_disk and len(candidates) > 1 else None
+    if stored is not None:
+        _chosen[key] = stored
+        return stored
+    log.info("%s: first launch inside a CUDA graph capture, where configs cannot be timed; the graph uses %s untimed",
+             key, candidates[0])
+    return candidates[0]
 
 
 def chosen_configs() -> dict[TuningKey, KernelConfig]:

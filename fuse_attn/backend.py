@@ -62,9 +62,16 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     return compile_fx(rewritten, example_inputs, config_patches=config_patches)
 
 
-def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
+                  buffers: Optional[list[bool]] = None) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
     """The pre-autograd graph of ``gm`` with its attentions replaced (when ``apply``) and the report; the graph
-    is None when ``gm`` must be compiled as it is. Never raises for a graph it cannot handle."""
+    is None when ``gm`` must be compiled as it is. Never raises for a graph it cannot handle.
+
+    ``buffers`` says which placeholders are registered buffers (default: read from Dynamo's metadata); their
+    values in ``example_inputs`` are real and masks built from them are evaluated at compile time."""
+    buffers = _buffer_flags(gm) if buffers is None else buffers
+    if _checkpoint_regions(gm):
+        return _analyze_checkpointed(gm, example_inputs, apply=apply, buffers=buffers)
     if not _mentions_softmax(gm):
         return None, None
     blocker = _retrace_blocker(gm)
@@ -72,15 +79,18 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool)
         softmaxes = [n for n in gm.graph.nodes if _is_softmax_call(n)]
         return None, GraphReport([SoftmaxVerdict(n.name, False, reason=blocker) for n in softmaxes], rewritten=False)
     try:
-        traced, ctx = trace_pre_autograd(gm, example_inputs)
+        traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
         return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested())
     except Exception:
         log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
         return None, None
 
 
-def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[fx.GraphModule, MatchContext]:
-    """Dynamo's graph as a pre-autograd ATen graph, plus the real values of its registered buffers."""
+def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],
+                       buffers: Optional[list[bool]] = None) -> tuple[fx.GraphModule, MatchContext]:
+    """Dynamo's graph as a pre-autograd ATen graph, plus the real values of its registered buffers (which
+    placeholders are buffers: ``buffers``, by default read from Dynamo's metadata)."""
+    buffers = _buffer_flags(gm) if buffers is None else buffers
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_inputs = [n.meta.get("example_value") for n in placeholders]
     # Interpreting under preserve_node_meta carries each node's stack trace (the user's source line) over.
@@ -92,10 +102,56 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any]) -> tuple[f
     traced.recompile()
     traced_placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     constants = {}
-    for dynamo_node, traced_node, real in zip(placeholders, traced_placeholders, example_inputs):
-        if _is_registered_buffer(dynamo_node) and isinstance(real, torch.Tensor):
+    for is_buffer, traced_node, real in zip(buffers, traced_placeholders, example_inputs):
+        if is_buffer and isinstance(real, torch.Tensor):
             constants[traced_node] = real
     return traced, MatchContext(constant_inputs=constants, gm=traced)
+
+
+def _checkpoint_regions(gm: fx.GraphModule) -> list[fx.Node]:
+    """The ``torch.utils.checkpoint`` calls in Dynamo's graph (each runs a body subgraph, recomputed in the
+    backward)."""
+    return [n for n in gm.graph.nodes
+            if n.op == "call_function" and n.target is torch.ops.higher_order.tag_activation_checkpoint]
+
+
+def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
+                          buffers: list[bool]) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+    """A graph with activation-checkpointed regions: each region's body is rewritten on its own (its inputs are
+    the call's arguments) and put back in place, so the fused op is recomputed in the backward like the rest of
+    the region. The graph around the regions stays Dynamo's: ``make_fx`` cannot re-trace the checkpoint call, so a
+    softmax outside every region is reported and left alone."""
+    before = gm.print_readable(print_output=False) if _capture_requested() else None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    real = dict(zip(placeholders, example_inputs))
+    outer_buffer = dict(zip(placeholders, buffers))
+    verdicts: list[SoftmaxVerdict] = []
+    bodies: dict[str, fx.GraphModule] = {}
+    for region in _checkpoint_regions(gm):
+        body_name, args = region.args[0].target, region.args[1:]
+        # A region's argument is real where it is a graph input (buffers' values are read), fake elsewhere.
+        body_inputs = [real[a] if a in real else a.meta.get("example_value") for a in args]
+        body_buffers = [bool(outer_buffer.get(a, False)) for a in args]
+        rewritten, report = analyze_graph(getattr(gm, body_name), body_inputs, apply=apply, buffers=body_buffers)
+        if report is not None:
+            verdicts += report.verdicts
+        if rewritten is not None and report.fused:
+            bodies[body_name] = rewritten
+    reason = "outside the activation-checkpointed regions of its graph: only softmaxes inside them are fused"
+    verdicts += [SoftmaxVerdict(n.name, False, reason=reason) for n in gm.graph.nodes if _is_softmax_call(n)]
+    if not verdicts:
+        return None, None
+    if not (apply and bodies):
+        return None, GraphReport(verdicts, rewritten=False)
+    for body_name, body in bodies.items():
+        setattr(gm, body_name, body)
+    gm.recompile()
+    after = gm.print_readable(print_output=False) if before is not None else None
+    return gm, GraphReport(verdicts, before=before, after=after)
+
+
+def _buffer_flags(gm: fx.GraphModule) -> list[bool]:
+    return [_is_registered_buffer(n) for n in gm.graph.nodes if n.op == "placeholder"]
 
 
 def _is_registered_buffer(node: fx.Node) -> bool:

@@ -49,6 +49,7 @@ from .score_chain import (
     masking_band,
     op_name,
     stays_masked,
+    symbolic_masking_band,
     target_of,
     walk_score_path,
 )
@@ -313,10 +314,9 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     # Constant masks that are a causal band (and stay masking through the ops after them) leave the program.
     band = None
     original_path = list(path)  # "what follows a mask" is read here, unchanged by the removals below
+    static = isinstance(m, int) and isinstance(n, int)
     for position, op in enumerate(original_path):
-        if not (isinstance(m, int) and isinstance(n, int)):
-            break
-        proof = masking_band(op, evaluate, m, n)
+        proof = masking_band(op, evaluate, m, n) if static else symbolic_masking_band(op, SideExpressions(evaluate, m, n), m, n)
         if proof is None or (proof[0] == "band" and not stays_masked(proof[2], original_path[position + 1 :], evaluate)):
             continue
         if proof[0] == "band":

@@ -15,7 +15,10 @@ ops (*side inputs*) become, in this order of preference:
 Before that, a masking op whose mask is a compile-time constant (a ``tril`` buffer, an ``arange`` comparison,
 a Hugging Face 0 / ``finfo.min`` additive mask) is *evaluated*: if it equals a causal band (optionally a sliding
 window) and keys it masks stay masked through the rest of the chain, it leaves the program and becomes
-``spec.causal``, so the kernels skip masked blocks.
+``spec.causal``, so the kernels skip masked blocks. Under symbolic lengths no mask can be evaluated; a ``where``
+whose condition is a predicate of the key-query distance ``j - i`` alone (read from its index expression) is
+checked for a band instead, and so is the top-left corner of a constant (a sliced ``tril`` buffer)
+(:func:`symbolic_masking_band`).
 
 Everything here raises :class:`NotFused` (with the node) for a chain the kernel cannot express.
 """
@@ -23,6 +26,7 @@ Everything here raises :class:`NotFused` (with the node) for a chain the kernel 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -423,6 +427,152 @@ def masking_band(op: PathOp, evaluate: ConstantEvaluator, m: int, n: int):
         return ("noop", None, None)
     band = band_of(keep)
     return ("band", band, value) if band is not None else None
+
+
+def symbolic_masking_band(op: PathOp, side: "SideExpressions", m: Any, n: Any):
+    """For symbolic lengths, where no mask can be evaluated: ("band", Band, masked value) for a one-step ``where``
+    with a masking fill whose condition keeps a band ``diagonal - window < j - i <= diagonal`` for every length;
+    else None. The condition is read as
+
+    - a predicate of the key-query distance ``j - i`` alone: comparisons of integer linear forms of the indices
+      from ``arange`` (``j > i``, ``j - i > 0``, ``i < j - 3``) combined with and / or / not; or
+    - the top-left corner ``F[..., :M, :N]`` of a constant ``F`` (nanoGPT's ``bias[:, :, :T, :T] == 0``): F is
+      evaluated at its full size, and a band there is the same band in every top-left corner.
+
+    Every query row must keep a key whatever the lengths (the kernels' band is only equivalent to eager's masking
+    then): ``diagonal >= 0`` keeps key 0 for every row; a window also needs ``window > diagonal`` (row ``i`` keeps
+    key ``i``) and no more queries than keys for every value of the symbols."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    if len(op.steps) != 1 or op.steps[0][0] != "where":
+        return None
+    cond, a, b = op.steps[0][1]
+    if (a is SCORE) == (b is SCORE) or not isinstance(cond, fx.Node):
+        return None
+    fill = side.evaluate.try_scalar(b if a is SCORE else a)
+    if fill is None or isinstance(fill, bool) or not (fill == -math.inf or fill <= MASKING_FILL_LIMIT):
+        return None
+    # ``where(cond, s, fill)`` keeps the keys where cond holds, ``where(cond, fill, s)`` the others.
+    band = _distance_band(cond, a is SCORE, side) or _corner_band(cond, a is SCORE, side.evaluate)
+    if band is None or band.diagonal < 0:
+        return None
+    if band.window is not None and not (band.window > band.diagonal and statically_known_true(m <= n)):
+        return None
+    return ("band", band, float(fill))
+
+
+def _distance_band(cond: fx.Node, keep_where_true: bool, side: "SideExpressions") -> Optional[Band]:
+    try:
+        predicate = _distance_predicate(side.expression(cond))
+    except _CannotExpress:
+        return None
+    if predicate is None:
+        return None
+    holds, changes = predicate
+    # The predicate is constant below min(changes) and above max(changes): reading one distance past each end
+    # reads it everywhere.
+    distances = range(min(changes, default=0) - 1, max(changes, default=0) + 2)
+    keep = [d for d in distances if holds(d) == keep_where_true]
+    if not keep or keep[-1] == distances[-1] or keep != list(range(keep[0], keep[-1] + 1)):
+        return None  # no key kept, keys kept beyond the diagonal forever, or a gap: not a band
+    diagonal = keep[-1]
+    return Band(diagonal, None if keep[0] == distances[0] else diagonal - keep[0] + 1)
+
+
+def _corner_band(cond: fx.Node, keep_where_true: bool, evaluate: ConstantEvaluator) -> Optional[Band]:
+    full = _full_of_corner(cond, evaluate)
+    if full is None or full.dtype != torch.bool:
+        return None
+    keep = _keep_matrix(full if keep_where_true else ~full, *full.shape[-2:])
+    return band_of(keep) if keep is not None else None
+
+
+def _full_of_corner(node: Any, evaluate: ConstantEvaluator) -> Optional[torch.Tensor]:
+    """The constant ``F`` whose top-left corner ``F[..., :M, :N]`` is ``node`` (symbolic in its last two dims
+    only): constants sliced from 0 in those dims, changed pointwise by one-element constants; else None."""
+    fake = val(node)
+    if not isinstance(node, fx.Node) or not isinstance(fake, torch.Tensor) or fake.dim() < 2:
+        return None
+    if is_static(fake.shape):
+        return evaluate.try_tensor(node)
+    if not is_static(fake.shape[:-2]) or node.op != "call_function" or not is_pure(node):
+        return None
+    if target_of(node) == aten.slice.Tensor:
+        dim = node.args[1] if len(node.args) > 1 else 0
+        start = node.args[2] if len(node.args) > 2 else 0
+        step = node.args[4] if len(node.args) > 4 else 1
+        if start not in (0, None) or step != 1 or dim % fake.dim() < fake.dim() - 2:
+            return None
+        return _full_of_corner(node.args[0], evaluate)
+    if pointwise_form(node) is None:
+        return None
+    full_args = []
+    for x in node.args:
+        if isinstance(x, fx.Node) and not all_ones(val(x).shape):
+            x = _full_of_corner(x, evaluate)  # another corner (a one-element operand broadcasts as it is)
+        elif isinstance(x, fx.Node):
+            x = evaluate.try_tensor(x)
+        if x is None:
+            return None
+        full_args.append(x)
+    corners = [x for x in full_args if isinstance(x, torch.Tensor) and x.dim() >= 2 and not all_ones(x.shape)]
+    if any(c.shape != corners[0].shape for c in corners):
+        return None  # corners of different constants: the pointwise op would not be applied element by element
+    return node.target(*full_args, **node.kwargs)
+
+
+_COMPARISONS = {"lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
+                "ne": operator.ne}
+
+
+def _linear(expr: Expr) -> Optional[tuple[int, int, int]]:
+    """``expr`` as ``(a, b, c)`` with ``expr == a * q_idx + b * kv_idx + c`` in integers, or None."""
+    kind = expr[0]
+    if kind == "const":
+        return (0, 0, expr[1]) if type(expr[1]) is int else None
+    if kind == "index":
+        return (1, 0, 0) if expr[1] == "q_idx" else (0, 1, 0)
+    parts = [_linear(child) for child in expr[1:]]
+    if any(p is None for p in parts):
+        return None
+    if kind == "neg":
+        return tuple(-x for x in parts[0])
+    if kind in ("add", "sub"):
+        sign = 1 if kind == "add" else -1
+        return tuple(x + sign * y for x, y in zip(*parts))
+    if kind == "mul":
+        constants = [p[2] for p in parts if p[:2] == (0, 0)]
+        if not constants:
+            return None  # a product of indices
+        other = parts[1] if parts[0][:2] == (0, 0) else parts[0]
+        return tuple(constants[0] * x for x in other)
+    return None
+
+
+def _distance_predicate(expr: Expr):
+    """``expr`` as a function of the distance ``d = kv_idx - q_idx`` alone, with the distances where it may change
+    value; None if it is not one."""
+    kind = expr[0]
+    if kind in _COMPARISONS:
+        sides = _linear(expr[1]), _linear(expr[2])
+        if None in sides:
+            return None
+        a, b, c = (x - y for x, y in zip(*sides))  # compares a * i + b * j + c with 0
+        if a != -b:
+            return None  # depends on more than j - i
+        compare = _COMPARISONS[kind]
+        changes = [] if b == 0 else [-c // b - 1, -c // b, -c // b + 1]
+        return (lambda d: compare(b * d + c, 0)), changes
+    if kind == "logical_not":
+        inner = _distance_predicate(expr[1])
+        return None if inner is None else ((lambda d: not inner[0](d)), inner[1])
+    if kind in ("logical_and", "logical_or"):
+        parts = [_distance_predicate(child) for child in expr[1:]]
+        if None in parts:
+            return None
+        combine = all if kind == "logical_and" else any
+        return (lambda d: combine(p[0](d) for p in parts)), [t for p in parts for t in p[1]]
+    return None
 
 
 def stays_masked(value: float, later: list[PathOp], evaluate: ConstantEvaluator) -> bool:

@@ -273,3 +273,23 @@ def test_cache_dir_location(monkeypatch, tmp_path):
     assert autotune.cache_dir() == str(tmp_path / "xdg" / "fuse_attn")
     monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "mine"))
     assert autotune.cache_dir() == str(tmp_path / "mine")
+
+
+def test_every_candidate_is_compiled_before_any_is_timed_and_a_failed_compile_is_dropped_when_timed(machine):
+    events = []
+
+    def compile_only(cfg):
+        events.append(("compile", cfg))
+        if cfg == CANDIDATES[0]:
+            raise RuntimeError("out of resources: shared memory")
+
+    def launch(cfg):
+        events.append(("launch", cfg))
+        if cfg == CANDIDATES[0]:
+            raise RuntimeError("out of resources: shared memory")
+
+    assert autotune.choose(key(), CANDIDATES, launch, compile_only=compile_only) == FASTEST
+    assert [e for e in events if e[0] == "compile"] == [("compile", c) for c in CANDIDATES]
+    first_launch = next(i for i, e in enumerate(events) if e[0] == "launch")
+    assert first_launch == len(CANDIDATES)  # all compiles came first
+    assert machine.timed == CANDIDATES[1:]  # the config whose compile failed was tried again and dropped

@@ -364,8 +364,9 @@ def test_dump_graph_prints_rewrites_and_reasons():
     assert "fused softmax" in fused.stdout and "causal" in fused.stdout and "@triton.jit" in fused.stdout
 
 
-def test_dynamic_lengths_compile_once_with_the_mask_as_a_tensor(monkeypatch):
-    """With symbolic lengths the mask cannot be evaluated at compile time: it stays a (fused) tensor mask."""
+def test_dynamic_lengths_compile_once_with_the_sliced_buffer_as_a_band(monkeypatch):
+    """With symbolic lengths the sliced mask cannot be evaluated at its size; its buffer is, at full size, and its
+    top-left corners are the same causal band for every length."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     model = NanoGPTAttention(width=32, heads=2, block_size=32)
     torch._dynamo.reset()
@@ -375,7 +376,7 @@ def test_dynamic_lengths_compile_once_with_the_mask_as_a_tensor(monkeypatch):
             x = torch.randn(2, length, 32)
             torch.testing.assert_close(compiled(x), model(x))
     assert len(reports) == 1
-    assert [v.spec.describe() for v in reports[0].verdicts] == ["float32 D=16 scale=0.25 s -> where(mask0[1,1,M,N], -inf, s)"]
+    assert [v.spec.describe() for v in reports[0].verdicts] == ["float32 D=16 scale=0.25 causal(top_left, diagonal=0)"]
 
 
 def test_symbolic_head_dim_and_lengths_compile_once(monkeypatch):

@@ -14,9 +14,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def table_rows(stdout):
     """The github-format table's rows as dicts keyed by its header."""
-    lines = [line for line in stdout.splitlines() if line.startswith("|")]
-    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    return [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|")))) for line in lines[2:]]
+    return tables(stdout)[0]
+
+
+def tables(stdout):
+    """Each github-format table's rows (consecutive lines starting with "|") as dicts keyed by its header."""
+    blocks, previous = [], False
+    for line in stdout.splitlines():
+        if line.startswith("|"):
+            if not previous:
+                blocks.append([])
+            blocks[-1].append(line)
+        previous = line.startswith("|")
+
+    def cells(line):
+        return [cell.strip() for cell in line.strip("|").split("|")]
+
+    return [[dict(zip(cells(b[0]), cells(line))) for line in b[2:]] for b in blocks]
 
 
 def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
@@ -33,3 +47,22 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
     assert int(row["fused"]) == int(row["layers"]) > 0, done.stdout
     assert float(row["fuse_attn tok/s"].replace(",", "")) > 0
     assert (tmp_path / "bench_models.csv").read_text().count("\n") == 2  # header and the one cell
+
+
+def test_bench_decode_tiny_on_cpu(tmp_path):
+    # The op part (our op and the SDPA backends a CPU runs) and generate with fuse_attn (every attention fused,
+    # no graph compiled while timing); plain-PyTorch CPU path as above.
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_decode.py"), "--device", "cpu", "--tiny",
+               "--variants", "fuse_attn", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    op_csv = (tmp_path / "bench_decode_op.csv").read_text().splitlines()
+    assert op_csv[0].startswith("B,H,H_kv,D,N,kernel") and any(",fuse_attn,op dispatch," in line for line in op_csv)
+    op, generate = tables(done.stdout)
+    assert len(op) == 1 and float(op[0]["fuse_attn us"]) > 0, done.stdout
+    assert len(generate) == 1, done.stdout
+    row = generate[0]
+    assert row["variant"] == "fuse_attn" and int(row["fused"]) > 0 and float(row["tok/s"]) > 0
+    warmup, timed = (int(n) for n in row["graphs compiled (warm-up + timed)"].split("+"))
+    assert warmup >= 1 and timed == 0, done.stdout

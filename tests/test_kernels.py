@@ -7,7 +7,7 @@ eager_same_dtype is the naive reference run in the input dtype. The Triton kerne
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported anywhere
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere (as conftest.py does)
 
 import tempfile
 
@@ -28,9 +28,11 @@ from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, Score
 
 # The interpreter evaluates the padding rows of a tail block in numpy too (0/0, log2(0)); those rows are never
 # stored, but numpy warns about them.
-pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
-                                        "ignore:divide by zero encountered:RuntimeWarning",
-                                        "ignore:overflow encountered:RuntimeWarning")
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                         "ignore:divide by zero encountered:RuntimeWarning",
+                                         "ignore:overflow encountered:RuntimeWarning"),
+              # these run the kernels on CPU tensors; a GPU session (TRITON_INTERPRET=0) binds them to the GPU
+              pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs a TRITON_INTERPRET=1 session")]
 
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}

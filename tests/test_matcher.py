@@ -299,14 +299,65 @@ class TestScorePrograms(TestCase):
 
         self.assertExpectedInline(self.describe(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1 s -> clamp_max(clamp_min(s, -2), 3) * 0.5""")
 
-    def test_symbolic_lengths_keep_an_arange_mask_in_the_kernel(self):
+    def test_symbolic_lengths_arange_causal_mask_is_a_band(self):
         def fn(q, k, v):
             M, N = q.shape[-2], k.shape[-2]
             future = torch.arange(N, device=q.device)[None, :] > torch.arange(M, device=q.device)[:, None]
             w = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
             return torch.softmax(w.masked_fill(future, float("-inf")), -1) @ v
 
-        self.assertExpectedInline(self.describe(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 s -> where(kv_idx > q_idx, -inf, s)""")
+        self.assertExpectedInline(self.describe(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 causal(top_left, diagonal=0)""")
+
+    def test_symbolic_lengths_distance_predicates(self):
+        """Under symbolic lengths a mask is read from its index expression: a predicate of ``j - i`` alone that keeps
+        a band in which every row keeps a key becomes ``causal``; anything else stays in the kernel's program."""
+
+        def masked(cond):
+            def fn(q, k, v):
+                i = torch.arange(q.shape[-2], device=q.device)[:, None]
+                j = torch.arange(k.shape[-2], device=q.device)[None, :]
+                return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(cond(i, j), float("-inf")), -1) @ v
+
+            return self.describe(fn, *qkv(), dynamic=True).removeprefix("float32 D=? scale=1 ")
+
+        self.assertExpectedInline(masked(lambda i, j: (j - i) * 2 > 4), """causal(top_left, diagonal=2)""")
+        self.assertExpectedInline(masked(lambda i, j: ~((j <= i) & (j > i - 3))), """causal(top_left, diagonal=0, window=3)""")
+        # row 0 keeps no key: eager's NaN row, not the kernel's band
+        self.assertExpectedInline(masked(lambda i, j: j >= i), """s -> where(kv_idx >= q_idx, -inf, s)""")
+        # not a function of j - i
+        self.assertExpectedInline(masked(lambda i, j: j > 2 * i), """s -> where(kv_idx > (q_idx * 2), -inf, s)""")
+        # masking the diagonal alone is no band
+        self.assertExpectedInline(masked(lambda i, j: j == i), """s -> where(kv_idx == q_idx, -inf, s)""")
+
+
+    def test_symbolic_lengths_sliced_buffer_corner(self):
+        """A constant mask sliced to the run-time lengths from its top-left corner is evaluated at full size: a band
+        there is the band of every corner. A corner that is not a band, or a slice that does not start at 0 (its
+        start depends on the lengths), stays a loaded mask."""
+
+        class Sliced(torch.nn.Module):
+            def __init__(self, mask, offset=False):
+                super().__init__()
+                self.register_buffer("mask", mask)
+                self.offset = offset
+
+            def forward(self, q, k, v):
+                M, N = q.shape[-2], k.shape[-2]
+                mask = self.mask[N - M:N, :N] if self.offset else self.mask[:M, :N]
+                return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(mask == 0, float("-inf")), -1) @ v
+
+        ones = torch.ones(16, 16)
+        window = ones.tril() - ones.tril(-3)
+        def describe(model, k_length=None):
+            return self.describe(model, *qkv(k_length=k_length), dynamic=True).removeprefix("float32 D=? scale=1 ")
+
+        self.assertExpectedInline(describe(Sliced(ones.tril())), """causal(top_left, diagonal=0)""")
+        self.assertExpectedInline(describe(Sliced(window)), """causal(top_left, diagonal=0, window=3)""")
+        not_a_band = ones.tril()
+        not_a_band[9, 2] = 0
+        self.assertExpectedInline(describe(Sliced(not_a_band)), """s -> where(mask0[1,1,M,N], -inf, s)""")
+        # 5 queries, 7 keys: the rows start at N - M, a symbolic offset
+        self.assertExpectedInline(describe(Sliced(ones.tril(), offset=True), k_length=7), """s -> where(mask0[1,1,M,N], -inf, s)""")
 
 
 class TestNotRewritten(TestCase):

@@ -25,6 +25,8 @@ re-read the file and merge their entry into it, so processes tuning at once keep
 fcntl is missing, e.g. on Windows, writes are still atomic but a concurrent writer's entry can be lost, and is then
 re-tuned by a later process). A cache directory that cannot be written logs one warning; choices stay in memory.
 
+A key first met while a CUDA graph is being captured is not tuned there (see :func:`_while_capturing`).
+
 Environment: ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate that compiles and runs (fast
 compiles); such untimed picks live in memory under their own key, never stand in for tuned ones and are never
 written to disk. ``FUSE_ATTN_CACHE=0`` neither reads nor writes the disk cache (memory only).
@@ -41,7 +43,8 @@ import os
 import re
 import tempfile
 import time
-from typing import Callable, NamedTuple, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -51,6 +54,12 @@ except ImportError:  # Windows: no flock; writes stay atomic, concurrent writers
     fcntl = None
 
 log = logging.getLogger("fuse_attn.kernels.autotune")
+
+try:  # Triton's own hook for compiling kernels on an executor (private; where it is missing, candidates compile
+    # one by one as they are timed)
+    from triton.runtime._async_compile import AsyncCompileMode
+except ImportError:
+    AsyncCompileMode = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +79,8 @@ INTERPRETER_CONFIGS = {
     "fwd": KernelConfig(32, 16, 4, 1),
     "bwd_dq": KernelConfig(32, 16, 4, 1),
     "bwd_dkdv": KernelConfig(16, 32, 4, 1),  # (query rows, key rows) per step of the dK/dV loop
+    # split-K decode (flash_decoding.py): block_m is the packed-row tile, set by the launcher from the rows
+    "decode": KernelConfig(16, 16, 4, 1),
 }
 # The preprocess (delta = rowsum(dO * O)) is memory-bound and tiny; 64 rows x BLOCK_DV keep it one pass.
 PREPROCESS_BLOCK_M = 64
@@ -158,6 +169,28 @@ def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelCon
     return _backward_candidates(_DQ_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
 
 
+# Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from
+# memory; the axes are the key tile (64/128 keys, 32/64 for 256-wide heads, as in the forward), the warps that
+# share it, and the pipelining depth of its K/V loads.
+_DECODE_BLOCK_N = (32, 64, 128)
+_DECODE_WARPS = (4, 8)
+_DECODE_STAGES = (2, 3, 4)
+
+
+def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem_limit: int) -> list[KernelConfig]:
+    """Configs of the split-K decode kernel, whose row tile ``block_r`` is fixed by the packed rows."""
+    wide = max(block_d, block_dv) > 128
+    out = []
+    for bn in _DECODE_BLOCK_N:
+        if (bn == 128) if wide else (bn == 32):
+            continue  # as in forward_candidates: 128-wide key tiles do not fit 256-wide heads, 32 only for those
+        for warps in _DECODE_WARPS:
+            for stages in _DECODE_STAGES:
+                if _smem_bytes(block_r, bn, block_d, block_dv, elem, stages) <= smem_limit:
+                    out.append(KernelConfig(block_r, bn, warps, stages))
+    return out or [KernelConfig(block_r, 32, 4, 1)]
+
+
 def length_bucket(n: int) -> int:
     """Next power of two: lengths in one bucket share a tuned config."""
     return 1 if n <= 1 else 1 << (n - 1).bit_length()
@@ -174,7 +207,7 @@ class TuningKey(NamedTuple):
     capability: str  # compute capability, "major.minor"
     triton_version: str
     torch_version: str
-    kind: str  # "fwd", "bwd_dkdv" or "bwd_dq"
+    kind: str  # "fwd", "bwd_dkdv", "bwd_dq" or "decode" (m: the split-K kernel's packed rows)
     kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew
     dtype: str
     d: int
@@ -231,15 +264,36 @@ def cached(key: TuningKey) -> KernelConfig | None:
 
 
 def choose(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
-           reset: Callable[[], None] | None = None) -> KernelConfig:
+           reset: Callable[[], None] | None = None,
+           compile_only: Optional[Callable[[KernelConfig], None]] = None) -> KernelConfig:
     """The config for ``key``: from memory, else from the disk cache, else the fastest candidate, timing each with
     ``launch``. ``reset`` runs after candidates were launched (e.g. to zero gradient buffers that the launches
-    accumulated into)."""
+    accumulated into). ``compile_only(cfg)``, when given, compiles a candidate without launching it: before
+    timing, every candidate is then compiled at once (:func:`_compile_concurrently`)."""
     cfg = _chosen.get(key)
     if cfg is None:
-        cfg = _stored_or_tuned(key, candidates, launch, reset)
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return _while_capturing(key, candidates)
+        cfg = _stored_or_tuned(key, candidates, launch, reset, compile_only)
         _chosen[key] = cfg
     return cfg
+
+
+def _while_capturing(key: TuningKey, candidates: Sequence[KernelConfig]) -> KernelConfig:
+    """A config for a launch that a CUDA graph is recording (``torch.cuda.graph``, ``mode="reduce-overhead"``),
+    launching nothing: every candidate launch would be recorded into the graph, and timing synchronizes the
+    device, which invalidates the capture. The stored config if there is one, else the first candidate, untimed
+    and not remembered, so the next call outside a capture tunes. CUDA graph trees run each new shape once
+    before recording it, so under ``reduce-overhead`` the tuning happens in that warm-up run and this is not
+    reached."""
+    use_disk = key.timed and os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+    stored = _stored(key, candidates) if use_disk and len(candidates) > 1 else None
+    if stored is not None:
+        _chosen[key] = stored
+        return stored
+    log.info("%s: first launch inside a CUDA graph capture, where configs cannot be timed; the graph uses %s untimed",
+             key, candidates[0])
+    return candidates[0]
 
 
 def chosen_configs() -> dict[TuningKey, KernelConfig]:
@@ -262,7 +316,8 @@ def cache_file(key: TuningKey) -> str:
 
 
 def _stored_or_tuned(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
-                     reset: Callable[[], None] | None) -> KernelConfig:
+                     reset: Callable[[], None] | None,
+                     compile_only: Optional[Callable[[KernelConfig], None]]) -> KernelConfig:
     if len(candidates) == 1:
         return candidates[0]  # nothing to choose between: neither timed nor stored
     if not key.timed:
@@ -272,7 +327,7 @@ def _stored_or_tuned(key: TuningKey, candidates: Sequence[KernelConfig], launch:
         stored = _stored(key, candidates) if use_disk else None
         if stored is not None:
             return stored
-        cfg, ms = _fastest(key, candidates, launch)
+        cfg, ms = _fastest(key, candidates, launch, compile_only)
         if use_disk:
             _store(key, cfg, ms)
     if reset is not None:
@@ -293,10 +348,14 @@ def _first_working(key: TuningKey, candidates: Sequence[KernelConfig], launch: C
     raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
 
 
-def _fastest(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None]) -> tuple[KernelConfig, float]:
+def _fastest(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
+             compile_only: Optional[Callable[[KernelConfig], None]] = None) -> tuple[KernelConfig, float]:
     """The fastest candidate and its time in ms."""
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
+    if compile_only is not None:
+        _compile_concurrently(candidates, compile_only)
+        log.info("compiled %d candidates for %s in %.2f s", len(candidates), key, time.perf_counter() - start)
     best, errors = None, []
     for cand in candidates:
         try:
@@ -312,6 +371,22 @@ def _fastest(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callabl
     log.info("tuned %s: %s at %.4f ms (%d of %d candidates ran; tuning took %.2f s)", key, best[0], best[1],
              len(candidates) - len(errors), len(candidates), time.perf_counter() - start)
     return best
+
+
+def _compile_concurrently(candidates: Sequence[KernelConfig], compile_only: Callable[[KernelConfig], None]) -> None:
+    """Compile every candidate on a thread pool before any is timed. Compiling dominates a cold tuning (about 2 s
+    per candidate, against ~0.1 s to time one), and much of a compile runs outside the GIL (LLVM, ptxas), so the
+    candidates' compiles overlap. Compiled kernels land in Triton's in-memory and disk caches, where the timing
+    launches find them."""
+    if AsyncCompileMode is None or len(candidates) < 2:
+        return
+    with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for cand in candidates:
+            try:
+                compile_only(cand)
+            except Exception:  # noqa: BLE001 -- the timing loop compiles it again and drops it with its reason
+                pass
 
 
 def _time_config(launch: Callable[[KernelConfig], None], cfg: KernelConfig) -> float:

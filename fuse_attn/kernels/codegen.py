@@ -53,6 +53,10 @@ from .score_program import (FLT_MAX, Bound, BoundOps, backward, bias_load_source
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE_NAME = "flash_attention.py.tmpl"
+# The split-K decode kernels (fuse_attn/kernels/flash_decoding.py), and the definitions of the forward template
+# they share (copied into their source, so that one generated module holds everything its kernels call).
+DECODING_TEMPLATE_NAME = "flash_decoding.py.tmpl"
+DECODING_SHARED = ("LOG2E", "LN2", "FLT_MAX", "_dot", "_to_log2", "_mask_tile")
 _DIMS = ("z", "h", "m", "n")
 LOG2E = math.log2(math.e)
 # A value of unknown magnitude (the score, a loaded bias, an adjoint).
@@ -61,7 +65,7 @@ _UNKNOWN = Bound(FLT_MAX, True)
 # value is finite (division by a constant is checked separately).
 _UNBOUNDED_DERIVATIVES = ("log", "sqrt")
 
-_modules: dict[tuple[str, bool], ModuleType] = {}
+_modules: dict[tuple[str, bool, str], ModuleType] = {}
 _lock = threading.Lock()
 
 
@@ -490,7 +494,7 @@ def _score_code(spec: AttentionSpec) -> _ScoreCode:
 
 
 # ---- rendering ----------------------------------------------------------------------------------------------------
-def _fill(template: str, blocks: dict[str, list[str]], inline: dict[str, str]) -> str:
+def _fill(template: str, blocks: dict[str, list[str]], inline: dict[str, str], name: str = TEMPLATE_NAME) -> str:
     out = []
     for line in template.splitlines():
         stripped = line.strip()
@@ -507,7 +511,7 @@ def _fill(template: str, blocks: dict[str, list[str]], inline: dict[str, str]) -
     text = "\n".join(out) + "\n"
     left = re.findall(r"\{\{\w+\}\}", text)
     if left:
-        raise RuntimeError(f"unfilled insertion points in {TEMPLATE_NAME}: {sorted(set(left))}")
+        raise RuntimeError(f"unfilled insertion points in {name}: {sorted(set(left))}")
     return text
 
 
@@ -534,6 +538,51 @@ def generate_source(spec: AttentionSpec) -> str:
     return _fill(template, blocks, inline)
 
 
+def _top_level_definitions(template: str) -> dict[str, str]:
+    """The template's top-level definitions by name -- ``NAME = ...`` lines and (decorated) functions -- each
+    with the comment lines right above it."""
+    lines = template.splitlines()
+    top = [i for i, line in enumerate(lines) if line[:1] not in ("", " ", "\t", "#", ")")]  # ")": a signature's end
+    defs = {}
+    for n, i in enumerate(top):
+        if lines[i].startswith("@"):
+            continue  # its def, the next top-level line, carries it
+        first = i - 1 if i > 0 and lines[i - 1].startswith("@") else i
+        while first > 0 and lines[first - 1].startswith("#"):
+            first -= 1
+        end = top[n + 1] if n + 1 < len(top) else len(lines)
+        while end > i + 1 and (not lines[end - 1].strip() or lines[end - 1].startswith(("#", "@"))):
+            end -= 1  # blank lines, and the next definition's comments and decorator
+        name = re.match(r"(?:def\s+)?(\w+)", lines[i]).group(1)
+        defs[name] = "\n".join(lines[first:end])
+    return defs
+
+
+def generate_decoding_source(spec: AttentionSpec) -> str:
+    """The Triton source of the split-K decode kernels for this spec: the forward's query-major score program
+    (SCORE_MOD), and the helpers of the forward template it and the kernels call."""
+    key = spec.kernel_key()
+    shared = _top_level_definitions((TEMPLATE_DIR / TEMPLATE_NAME).read_text())
+    helpers: list[str] = []
+    for name in DECODING_SHARED:
+        function = "@triton.jit" in shared[name]
+        if function and helpers:
+            helpers.append("")  # two blank lines before a function, as in the template
+        helpers += shared[name].splitlines() + [""]
+    score_params = _score_params(key)
+    forward_lines = _forward_lines(key, TritonOps(key.score_tensors, QUERY_MAJOR))[0] if key.score_mod else []
+    inline = {"SPEC_DIGEST": key.digest, "SPEC_DESCRIPTION": key.describe(), "SCORE_PARAMS": score_params,
+              "SCORE_ARGS": score_params}
+    template = (TEMPLATE_DIR / DECODING_TEMPLATE_NAME).read_text()
+    return _fill(template, {"SHARED_HELPERS": helpers, "SCORE_MOD": forward_lines}, inline, DECODING_TEMPLATE_NAME)
+
+
+_GENERATORS = {TEMPLATE_NAME: generate_source, DECODING_TEMPLATE_NAME: generate_decoding_source}
+# The generated file of a template other than the forward's is named with this prefix before the spec digest
+# (the forward's files keep their names, and so their tuned configs).
+_FILE_PREFIX = {TEMPLATE_NAME: "", DECODING_TEMPLATE_NAME: "decoding_"}
+
+
 def cache_dir() -> Path:
     return Path(autotune.cache_dir()) / "kernels"
 
@@ -548,9 +597,10 @@ def spec_digest(spec: AttentionSpec) -> str:
     return spec.digest
 
 
-def load_module(spec: AttentionSpec) -> ModuleType:
-    """The imported generated module for ``spec`` (cached in-process per kernel key and interpreter mode)."""
-    key = (spec_digest(spec), _interpret())
+def load_module(spec: AttentionSpec, template: str = TEMPLATE_NAME) -> ModuleType:
+    """The imported module generated from ``template`` for ``spec`` (cached in-process per template, kernel key
+    and interpreter mode)."""
+    key = (spec_digest(spec), _interpret(), template)
     mod = _modules.get(key)
     if mod is not None:
         return mod
@@ -558,17 +608,17 @@ def load_module(spec: AttentionSpec) -> ModuleType:
         mod = _modules.get(key)
         if mod is not None:
             return mod
-        source = generate_source(spec)
+        source = _GENERATORS[template](spec)
         src_hash = hashlib.sha256(source.encode()).hexdigest()[:12]
         directory = cache_dir()
         directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"{spec.digest}_{src_hash}.py"
+        path = directory / f"{_FILE_PREFIX[template]}{spec.digest}_{src_hash}.py"
         if not path.exists() or path.read_text() != source:
             fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{spec.digest}.", suffix=".tmp")
             with os.fdopen(fd, "w") as f:
                 f.write(source)
             os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one, never half
-        name = f"fuse_attn_generated_{spec.digest}_{src_hash}_{'interp' if key[1] else 'jit'}"
+        name = f"fuse_attn_generated_{path.stem}_{'interp' if key[1] else 'jit'}"
         module_spec = importlib.util.spec_from_file_location(name, path)
         mod = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = mod

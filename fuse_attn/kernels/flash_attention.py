@@ -302,7 +302,7 @@ def _common(q, k, v, spec) -> dict:
     )
 
 
-def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, launch, reset=None):
+def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, launcher: "_Launcher", reset=None):
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
     key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"], common["M"], common["N"])
@@ -311,11 +311,25 @@ def _pick(kind: str, q: Tensor, kernel_id: str, common: dict, candidates_fn, lau
         return cfg
     cands = candidates_fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
                           autotune.max_shared_memory(q.device))
-    return autotune.choose(key, cands, launch, reset)
+    return autotune.choose(key, cands, launcher.launch, reset, launcher.compile_only)
 
 
 def _launch_kwargs(cfg: autotune.KernelConfig) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+class _Launcher:
+    """One generated kernel with its arguments bound: ``launch(cfg)`` runs it with cfg's blocks on the grid
+    ``grid(cfg)``; ``compile_only(cfg)`` compiles that variant without running it (for the tuner)."""
+
+    def __init__(self, kernel, grid, kwargs: dict):
+        self.kernel, self.grid, self.kwargs = kernel, grid, kwargs
+
+    def launch(self, cfg: autotune.KernelConfig) -> None:
+        self.kernel[self.grid(cfg)](**self.kwargs, **_launch_kwargs(cfg))
+
+    def compile_only(self, cfg: autotune.KernelConfig) -> None:
+        self.kernel.warmup(**self.kwargs, **_launch_kwargs(cfg), grid=self.grid(cfg))
 
 
 def triton_forward(q, k, v, score_tensors, spec, dropout_seed=None) -> tuple[Tensor, Tensor]:
@@ -328,10 +342,8 @@ def triton_forward(q, k, v, score_tensors, spec, dropout_seed=None) -> tuple[Ten
     kw = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors), **_strides("q", q), **_strides("k", k),
               **_strides("v", v), **_strides("o", out), **common)
 
-    def launch(cfg):
-        mod._attn_fwd[(triton_cdiv(M, cfg.block_m), Z * H)](**kw, **_launch_kwargs(cfg))
-
-    launch(_pick("fwd", q, mod.KERNEL_ID, common, autotune.forward_candidates, launch))
+    fwd = _Launcher(mod._attn_fwd, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H), kw)
+    fwd.launch(_pick("fwd", q, mod.KERNEL_ID, common, autotune.forward_candidates, fwd))
     return out, lse
 
 
@@ -377,21 +389,17 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
                  **{f"stride_dk{d}": s for d, s in zip("zhnd", dk.stride())},
                  **{f"stride_dv{d}": s for d, s in zip("zhnd", dv.stride())})
 
-    def launch_dkdv(cfg):
-        mod._attn_bwd_dkdv[(triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group))](**kv_kw, **_launch_kwargs(cfg))
+    dkdv = _Launcher(mod._attn_bwd_dkdv, lambda cfg: (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)), kv_kw)
 
     def reset_dbias():
         for buf in dbufs.values():
             buf.zero_()
 
-    launch_dkdv(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, launch_dkdv, reset_dbias))
+    dkdv.launch(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, dkdv, reset_dbias))
 
-    q_kw = dict(base, DQ=dq, **_strides("dq", dq))
-
-    def launch_dq(cfg):
-        mod._attn_bwd_dq[(triton_cdiv(M, cfg.block_m), Z * H)](**q_kw, **_launch_kwargs(cfg))
-
-    launch_dq(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, launch_dq))
+    dq_launcher = _Launcher(mod._attn_bwd_dq, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H),
+                            dict(base, DQ=dq, **_strides("dq", dq)))
+    dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
     # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
     # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
     nan_rows = ~torch.isfinite(lse).reshape(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)
@@ -443,11 +451,20 @@ def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tens
         # softmax over zero keys @ v is zeros in eager; the logsumexp of nothing is -inf.
         return (torch.zeros((Z, H, M, DV), dtype=q.dtype, device=q.device),
                 torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
+
     def blockwise():
         return blockwise_forward(q, k, v, score_tensors, s, dropout_seed=dropout_seed)
 
     if _use_triton(q):
-        return _with_fallback("forward", s, q, v, lambda: triton_forward(q, k, v, score_tensors, s, dropout_seed), blockwise)
+        from . import flash_decoding  # here, not at the top: flash_decoding imports this module
+
+        def kernels():
+            splits = flash_decoding.dispatch_splits(q, k, s)  # few query rows, many keys: split-K over the keys
+            if splits > 1:
+                return flash_decoding.triton_forward(q, k, v, score_tensors, s, splits)
+            return triton_forward(q, k, v, score_tensors, s, dropout_seed)
+
+        return _with_fallback("forward", s, q, v, kernels, blockwise)
     return blockwise()
 
 

@@ -144,12 +144,6 @@ def index_visibility(case: Case) -> torch.Tensor:
     return visible
 
 
-def every_row_one_hot(case: Case) -> bool:
-    """Each query sees at most one key (one key in all, or a window of 1): eager's softmax gradient is then exactly
-    0, and the kernels' rounding noise in it (TESTING.md, known differences) is all there is to compare."""
-    return bool((index_visibility(case).sum(1) <= 1).all())
-
-
 def mask_tensor(case: Case, g: torch.Generator) -> torch.Tensor:
     """The case's bool mask (True: kept). With a finite fill, each row keeps its last key that the causal band and
     the index band show: a row whose visible scores are all one large finite fill is the kernels' known limit

@@ -358,11 +358,15 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
     N, DV = k.shape[2], v.shape[3]
     common = _common(q, k, v, spec)
     delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
-    block_dv = common["BLOCK_DV"]
-    mod._attn_bwd_preprocess[(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H)](
-        out, dout, delta, *out.stride(), *dout.stride(), H, M, DV=DV,
-        BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=block_dv,
-    )
+    # fp32 inputs: the dQ kernel computes delta = rowsum(P * dP) itself (one more pass over K and V) and runs first,
+    # so dS rows sum to 0 up to rounding, as in eager; fp16 / bf16 take FlashAttention's rowsum(dO * O), whose
+    # difference from it is below their precision except for nearly one-hot rows (TESTING.md, known differences).
+    exact_delta = q.dtype == torch.float32
+    if not exact_delta:
+        mod._attn_bwd_preprocess[(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H)](
+            out, dout, delta, *out.stride(), *dout.stride(), H, M, DV=DV,
+            BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"],
+        )
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
@@ -395,11 +399,13 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
         for buf in dbufs.values():
             buf.zero_()
 
-    dkdv.launch(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, dkdv, reset_dbias))
-
     dq_launcher = _Launcher(mod._attn_bwd_dq, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H),
-                            dict(base, DQ=dq, **_strides("dq", dq)))
-    dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
+                            dict(base, DQ=dq, EXACT_DELTA=exact_delta, **_strides("dq", dq)))
+    if exact_delta:  # dQ writes delta, which dK/dV reads
+        dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
+    dkdv.launch(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, dkdv, reset_dbias))
+    if not exact_delta:
+        dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
     # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
     # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
     nan_rows = ~torch.isfinite(lse).reshape(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)

@@ -210,6 +210,10 @@ class ConstantEvaluator:
             raise NotFused(f"{node.name} is a graph input, not a constant", node)
         if node.op == "get_attr" and self.ctx.gm is not None:
             return getattr(self.ctx.gm, node.target)
+        if node.op == "call_function" and node.target == aten.detach_.default:
+            # detaching in place changes autograd tracking, not values: `torch.tensor(0.0)` written in model code
+            # traces to lift_fresh_copy + detach_ (transformers' eager_mask fills its mask with it)
+            return self(node.args[0])
         if node.op != "call_function" or not is_pure(node):
             raise NotFused(f"{node.name} ({node.target}) is not a pure function of constants", node)
         args = self(node.args)

@@ -293,6 +293,24 @@ class TestScorePrograms(TestCase):
         padding[1, :2] = 0
         self.assertExpectedInline(self.describe(fn, *qkv(), padding), """float32 D=8 M=5 N=5 scale=1 s -> s + where((kv_idx <= q_idx) & mask0[Z,1,1,N], 0, -3.40282e+38)""")
 
+    def test_hf_packed_sequence_causal_mask_with_a_tensor_fill_is_a_band(self):
+        """transformers 5.17's eager mask (GPT-2): causal & "same packed sequence" from position ids made in the
+        graph (all one sequence), filled by ``where(keep, torch.tensor(0.0), finfo.min)``; ``torch.tensor`` traces to
+        lift_fresh_copy + detach_, which the constant evaluation reads through."""
+
+        def fn(q, k, v):
+            M, N = q.shape[-2], k.shape[-2]
+            position_ids = torch.arange(M)[None].expand(q.shape[0], -1)
+            first = position_ids[:, :1] - 1
+            packed = (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+            b = torch.arange(q.shape[0])[:, None, None, None]
+            i, j = torch.arange(M)[None, None, :, None], torch.arange(N)[None, None, None, :]
+            keep = (j <= i) & (packed[b, i] == packed[b, j])
+            mask = torch.where(keep, torch.tensor(0.0, dtype=q.dtype), torch.finfo(q.dtype).min)
+            return torch.softmax(q @ k.transpose(-1, -2) + mask, -1) @ v
+
+        self.assertExpectedInline(self.describe(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1 causal(top_left, diagonal=0)""")
+
     def test_clamped_scores(self):
         def fn(q, k, v):
             return torch.softmax((q @ k.transpose(-1, -2)).clamp(-2.0, 3.0) * 0.5, -1) @ v

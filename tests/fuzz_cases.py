@@ -267,8 +267,10 @@ def check_op(case, device="cpu"):
 
 
 # ---- comparison --------------------------------------------------------------------------------------------------
-def assert_matches_eager(name: str, ours: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor, dtype: torch.dtype):
-    """Non-finite elements exactly eager's; finite ones within 2x eager's error against fp64 (+ a floor)."""
+def assert_matches_eager(name: str, ours: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor, dtype: torch.dtype,
+                         known_relative_error: float = 0.0):
+    """Non-finite elements exactly eager's; finite ones within 2x eager's error against fp64 (+ a floor, + a
+    documented error source of ours that eager lacks, ``known_relative_error`` x max|ref|)."""
     assert ours.shape == eager.shape == ref64.shape, f"{name}: shapes {ours.shape} / {eager.shape} / {ref64.shape}"
     ours, ref64, eager = ours.double(), ref64.double(), eager.double()
     for what, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
@@ -281,6 +283,7 @@ def assert_matches_eager(name: str, ours: torch.Tensor, ref64: torch.Tensor, eag
     err = (ours[finite] - ref64[finite]).abs().max().item()
     err_eager = (eager[finite] - ref64[finite]).abs().max().item()
     floor = FLOOR[dtype] * max(1.0, ref64[finite].abs().max().item())
+    floor += known_relative_error * ref64[finite].abs().max().item()
     assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"
 
 

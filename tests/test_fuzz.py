@@ -44,6 +44,9 @@ LONG_COMPILED_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_COMPILED_CASES", "100")
 # Long profile: a test stops running new cases after this many seconds and records what it ran, so that a call with
 # a wall-clock limit (the device tool's 10 minutes) still writes its counts; unset: no limit.
 LONG_SECONDS = float(os.environ.get("FUSE_ATTN_FUZZ_SECONDS", "inf"))
+# FUSE_ATTN_SPECIALIZE=0 (fuse_attn/kernels/codegen.py): one Triton compile per kernel, spec and launch config; the
+# recorded rows name it, since those kernels lack the alignment hints of the shipped ones.
+KERNELS = "GPU kernels" + (" (unspecialized)" if os.environ.get("FUSE_ATTN_SPECIALIZE", "1") == "0" else "")
 
 # The interpreter evaluates the padding rows of a tail block in numpy too; those rows are never stored.
 pytestmark = [
@@ -80,7 +83,8 @@ class Tally:
         self.run += 1
         if LONG and self.run % 100 == 0:
             print(f"[fuzz] {self.name}: {self.run} cases, {len(self.failures)} failed, "
-                  f"{time.perf_counter() - self.start:.0f} s", flush=True)
+                  f"{time.perf_counter() - self.start:.0f} s"
+                  + (f", {compiled_variants()} compiled kernel variants" if CUDA else ""), flush=True)
         try:
             fn(case)
         except Exception as e:
@@ -91,8 +95,23 @@ class Tally:
         self.passed += 1
 
     def finish(self):
+        if LONG and CUDA:
+            print(f"[fuzz] {self.name}: {compiled_variants()} compiled kernel variants", flush=True)
         fuzz_record.add(self.name, self.run, self.passed, self.failures, time.perf_counter() - self.start)
         assert not self.failures, f"{len(self.failures)} of {self.run} cases failed:\n" + "\n".join(self.failures[:20])
+
+
+def compiled_variants() -> int:
+    """Triton compiles held by the launched kernels of every generated module (each new specialization of a kernel
+    is one); ``JITFunction.device_caches`` maps a device to (compiled kernels by key, ...) in triton 3.3 - 3.9."""
+    from fuse_attn.kernels import codegen
+
+    total = 0
+    for mod in codegen._modules.values():
+        for fn in vars(mod).values():
+            for caches in getattr(fn, "device_caches", {}).values():
+                total += len(caches[0])
+    return total
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -133,7 +152,8 @@ def test_op_blockwise(case, monkeypatch):
 @profile(LONG_CASES if LONG else 200)
 @given(case=cases(long=LONG, spec_pool=LONG_SPEC_POOL))
 def test_op_cuda(case):
-    _tallies.setdefault("op, GPU kernels", Tally("op, GPU kernels")).check(lambda c: check_op(c, "cuda"), case)
+    name = f"op, {KERNELS}"
+    _tallies.setdefault(name, Tally(name)).check(lambda c: check_op(c, "cuda"), case)
 
 
 _tallies: dict[str, Tally] = {}
@@ -186,5 +206,5 @@ def check_compiled(case, device="cpu"):
 def test_compiled_module(case, monkeypatch):
     if not CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter's kernels are fuzzed through the op
-    name = "torch.compile, " + ("GPU kernels" if CUDA else "CPU blockwise")
+    name = "torch.compile, " + (KERNELS if CUDA else "CPU blockwise")
     _tallies.setdefault(name, Tally(name)).check(lambda c: check_compiled(c, "cuda" if CUDA else "cpu"), case)

@@ -422,6 +422,30 @@ def test_generated_source_and_cache():
     assert codegen.load_module(spec) is mod
 
 
+def test_unspecialized_kernels(monkeypatch):
+    # FUSE_ATTN_SPECIALIZE=0 (the long GPU fuzz): the launched kernels of both templates -- and only their
+    # decorators -- list every run-time argument as unspecialized; the kernels still compute the same attention.
+    q, k, v, ts, spec = make_case(H=4, gqa=2, M=19, N=23, bias=(1, 4, 19, 1), causal=CausalMask(0, "bottom_right"))
+    launched = {codegen.TEMPLATE_NAME: ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"],
+                codegen.DECODING_TEMPLATE_NAME: ["_decode_split", "_decode_combine"]}
+    for template, kernels in launched.items():
+        source = codegen._GENERATORS[template](spec)
+        generic = codegen.without_specialization(source)
+        changed = [(a, b) for a, b in zip(source.splitlines(), generic.splitlines()) if a != b]
+        assert len(generic.splitlines()) == len(source.splitlines()) and len(changed) == len(kernels)
+        for (before, after), name in zip(changed, kernels):
+            assert before.startswith("@triton.jit(do_not_specialize=[") and "do_not_specialize_on_alignment" in after
+            params = re.search(rf"def {name}\((.*?)\):", generic, re.S).group(1)
+            runtime = [p.strip() for p in params.replace("\n", " ").split(",")
+                       if p.strip() and "constexpr" not in p]
+            assert after == f"@triton.jit(do_not_specialize={runtime!r}, do_not_specialize_on_alignment={runtime!r})"
+    specialized = codegen.load_module(spec)
+    monkeypatch.setenv("FUSE_ATTN_SPECIALIZE", "0")
+    generic_module = codegen.load_module(spec)
+    assert generic_module is not specialized and generic_module.KERNEL_ID != specialized.KERNEL_ID
+    run_and_check(q, k, v, ts, spec, dtype=torch.float32)
+
+
 def test_generated_fast_paths():
     # The common programs cost what the enumerated mods did: an empty program adds nothing to the loops; a bias
     # add converts the bias once and nothing else; a softcap and a bool mask convert nothing (the tanh takes its

@@ -74,13 +74,14 @@ class Case:
 
 def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout: bool = True,
           max_elements: Optional[int] = None, compiled: bool = False,
-          spec_pool: Optional[int] = None) -> st.SearchStrategy[Case]:
+          spec_pool: Optional[int] = None, shard: tuple[int, int] = (0, 1)) -> st.SearchStrategy[Case]:
     """Cases; ``long``: the larger sizes for a GPU. ``max_elements`` bounds Z * H * M * N (interpreter cost).
     ``compiled``: only what the matcher fuses when spelled as a module -- an index band and a causal mask are two
     band masks, which it leaves unfused with a reason ("two causal masks with different bands"), so not both.
     ``spec_pool``: the kernel-defining choices (dtype, head dims, score mods, masks, causal, GQA group, dropout) come
     from one of that many fixed combinations (numbered, each drawn by its own seeded generator), so that a long run
-    compiles a bounded number of kernels; sizes, layouts, mask contents and values stay free."""
+    compiles a bounded number of kernels; sizes, layouts, mask contents and values stay free. ``shard=(i, n)``: only
+    the combinations numbered i, i + n, i + 2n, ... (n processes then split the pool, each compiling its part)."""
     lengths = LONG_LENGTHS if long else LENGTHS
     dims = LONG_HEAD_DIMS if long else HEAD_DIMS
 
@@ -90,7 +91,7 @@ def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout
             def pick(options):
                 return draw(st.sampled_from(options))
         else:
-            rng = random.Random(draw(st.integers(0, spec_pool - 1)))
+            rng = random.Random(draw(st.sampled_from(range(shard[0], spec_pool, shard[1]))))
 
             def pick(options):
                 return rng.choice(options)

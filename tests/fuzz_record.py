@@ -8,6 +8,7 @@ under the table (the ten first, each with the case that reproduces it)."""
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import re
 
@@ -35,8 +36,15 @@ def write(profile: str, device: str) -> None:
 
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     versions = f"{torch.__version__} / {triton.__version__}"
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "r+", encoding="utf-8") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # processes of a sharded run (FUSE_ATTN_FUZZ_SHARD) record into one file
+        text = _updated(f.read(), path, profile, device, rows, date, versions)
+        f.seek(0)
+        f.truncate()
+        f.write(text)
+
+
+def _updated(text: str, path: str, profile: str, device: str, rows: list[dict], date: str, versions: str) -> str:
     if BEGIN not in text or END not in text:
         raise ValueError(f"{path} has no fuzz results section (the lines {BEGIN!r} and {END!r})")
     head, rest = text.split(BEGIN, 1)
@@ -65,8 +73,7 @@ def write(profile: str, device: str) -> None:
     lines = [BEGIN, HEADER, *table.values(), ""]
     listed = [line for key in table for line in failures.get(key, [])]
     lines += [FAILURES_TITLE, "", *(listed or ["- none"]), END]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(head + "\n".join(lines) + tail)
+    return head + "\n".join(lines) + tail
 
 
 def _one_line(text: str) -> str:

@@ -39,6 +39,10 @@ LONG_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_CASES", "10000"))
 # Long profile on a GPU: kernel-defining choices from this many fixed combinations (fuzz_cases.cases), so the run
 # compiles a bounded number of kernel families (each costs seconds of Triton compiles) and spends its time on cases.
 LONG_SPEC_POOL = int(os.environ.get("FUSE_ATTN_FUZZ_SPECS", "24"))
+# Long profile on a GPU, FUSE_ATTN_FUZZ_SHARD=i/n: this process draws only the combinations i, i + n, ... of that pool,
+# so that n processes run at once, each compiling its share of the kernels (a Triton compile of one of these
+# kernels takes tens of seconds, on one CPU core).
+SHARD = tuple(int(x) for x in os.environ.get("FUSE_ATTN_FUZZ_SHARD", "0/1").split("/"))
 # Each compiled case runs Dynamo, the rewrite and Inductor (seconds): fewer of them.
 LONG_COMPILED_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_COMPILED_CASES", "100"))
 # Long profile: a test stops running new cases after this many seconds and records what it ran, so that a call with
@@ -150,7 +154,7 @@ def test_op_blockwise(case, monkeypatch):
 
 @pytest.mark.skipif(not CUDA, reason="needs a GPU and TRITON_INTERPRET=0")
 @profile(LONG_CASES if LONG else 200)
-@given(case=cases(long=LONG, spec_pool=LONG_SPEC_POOL))
+@given(case=cases(long=LONG, spec_pool=LONG_SPEC_POOL, shard=SHARD))
 def test_op_cuda(case):
     name = f"op, {KERNELS}"
     _tallies.setdefault(name, Tally(name)).check(lambda c: check_op(c, "cuda"), case)
@@ -202,7 +206,7 @@ def check_compiled(case, device="cpu"):
 @profile(LONG_COMPILED_CASES if LONG else 4, shrink=False)
 @given(case=cases(long=LONG, dtypes=("float32", "float16", "bfloat16") if CUDA else ("float32",), dropout=False,
                   max_elements=None if CUDA else INTERPRETER_MAX_ELEMENTS, compiled=True,
-                  spec_pool=LONG_SPEC_POOL if CUDA else None))
+                  spec_pool=LONG_SPEC_POOL if CUDA else None, shard=SHARD if CUDA else (0, 1)))
 def test_compiled_module(case, monkeypatch):
     if not CUDA:
         monkeypatch.setenv("TRITON_INTERPRET", "0")  # the interpreter's kernels are fuzzed through the op

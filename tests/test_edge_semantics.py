@@ -200,6 +200,20 @@ def test_fp16_peaked_softmax_gradient_limit(path, request):
     check_op(case)
 
 
+def test_exact_delta_option_fixes_the_peaked_softmax_gradient(monkeypatch):
+    # FUSE_ATTN_EXACT_DELTA=1: fp16 / bf16 take rowsum(P dP) from P and dP as fp32 does, and the case above passes
+    # through the kernels; and a one-key row under dropout, where O = V_j / (1 - p) is not exact in fp16, so
+    # rowsum(dO * O) is not dP_j (found by the long GPU fuzz).
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton interpreter must be chosen before triton is imported (TRITON_INTERPRET=1)")
+    monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+    common = dict(kv_heads=1, gqa=1, layouts=("contiguous",) * 3, bias=None, bias_grad=False, alibi=False,
+                  softcap=None, mask=None, mask_fill=float("-inf"), mask_keep=0.9, band=None, seed=0)
+    check_op(Case(Z=1, M=13, N=16, D=1, DV=1, dtype="float16", scale_op=3.0, causal=None, dropout_p=0.0,
+                  **{**common, "band": 0}))
+    check_op(Case(Z=2, M=7, N=1, D=16, DV=16, dtype="bfloat16", scale_op=None, causal=None, dropout_p=0.3, **common))
+
+
 @pytest.mark.parametrize("Z, M, N, D, layouts, causal, seed", [
     (2, 5, 1, 64, ("contiguous",) * 3, CausalMask(), 0),
     (1, 16, 2, 24, ("contiguous", "sliced", "contiguous"), None, 1),

@@ -352,16 +352,23 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
     return placeholder if dropout_seed is None else dropout_seed
 
 
+def exact_delta_forced() -> bool:
+    """``FUSE_ATTN_EXACT_DELTA=1``: the kernels' backward takes delta = rowsum(P * dP) from P and dP for fp16 / bf16
+    too (as for fp32), at the cost of one more pass over K and V in the dQ kernel (two more matmuls per tile)."""
+    return os.environ.get("FUSE_ATTN_EXACT_DELTA", "0") == "1"
+
+
 def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dropout_seed=None):
     mod = codegen.load_module(spec)
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     common = _common(q, k, v, spec)
     delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
-    # fp32 inputs: the dQ kernel computes delta = rowsum(P * dP) itself (one more pass over K and V) and runs first,
-    # so dS rows sum to 0 up to rounding, as in eager; fp16 / bf16 take FlashAttention's rowsum(dO * O), whose
-    # difference from it is below their precision except for nearly one-hot rows (TESTING.md, known differences).
-    exact_delta = q.dtype == torch.float32
+    # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel computes delta = rowsum(P * dP)
+    # itself (one more pass over K and V) and runs first, so dS rows sum to 0 up to rounding, as in eager; fp16 /
+    # bf16 take FlashAttention's rowsum(dO * O), whose difference from it is below their precision except for
+    # nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known differences).
+    exact_delta = q.dtype == torch.float32 or exact_delta_forced()
     if not exact_delta:
         mod._attn_bwd_preprocess[(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H)](
             out, dout, delta, *out.stride(), *dout.stride(), H, M, DV=DV,
@@ -401,11 +408,13 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
 
     dq_launcher = _Launcher(mod._attn_bwd_dq, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H),
                             dict(base, DQ=dq, EXACT_DELTA=exact_delta, **_strides("dq", dq)))
+    # a forced exact delta is another dQ kernel for fp16 / bf16: tuned apart from the default one
+    dq_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
     if exact_delta:  # dQ writes delta, which dK/dV reads
-        dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
+        dq_launcher.launch(_pick("bwd_dq", q, dq_id, common, autotune.dq_candidates, dq_launcher))
     dkdv.launch(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, dkdv, reset_dbias))
     if not exact_delta:
-        dq_launcher.launch(_pick("bwd_dq", q, mod.KERNEL_ID, common, autotune.dq_candidates, dq_launcher))
+        dq_launcher.launch(_pick("bwd_dq", q, dq_id, common, autotune.dq_candidates, dq_launcher))
     # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
     # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
     nan_rows = ~torch.isfinite(lse).reshape(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)

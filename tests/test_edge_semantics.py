@@ -229,6 +229,20 @@ def test_one_hot_rows_gradient_noise(path, Z, M, N, D, layouts, causal, seed):
                   mask_keep=0.9, band=None, causal=causal, dropout_p=0.0, seed=seed))
 
 
+def test_one_key_rows_score_tensor_gradient_limit(path, request):
+    # Found by the long GPU fuzz, reproduced here: 37 rows that each see one key. Eager's P is exactly 1 and its
+    # dS exactly 0, so the ALiBi slope's gradient sum_i dS_i (0 - i) is exactly 0. The kernels' dQ kernel takes
+    # delta = (p dp) / p, one rounding away from dp, and the dK/dV kernel (which accumulates score-tensor
+    # gradients) recomputes p and dp in key-major order: each row's dS is ~1e-7 |dp| instead of 0, weighed by a
+    # distance up to 36: 3.6e-5 against the rule's floor of 1e-5 (TESTING.md, known differences).
+    if path == "interpreter":
+        request.applymarker(pytest.mark.xfail(strict=True, reason="kernels: score-tensor gradients of one-key rows "
+                                              "carry rounding noise (TESTING.md, known differences)"))
+    check_op(Case(Z=1, kv_heads=1, gqa=1, M=37, N=1, D=16, DV=16, dtype="float32", layouts=("contiguous",) * 3,
+                  scale_op=None, bias=None, bias_grad=True, alibi=True, softcap=None, mask=None,
+                  mask_fill=float("-inf"), mask_keep=0.9, band=None, causal=None, dropout_p=0.0, seed=0))
+
+
 @pytest.mark.parametrize("shape", [(0, 2, 5, 7), (2, 0, 5, 7), (2, 2, 0, 7), (2, 2, 5, 0)], ids=["Z0", "H0", "M0", "N0"])
 def test_zero_sizes(path, shape):
     Z, H, M, N = shape

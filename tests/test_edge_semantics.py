@@ -28,7 +28,7 @@ import os
 import pytest
 import torch
 
-from fuzz_cases import Case, assert_matches_eager, check_op
+from fuzz_cases import Case, assert_matches_eager, check_op, op_inputs
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.report import collect_reports
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
@@ -111,13 +111,10 @@ def test_rows_masked_with_neg_inf_are_nan_as_in_eager(path, how):
         assert torch.isnan(dq[..., 4, :]).all() and torch.isnan(dk).all() and torch.isnan(dbias[0][..., 4, :]).all()
 
 
-def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path, request):
-    if path == "interpreter":
-        # Known limit of the kernels' backward: it recomputes P = exp(s - lse) from the saved fp32 lse, and for a
-        # row whose scores are all finfo.min, lse = finfo.min + log(N) rounds to finfo.min (one ulp there is ~2e31),
-        # so P comes out 1 instead of 1/N: dv of such a row is N times eager's. The forward and the CPU blockwise
-        # path (which recomputes the softmax) are right.
-        request.applymarker(pytest.mark.xfail(strict=True, reason="fp32 lse cannot hold finfo.min + log(N)"))
+def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path):
+    # The saved fp32 lse of such a row, finfo.min + log(N), rounds to finfo.min (one ulp there is ~2e31): P
+    # recomputed from it would be 1 instead of 1/N. The fp32 kernels' backward recomputes each row's max and sum
+    # itself (EXACT_DELTA), as the CPU blockwise path recomputes the softmax.
     q, k, v = qkv(M=11, N=37)
     keep = torch.ones(1, 1, 11, 37, dtype=torch.bool)
     keep[..., 2, :] = False
@@ -229,18 +226,38 @@ def test_one_hot_rows_gradient_noise(path, Z, M, N, D, layouts, causal, seed):
                   mask_keep=0.9, band=None, causal=causal, dropout_p=0.0, seed=seed))
 
 
-def test_one_key_rows_score_tensor_gradient_limit(path, request):
-    # Found by the long GPU fuzz, reproduced here: 37 rows that each see one key. Eager's P is exactly 1 and its
-    # dS exactly 0, so the ALiBi slope's gradient sum_i dS_i (0 - i) is exactly 0. The kernels' dQ kernel takes
-    # delta = (p dp) / p, one rounding away from dp, and the dK/dV kernel (which accumulates score-tensor
-    # gradients) recomputes p and dp in key-major order: each row's dS is ~1e-7 |dp| instead of 0, weighed by a
-    # distance up to 36: 3.6e-5 against the rule's floor of 1e-5 (TESTING.md, known differences).
-    if path == "interpreter":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="kernels: score-tensor gradients of one-key rows "
-                                              "carry rounding noise (TESTING.md, known differences)"))
-    check_op(Case(Z=1, kv_heads=1, gqa=1, M=37, N=1, D=16, DV=16, dtype="float32", layouts=("contiguous",) * 3,
-                  scale_op=None, bias=None, bias_grad=True, alibi=True, softcap=None, mask=None,
-                  mask_fill=float("-inf"), mask_keep=0.9, band=None, causal=None, dropout_p=0.0, seed=0))
+ONE_KEY_ROWS = {
+    # 37 rows that each see the one key (found by the long GPU fuzz: 3.6e-5 in the slopes' gradient, against the
+    # rule's floor of 1e-5, before the fix)
+    "N1-alibi": Case(Z=1, kv_heads=1, gqa=1, M=37, N=1, D=16, DV=16, dtype="float32", layouts=("contiguous",) * 3,
+                     scale_op=None, bias=None, bias_grad=True, alibi=True, softcap=None, mask=None,
+                     mask_fill=float("-inf"), mask_keep=0.9, band=None, causal=None, dropout_p=0.0, seed=0),
+    # a causal window of 1 (each row sees its diagonal key) under dropout, with a per-head bias, ALiBi and a softcap
+    # (the combination of the long fuzz's unexplained fp16 failures), in fp32
+    "window1": Case(Z=2, kv_heads=1, gqa=2, M=41, N=23, D=16, DV=24, dtype="float32",
+                    layouts=("sliced", "transposed", "contiguous"), scale_op=0.5, bias=(True, False, True, True),
+                    bias_grad=True, alibi=True, softcap=30.0, mask=None, mask_fill=float("-inf"), mask_keep=0.5,
+                    band=None, causal=CausalMask(-2, "bottom_right", window=1), dropout_p=0.3, seed=5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ONE_KEY_ROWS))
+def test_one_key_rows_have_exactly_zero_score_gradients(path, name):
+    # A row that sees one key has P = 1 and dS = P (dP - rowsum(P dP)) = 0 exactly in eager, so dq and the score
+    # tensors' gradients are exactly 0 (the ALiBi slope's gradient sums dS_i times a distance). The fp32 kernels'
+    # backward recomputes the row's max and sum from its own scores (P = exp2(s - max) / 1 = 1 exactly, delta = dP
+    # exactly) and accumulates the score tensors' gradients in the dQ kernel, from that same P and dP. Before, dS
+    # came from P = exp(s - lse) with the forward's rounded lse and a dK/dV kernel that recomputes dP in another
+    # order: ~1e-7 |dP| per row, weighed by distances up to 36.
+    case = ONE_KEY_ROWS[name]
+    check_op(case)
+    inputs = op_inputs(case)
+    leaves = [b.detach().requires_grad_(need) for b, need in zip(inputs.bases, inputs.grads)]
+    operands = [view(x) for view, x in zip(inputs.views, leaves)]
+    out = flash_attention(*operands[:3], inputs.spec, operands[3:], dropout_seed=inputs.dropout_seed)
+    zero_grads = [leaves[0]] + [x for x, need in zip(leaves[3:], inputs.grads[3:]) if need]
+    for g in torch.autograd.grad(out, zero_grads, torch.randn_like(out)):
+        assert torch.count_nonzero(g) == 0
 
 
 @pytest.mark.parametrize("shape", [(0, 2, 5, 7), (2, 0, 5, 7), (2, 2, 0, 7), (2, 2, 5, 0)], ids=["Z0", "H0", "M0", "N0"])
@@ -282,9 +299,6 @@ def test_compiled_edge_cases_match_eager(path, fill, inputs, request):
         q[0, 1, 2, 0] = float("nan")
     if inputs == "zero_batch":
         q, k, v, keep = q[:0], k[:0], v[:0], keep[:0]
-    if path == "interpreter" and fill == "finfo.min" and inputs != "zero_batch":
-        request.applymarker(pytest.mark.xfail(strict=True, reason="fp32 lse cannot hold finfo.min + log(N): "
-                                              "see test_rows_masked_with_finfo_min_are_uniform_as_in_eager"))
     model = PaddedQueries(torch.finfo(torch.float32).min if fill == "finfo.min" else fill)
     leaves = {name: [x.detach().to(d).requires_grad_(True) for x in (q, k, v)] for name, d in
               (("ours", torch.float32), ("eager", torch.float32), ("ref", torch.float64))}

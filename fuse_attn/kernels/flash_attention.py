@@ -364,11 +364,16 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
     N, DV = k.shape[2], v.shape[3]
     common = _common(q, k, v, spec)
     delta = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
-    # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel computes delta = rowsum(P * dP)
-    # itself (one more pass over K and V) and runs first, so dS rows sum to 0 up to rounding, as in eager; fp16 /
-    # bf16 take FlashAttention's rowsum(dO * O), whose difference from it is below their precision except for
-    # nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known differences).
+    # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel recomputes each row's softmax
+    # statistics (row max, 1 / row sum) and delta = rowsum(P * dP) itself (one more pass over K and V)
+    # and runs first, so dS rows sum to 0 up to rounding and one-key rows get dS = 0 exactly, as in eager; fp16 /
+    # bf16 take FlashAttention's rowsum(dO * O) and the forward's lse, whose difference from it is below their
+    # precision except for nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known
+    # differences).
     exact_delta = q.dtype == torch.float32 or exact_delta_forced()
+    # the row statistics the dQ kernel stores for the dK/dV kernel (log2-unit row max, 1 / row sum); not read without
+    # the exact delta, when any pointer fills the parameters
+    row_max, row_scale = (torch.empty_like(lse), torch.empty_like(lse)) if exact_delta else (lse, lse)
     if not exact_delta:
         mod._attn_bwd_preprocess[(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H)](
             out, dout, delta, *out.stride(), *dout.stride(), H, M, DV=DV,
@@ -377,7 +382,8 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
-    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, Delta=delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=row_max, RowScale=row_scale, Delta=delta,
+                EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
                 sm_scale=spec.scale_for(D), **common)
 
@@ -396,7 +402,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
             dkw[f"stride_dt{i}_{d}"] = stride
         dkw[f"NEED_DT{i}"] = need
 
-    kv_kw = dict(base, DK=dk, DVout=dv, **dkw,
+    kv_kw = dict(base, DK=dk, DVout=dv,
                  **{f"stride_dk{d}": s for d, s in zip("zhnd", dk.stride())},
                  **{f"stride_dv{d}": s for d, s in zip("zhnd", dv.stride())})
 
@@ -407,14 +413,14 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
             buf.zero_()
 
     dq_launcher = _Launcher(mod._attn_bwd_dq, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H),
-                            dict(base, DQ=dq, EXACT_DELTA=exact_delta, **_strides("dq", dq)))
-    # a forced exact delta is another dQ kernel for fp16 / bf16: tuned apart from the default one
-    dq_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
-    if exact_delta:  # dQ writes delta, which dK/dV reads
-        dq_launcher.launch(_pick("bwd_dq", q, dq_id, common, autotune.dq_candidates, dq_launcher))
-    dkdv.launch(_pick("bwd_dkdv", q, mod.KERNEL_ID, common, autotune.dkdv_candidates, dkdv, reset_dbias))
+                            dict(base, DQ=dq, **dkw, **_strides("dq", dq)))
+    # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
+    bwd_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
+    if exact_delta:  # dQ writes delta and the row statistics, which dK/dV reads
+        dq_launcher.launch(_pick("bwd_dq", q, bwd_id, common, autotune.dq_candidates, dq_launcher, reset_dbias))
+    dkdv.launch(_pick("bwd_dkdv", q, bwd_id, common, autotune.dkdv_candidates, dkdv))
     if not exact_delta:
-        dq_launcher.launch(_pick("bwd_dq", q, dq_id, common, autotune.dq_candidates, dq_launcher))
+        dq_launcher.launch(_pick("bwd_dq", q, bwd_id, common, autotune.dq_candidates, dq_launcher, reset_dbias))
     # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
     # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
     nan_rows = ~torch.isfinite(lse).reshape(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)

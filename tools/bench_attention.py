@@ -11,9 +11,11 @@
 2. Speed: TF/s = 4*B*H*N^2*D / time (halved when causal; fwd+bwd counts 3.5x the forward FLOPs), median of
    ``triton.testing.do_bench``, and the peak memory a call allocates beyond its inputs, for ours, eager,
    ``torch.compile`` default, SDPA flash, SDPA cuDNN and FlexAttention (compiled, causal as a block mask built
-   once per length, scale passed), bf16, on random (never zero) inputs; with ``--mods`` also with a score
-   program: a [1, H, N, N] bias added, or a Gemma-2 softcap ``tanh(s / 50) * 50`` (FlexAttention as a score_mod;
-   SDPA has no softcap, and its flash / cuDNN kernels take no bias here: those cells are "-").
+   once per length, scale passed), in ``--dtype`` (bf16 by default), on random (never zero) inputs; with
+   ``--mods`` also with a score program: a [1, H, N, N] bias added (``bias``; ``bias_grad``: a learned one, as
+   T5's or Swin's relative position bias, whose gradient the backward computes too), or a Gemma-2 softcap
+   ``tanh(s / 50) * 50`` (FlexAttention as a score_mod; SDPA has no softcap, and its flash / cuDNN kernels take no
+   bias here: those cells are "-").
 Rows are printed and appended to OUTDIR/bench_attention.csv as they are measured, each with the GPU's name, the
 torch and triton versions and the date. ``--plot`` then draws every row of that CSV (several runs into one OUTDIR
 add up; for a repeated case the last row wins) into OUTDIR/bench_attention.png: TF/s against N, one subplot per
@@ -173,7 +175,7 @@ def backward_config_sweep():
               (64, 97, 1000, True), (80, 333, 517, True), (256, 300, 300, False)]
     failures, total = [], 0
     for D, M, N, causal in shapes:
-        spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask() if causal else None)
+        spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask() if causal else None)
         q, k, v = (torch.randn(2, 4, L, D, device="cuda", dtype=torch.bfloat16) for L in (M, N, N))
         dout = torch.randn(2, 4, M, D, device="cuda", dtype=torch.bfloat16)
 
@@ -234,9 +236,10 @@ def flex_method(N, scale, causal, bias, softcap, device):
     return lambda q, k, v: compiled(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-def make_methods(B, H, N, D, causal, mod="none"):
-    """The attentions timed for one row; ``mod``: "none", "bias" (a random [1, H, N, N] bf16 bias added to the
-    scores) or "softcap" (``tanh(s / SOFTCAP) * SOFTCAP``)."""
+def make_methods(B, H, N, D, causal, mod="none", dtype=torch.bfloat16):
+    """The attentions timed for one row, and the score tensors whose gradients they compute; ``mod``: "none",
+    "bias" (a random [1, H, N, N] bias added to the scores), "bias_grad" (the same, requiring its gradient) or
+    "softcap" (``tanh(s / SOFTCAP) * SOFTCAP``)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
@@ -244,16 +247,17 @@ def make_methods(B, H, N, D, causal, mod="none"):
     b = ScoreProgramBuilder()
     x = b.add("score")
     tensors, infos = [], []
-    if mod == "bias":
-        tensors.append(torch.randn(1, H, N, N, device="cuda", dtype=torch.bfloat16))
-        infos.append(ScoreTensor("bias", "bfloat16", (True, False, False, False)))
+    if mod in ("bias", "bias_grad"):
+        tensors.append(torch.randn(1, H, N, N, device="cuda", dtype=dtype).requires_grad_(mod == "bias_grad"))
+        infos.append(ScoreTensor("bias", NAMES[dtype], (True, False, False, False)))
         x = b.add("add", x, b.add("load", value=0))
     elif mod == "softcap":
         x = b.add("mul", b.add("tanh", b.add("div", x, b.const(SOFTCAP))), b.const(SOFTCAP))
-    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=scale, causal=CausalMask() if causal else None,
+    spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=D, scale=scale, causal=CausalMask() if causal else None,
                          score_mod=b.program(x), score_tensors=tuple(infos))
     bias = tensors[0] if tensors else None
     softcap = SOFTCAP if mod == "softcap" else None
+    learned = [t for t in tensors if t.requires_grad]
     compiled = torch.compile(_eager)
     mask_holder = {}
 
@@ -277,10 +281,10 @@ def make_methods(B, H, N, D, causal, mod="none"):
     if mod == "none":
         methods["SDPA flash"] = sdpa(SDPBackend.FLASH_ATTENTION)
         methods["SDPA cuDNN"] = sdpa(SDPBackend.CUDNN_ATTENTION)
-    return methods
+    return methods, learned
 
 
-def measure(fn, q, k, v, dout, backward):
+def measure(fn, q, k, v, dout, backward, learned=()):
     def step():
         out = fn(q, k, v)
         if backward:
@@ -294,33 +298,34 @@ def measure(fn, q, k, v, dout, backward):
     step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - base
-    ms = triton.testing.do_bench(step, warmup=25, rep=100, grad_to_none=[q, k, v] if backward else None,
+    ms = triton.testing.do_bench(step, warmup=25, rep=100, grad_to_none=[q, k, v, *learned] if backward else None,
                                  return_mode="median")
     return ms, peak
 
 
 METHOD_NAMES = ("ours", "eager", "torch.compile", "SDPA flash", "SDPA cuDNN", "FlexAttention")
 TABLE_NAMES = {"torch.compile": "torch.compile default"}
-CSV_COLUMNS = ["B", "H", "N", "D", "causal", "score_mod", "mode", "method", "median_ms", "TF/s",
+CSV_COLUMNS = ["B", "H", "N", "D", "causal", "score_mod", "mode", "dtype", "method", "median_ms", "TF/s",
                "peak_bytes_above_inputs", "gpu", "torch", "triton", "date"]
 
 
-def speed(shapes, methods_filter, record, mods=("none",)):
+def speed(shapes, methods_filter, record, mods=("none",), dtype=torch.bfloat16):
     """Time every method on every case; ``record(values)`` gets one CSV row's measured columns per method."""
     rows = []
     for (B, H, N, D), mod in ((shape, mod) for shape in shapes for mod in mods):
         for causal in (False, True):
             torch._dynamo.reset()  # each shape gets its own torch.compile graph (not the recompile limit's fallback)
-            methods = make_methods(B, H, N, D, causal, mod)
+            methods, learned = make_methods(B, H, N, D, causal, mod, dtype)
             for mode in ("fwd", "fwd+bwd"):
                 backward = mode == "fwd+bwd"
                 gen = torch.Generator(device="cuda").manual_seed(0)
                 # randn is never all-zero; scaled to keep softmax away from one-hot.
-                q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(backward)
+                q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen).requires_grad_(backward)
                            for _ in range(3))
-                dout = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+                dout = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
                 flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
-                row = [f"{B},{H},{N},{D}", ("causal" if causal else "full") + ("" if mod == "none" else f"+{mod}"), mode]
+                row = [f"{B},{H},{N},{D}", ("causal" if causal else "full") + ("" if mod == "none" else f"+{mod}"), mode,
+                       NAMES[dtype]]
                 for name in METHOD_NAMES:
                     fn = methods.get(name)
                     if fn is None or methods_filter and name not in methods_filter:
@@ -328,18 +333,18 @@ def speed(shapes, methods_filter, record, mods=("none",)):
                         continue
                     t0 = time.time()
                     try:
-                        ms, peak = measure(fn, q, k, v, dout, backward)
+                        ms, peak = measure(fn, q, k, v, dout, backward, learned)
                         cell = f"{flops / (ms * 1e-3) / 1e12:.0f} TF/s, {peak / 2**20:.0f} MiB"
-                        record([B, H, N, D, int(causal), mod, mode, name, f"{ms:.4f}",
+                        record([B, H, N, D, int(causal), mod, mode, NAMES[dtype], name, f"{ms:.4f}",
                                 f"{flops / (ms * 1e-3) / 1e12:.2f}", peak])
                     except torch.cuda.OutOfMemoryError:
                         cell = "OOM"
-                        record([B, H, N, D, int(causal), mod, mode, name, "OOM", "", ""])
+                        record([B, H, N, D, int(causal), mod, mode, NAMES[dtype], name, "OOM", "", ""])
                     except Exception as e:
                         cell = f"error: {type(e).__name__}"
                         print(f"{name} failed: {e}", flush=True)
-                        record([B, H, N, D, int(causal), mod, mode, name, "error", "", ""])
-                    for t in (q, k, v):
+                        record([B, H, N, D, int(causal), mod, mode, NAMES[dtype], name, "error", "", ""])
+                    for t in (q, k, v, *learned):
                         t.grad = None
                     torch.cuda.empty_cache()
                     row.append(cell)
@@ -360,23 +365,23 @@ def plot(csv_path, png_path):
 
     with open(csv_path, newline="") as f:
         rows = list(csv.DictReader(f))
-    series = {}  # (D, causal, mode, score_mod) -> method -> N -> TF/s
+    series = {}  # (D, causal, mode, score_mod, dtype) -> method -> N -> TF/s
     for row in rows:
         if not row["TF/s"]:  # OOM or error
             continue
-        case = (int(row["D"]), row["causal"] == "1", row["mode"], row["score_mod"])
+        case = (int(row["D"]), row["causal"] == "1", row["mode"], row["score_mod"], row["dtype"])
         series.setdefault(case, {}).setdefault(row["method"], {})[int(row["N"])] = float(row["TF/s"])
     if not series:
         print(f"no measured rows in {csv_path}: no plot", flush=True)
         return
     # a plot row per head dim and score program (plain first), its columns full/causal x fwd/fwd+bwd
-    cases = sorted(series, key=lambda c: (c[0], c[3] != "none", c[3], c[1], c[2]))
+    cases = sorted(series, key=lambda c: (c[4], c[0], c[3] != "none", c[3], c[1], c[2]))
     columns = min(4, len(cases))
     plot_rows = -(-len(cases) // columns)
     fig, axes = plt.subplots(plot_rows, columns, figsize=(4.5 * columns, 3.5 * plot_rows), squeeze=False)
     colours = {name: f"C{i}" for i, name in enumerate(METHOD_NAMES)}
     for ax, case in zip(axes.flat, cases):
-        D, causal, mode, mod = case
+        D, causal, mode, mod, dtype = case
         lengths = sorted({n for by_n in series[case].values() for n in by_n})
         for name in METHOD_NAMES:
             by_n = series[case].get(name)
@@ -386,7 +391,7 @@ def plot(csv_path, png_path):
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.minorticks_off()
-        ax.set_title(f"D={D} {'causal' if causal else 'full'}{'' if mod == 'none' else '+' + mod} {mode}")
+        ax.set_title(f"{dtype} D={D} {'causal' if causal else 'full'}{'' if mod == 'none' else '+' + mod} {mode}")
         ax.set_xlabel("sequence length N")
         ax.set_ylabel("TF/s")
         ax.grid(True, alpha=0.3)
@@ -398,7 +403,7 @@ def plot(csv_path, png_path):
             handles.setdefault(label, handle)
     fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=len(handles))
     runs = sorted({f"{r['gpu']}, torch {r['torch']}, triton {r['triton']}, {r['date']}" for r in rows})
-    fig.suptitle("fused attention, bf16: " + "; ".join(runs))
+    fig.suptitle("fused attention: " + "; ".join(runs))
     fig.tight_layout(rect=(0, 0.06, 1, 1))  # leave the bottom for the legend
     fig.savefig(png_path, dpi=120)
     plt.close(fig)
@@ -417,7 +422,8 @@ def main(argv=None):
     ap.add_argument("--heads", type=int, default=DEFAULT_HEADS, help="H with --lengths")
     ap.add_argument("--head-dims", nargs="*", type=int, default=list(DEFAULT_HEAD_DIMS), help="D values with --lengths")
     ap.add_argument("--methods", nargs="*", default=None, choices=METHOD_NAMES, help="subset of the methods timed")
-    ap.add_argument("--mods", nargs="*", default=["none"], choices=["none", "bias", "softcap"],
+    ap.add_argument("--dtype", default="bfloat16", choices=list(NAMES.values()), help="of q, k, v and the bias (speed)")
+    ap.add_argument("--mods", nargs="*", default=["none"], choices=["none", "bias", "bias_grad", "softcap"],
                     help="score programs timed per shape (default: none)")
     ap.add_argument("--plot", action="store_true", help="draw OUTDIR/bench_attention.csv into OUTDIR/bench_attention.png")
     ap.add_argument("--skip-check", action="store_true")
@@ -453,8 +459,8 @@ def main(argv=None):
                 return 2
         run_info = [props.name, torch.__version__, triton.__version__, datetime.date.today().isoformat()]
         with appending(path, CSV_COLUMNS, run_info) as record:
-            rows = speed(shapes, args.methods, record, args.mods)
-        headers = ["B,H,N,D", "mask", "mode"] + [TABLE_NAMES.get(name, name) for name in METHOD_NAMES]
+            rows = speed(shapes, args.methods, record, args.mods, {v: k for k, v in NAMES.items()}[args.dtype])
+        headers = ["B,H,N,D", "mask", "mode", "dtype"] + [TABLE_NAMES.get(name, name) for name in METHOD_NAMES]
         print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)
         for key, cfg in autotune.chosen_configs().items():
             print("tuned:", key, "->", cfg, flush=True)

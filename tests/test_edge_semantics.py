@@ -31,7 +31,7 @@ import torch
 from fuzz_cases import Case, assert_matches_eager, check_op, op_inputs
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.report import collect_reports
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, dtype_name
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                         "ignore:divide by zero encountered:RuntimeWarning",
@@ -111,15 +111,21 @@ def test_rows_masked_with_neg_inf_are_nan_as_in_eager(path, how):
         assert torch.isnan(dq[..., 4, :]).all() and torch.isnan(dk).all() and torch.isnan(dbias[0][..., 4, :]).all()
 
 
-def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path, dtype, request):
     # The saved fp32 lse of such a row, finfo.min + log(N), rounds to finfo.min (one ulp there is ~2e31): P
     # recomputed from it would be 1 instead of 1/N. The fp32 kernels' backward recomputes each row's max and sum
-    # itself (EXACT_DELTA), as the CPU blockwise path recomputes the softmax.
-    q, k, v = qkv(M=11, N=37)
+    # itself (EXACT_DELTA), as the CPU blockwise path recomputes the softmax; the bf16 kernels' default backward
+    # takes P from the saved lse (known limit: dv of such a row is N times eager's; TESTING.md, known differences).
+    if path == "interpreter" and dtype == torch.bfloat16:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 default backward: fp32 lse cannot hold "
+                                              "finfo.min + log(N)"))
+    q, k, v = qkv(M=11, N=37, dtype=dtype)
     keep = torch.ones(1, 1, 11, 37, dtype=torch.bool)
     keep[..., 2, :] = False
-    out, grads = check_against_eager(q, k, v, [keep], masked_spec(torch.finfo(torch.float32).min, "fill"))
-    torch.testing.assert_close(out[0, :, 2], v[0].mean(1))
+    spec = masked_spec(torch.finfo(dtype).min, "fill", dtype=dtype_name(dtype))
+    out, grads = check_against_eager(q, k, v, [keep], spec)
+    torch.testing.assert_close(out[0, :, 2], v[0].mean(1), **({} if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)))
     assert all(torch.isfinite(g).all() for g in grads)
 
 

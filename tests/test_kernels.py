@@ -411,11 +411,13 @@ def test_generated_source_and_cache():
     src = generated_source(spec)
     assert "{{" not in src and spec.digest in src
     # the row bias is loaded as one column of a query-major tile (forward, dQ) and one row of a key-major tile
-    # (dK/dV); its gradient is accumulated by the dQ kernel only, summed over keys: axis 1 of the query-major tile
+    # (dK/dV); either backward kernel can accumulate its gradient (the launcher picks one by NEED_DT0), summed over
+    # keys: axis 1 of the query-major tile, axis 0 of the key-major one
     assert "sm_1 = tl.load(T0 + off_z * stride_t0_z + off_h * stride_t0_h + offs_m[:, None] * stride_t0_m, " in src
     assert "sm_1 = tl.load(T0 + off_z * stride_t0_z + off_h * stride_t0_h + offs_m[None, :] * stride_t0_m, " in src
-    dq = _loop_body(src, "_dq_loop")
-    assert "tl.atomic_add(" in dq and "tl.sum(dt0, 1)" in dq and "tl.atomic_add(" not in _loop_body(src, "_dkdv_loop")
+    for loop, axis in (("_dq_loop", 1), ("_dkdv_loop", 0)):
+        body = _loop_body(src, loop)
+        assert "if NEED_DT0:" in body and "tl.atomic_add(" in body and f"tl.sum(dt0, {axis})" in body
     compile(src, "<generated>", "exec")
     mod = codegen.load_module(spec)
     assert mod.__file__.startswith(str(codegen.cache_dir())) and spec.digest in os.path.basename(mod.__file__)
@@ -469,9 +471,9 @@ def test_padding_guard_for_unbounded_derivatives():
     # log / sqrt / division by a loaded value: their derivatives are infinite on out-of-bounds elements (loads
     # give 0 there), so masked tiles zero the adjoints outside the tensor before dk / dq / d(bias) sum them.
     src = generated_source(make_case(biases=((1, 2, 17, 17),), program=transcendental)[4])
-    dq, dkdv = _loop_body(src, "_dq_loop"), _loop_body(src, "_dkdv_loop")
-    assert "ds = tl.where(tile_mask, ds, 0.0)" in dq and "dt0 = tl.where(tile_mask, dt0, 0.0)" in dq
-    assert "ds = tl.where(tile_mask, ds, 0.0)" in dkdv
+    for loop in ("_dq_loop", "_dkdv_loop"):
+        body = _loop_body(src, loop)
+        assert "ds = tl.where(tile_mask, ds, 0.0)" in body and "dt0 = tl.where(tile_mask, dt0, 0.0)" in body
 
 
 @pytest.mark.parametrize("window", [2, 15, 16, 17, 31, 32, 33, 47, 50])

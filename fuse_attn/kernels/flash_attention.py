@@ -387,9 +387,10 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
                 sm_scale=spec.scale_for(D), **common)
 
-    # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims).
+    # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
+    # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
     dbufs = {}
-    dkw = {}
+    dkw, dq_needs, kv_needs = {}, {}, {}
     for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
         if st.role != "bias":
             continue
@@ -400,9 +401,10 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
         dkw[f"DT{i}"] = buf
         for d, stride in zip("zhmn", _bcast_strides(buf) if need else (0, 0, 0, 0)):
             dkw[f"stride_dt{i}_{d}"] = stride
-        dkw[f"NEED_DT{i}"] = need
+        dq_needs[f"NEED_DT{i}"] = need and exact_delta
+        kv_needs[f"NEED_DT{i}"] = need and not exact_delta
 
-    kv_kw = dict(base, DK=dk, DVout=dv,
+    kv_kw = dict(base, DK=dk, DVout=dv, **dkw, **kv_needs,
                  **{f"stride_dk{d}": s for d, s in zip("zhnd", dk.stride())},
                  **{f"stride_dv{d}": s for d, s in zip("zhnd", dv.stride())})
 
@@ -413,14 +415,14 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, dr
             buf.zero_()
 
     dq_launcher = _Launcher(mod._attn_bwd_dq, lambda cfg: (triton_cdiv(M, cfg.block_m), Z * H),
-                            dict(base, DQ=dq, **dkw, **_strides("dq", dq)))
+                            dict(base, DQ=dq, **dkw, **dq_needs, **_strides("dq", dq)))
     # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
     bwd_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
     if exact_delta:  # dQ writes delta and the row statistics, which dK/dV reads
         dq_launcher.launch(_pick("bwd_dq", q, bwd_id, common, autotune.dq_candidates, dq_launcher, reset_dbias))
-    dkdv.launch(_pick("bwd_dkdv", q, bwd_id, common, autotune.dkdv_candidates, dkdv))
+    dkdv.launch(_pick("bwd_dkdv", q, bwd_id, common, autotune.dkdv_candidates, dkdv, None if exact_delta else reset_dbias))
     if not exact_delta:
-        dq_launcher.launch(_pick("bwd_dq", q, bwd_id, common, autotune.dq_candidates, dq_launcher, reset_dbias))
+        dq_launcher.launch(_pick("bwd_dq", q, bwd_id, common, autotune.dq_candidates, dq_launcher))
     # A row whose lse is not finite has P = NaN (eager's softmax of it), so eager's dV = P^T dO is NaN for every
     # key of its kv head -- also the keys of blocks the dK/dV kernel skips as invisible to that row.
     nan_rows = ~torch.isfinite(lse).reshape(Z, H // spec.gqa_group, spec.gqa_group * M).all(-1)

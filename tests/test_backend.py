@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -345,14 +346,20 @@ def test_backend_registered_through_entry_point_without_import():
     assert out.strip() == "True"
 
 
-def test_no_top_level_kernels_module_is_installed():
-    out = run_fresh_python("import importlib.util, fuse_attn.kernels; print(importlib.util.find_spec('kernels'))")
-    assert out.strip() == "None"
+def test_no_generic_top_level_module_is_installed():
+    # Only fuse_attn is installed: a top-level `kernels` (a PyPI package transformers probes for) or `tools` would
+    # shadow or clash with other projects' modules.
+    out = run_fresh_python("import importlib.util, fuse_attn.kernels, fuse_attn.dump_graph\n"
+                           "print([importlib.util.find_spec(name) for name in ('kernels', 'tools')])")
+    assert out.strip() == "[None, None]"
 
 
 def test_dump_graph_prints_rewrites_and_reasons():
+    # the installed command (its sys.path[0] is its own directory, not the current one), then the checkout's module
+    command = shutil.which("fuse-attn-dump-graph", path=os.path.dirname(sys.executable))
+    assert command, "fuse-attn-dump-graph is not installed next to this python (pip install -e .)"
     result = subprocess.run(
-        [sys.executable, "-m", "tools.dump_graph", "examples.attention_forms:padded_encoder_returning_weights"],
+        [command, "examples.attention_forms:padded_encoder_returning_weights"],
         check=True, capture_output=True, text=True, cwd=REPO,
     )
     assert "--- before ---" in result.stdout and "--- after ---" in result.stdout

@@ -38,10 +38,12 @@ import triton
 import triton.testing
 from tabulate import tabulate
 
-from fuse_attn.kernels import flash_attention, reference_attention
-from fuse_attn.kernels import autotune
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
-from tools.bench_csv import appending
+if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fuse_attn.kernels import flash_attention, reference_attention  # noqa: E402
+from fuse_attn.kernels import autotune  # noqa: E402
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor  # noqa: E402
+from tools.bench_csv import appending  # noqa: E402
 
 DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
 # --lengths defaults: 16 heads as in DEFAULT_SHAPES, B*N = 16384 tokens as in its N=4096 and N=16384 rows

@@ -233,8 +233,9 @@ def op_inputs(case: Case) -> OpInputs:
     return OpInputs(bases, views, grads, spec, seed)
 
 
-def check_op(case, device="cpu"):
-    """The op on ``case``: output and every gradient against eager in the dtype and fp64 (same dropout mask)."""
+def check_op(case, device="cpu") -> dict[str, torch.Tensor]:
+    """The op on ``case``: output and every gradient against eager in the dtype and fp64 (same dropout mask).
+    Returns our gradients by name ("dq", "dk", "dv", "d(score tensor i)"; those checked)."""
     inputs = op_inputs(case)
     dtype = case.torch_dtype
 
@@ -265,6 +266,7 @@ def check_op(case, device="cpu"):
         assert_matches_eager(names[i], a, r, e, dtype)
     # the kernels ran (a kernel failure would have fallen back to the blockwise path, which would pass)
     assert _op_module._kernel_failures == failures_before, f"kernels failed: {_op_module._kernel_failures - failures_before}"
+    return {names[i]: a for i, a in zip(want, grads["ours"])}
 
 
 # ---- comparison --------------------------------------------------------------------------------------------------

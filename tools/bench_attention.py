@@ -461,7 +461,7 @@ def main(argv=None):
                 return 2
         run_info = [props.name, torch.__version__, triton.__version__, datetime.date.today().isoformat()]
         with appending(path, CSV_COLUMNS, run_info) as record:
-            rows = speed(shapes, args.methods, record, args.mods, {v: k for k, v in NAMES.items()}[args.dtype])
+            rows = speed(shapes, args.methods, record, args.mods, getattr(torch, args.dtype))
         headers = ["B,H,N,D", "mask", "mode", "dtype"] + [TABLE_NAMES.get(name, name) for name in METHOD_NAMES]
         print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)
         for key, cfg in autotune.chosen_configs().items():

@@ -41,7 +41,7 @@ def format_reports(reports: list[GraphReport], *, graphs: bool = True, kernel_so
             if verdict.fused:
                 lines.append(f"    spec: {verdict.spec.to_json()}")
                 if kernel_source:
-                    from fuse_attn.kernels.flash_attention import generated_source
+                    from fuse_attn.kernels.ops import generated_source
 
                     lines += ["--- generated kernel source ---", generated_source(verdict.spec).rstrip()]
     if not reports:

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from fuse_attn.kernels import flash_attention, reference_attention
 
-_op_module = importlib.import_module("fuse_attn.kernels.flash_attention")  # the package exports the function
+_op_module = importlib.import_module("fuse_attn.kernels.ops")
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, dtype_name
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}

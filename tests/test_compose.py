@@ -25,7 +25,7 @@ from test_autotune import CANDIDATES, FASTEST, key, machine, new_process  # noqa
 from test_backend import INTERPRETER_SESSION, check_close, compile_and_compare, target  # noqa: F401
 from test_dynamic import compiled_kernels_or_blockwise
 
-fa = importlib.import_module("fuse_attn.kernels.flash_attention")  # the package exports a function of that name
+fa = importlib.import_module("fuse_attn.kernels.ops")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETER_SESSION, reason="needs a GPU and TRITON_INTERPRET=0")
 
 

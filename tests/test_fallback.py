@@ -22,7 +22,7 @@ from fuse_attn.spec import AttentionSpec, CausalMask
 
 from test_backend import CausalTril
 
-fa = importlib.import_module("fuse_attn.kernels.flash_attention")  # the module (the package exports the function)
+fa = importlib.import_module("fuse_attn.kernels.ops")
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="injects failures into the interpreter's kernels"),

@@ -274,7 +274,7 @@ def _assert_close_2x_bf16(name, ours, ref, eager):
                     reason="needs a CUDA GPU and a TRITON_INTERPRET=0 session")
 @pytest.mark.parametrize("name", CUDA_CASES)
 def test_cuda_decode_bf16_takes_split_k(name, monkeypatch):
-    from fuse_attn.kernels.flash_attention import triton_forward as forward_kernel
+    from fuse_attn.kernels.launch import triton_forward as forward_kernel
 
     launched = []
     real = flash_decoding.triton_forward

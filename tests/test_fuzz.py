@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 import fuzz_record
 from fuzz_cases import GeneratedAttention, assert_matches_eager, cases, check_op, module_inputs
 from fuse_attn.kernels import codegen
-from fuse_attn.kernels.flash_attention import exact_delta_forced
+from fuse_attn.kernels.launch import exact_delta_forced
 from fuse_attn.report import collect_reports
 
 PROFILE = os.environ.get("FUSE_ATTN_FUZZ_PROFILE", "fast")

@@ -23,7 +23,7 @@ import triton.language as tl
 
 from fuse_attn.kernels import flash_attention, generated_source, reference_attention
 from fuse_attn.kernels import codegen, philox
-from fuse_attn.kernels.flash_attention import blockwise_backward, blockwise_forward
+from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
 # The interpreter evaluates the padding rows of a tail block in numpy too (0/0, log2(0)); those rows are never

@@ -172,7 +172,7 @@ def backward_config_sweep():
     """
     import importlib
 
-    launcher = importlib.import_module("fuse_attn.kernels.flash_attention")
+    launcher = importlib.import_module("fuse_attn.kernels.launch")
     shapes = [(64, 1000, 1000, True), (64, 1000, 1000, False), (128, 1000, 1000, True), (64, 1024, 1024, True),
               (64, 97, 1000, True), (80, 333, 517, True), (256, 300, 300, False)]
     failures, total = [], 0

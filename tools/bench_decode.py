@@ -50,7 +50,8 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.backend import fuse_attn_backend  # noqa: E402
 from fuse_attn.kernels import flash_decoding  # noqa: E402
-from fuse_attn.kernels.flash_attention import flash_attention, triton_forward  # noqa: E402
+from fuse_attn.kernels.launch import triton_forward  # noqa: E402
+from fuse_attn.kernels.ops import flash_attention  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
 from fuse_attn.spec import AttentionSpec, dtype_name  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402

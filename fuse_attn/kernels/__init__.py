@@ -9,7 +9,8 @@
 """
 
 from .codegen import generate_source
-from .flash_attention import blockwise_backward, blockwise_forward, flash_attention, generated_source, reference_attention
+from .ops import flash_attention, generated_source
+from .reference import blockwise_backward, blockwise_forward, reference_attention
 
 __all__ = [
     "flash_attention",

@@ -30,8 +30,9 @@ from torch import Tensor
 
 from ..spec import AttentionSpec
 from . import autotune, codegen
-from .flash_attention import (_causal_visible, _common, _interpret, _pow2_at_least_16, _score_kwargs, _score_mod,
-                              _strides, triton_cdiv)
+from .launch import (_choose, _common, _pow2_at_least_16, _random_like, _score_kwargs, _strides, hint,
+                     launch, triton_cdiv)
+from .reference import _causal_visible, _score_mod
 
 log = logging.getLogger("fuse_attn.kernels.flash_decoding")
 
@@ -105,51 +106,74 @@ def _fallback(reason: str) -> int:
 
 
 def dispatch_splits(q: Tensor, k: Tensor, spec: AttentionSpec) -> int:
-    """The op's choice for validated inputs with N > 0: the number of splits, 1 for the ordinary forward."""
-    Z, H, M, _ = q.shape
+    """The op's choice for validated inputs with N > 0: the number of splits, 1 for the ordinary forward. A speed
+    choice, made on the lengths' hints when they are symbolic (no guard: the split kernels are correct for any
+    length, see :func:`triton_forward`)."""
+    Z, H, M, _ = (hint(x) for x in q.shape)
     rows = spec.gqa_group * M
     if rows > MAX_ROWS:
         return 1  # not a decode shape: nothing to log
-    kv_lo, kv_hi = visible_key_range(spec, M, k.shape[2])
+    kv_lo, kv_hi = visible_key_range(spec, M, hint(k.shape[2]))
     splits = num_splits(rows, kv_hi - kv_lo, Z * (H // spec.gqa_group), sm_count(q.device))
     if splits > 1 and spec.dropout_p:
         return _fallback(f"dropout_p {spec.dropout_p:g} (the split kernel draws no dropout mask)")
     return splits
 
 
-def visible_key_range(spec: AttentionSpec, M: int, N: int) -> tuple[int, int]:
+def visible_key_range(spec: AttentionSpec, M, N) -> tuple:
     """Keys [lo, hi) hold every key some query row can see (the causal band and window are index-only); may be
-    empty (q_len > k_len with a negative causal offset can leave every row without a key)."""
+    empty (q_len > k_len with a negative causal offset can leave every row without a key). Symbolic where M or N
+    is."""
     if spec.causal is None:
         return 0, N
     offset = spec.causal.offset(M, N)
-    hi = min(max(M - 1 + offset + 1, 0), N)
-    lo = 0 if spec.causal.window is None else min(max(offset - spec.causal.window + 1, 0), N)
-    return lo, max(lo, hi)
+    hi = torch.sym_min(torch.sym_max(M - 1 + offset + 1, 0), N)
+    lo = 0 if spec.causal.window is None else torch.sym_min(torch.sym_max(offset - spec.causal.window + 1, 0), N)
+    return lo, torch.sym_max(lo, hi)
 
 
-def _split_range(kv_lo: int, kv_hi: int, splits: int, block_n: int) -> tuple[int, int, int]:
+def _split_range(kv_lo, kv_hi, splits: int, block_n: int) -> tuple:
     """(first key, keys per split, launched splits): kv_lo rounded down and the chunk rounded up to BLOCK_N, the
     number of splits cut down to the chunks that hold keys (at least one, so empty ranges still write lse -inf)."""
     lo = kv_lo // block_n * block_n
     blocks = triton_cdiv(kv_hi - lo, block_n)
-    chunk = max(1, triton_cdiv(blocks, splits)) * block_n
-    return lo, chunk, max(1, triton_cdiv(kv_hi - lo, chunk))
+    chunk = torch.sym_max(1, triton_cdiv(blocks, splits)) * block_n
+    return lo, chunk, torch.sym_max(1, triton_cdiv(kv_hi - lo, chunk))
 
 
-def _config(q: Tensor, kernel_id: str, common: dict, rows: int, block_r: int, launch) -> autotune.KernelConfig:
+def _launch_split(mod, cfg, q, k, v, score_tensors, spec, splits: int, warmup: bool = False) -> tuple[Tensor, Tensor]:
+    """The split kernel's fp32 partials ([Z * H * M, S, DV] outputs and [Z * H * M, S] log-sum-exps)."""
+    Z, H, M, _ = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    common = {name: value for name, value in _common(q, k, v, spec).items() if name not in ("DROPOUT", "dropout_p")}
+    kv_lo, kv_hi = visible_key_range(spec, M, N)
+    lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
+    out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
+    lse_part = torch.empty((Z * H * M, launched), dtype=torch.float32, device=q.device)
+    args = dict(Q=q, K=k, V=v, OutPart=out_part, LsePart=lse_part, **_score_kwargs(score_tensors), **_strides("q", q),
+                **_strides("k", k), **_strides("v", v), kv_lo=lo, kv_hi=kv_hi, chunk=chunk, num_splits=launched,
+                **common, BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n)
+    launch(mod._decode_split, (launched, Z * (H // spec.gqa_group)), args, cfg, warmup)
+    return out_part, lse_part
+
+
+def _config(mod, q, k, v, score_tensors, spec, splits: int) -> autotune.KernelConfig:
     """The launch config: tuned like the other kernels (kind "decode", keyed by power-of-two buckets of the packed
     rows and of k_len, so a growing cache is tuned once per doubling -- a handful of times per generation, stored
-    on disk for the next process), or the interpreter's."""
-    if _interpret() or not q.is_cuda:
-        return dataclasses.replace(autotune.INTERPRETER_CONFIGS["decode"], block_m=block_r)
-    key = autotune.tuning_key("decode", q.device, kernel_id, q.dtype, common["D"], common["DV"], rows, common["N"])
-    cfg = autotune.cached(key)
-    if cfg is not None:
-        return cfg
-    cands = autotune.decode_candidates(block_r, common["BLOCK_D"], common["BLOCK_DV"], q.element_size(),
-                                       autotune.max_shared_memory(q.device))
-    return autotune.choose(key, cands, launch)
+    on disk for the next process), or the interpreter's; its row tile is always the packed rows'."""
+    block_r = _pow2_at_least_16(spec.gqa_group * hint(q.shape[2]))  # tl.dot needs >= 16 rows
+    common = _common(q, k, v, spec)
+
+    def candidates():
+        return autotune.decode_candidates(block_r, common["BLOCK_D"], common["BLOCK_DV"], q.element_size(),
+                                          autotune.max_shared_memory(q.device))
+
+    def bind():
+        rq, rk, rv, *rs = map(_random_like, (q, k, v, *score_tensors))
+        return lambda cfg, warmup: _launch_split(mod, cfg, rq, rk, rv, rs, spec, splits, warmup)
+
+    cfg = _choose("decode", q, mod.KERNEL_ID, common, candidates, bind, m=spec.gqa_group * hint(q.shape[2]))
+    return dataclasses.replace(cfg, block_m=block_r)
 
 
 def triton_forward(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
@@ -157,28 +181,11 @@ def triton_forward(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tens
     """(out, lse) of validated inputs (N > 0, no dropout) through at most ``splits`` key splits."""
     mod = codegen.load_module(spec, codegen.DECODING_TEMPLATE_NAME)
     Z, H, M, _ = q.shape
-    N, DV = k.shape[2], v.shape[3]
-    rows = spec.gqa_group * M
-    block_r = _pow2_at_least_16(rows)  # tl.dot needs >= 16 rows
-    common = {name: value for name, value in _common(q, k, v, spec).items() if name not in ("DROPOUT", "dropout_p")}
-    kv_lo, kv_hi = visible_key_range(spec, M, N)
-    out = torch.empty((Z, H, M, DV), dtype=q.dtype, device=q.device)
+    cfg = _config(mod, q, k, v, score_tensors, spec, splits)
+    out_part, lse_part = _launch_split(mod, cfg, q, k, v, score_tensors, spec, splits)
+    out = torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
-    kw = dict(Q=q, K=k, V=v, **_score_kwargs(score_tensors), **_strides("q", q), **_strides("k", k), **_strides("v", v),
-              kv_hi=kv_hi, **common)
-    parts = {}
-
-    def launch(cfg):
-        lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
-        out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((Z * H * M, launched), dtype=torch.float32, device=q.device)
-        mod._decode_split[(launched, Z * (H // spec.gqa_group))](
-            OutPart=out_part, LsePart=lse_part, **kw, kv_lo=lo, chunk=chunk, num_splits=launched,
-            BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-        parts.update(out=out_part, lse=lse_part)  # the last launch's: after tuning, the chosen config's
-
-    launch(_config(q, mod.KERNEL_ID, common, rows, block_r, launch))
-    combine(mod, parts["out"], parts["lse"], out, lse)
+    combine(mod, out_part, lse_part, out, lse)
     return out, lse
 
 
@@ -186,8 +193,10 @@ def combine(mod, out_part: Tensor, lse_part: Tensor, out: Tensor, lse: Tensor) -
     """Write into ``out`` [Z, H, M, DV] and ``lse`` [Z, H, M] (contiguous) the combination of the fp32 partials
     ``out_part`` [Z * H * M, S, DV] and ``lse_part`` [Z * H * M, S] (rows in (z, h, m) order)."""
     Z, H, M, DV = out.shape
-    mod._decode_combine[(Z * H * M,)](out_part, lse_part, out, lse, *out.stride(), H, M, lse_part.shape[1],
-                                      DV=DV, BLOCK_DV=_pow2_at_least_16(DV))
+    args = dict(OutPart=out_part, LsePart=lse_part, Out=out, Lse=lse,
+                **{f"stride_o{d}": s for d, s in zip("zhmd", out.stride())}, H=H, M=M, num_splits=lse_part.shape[1],
+                DV=DV, BLOCK_DV=_pow2_at_least_16(int(DV)))
+    launch(mod._decode_combine, (Z * H * M,), args)
 
 
 # ---- plain-PyTorch reference ---------------------------------------------------------------------------------------

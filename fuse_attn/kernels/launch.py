@@ -1,0 +1,346 @@
+"""Launching the generated flash-attention kernels: argument binding, launch-config choice, and the launch itself.
+
+Every launch goes through :func:`launch`, which has two ways to run a kernel:
+
+* **traced** (a torch dispatch mode is active: Dynamo's fake propagation, AOTAutograd's functional trace of the
+  ``triton_op`` in :mod:`.ops`, ``make_fx``): through ``torch.library.wrap_triton``, so the kernel and its launch
+  become a ``triton_kernel_wrapper`` node that Inductor emits in its own output code. Everything computed here --
+  the generated module, the launch config, strides, grid, scalar arguments -- is computed once, while tracing,
+  and baked into that code; the hot path is Inductor's launcher.
+* **direct** (real tensors, no mode: the op called outside a compiled graph, or the CPU op under the Triton
+  interpreter): ``kernel[grid](*args)`` with the arguments in the kernel's parameter order (positional binding is
+  the cheaper one in Triton's launcher; Triton caches the compiled kernel per argument signature).
+
+Launch configs (:mod:`.autotune`) are chosen per GPU and per shape: the in-process choice, else the persistent
+cache, else tuning. Tuning never touches the caller's tensors: it runs on random real tensors with the same
+(hinted) sizes, strides, dtypes and device (:func:`_random_like`), with every dispatch mode switched off, so it
+works the same while tracing fake tensors (a symbolic length tunes for its hint) and in eager.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..spec import AttentionSpec
+from . import autotune, codegen
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2_at_least_16(n: int) -> int:
+    # tl.arange needs a power of two and tl.dot an inner dim >= 16.
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def triton_cdiv(a, b: int):
+    """ceil(a / b); symbolic when ``a`` is (a grid over a symbolic length stays symbolic)."""
+    return (a + b - 1) // b
+
+
+def hint(x) -> int:
+    """An int for a size that may be symbolic: its hint (the example value Dynamo traced with), with no guard --
+    for choices that change speed, never results (launch configs, split counts)."""
+    if isinstance(x, torch.SymInt):
+        from torch.fx.experimental import symbolic_shapes
+
+        # torch 2.13 names it optimization_hint; torch 2.11 hint_int (both: no guard)
+        no_guard_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+        return no_guard_hint(x)
+    return int(x)
+
+
+# ---- the launch ------------------------------------------------------------------------------------------------------
+def _tracing() -> bool:
+    """Whether a launch now must be recorded (wrap_triton) rather than run: a dispatch mode (fake, functional,
+    proxy) is active and the op's eager backend has not turned wrap_triton off."""
+    from torch._library.triton import is_wrap_triton_enabled
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return is_wrap_triton_enabled() and _get_current_dispatch_mode() is not None
+
+
+def launch(kernel, grid: tuple, args: dict, cfg: Optional[autotune.KernelConfig] = None, warmup: bool = False) -> None:
+    """Run ``kernel`` on ``grid`` with ``args`` (every parameter, constexprs included) and cfg's warps and stages;
+    ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them)."""
+    options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if warmup:
+        kernel.warmup(**args, **options, grid=grid)
+    elif _tracing():
+        torch.library.wrap_triton(kernel)[grid](**args, **options)
+    else:
+        kernel[grid](*[args[name] for name in kernel.arg_names], **options)
+
+
+# ---- arguments -------------------------------------------------------------------------------------------------------
+def _bcast_strides(t: Tensor) -> list:
+    """Strides with 0 for size-1 dims: the kernels index a broadcast tensor without a dense copy."""
+    return [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs: full-precision dots unless the user opted into TF32 (as eager matmul does).
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not _interpret():
+        return "tf32"
+    return "ieee"
+
+
+def _score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
+    kw = {}
+    for i, t in enumerate(score_tensors):
+        kw[f"T{i}"] = t.view(torch.uint8) if t.dtype == torch.bool else t
+        for d, stride in zip("zhmn", _bcast_strides(t)):
+            kw[f"stride_t{i}_{d}"] = stride
+    return kw
+
+
+def _strides(prefix: str, t: Tensor) -> dict:
+    return {f"stride_{prefix}{d}": s for d, s in zip("zhmd" if prefix in ("q", "o", "do", "dq") else "zhnd", t.stride())}
+
+
+def _common(q, k, v, spec) -> dict:
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    D, DV = int(D), int(DV)  # constexprs: a symbolic head dim specializes (a guard), lengths stay symbolic
+    return dict(
+        H=H, M=M, N=N,
+        causal_offset=spec.causal.offset(M, N) if spec.causal else 0,
+        qk_scale=spec.scale_for(D) * math.log2(math.e),
+        D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
+        GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
+        WINDOW=spec.causal.window if spec.causal is not None and spec.causal.window is not None else 0,
+        PRECISION=_precision(q.dtype), UPCAST=_interpret(),
+        # qk_scale and dropout_p are constexprs: both are fixed by the spec (and head dim), which the generated module is
+        # already specific to; as run-time floats, Inductor would pass them as fp64.
+        DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,
+    )
+
+
+def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
+    # Without dropout the kernels never read Seed (DROPOUT is a constexpr); any pointer fills the parameter.
+    return placeholder if dropout_seed is None else dropout_seed
+
+
+def _blocks(cfg: autotune.KernelConfig) -> dict:
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+
+
+# ---- launch configs --------------------------------------------------------------------------------------------------
+def _random_like(t: Optional[Tensor]) -> Optional[Tensor]:
+    """A real tensor with ``t``'s (hinted) sizes, strides, dtype and device, filled with random values (normal
+    floats, mostly-true masks, any int64 seed): what the tuner times candidates on. Zeros would time faster than
+    real data on tensor cores, and a mask of all False would skip nothing the real one skips."""
+    if t is None:
+        return None
+    size = [hint(s) for s in t.shape]
+    stride = [hint(s) for s in t.stride()]
+    extent = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    if t.dtype == torch.bool:
+        flat = torch.rand(extent, device=t.device) < 0.9
+    elif t.dtype == torch.int64:
+        flat = torch.randint(2**62, (extent,), dtype=torch.int64, device=t.device)
+    else:
+        flat = torch.randn(extent, dtype=t.dtype, device=t.device)
+    return flat.as_strided(size, stride)
+
+
+class _RealInputs:
+    """Context: every dispatch mode off (fake, functional, proxy), no autograd -- so that the tuner makes real
+    tensors and launches kernels directly, also in the middle of a trace."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self._modes = _disable_current_modes()
+        self._modes.__enter__()
+        self._grad = torch.no_grad()
+        self._grad.__enter__()
+
+    def __exit__(self, *exc):
+        self._grad.__exit__(*exc)
+        return self._modes.__exit__(*exc)
+
+
+def _choose(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Callable[[], list],
+            bind: Callable[[], Callable[[autotune.KernelConfig, bool], None]], m=None) -> autotune.KernelConfig:
+    """The config of one kernel: the interpreter's; else the in-process choice for its tuning key (lengths M -- or
+    ``m`` -- and N by their hints); else (stored or tuned) from ``autotune.choose``. ``bind()`` is called only when
+    timing may be needed, with every mode off: it builds random inputs and returns ``run(cfg, warmup)``, which
+    launches (or only compiles) the kernel on them."""
+    if _interpret() or not q.is_cuda:
+        return autotune.INTERPRETER_CONFIGS[kind]
+    key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
+                              hint(common["M"] if m is None else m), hint(common["N"]))
+    cfg = autotune.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
+    if cfg is not None:
+        return cfg
+    with _RealInputs():
+        run = bind()
+        return autotune.choose(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
+
+
+def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
+    return lambda: fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
+                      autotune.max_shared_memory(q.device))
+
+
+# ---- forward ---------------------------------------------------------------------------------------------------------
+def _launch_forward(mod, cfg, q, k, v, score_tensors, spec, dropout_seed, out, lse, warmup=False) -> None:
+    Z, H, M, _ = q.shape
+    common = _common(q, k, v, spec)
+    args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
+                **_blocks(cfg))
+    launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m), Z * H), args, cfg, warmup)
+
+
+def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    Z, H, M, _ = q.shape
+    return (torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device),
+            torch.empty((Z, H, M), dtype=torch.float32, device=q.device))
+
+
+def _forward_config(mod, q, k, v, score_tensors, spec, dropout_seed) -> autotune.KernelConfig:
+    common = _common(q, k, v, spec)
+
+    def bind():
+        rq, rk, rv, seed, *rs = map(_random_like, (q, k, v, dropout_seed, *score_tensors))
+        out, lse = _empty_outputs(rq, rv)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, rq, rk, rv, rs, spec, seed, out, lse, warmup)
+
+    return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind)
+
+
+def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
+    """(out, lse) of validated inputs (N > 0) from the generated forward kernel."""
+    mod = codegen.load_module(spec)
+    cfg = _forward_config(mod, q, k, v, score_tensors, spec, dropout_seed)
+    out, lse = _empty_outputs(q, v)
+    _launch_forward(mod, cfg, q, k, v, score_tensors, spec, dropout_seed, out, lse)
+    return out, lse
+
+
+# ---- backward --------------------------------------------------------------------------------------------------------
+def exact_delta_forced() -> bool:
+    """``FUSE_ATTN_EXACT_DELTA=1``: the kernels' backward takes delta = rowsum(P * dP) from P and dP for fp16 / bf16
+    too (as for fp32), at the cost of one more pass over K and V in the dQ kernel (two more matmuls per tile)."""
+    return os.environ.get("FUSE_ATTN_EXACT_DELTA", "0") == "1"
+
+
+def _uses_exact_delta(q: Tensor) -> bool:
+    # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel recomputes each row's softmax
+    # statistics (row max, 1 / row sum) and delta = rowsum(P * dP) itself (one more pass over K and V)
+    # and runs first, so dS rows sum to 0 up to rounding and one-key rows get dS = 0 exactly, as in eager; fp16 /
+    # bf16 take FlashAttention's rowsum(dO * O) and the forward's lse, whose difference from it is below their
+    # precision except for nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known
+    # differences).
+    return q.dtype == torch.float32 or exact_delta_forced()
+
+
+class _BackwardBuffers:
+    """The backward's outputs and scratch for one set of inputs: dq, dk, dv, delta, the row statistics of the
+    exact delta, and the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics)."""
+
+    def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool):
+        self.dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        self.dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
+        self.dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+        self.delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        # the row statistics the dQ kernel stores for the dK/dV kernel (log2-unit row max, 1 / row sum); not read
+        # without the exact delta, when any pointer fills the parameters
+        self.row_max, self.row_scale = (torch.empty_like(lse), torch.empty_like(lse)) if exact_delta else (lse, lse)
+        self.dbias = {i: torch.zeros(t.shape, dtype=torch.float32, device=q.device)
+                      for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
+                      if st.role == "bias" and need}
+
+
+def _launch_backward(mod, cfgs: dict, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
+                     bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False):
+    """The backward's launches in order (the preprocess without the exact delta, then dK/dV and dQ; with it, dQ
+    first: it writes delta and the row statistics that dK/dV reads). ``only``: launch just that step
+    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's)."""
+    Z, H, M, D = q.shape
+    N = k.shape[2]
+    common = _common(q, k, v, spec)
+    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
+                EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
+                sm_scale=spec.scale_for(common["D"]), **common)
+    # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
+    # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
+    dscore, dq_needs, kv_needs = {}, {}, {}
+    for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
+        if st.role != "bias":
+            continue
+        buf = bufs.dbias.get(i)
+        dscore[f"DT{i}"] = t if buf is None else buf
+        for d, stride in zip("zhmn", (0, 0, 0, 0) if buf is None else _bcast_strides(buf)):
+            dscore[f"stride_dt{i}_{d}"] = stride
+        dq_needs[f"NEED_DT{i}"] = buf is not None and exact_delta
+        kv_needs[f"NEED_DT{i}"] = buf is not None and not exact_delta
+
+    def dq():
+        cfg = cfgs["bwd_dq"]
+        launch(mod._attn_bwd_dq, (triton_cdiv(M, cfg.block_m), Z * H),
+               dict(base, DQ=bufs.dq, **dscore, **dq_needs, **_strides("dq", bufs.dq), **_blocks(cfg)), cfg, warmup)
+
+    def dkdv():
+        cfg = cfgs["bwd_dkdv"]
+        launch(mod._attn_bwd_dkdv, (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)),
+               dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs,
+                    **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
+                    **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
+
+    def preprocess():  # delta = rowsum(dO * O)
+        launch(mod._attn_bwd_preprocess, (triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H),
+               dict(Out=out, DO=dout, Delta=bufs.delta, **_strides("o", out), **_strides("do", dout), H=H, M=M,
+                    DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
+
+    steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}
+    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"] if exact_delta else ["preprocess", "bwd_dkdv", "bwd_dq"]
+    for step in order:
+        steps[step]()
+
+
+def _backward_configs(mod, kernel_id, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+                      exact_delta) -> dict:
+    common = _common(q, k, v, spec)
+    tuned = {}
+
+    def bind(kind):
+        def bound():
+            # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
+            rq, rk, rv, rdo, seed, *rs = map(_random_like, (q, k, v, dout, dropout_seed, *score_tensors))
+            out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
+            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
+            if not exact_delta:  # delta from the preprocess, once
+                _launch_backward(mod, {}, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, False, only="preprocess")
+            elif kind == "bwd_dkdv":  # delta and the row statistics from the dQ kernel, once
+                _launch_backward(mod, tuned, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, True, only="bwd_dq")
+            return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, rdo, rq, rk, rv, rs, out, lse,
+                                                         spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
+        return bound
+
+    # with the exact delta, dQ is tuned first: the dK/dV kernel's inputs come from it
+    for kind, candidates in (("bwd_dq", autotune.dq_candidates), ("bwd_dkdv", autotune.dkdv_candidates)):
+        tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind))
+    return tuned
+
+
+def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec, needs_grad, dropout_seed=None):
+    """(dq, dk, dv, [gradient of each bias tensor that needs one]) of validated inputs (N > 0)."""
+    mod = codegen.load_module(spec)
+    exact_delta = _uses_exact_delta(q)
+    # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
+    kernel_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
+    cfgs = _backward_configs(mod, kernel_id, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed, exact_delta)
+    bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
+    _launch_backward(mod, cfgs, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed, bufs, exact_delta)
+    dscores = [bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)]
+    return bufs.dq, bufs.dk, bufs.dv, dscores

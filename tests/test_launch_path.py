@@ -1,0 +1,137 @@
+"""The launch path: under torch.compile the fused op's kernels are Inductor's kernels.
+
+GPU-only (the traced ``wrap_triton`` launches need compiled Triton): the output code of a compiled attention holds
+the generated forward and backward kernels and their launches, no call of the fused op as an extern kernel, and
+after the first call no Python of ours runs per call. On the CPU: the op routes CPU tensors to its opaque CPU op
+under compile, and the tuner builds real random inputs while a trace holds fake ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+
+import pytest
+import torch
+
+from fuse_attn.kernels import launch
+from fuse_attn.report import collect_reports
+
+ops = importlib.import_module("fuse_attn.kernels.ops")
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs a GPU and TRITON_INTERPRET=0")
+
+
+class CausalAttention(torch.nn.Module):
+    """nanoGPT's attention core on [B, H, N, D] inputs."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))
+
+    def forward(self, q, k, v):
+        n = q.shape[2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :n, :n] == 0, float("-inf"))
+        return torch.softmax(att, dim=-1) @ v
+
+
+def _count_calls(monkeypatch, module, names):
+    calls = []
+    for name in names:
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    return calls
+
+
+@needs_cuda
+def test_compiled_code_launches_the_generated_kernels_directly(monkeypatch):
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    torch.manual_seed(0)
+    B, H, N, D = 2, 4, 256, 64
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    dout = torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16)
+    compiled = torch.compile(CausalAttention(N).cuda(), backend="fuse_attn")
+
+    def step():
+        out = compiled(q, k, v)
+        out.backward(dout)
+        return out
+
+    with fresh_cache(), collect_reports() as reports:
+        out, codes = run_and_get_code(step)
+    assert [len(r.fused) for r in reports] == [1]
+    code = "\n".join(codes)
+    for kernel in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"):
+        assert f"def {kernel}(" in code, f"{kernel}'s source is not in Inductor's output code"
+        assert f"{kernel}.run(" in code or f"{kernel}[" in code or f"{kernel}_" in code, f"no launch of {kernel}"
+    assert "torch.ops.fuse_attn" not in code, "the fused op is still called as an extern kernel"
+
+    # after the first call: no Python of ours per call -- not the op's body, not a launcher, not the tuner
+    calls = _count_calls(monkeypatch, ops, ["_forward", "_backward_impl", "parse_spec", "validate"])
+    calls += _count_calls(monkeypatch, launch, ["launch", "_choose"])
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    again = step()
+    assert calls == []
+    torch.testing.assert_close(again, out, rtol=0, atol=0)
+    for t, g in zip((q, k, v), grads):
+        torch.testing.assert_close(t.grad, g, rtol=0, atol=0)
+
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.detach().double() for t in (q, k, v)), is_causal=True)
+    eager = torch.nn.functional.scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=True)
+    assert (out.double() - ref).abs().max() <= 2 * (eager.double() - ref).abs().max() + 1e-2
+
+
+def test_cpu_tensors_run_the_opaque_cpu_op_under_compile():
+    """A traced wrap_triton launch cannot run under the interpreter: on CPU tensors the compiled graph calls
+    ``fuse_attn::flash_attention_cpu`` (and its backward op), whatever TRITON_INTERPRET says."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 17, 16, requires_grad=True) for _ in range(3))
+    compiled = torch.compile(CausalAttention(17), backend="fuse_attn")
+
+    def step():
+        out = compiled(q, k, v)
+        out.sum().backward()
+        return out
+
+    with fresh_cache():
+        out, codes = run_and_get_code(step)
+    code = "\n".join(codes)
+    assert "fuse_attn.flash_attention_cpu" in code and "fuse_attn.flash_attention_backward_cpu" in code
+    torch.testing.assert_close(out, CausalAttention(17)(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_random_like_keeps_sizes_strides_and_is_not_zero():
+    base = torch.randn(2, 5, 3, 8).transpose(1, 2)  # a [Z, L, H, D] layout seen as [Z, H, L, D]
+    expanded = torch.randn(1, 1, 5, 5).expand(2, 3, 5, 5)  # stride 0 over batch and heads
+    for t in (base, expanded, base[..., ::2], torch.ones(2, 3, dtype=torch.bool)):
+        r = launch._random_like(t)
+        assert (r.shape, r.stride(), r.dtype, r.device) == (t.shape, t.stride(), t.dtype, t.device)
+        if r.is_floating_point():
+            assert r.abs().sum() > 0
+    assert launch._random_like(None) is None
+
+
+def test_random_like_of_fake_and_symbolic_tensors_is_real():
+    """While a trace holds fake tensors with symbolic lengths, the tuner's inputs are real, sized by the hints."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake = mode.from_tensor(torch.randn(2, 3, 37, 16), symbolic_context=None)
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    sym = mode.from_tensor(torch.randn(2, 3, 37, 16), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]))
+    assert isinstance(sym.shape[2], torch.SymInt)
+    with mode, launch._RealInputs():
+        for t in (fake, sym):
+            r = launch._random_like(t)
+            assert not isinstance(r, FakeTensor) and tuple(r.shape) == (2, 3, 37, 16)
+    assert launch.hint(sym.shape[2]) == 37

@@ -1,0 +1,158 @@
+"""Host cost per call of one attention: wall time against GPU time, forward and forward+backward.
+
+    python3 tools/bench_host_overhead.py --out OUTDIR [--shapes 8,12,1024,64 32,12,512,64 1,32,256,128] [--dtype bfloat16]
+
+For each shape (causal, nanoGPT-style eager attention: a tril buffer, ``masked_fill(== 0, -inf)``, softmax, ``@ v``)
+and each method, two numbers per call:
+
+* **wall**: ``triton.testing.do_bench`` median of back-to-back calls. When the host cannot issue the kernels as fast as
+  the GPU runs them, the GPU idles between them and this time grows: it is what a training or inference step pays.
+* **GPU**: the same call captured once in a CUDA graph and replayed (median of ``do_bench`` on the replay): the
+  kernels' time with no host work at all.
+
+wall / GPU near 1 means the call is GPU-bound. Methods: ``fuse_attn`` (``torch.compile(backend="fuse_attn")`` of the
+eager attention: the generated kernels launched from Inductor's code), ``fuse_attn op`` (``fuse_attn.kernels
+.flash_attention`` called directly, outside any compiled graph), ``torch.compile`` (Inductor's default on the same
+eager attention), ``SDPA cuDNN`` and ``SDPA flash`` (eager ``F.scaled_dot_product_attention(is_causal=True)``).
+Rows are printed as a table and appended to OUTDIR/bench_host_overhead.csv with the GPU, versions and date.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import sys
+
+import torch
+import triton
+import triton.testing
+from tabulate import tabulate
+
+if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from fuse_attn.kernels import flash_attention  # noqa: E402
+from fuse_attn.spec import AttentionSpec, CausalMask  # noqa: E402
+from tools.bench_csv import appending  # noqa: E402
+
+DEFAULT_SHAPES = [(8, 12, 1024, 64), (32, 12, 512, 64), (1, 32, 256, 128)]
+METHODS = ("fuse_attn", "fuse_attn op", "torch.compile", "SDPA cuDNN", "SDPA flash")
+CSV_COLUMNS = ["B", "H", "N", "D", "dtype", "mode", "method", "wall_us", "gpu_us", "gpu", "torch", "triton", "date"]
+
+
+class CausalAttention(torch.nn.Module):
+    """nanoGPT's attention core on [B, H, N, D] inputs: a registered tril buffer, masked_fill(== 0, -inf)."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))
+
+    def forward(self, q, k, v):
+        n = q.shape[2]
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+        att = att.masked_fill(self.bias[:, :, :n, :n] == 0, float("-inf"))
+        return torch.softmax(att, dim=-1) @ v
+
+
+def _methods(n: int, d: int, dtype: torch.dtype) -> dict:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    core = CausalAttention(n).cuda()
+    spec = AttentionSpec(dtype=str(dtype).removeprefix("torch."), head_dim=d, head_dim_v=d, scale=d ** -0.5,
+                         causal=CausalMask())
+
+    def sdpa(backend):
+        def f(q, k, v):
+            with sdpa_kernel(backend):
+                return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return f
+
+    return {
+        "fuse_attn": torch.compile(core, backend="fuse_attn"),
+        "fuse_attn op": lambda q, k, v: flash_attention(q, k, v, spec),
+        "torch.compile": torch.compile(CausalAttention(n).cuda()),
+        "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
+        "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
+    }
+
+
+def _graph_time_ms(step) -> float:
+    """Median ms of one replay of ``step`` captured in a CUDA graph (warmed up on a side stream first)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    ms = triton.testing.do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    del graph
+    return ms
+
+
+def measure(fn, q, k, v, dout, backward: bool) -> tuple[float, float]:
+    """(wall ms, GPU ms) per call."""
+    def step():
+        out = fn(q, k, v)
+        if backward:
+            out.backward(dout)
+
+    for _ in range(3):  # compile, tune, and reach the steady state outside the timing
+        step()
+    torch.cuda.synchronize()
+    wall = triton.testing.do_bench(step, warmup=25, rep=200, grad_to_none=[q, k, v] if backward else None,
+                                   return_mode="median")
+    for t in (q, k, v):
+        t.grad = None
+    return wall, _graph_time_ms(step)
+
+
+def run(shapes, dtype, record) -> list:
+    rows = []
+    for B, H, N, D in shapes:
+        torch._dynamo.reset()
+        methods = _methods(N, D, dtype)
+        for mode in ("fwd", "fwd+bwd"):
+            backward = mode == "fwd+bwd"
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen).requires_grad_(backward)
+                       for _ in range(3))
+            dout = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
+            row = [f"{B},{H},{N},{D}", mode]
+            for name in METHODS:
+                try:
+                    wall, gpu = measure(methods[name], q, k, v, dout, backward)
+                except Exception as e:  # one method's failure must not hide the others' numbers
+                    print(f"{name} {mode} {B},{H},{N},{D} failed: {type(e).__name__}: {e}", flush=True)
+                    row.append("error")
+                    continue
+                record([B, H, N, D, str(dtype).removeprefix("torch."), mode, name, f"{wall * 1e3:.1f}",
+                        f"{gpu * 1e3:.1f}"])
+                row.append(f"{wall * 1e3:.0f} / {gpu * 1e3:.0f} ({wall / gpu:.2f}x)")
+            print(row, flush=True)
+            rows.append(row)
+    return rows
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=".")
+    ap.add_argument("--shapes", nargs="*", default=None, help="B,H,N,D ...")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    args = ap.parse_args(argv)
+    shapes = [tuple(map(int, s.split(","))) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
+    os.makedirs(args.out, exist_ok=True)
+    run_info = [torch.cuda.get_device_name(), torch.__version__, triton.__version__, datetime.date.today().isoformat()]
+    with appending(os.path.join(args.out, "bench_host_overhead.csv"), CSV_COLUMNS, run_info) as record:
+        rows = run(shapes, getattr(torch, args.dtype), record)
+    print(f"\n{run_info[0]}, torch {run_info[1]}, triton {run_info[2]}, causal, {args.dtype}; "
+          "per call: wall us / CUDA-graph GPU us (wall / GPU)")
+    print(tabulate(rows, headers=["B,H,N,D", "mode", *METHODS], tablefmt="github"))
+
+
+if __name__ == "__main__":
+    main()

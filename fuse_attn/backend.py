@@ -43,6 +43,7 @@ ENV_DISABLE = "FUSE_ATTN_DISABLE"
 
 
 def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
+    from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(kwargs.get("options") or {})
@@ -51,6 +52,11 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     config_patches = _inductor_mode_options(kwargs.get("mode"))
     config_patches.update(options)
     config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
+    if hasattr(inductor_config, "static_launch_user_defined_triton_kernels"):
+        # The fused kernels are user-defined Triton kernels to Inductor, which launches those through Triton's
+        # Python launcher unless this is on; its static launcher took a one-attention step from 832 to 793 us
+        # (fwd+bwd, B8 H12 N1024 D64) and from 182 to 125 us (fwd, B1 H32 N256 D128) on an H100, torch 2.11.
+        config_patches.setdefault("static_launch_user_defined_triton_kernels", True)
 
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)

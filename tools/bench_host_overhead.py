@@ -13,7 +13,9 @@ and each method, two numbers per call:
 wall / GPU near 1 means the call is GPU-bound. Methods: ``fuse_attn`` (``torch.compile(backend="fuse_attn")`` of the
 eager attention: the generated kernels launched from Inductor's code), ``fuse_attn op`` (``fuse_attn.kernels
 .flash_attention`` called directly, outside any compiled graph), ``torch.compile`` (Inductor's default on the same
-eager attention), ``SDPA cuDNN`` and ``SDPA flash`` (eager ``F.scaled_dot_product_attention(is_causal=True)``).
+eager attention), ``compiled SDPA`` (``torch.compile`` of ``F.scaled_dot_product_attention(is_causal=True)``: the
+host cost any compiled one-attention graph pays -- Dynamo's guards, AOTAutograd's wrappers, the autograd node),
+``SDPA cuDNN`` and ``SDPA flash`` (the same call eagerly, with that backend).
 Rows are printed as a table and appended to OUTDIR/bench_host_overhead.csv with the GPU, versions and date.
 """
 
@@ -37,7 +39,7 @@ from fuse_attn.spec import AttentionSpec, CausalMask  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402
 
 DEFAULT_SHAPES = [(8, 12, 1024, 64), (32, 12, 512, 64), (1, 32, 256, 128)]
-METHODS = ("fuse_attn", "fuse_attn op", "torch.compile", "SDPA cuDNN", "SDPA flash")
+METHODS = ("fuse_attn", "fuse_attn op", "torch.compile", "compiled SDPA", "SDPA cuDNN", "SDPA flash")
 CSV_COLUMNS = ["B", "H", "N", "D", "dtype", "mode", "method", "wall_us", "gpu_us", "gpu", "torch", "triton", "date"]
 
 
@@ -73,6 +75,7 @@ def _methods(n: int, d: int, dtype: torch.dtype) -> dict:
         "fuse_attn": torch.compile(core, backend="fuse_attn"),
         "fuse_attn op": lambda q, k, v: flash_attention(q, k, v, spec),
         "torch.compile": torch.compile(CausalAttention(n).cuda()),
+        "compiled SDPA": torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
         "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
     }

@@ -1,5 +1,7 @@
-"""Model-level benchmark: Hugging Face GPT-2- and LLaMA-style decoders built from configs (random weights, a few
-layers), a training step and an inference forward, with the attention compiled four ways.
+"""Model-level benchmark: Hugging Face models built from configs (random weights), a training step and an inference
+forward, with the attention compiled four ways. Models: ``gpt2`` and ``llama`` (4-layer decoders, below),
+``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3)
+and ``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer] [--variants fuse_attn inductor sdpa+inductor]
@@ -73,7 +75,7 @@ VARIANTS = {  # name -> (attention implementation, backend; None: not compiled)
     "eager": ("eager", None),
 }
 COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor"]
-MODEL_NAMES = ["gpt2", "llama"]
+MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
@@ -91,7 +93,25 @@ def model_and_config(name, attention, tiny, length):
     """
     import transformers as T
 
-    if name == "gpt2":
+    if name == "gpt2-small":  # GPT-2 small: 12 layers, width 768, 12 heads of 64
+        size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=768, n_head=12, n_layer=12)
+        config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                              use_cache=False)
+        model_cls = T.GPT2LMHeadModel
+    elif name == "bert-padded":  # BERT-base (12 layers, width 768, 12 heads), run with padded batches (make_inputs)
+        size = (dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=64)
+                if tiny else {})
+        config = T.BertConfig(**size, max_position_embeddings=max(512, length), hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0)
+        model_cls = T.BertForMaskedLM
+    elif name == "llama-1b":  # Llama-3.2-1B's shape: width 2048, 32 heads of 64, 8 kv heads (GQA 4), 16 layers
+        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=1,
+                     num_hidden_layers=2, vocab_size=64) if tiny else
+                dict(hidden_size=2048, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=8,
+                     num_hidden_layers=16))
+        config = T.LlamaConfig(**size, max_position_embeddings=length, attention_dropout=0.0, use_cache=False)
+        model_cls = T.LlamaForCausalLM
+    elif name == "gpt2":
         size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=1024, n_head=16, n_layer=4)
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
                               use_cache=False)
@@ -116,14 +136,26 @@ def build(name, attention, tiny, length, device, dtype, train):
     return model
 
 
-def make_step(model, input_ids, train):
+def make_inputs(name, vocab, batch, length, device) -> dict:
+    """Random input ids; for "bert-padded" also the attention mask of a padded batch: the sequences' lengths
+    cycle through N, 3N/4, N/2, N/3 (the padding the model's mask utilities turn into an additive mask)."""
+    gen = torch.Generator(device).manual_seed(0)
+    inputs = {"input_ids": torch.randint(0, vocab, (batch, length), device=device, generator=gen)}
+    if name == "bert-padded":
+        lengths = torch.tensor([(length, 3 * length // 4, length // 2, length // 3)[i % 4] for i in range(batch)],
+                               device=device)
+        inputs["attention_mask"] = (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
+    return inputs
+
+
+def make_step(model, inputs, train):
     if train:
         def step():
-            model(input_ids=input_ids, labels=input_ids).loss.backward()
+            model(**inputs, labels=inputs["input_ids"]).loss.backward()
     else:
         def step():
             with torch.no_grad():
-                model(input_ids=input_ids)
+                model(**inputs)
     return step
 
 
@@ -144,8 +176,7 @@ def measure(name, variant, mode, length, batch, args):
     train = mode == "train"
     model = build(name, VARIANTS[variant][0], args.tiny, length, args.device, args.dtype, train)
     vocab = model.config.vocab_size
-    input_ids = torch.randint(0, vocab, (batch, length), device=args.device, generator=torch.Generator(args.device).manual_seed(0))
-    step = make_step(compiled(model, variant), input_ids, train)
+    step = make_step(compiled(model, variant), make_inputs(name, vocab, batch, length, args.device), train)
     params = list(model.parameters())
 
     def drop_grads():
@@ -222,11 +253,11 @@ def first_step(args):
     name, length = args.models[0], args.compile_time_length
     batch = max(1, args.batch_tokens // length)
     model = build(name, "eager", args.tiny, length, args.device, args.dtype, train=True)
-    input_ids = torch.randint(0, model.config.vocab_size, (batch, length), device=args.device)
+    inputs = make_inputs(name, model.config.vocab_size, batch, length, args.device)
     synchronize(args.device)
     start = time.perf_counter()
     with collect_reports() as reports:
-        make_step(compiled(model, args.first_step), input_ids, train=True)()
+        make_step(compiled(model, args.first_step), inputs, train=True)()
     synchronize(args.device)
     seconds = time.perf_counter() - start
     print(FIRST_STEP_MARK, json.dumps({"seconds": seconds, "fused": sum(len(r.fused) for r in reports)}), flush=True)

@@ -259,7 +259,7 @@ class TritonOps:
         mask = {(False, False): "load_mask", (False, True): f"{rows} < M", (True, False): f"{cols} < N",
                 (True, True): None}[(bm, bn)]
         shape = {(False, False): "tile", (False, True): "row", (True, False): "col", (True, True): "scalar"}[(bm, bn)]
-        if self.tensors[i].role == "mask":  # bool tensors are passed as uint8
+        if self.tensors[i].role == "mask":  # a bool tensor, loaded as bytes
             load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
             return TVal(f"({load} != 0)", "bool", shape)
         load = f"tl.load({ptr}, mask={mask}, other=0.0)" if mask else f"tl.load({ptr})"

@@ -94,7 +94,9 @@ def _precision(dtype: torch.dtype) -> str:
 def _score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
     kw = {}
     for i, t in enumerate(score_tensors):
-        kw[f"T{i}"] = t.view(torch.uint8) if t.dtype == torch.bool else t
+        # bool masks as they are: Triton loads a bool pointer as bytes (a traced bool -> uint8 view is what Inductor
+        # could not lower: "torch.bool is not supported by torch.iinfo", torch 2.11)
+        kw[f"T{i}"] = t
         for d, stride in zip("zhmn", _bcast_strides(t)):
             kw[f"stride_t{i}_{d}"] = stride
     return kw

@@ -109,10 +109,10 @@ def dispatch_splits(q: Tensor, k: Tensor, spec: AttentionSpec) -> int:
     """The op's choice for validated inputs with N > 0: the number of splits, 1 for the ordinary forward. A speed
     choice, made on the lengths' hints when they are symbolic (no guard: the split kernels are correct for any
     length, see :func:`triton_forward`)."""
+    if spec.gqa_group * q.shape[2] > MAX_ROWS:  # a guard where q_len is symbolic: the split kernel's row tile is fixed
+        return 1  # not a decode shape: nothing to log
     Z, H, M, _ = (hint(x) for x in q.shape)
     rows = spec.gqa_group * M
-    if rows > MAX_ROWS:
-        return 1  # not a decode shape: nothing to log
     kv_lo, kv_hi = visible_key_range(spec, M, hint(k.shape[2]))
     splits = num_splits(rows, kv_hi - kv_lo, Z * (H // spec.gqa_group), sm_count(q.device))
     if splits > 1 and spec.dropout_p:
@@ -161,7 +161,8 @@ def _config(mod, q, k, v, score_tensors, spec, splits: int) -> autotune.KernelCo
     """The launch config: tuned like the other kernels (kind "decode", keyed by power-of-two buckets of the packed
     rows and of k_len, so a growing cache is tuned once per doubling -- a handful of times per generation, stored
     on disk for the next process), or the interpreter's; its row tile is always the packed rows'."""
-    block_r = _pow2_at_least_16(spec.gqa_group * hint(q.shape[2]))  # tl.dot needs >= 16 rows
+    # the packed rows, >= 16 for tl.dot; a symbolic q_len specializes here (the row tile must hold every row)
+    block_r = _pow2_at_least_16(spec.gqa_group * int(q.shape[2]))
     common = _common(q, k, v, spec)
 
     def candidates():
@@ -172,7 +173,7 @@ def _config(mod, q, k, v, score_tensors, spec, splits: int) -> autotune.KernelCo
         rq, rk, rv, *rs = map(_random_like, (q, k, v, *score_tensors))
         return lambda cfg, warmup: _launch_split(mod, cfg, rq, rk, rv, rs, spec, splits, warmup)
 
-    cfg = _choose("decode", q, mod.KERNEL_ID, common, candidates, bind, m=spec.gqa_group * hint(q.shape[2]))
+    cfg = _choose("decode", q, mod.KERNEL_ID, common, candidates, bind, m=spec.gqa_group * int(q.shape[2]))
     return dataclasses.replace(cfg, block_m=block_r)
 
 

@@ -17,24 +17,11 @@ import torch
 
 from fuse_attn.kernels import launch
 from fuse_attn.report import collect_reports
+from tools.bench_host_overhead import CausalAttention
 
 ops = importlib.import_module("fuse_attn.kernels.ops")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU and TRITON_INTERPRET=0")
-
-
-class CausalAttention(torch.nn.Module):
-    """nanoGPT's attention core on [B, H, N, D] inputs."""
-
-    def __init__(self, n: int):
-        super().__init__()
-        self.register_buffer("bias", torch.tril(torch.ones(n, n)).view(1, 1, n, n))
-
-    def forward(self, q, k, v):
-        n = q.shape[2]
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
-        att = att.masked_fill(self.bias[:, :, :n, :n] == 0, float("-inf"))
-        return torch.softmax(att, dim=-1) @ v
 
 
 def _count_calls(monkeypatch, module, names):

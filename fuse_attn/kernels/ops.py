@@ -11,9 +11,8 @@ Dispatch inside the body: CUDA tensors -> the generated Triton kernels. CPU tens
 ``fuse_attn::flash_attention_cpu`` / ``flash_attention_backward_cpu`` (a traced ``wrap_triton`` launch cannot run
 under the Triton interpreter), which run the same kernels through the interpreter under ``TRITON_INTERPRET=1`` and
 :func:`.reference.blockwise_forward` / ``blockwise_backward`` (plain PyTorch, a block of query rows at a time)
-otherwise. One definition of the semantics: both routes validate with :func:`validate`, handle empty inputs with
-:func:`_empty_forward` / :func:`_empty_backward`, and run the kernels or the blockwise path through
-:func:`_forward` / :func:`_backward_impl`. If the kernels cannot be generated, compiled or launched (no launch config
+otherwise. One definition of the semantics: both routes run :func:`_forward_op` / :func:`_backward_op`
+(validation, empty inputs, then the kernels or the blockwise path). If the kernels cannot be generated, compiled or launched (no launch config
 works), the op warns once and runs the blockwise path instead, on any device (traced into the graph when compiling).
 """
 
@@ -185,36 +184,46 @@ def _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: A
 
 
 # ---- the ops ---------------------------------------------------------------------------------------------------------
-@torch.library.triton_op("fuse_attn::flash_attention", mutates_args=())
-def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
-                       spec: str) -> tuple[Tensor, Tensor]:
+def _forward_op(q, k, v, score_tensors, dropout_seed, spec: str, cpu_op: bool):
+    """Either op's forward: validated, empty inputs answered, then the CPU op (``cpu_op``) or the kernels."""
     s = parse_spec(spec)
     validate(q, k, v, score_tensors, s, dropout_seed)
     if _is_empty(q, k):
         return _empty_forward(q, v)
-    if q.device.type != "cuda":
+    if cpu_op:
         return torch.ops.fuse_attn.flash_attention_cpu(q, k, v, score_tensors, dropout_seed, spec)
     return _forward(q, k, v, score_tensors, dropout_seed, s)
+
+
+def _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: str, score_tensor_needs_grad, cpu_op: bool):
+    """Either op's backward, as :func:`_forward_op`."""
+    s = parse_spec(spec)
+    validate(q, k, v, score_tensors, s, dropout_seed)
+    needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
+    if _is_empty(q, k):
+        return _empty_backward(q, k, v, score_tensors, needs)
+    if cpu_op:
+        return torch.ops.fuse_attn.flash_attention_backward_cpu(dout, q, k, v, score_tensors, dropout_seed, out, lse,
+                                                                spec, score_tensor_needs_grad)
+    return _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, s, needs)
+
+
+@torch.library.triton_op("fuse_attn::flash_attention", mutates_args=())
+def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
+                       spec: str) -> tuple[Tensor, Tensor]:
+    return _forward_op(q, k, v, score_tensors, dropout_seed, spec, cpu_op=q.device.type != "cuda")
 
 
 @torch.library.custom_op("fuse_attn::flash_attention_cpu", mutates_args=())
 def flash_attention_cpu_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
                            spec: str) -> tuple[Tensor, Tensor]:
     """The forward on CPU tensors, opaque to tracing: the kernels through the Triton interpreter, or blockwise."""
-    s = parse_spec(spec)
-    validate(q, k, v, score_tensors, s, dropout_seed)
-    if _is_empty(q, k):
-        return _empty_forward(q, v)
-    return _forward(q, k, v, score_tensors, dropout_seed, s)
+    return _forward_op(q, k, v, score_tensors, dropout_seed, spec, cpu_op=False)
 
 
 @flash_attention_cpu_op.register_fake
 def _(q, k, v, score_tensors, dropout_seed, spec):
     validate(q, k, v, score_tensors, parse_spec(spec), dropout_seed)
-    return _empty_outputs(q, v)
-
-
-def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     Z, H, M, _ = q.shape
     return q.new_empty((Z, H, M, v.shape[3])), q.new_empty((Z, H, M), dtype=torch.float32)
 
@@ -224,15 +233,8 @@ def flash_attention_backward_op(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
     out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    s = parse_spec(spec)
-    validate(q, k, v, score_tensors, s, dropout_seed)
-    needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
-    if _is_empty(q, k):
-        return _empty_backward(q, k, v, score_tensors, needs)
-    if q.device.type != "cuda":
-        return torch.ops.fuse_attn.flash_attention_backward_cpu(dout, q, k, v, score_tensors, dropout_seed, out, lse,
-                                                                spec, score_tensor_needs_grad)
-    return _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, s, needs)
+    return _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad,
+                        cpu_op=q.device.type != "cuda")
 
 
 @torch.library.custom_op("fuse_attn::flash_attention_backward_cpu", mutates_args=())
@@ -241,12 +243,8 @@ def flash_attention_backward_cpu_op(
     out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """The backward on CPU tensors, opaque to tracing (as :func:`flash_attention_cpu_op`)."""
-    s = parse_spec(spec)
-    validate(q, k, v, score_tensors, s, dropout_seed)
-    needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
-    if _is_empty(q, k):
-        return _empty_backward(q, k, v, score_tensors, needs)
-    return _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, s, needs)
+    return _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad,
+                        cpu_op=False)
 
 
 @flash_attention_backward_cpu_op.register_fake

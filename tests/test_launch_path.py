@@ -163,34 +163,3 @@ def test_split_k_decode_under_a_growing_cache_matches_eager():
         eager = model(q, k, v, mask)
         err, err_eager = (out.double() - ref).abs().max().item(), (eager.double() - ref).abs().max().item()
         assert err <= 2 * err_eager + 1e-2 * ref.abs().max().item(), (n, err, err_eager)
-
-
-def test_a_symbolic_length_is_pinned_to_its_tuning_bucket():
-    """Under dynamic shapes the config is chosen for the length's hint; guards keep the graph to lengths of that
-    power-of-two bucket, so another bucket recompiles with its own config (never one tuned for another length)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
-
-    env = ShapeEnv()
-    sym = FakeTensorMode(shape_env=env).from_tensor(torch.randn(2, 3, 37, 16), symbolic_context=StatelessSymbolicContext(
-        dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]))
-    assert launch._bucket_of(sym.shape[2]) == 37
-    symbol = sym.shape[2].node.expr
-    assert sorted(str(g.expr) for g in env.guards) == sorted([f"{symbol} <= 64", f"{symbol} > 32"])
-    assert launch._bucket_of(1000) == 1000 and not isinstance(launch._bucket_of(1000), torch.SymInt)
-
-
-@needs_cuda
-def test_dynamic_graph_recompiles_per_length_bucket_with_its_config():
-    from torch._dynamo.utils import counters
-
-    torch.manual_seed(0)
-    compiled = torch.compile(CausalAttention(4096).cuda(), backend="fuse_attn", dynamic=True)
-    counters.clear()
-    for n in (1000, 1024, 600, 4000):  # buckets 1024, 1024, 1024, 4096
-        q, k, v = (torch.randn(1, 4, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-        out = compiled(q, k, v)
-        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
-        eager = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        assert (out.double() - ref).abs().max() <= 2 * (eager.double() - ref).abs().max() + 1e-2
-    assert counters["stats"]["unique_graphs"] == 2, dict(counters["stats"])

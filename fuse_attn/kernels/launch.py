@@ -177,29 +177,14 @@ def _choose(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Call
     launches (or only compiles) the kernel on them."""
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
-    m = common["M"] if m is None else m
-    key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"], _bucket_of(m),
-                              _bucket_of(common["N"]))
+    key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
+                              hint(common["M"] if m is None else m), hint(common["N"]))
     cfg = autotune.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
     with _RealInputs():
         run = bind()
         return autotune.choose(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
-
-
-def _bucket_of(length) -> int:
-    """The length (its tuning bucket decides the config). A symbolic length is pinned to its hint's power-of-two
-    bucket by a guard: the compiled graph then serves only lengths of that bucket, and a length of another bucket
-    recompiles it with that bucket's config. One config for every length of a dynamic graph lost up to 67% (a
-    forward tuned at N=1024 run at N=4096, H100; BENCHMARKS.md), where the bucket's own config is the tuner's."""
-    if not isinstance(length, torch.SymInt):
-        return length
-    n = hint(length)
-    bucket = autotune.length_bucket(n)
-    if not (bucket // 2 < length <= bucket):  # evaluating the comparisons installs the guards
-        raise AssertionError(f"length {length} (hint {n}) outside its own bucket {bucket}")
-    return n
 
 
 def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:

@@ -141,11 +141,13 @@ def _split_range(kv_lo, kv_hi, splits: int, block_n: int) -> tuple:
     return lo, chunk, torch.sym_max(1, triton_cdiv(kv_hi - lo, chunk))
 
 
-def _launch_split(mod, cfg, q, k, v, score_tensors, spec, splits: int, warmup: bool = False) -> tuple[Tensor, Tensor]:
-    """The split kernel's fp32 partials ([Z * H * M, S, DV] outputs and [Z * H * M, S] log-sum-exps)."""
+def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
+                  warmup: bool = False) -> tuple[Tensor, Tensor]:
+    """The split kernel's fp32 partials ([Z * H * M, S, DV] outputs and [Z * H * M, S] log-sum-exps). ``common``:
+    ``_common`` of these q, k, v."""
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
-    common = {name: value for name, value in _common(q, k, v, spec).items() if name not in ("DROPOUT", "dropout_p")}
+    common = {name: value for name, value in common.items() if name not in ("DROPOUT", "dropout_p")}
     kv_lo, kv_hi = visible_key_range(spec, M, N)
     lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
     out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
@@ -157,13 +159,12 @@ def _launch_split(mod, cfg, q, k, v, score_tensors, spec, splits: int, warmup: b
     return out_part, lse_part
 
 
-def _config(mod, q, k, v, score_tensors, spec, splits: int) -> autotune.KernelConfig:
+def _config(mod, common, q, k, v, score_tensors, spec, splits: int) -> autotune.KernelConfig:
     """The launch config: tuned like the other kernels (kind "decode", keyed by power-of-two buckets of the packed
     rows and of k_len, so a growing cache is tuned once per doubling -- a handful of times per generation, stored
     on disk for the next process), or the interpreter's; its row tile is always the packed rows'."""
     # the packed rows, >= 16 for tl.dot; a symbolic q_len specializes here (the row tile must hold every row)
     block_r = _pow2_at_least_16(spec.gqa_group * int(q.shape[2]))
-    common = _common(q, k, v, spec)
 
     def candidates():
         return autotune.decode_candidates(block_r, common["BLOCK_D"], common["BLOCK_DV"], q.element_size(),
@@ -171,7 +172,8 @@ def _config(mod, q, k, v, score_tensors, spec, splits: int) -> autotune.KernelCo
 
     def bind():
         rq, rk, rv, *rs = map(_random_like, (q, k, v, *score_tensors))
-        return lambda cfg, warmup: _launch_split(mod, cfg, rq, rk, rv, rs, spec, splits, warmup)
+        real = _common(rq, rk, rv, spec)
+        return lambda cfg, warmup: _launch_split(mod, cfg, real, rq, rk, rv, rs, spec, splits, warmup)
 
     cfg = _choose("decode", q, mod.KERNEL_ID, common, candidates, bind, m=spec.gqa_group * int(q.shape[2]))
     return dataclasses.replace(cfg, block_m=block_r)
@@ -182,8 +184,9 @@ def triton_forward(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tens
     """(out, lse) of validated inputs (N > 0, no dropout) through at most ``splits`` key splits."""
     mod = codegen.load_module(spec, codegen.DECODING_TEMPLATE_NAME)
     Z, H, M, _ = q.shape
-    cfg = _config(mod, q, k, v, score_tensors, spec, splits)
-    out_part, lse_part = _launch_split(mod, cfg, q, k, v, score_tensors, spec, splits)
+    common = _common(q, k, v, spec)
+    cfg = _config(mod, common, q, k, v, score_tensors, spec, splits)
+    out_part, lse_part = _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits)
     out = torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
     combine(mod, out_part, lse_part, out, lse)

@@ -193,9 +193,9 @@ def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _launch_forward(mod, cfg, q, k, v, score_tensors, spec, dropout_seed, out, lse, warmup=False) -> None:
+def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, warmup=False) -> None:
+    """``common``: ``_common`` of these q, k, v (computed once by the caller)."""
     Z, H, M, _ = q.shape
-    common = _common(q, k, v, spec)
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
@@ -208,13 +208,12 @@ def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
             torch.empty((Z, H, M), dtype=torch.float32, device=q.device))
 
 
-def _forward_config(mod, q, k, v, score_tensors, spec, dropout_seed) -> autotune.KernelConfig:
-    common = _common(q, k, v, spec)
-
+def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed) -> autotune.KernelConfig:
     def bind():
         rq, rk, rv, seed, *rs = map(_random_like, (q, k, v, dropout_seed, *score_tensors))
         out, lse = _empty_outputs(rq, rv)
-        return lambda cfg, warmup: _launch_forward(mod, cfg, rq, rk, rv, rs, spec, seed, out, lse, warmup)
+        real = _common(rq, rk, rv, spec)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, warmup)
 
     return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind)
 
@@ -222,9 +221,10 @@ def _forward_config(mod, q, k, v, score_tensors, spec, dropout_seed) -> autotune
 def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
     """(out, lse) of validated inputs (N > 0) from the generated forward kernel."""
     mod = codegen.load_module(spec)
-    cfg = _forward_config(mod, q, k, v, score_tensors, spec, dropout_seed)
+    common = _common(q, k, v, spec)
+    cfg = _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed)
     out, lse = _empty_outputs(q, v)
-    _launch_forward(mod, cfg, q, k, v, score_tensors, spec, dropout_seed, out, lse)
+    _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse)
     return out, lse
 
 
@@ -262,14 +262,13 @@ class _BackwardBuffers:
                       if st.role == "bias" and need}
 
 
-def _launch_backward(mod, cfgs: dict, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
+def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
                      bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False):
     """The backward's launches in order (the preprocess without the exact delta, then dK/dV and dQ; with it, dQ
     first: it writes delta and the row statistics that dK/dV reads). ``only``: launch just that step
-    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's)."""
-    Z, H, M, D = q.shape
+    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's). ``common``: ``_common`` of these q, k, v."""
+    Z, H, M, _ = q.shape
     N = k.shape[2]
-    common = _common(q, k, v, spec)
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
                 EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
@@ -310,9 +309,8 @@ def _launch_backward(mod, cfgs: dict, dout, q, k, v, score_tensors, out, lse, sp
         steps[step]()
 
 
-def _backward_configs(mod, kernel_id, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
                       exact_delta) -> dict:
-    common = _common(q, k, v, spec)
     tuned = {}
 
     def bind(kind):
@@ -320,13 +318,15 @@ def _backward_configs(mod, kernel_id, dout, q, k, v, score_tensors, spec, needs_
             # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
             rq, rk, rv, rdo, seed, *rs = map(_random_like, (q, k, v, dout, dropout_seed, *score_tensors))
             out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
+            real = _common(rq, rk, rv, spec)
             bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
             if not exact_delta:  # delta from the preprocess, once
-                _launch_backward(mod, {}, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, False, only="preprocess")
+                _launch_backward(mod, {}, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, False,
+                                 only="preprocess")
             elif kind == "bwd_dkdv":  # delta and the row statistics from the dQ kernel, once
-                _launch_backward(mod, tuned, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, True, only="bwd_dq")
-            return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, rdo, rq, rk, rv, rs, out, lse,
-                                                         spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
+                _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, True, only="bwd_dq")
+            return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, real, rdo, rq, rk, rv, rs, out,
+                                                         lse, spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
         return bound
 
     # with the exact delta, dQ is tuned first: the dK/dV kernel's inputs come from it
@@ -341,8 +341,10 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
     exact_delta = _uses_exact_delta(q)
     # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
     kernel_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
-    cfgs = _backward_configs(mod, kernel_id, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed, exact_delta)
+    common = _common(q, k, v, spec)
+    cfgs = _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+                             exact_delta)
     bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
-    _launch_backward(mod, cfgs, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed, bufs, exact_delta)
+    _launch_backward(mod, cfgs, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed, bufs, exact_delta)
     dscores = [bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)]
     return bufs.dq, bufs.dk, bufs.dv, dscores

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..spec import AttentionSpec, UnsupportedSpec
 from . import codegen, flash_decoding
-from .launch import _interpret, triton_backward, triton_forward
+from .launch import _empty_outputs, _interpret, triton_backward, triton_forward
 from .reference import blockwise_backward, blockwise_forward
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -224,8 +224,7 @@ def flash_attention_cpu_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[
 @flash_attention_cpu_op.register_fake
 def _(q, k, v, score_tensors, dropout_seed, spec):
     validate(q, k, v, score_tensors, parse_spec(spec), dropout_seed)
-    Z, H, M, _ = q.shape
-    return q.new_empty((Z, H, M, v.shape[3])), q.new_empty((Z, H, M), dtype=torch.float32)
+    return _empty_outputs(q, v)
 
 
 @torch.library.triton_op("fuse_attn::flash_attention_backward", mutates_args=())

@@ -133,6 +133,79 @@ def test_random_like_of_fake_and_symbolic_tensors_is_real():
     assert launch.hint(sym.shape[2]) == 37
 
 
+def test_random_like_sets_a_symbolic_length_to_a_bucket_top():
+    """A length bucket's tuning inputs: every dim of the symbolic length gets the bucket top, laid out densely in the
+    traced tensor's order of strides; broadcast dims stay broadcast; other dims keep their hints."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    dims = [DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC, DimDynamic.STATIC]
+    bnhd = mode.from_tensor(torch.randn(2, 37, 3, 16), symbolic_context=StatelessSymbolicContext(dynamic_sizes=dims))
+    q = bnhd.transpose(1, 2)  # [Z, H, L, D] seen through a [Z, L, H, D] layout
+    length = q.shape[2]
+    mask = mode.from_tensor(torch.ones(1, 1, 37, 37, dtype=torch.bool), symbolic_context=StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]))
+    lengths = {launch._size_expr(length): 128}
+    with mode, launch._RealInputs():
+        rq = launch._random_like(q, lengths)
+        rmask = launch._random_like(mask.expand(2, 3, -1, -1), {launch._size_expr(mask.shape[2]): 64})
+    assert tuple(rq.shape) == (2, 3, 128, 16) and rq.stride() == (128 * 48, 16, 48, 1) and rq.abs().sum() > 0
+    assert tuple(rmask.shape) == (2, 3, 64, 37) and rmask.stride()[:2] == (0, 0) and rmask.dtype == torch.bool
+    assert launch._bytes_at(q, lengths) == 2 * 3 * 128 * 16 * 4
+
+
+@needs_cuda
+def test_dynamic_lengths_choose_a_config_per_bucket_in_the_generated_code(monkeypatch):
+    """Under dynamic=True the generated code picks each length bucket's configs itself: with the tuner made to
+    choose other warps for lengths up to 256, one compiled graph (forward and backward) holds a condition on the
+    length, and lengths on both sides of it run right, without a recompile."""
+    import dataclasses
+    import re
+
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    real_choose = launch._choose
+
+    def choose_by_length(kind, q, kernel_id, common, candidates, bind, m=None, n=None):
+        cfg = real_choose(kind, q, kernel_id, common, candidates, bind, m=m, n=n)
+        short = launch.hint(common["N"] if n is None else n) <= 256
+        return dataclasses.replace(cfg, num_warps=8 if cfg.num_warps == 4 else 4) if short else cfg
+
+    monkeypatch.setattr(launch, "_choose", choose_by_length)
+    torch.manual_seed(0)
+    model = CausalAttention(1024).cuda()
+    compiled = torch.compile(model, backend="fuse_attn", dynamic=True)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with fresh_cache(), collect_reports() as reports:
+        for i, n in enumerate((300, 97, 256, 257, 1000, 130)):
+            q, k, v = (torch.randn(2, 4, n, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                       for _ in range(3))
+            dout = torch.randn(2, 4, n, 64, device="cuda", dtype=torch.bfloat16)
+
+            def step():
+                out = compiled(q, k, v)
+                out.backward(dout)
+                return out
+
+            out, codes = run_and_get_code(step) if i == 0 else (step(), None)
+            if codes is not None:
+                code = "\n".join(codes)
+                # forward: `if s <= 256:`, backward: `if s < 257:` (see launch._LengthBuckets._shorter_than)
+                assert re.search(r"if \w+ <= 256:", code), "no length condition in the forward"
+                assert re.search(r"if \w+ < 257:", code), "no length condition in the backward"
+            leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            ref, eager = sdpa(*leaves64, is_causal=True), sdpa(*leaves, is_causal=True)
+            ref.backward(dout.double())
+            eager.backward(dout)
+            for name, ours, e, r in zip(["out", "dq", "dk", "dv"], [out, q.grad, k.grad, v.grad],
+                                        [eager, *(t.grad for t in leaves)], [ref, *(t.grad for t in leaves64)]):
+                err, err_eager = (ours.double() - r).abs().max().item(), (e.double() - r).abs().max().item()
+                assert err <= 2 * err_eager + 1e-2 * r.abs().max().item(), (n, name, err, err_eager)
+    assert len(reports) == 1, f"{len(reports)} compiles for six lengths"
+
+
 class DecodeAttention(torch.nn.Module):
     """One query row against a KV cache, as Hugging Face's LLaMA decodes: GQA by repeat_kv, an additive mask."""
 

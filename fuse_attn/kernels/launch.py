@@ -19,15 +19,19 @@ works the same while tracing fake tensors (a symbolic length tunes for its hint)
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from typing import Callable, Optional, Sequence
 
 import torch
+import torch.utils._pytree as pytree
 from torch import Tensor
 
 from ..spec import AttentionSpec
 from . import autotune, codegen
+
+log = logging.getLogger("fuse_attn.kernels")
 
 
 def _interpret() -> bool:
@@ -134,22 +138,39 @@ def _blocks(cfg: autotune.KernelConfig) -> dict:
 
 
 # ---- launch configs --------------------------------------------------------------------------------------------------
-def _random_like(t: Optional[Tensor]) -> Optional[Tensor]:
+def _size_expr(x):
+    """A size's sympy expression (an int for a static size): what identifies one symbolic length across tensors."""
+    return x.node.expr if isinstance(x, torch.SymInt) else int(x)
+
+
+def _random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional[Tensor]:
     """A real tensor with ``t``'s (hinted) sizes, strides, dtype and device, filled with random values (normal
     floats, mostly-true masks, any int64 seed): what the tuner times candidates on. Zeros would time faster than
-    real data on tensor cores, and a mask of all False would skip nothing the real one skips."""
+    real data on tensor cores, and a mask of all False would skip nothing the real one skips.
+
+    ``lengths`` ({symbolic length's expression: int}): the dims of that length get that size instead of their hint
+    (a length bucket's tuning inputs), laid out densely in ``t``'s order of strides, broadcast dims kept broadcast."""
     if t is None:
         return None
     size = [hint(s) for s in t.shape]
     stride = [hint(s) for s in t.stride()]
+    if lengths:
+        resized = [lengths.get(_size_expr(s), n) for s, n in zip(t.shape, size)]
+        if resized != size:
+            order = sorted(range(t.dim()), key=lambda d: -stride[d])  # outermost first (a stable sort)
+            stored = [resized[d] if stride[d] else 1 for d in order]
+            dense = _random_values(math.prod(stored), t).view(stored).permute([order.index(d) for d in range(t.dim())])
+            return dense.expand(resized)
     extent = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    return _random_values(extent, t).as_strided(size, stride)
+
+
+def _random_values(count: int, t: Tensor) -> Tensor:
     if t.dtype == torch.bool:
-        flat = torch.rand(extent, device=t.device) < 0.9
-    elif t.dtype == torch.int64:
-        flat = torch.randint(2**62, (extent,), dtype=torch.int64, device=t.device)
-    else:
-        flat = torch.randn(extent, dtype=t.dtype, device=t.device)
-    return flat.as_strided(size, stride)
+        return torch.rand(count, device=t.device) < 0.9
+    if t.dtype == torch.int64:
+        return torch.randint(2**62, (count,), dtype=torch.int64, device=t.device)
+    return torch.randn(count, dtype=t.dtype, device=t.device)
 
 
 class _RealInputs:
@@ -170,15 +191,15 @@ class _RealInputs:
 
 
 def _choose(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Callable[[], list],
-            bind: Callable[[], Callable[[autotune.KernelConfig, bool], None]], m=None) -> autotune.KernelConfig:
-    """The config of one kernel: the interpreter's; else the in-process choice for its tuning key (lengths M -- or
-    ``m`` -- and N by their hints); else (stored or tuned) from ``autotune.choose``. ``bind()`` is called only when
+            bind: Callable[[], Callable[[autotune.KernelConfig, bool], None]], m=None, n=None) -> autotune.KernelConfig:
+    """The config of one kernel: the interpreter's; else the in-process choice for its tuning key (lengths ``m``
+    and ``n``, by default M and N by their hints); else (stored or tuned) from ``autotune.choose``. ``bind()`` is called only when
     timing may be needed, with every mode off: it builds random inputs and returns ``run(cfg, warmup)``, which
     launches (or only compiles) the kernel on them."""
     if _interpret() or not q.is_cuda:
         return autotune.INTERPRETER_CONFIGS[kind]
     key = autotune.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
-                              hint(common["M"] if m is None else m), hint(common["N"]))
+                              hint(common["M"] if m is None else m), hint(common["N"] if n is None else n))
     cfg = autotune.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
@@ -190,6 +211,143 @@ def _choose(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Call
 def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
     return lambda: fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
                       autotune.max_shared_memory(q.device))
+
+
+# ---- symbolic lengths: a launch config per length bucket, chosen by the generated code ----------------------------
+# The bucket tops a symbolic length's configs are tuned at: powers of two, as the tuning key's buckets
+# (autotune.length_bucket). From 128: at or below it a row is one key tile of most candidates and a call is host-bound
+# (B1 H32 N256 D128, causal: 7 us of GPU time per forward on the H100, BENCHMARKS.md), so shorter lengths take 128's
+# config. To 32768, the longest length the benchmarks time (BENCHMARKS.md); longer lengths take its config.
+_LENGTH_BUCKET_TOPS = tuple(1 << e for e in range(7, 16))
+# The tuning inputs of one bucket top may take at most this fraction of the GPU's free memory (the model's own tensors
+# are alive while it compiles); the tops beyond that take the last tunable top's config. The estimate counts each input
+# three times: the backward's tuning adds the gradients and the forward's outputs.
+_TUNING_MEMORY_FRACTION = 0.25
+
+
+class _LengthBuckets:
+    """The symbolic length of a traced call -- the key length N, else the query length M -- and the choice of a launch
+    config (or a set of them) per length bucket. While tracing, :meth:`run` tunes the choice at each bucket top and
+    records a chain of ``cond`` operators on the length (``if N <= 128: ... else: if N <= 256: ...`` in Inductor's
+    output code), each branch launching the kernels with its bucket's configs; buckets whose choices agree share a
+    branch, and one choice for every bucket records no condition at all. Without a symbolic length (static shapes,
+    eager calls) it launches with the one choice for the call's lengths.
+
+    Where cond cannot serve (operands that share memory, as q, k, v split from one projection), the graph keeps one
+    choice for every length, that of the traced lengths."""
+
+    def __init__(self, q: Tensor, k: Tensor, backward: bool = False):
+        self.backward = backward
+        self.length_of = None  # (q, k) -> the bucketed length, re-read from each branch's own operands
+        if _tracing() and q.is_cuda:
+            for length_of in (lambda q, k: k.shape[2], lambda q, k: q.shape[2]):
+                if isinstance(length_of(q, k), torch.SymInt):
+                    self.length_of = length_of
+                    break
+
+    def run(self, choose_at: Callable, launch_with: Callable, operands: tuple, shapes: list) -> tuple:
+        """``launch_with(choice, *operands)`` -> a tuple of new contiguous tensors of ``shapes``, ``choice`` being
+        ``choose_at(lengths)`` for the call's length bucket; ``operands`` start with q and k. ``lengths``: None for
+        the call's own (hinted) lengths, else {length's expression: bucket top}, the sizes that ``_random_like``
+        gives the tuning inputs."""
+        if self.length_of is None:
+            return launch_with(choose_at(None), *operands)
+        length = self.length_of(*operands[:2])
+        buckets = []  # [(top, choice)]: the lengths above the previous top and up to this one run choice
+        for top in self._tunable_tops(length, operands):
+            choice = choose_at({_size_expr(length): top})
+            if buckets and buckets[-1][1] == choice:
+                buckets[-1] = (top, choice)
+            else:
+                buckets.append((top, choice))
+        if not buckets:  # no top is possible or fits: the hinted lengths' choice for every length
+            return launch_with(choose_at(None), *operands)
+        if len(buckets) == 1:
+            return launch_with(buckets[0][1], *operands)
+        # cond takes a flat tuple of tensors: the operands' leaves without the Nones (a dropout seed may be None)
+        leaves, tree = pytree.tree_flatten(operands)
+        tensors = tuple(leaf for leaf in leaves if leaf is not None)
+        try:
+            flat_outputs = self._chain(buckets, launch_with, (tree, [leaf is None for leaf in leaves]), tensors)
+        except RuntimeError as error:
+            # cond refuses operands that share memory (q, k and v split from one projection, as GPT-2's c_attn); it
+            # checks its branches before recording anything, so the trace goes on with one choice for every length
+            if "aliasing" not in str(error):
+                raise
+            log.info("fuse_attn: one launch config for every length of this dynamic graph: %s", error)
+            return launch_with(choose_at(None), *operands)
+        return tuple(flat.view(shape) for flat, shape in zip(flat_outputs, shapes))
+
+    def _chain(self, buckets, launch_with, structure, tensors: tuple) -> tuple:
+        """The outputs of the launches for the buckets' lengths, each flattened to 1-D: cond wants outputs whose
+        strides are products of sizes, which a contiguous tensor's symbolic strides need not be written as (for a
+        query length that may be 0 they hold ``Max(1, M)``)."""
+        (top, choice), longer = buckets[0], buckets[1:]
+        tree, none_at = structure
+        rest = iter(tensors)
+        operands = pytree.tree_unflatten([None if none else next(rest) for none in none_at], tree)
+        if not longer:
+            return tuple(out.reshape(-1) for out in launch_with(choice, *operands))
+        # The cond operator itself, not torch.cond: that one first compiles the call with Dynamo, which cannot trace the
+        # launchers; the operator is what Dynamo records, and every trace mode (fake, functional, proxy) handles it.
+        # Each branch reads the length from its own operands: a traced branch cannot use the outer trace's symbols.
+        from torch._higher_order_ops.cond import cond_op
+
+        return cond_op(self._shorter_than(self.length_of(*operands[:2]), top),
+                       lambda *ts: self._chain(buckets[:1], launch_with, structure, ts),
+                       lambda *ts: self._chain(longer, launch_with, structure, ts), tensors)
+
+    def _shorter_than(self, length, top: int):
+        """Whether ``length <= top`` -- in the backward, traced as a node of the backward graph. AOTAutograd's
+        partitioner would otherwise compute the condition (it depends on the forward's inputs only) in the forward
+        graph and pass the SymBool to the backward graph: a graph input that torch 2.11's Inductor cannot take
+        ("Unsupported inductor graph input type: LessThan"). The partitioner keeps a node tagged
+        "must_be_in_backward" there; the backward graph then takes the length itself, a SymInt, and computes the
+        condition."""
+        # The backward writes it `length < top + 1`: as the same expression as the forward's condition, CSE would make
+        # them one node of the joint graph, which the forward needs.
+        condition = length < top + 1 if self.backward else length <= top
+        if self.backward:
+            from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+            mode = get_proxy_mode()
+            traced = get_proxy_slot(condition, mode.tracer, None) if mode is not None else None
+            if traced is not None:  # a thunk that records the node on first use (the cond below)
+                traced.force().node.meta["partitioner_tag"] = "must_be_in_backward"
+        return condition
+
+    def _tunable_tops(self, length, operands) -> list[int]:
+        """The bucket tops that the length can reach (by what the shape environment knows of its range) and whose
+        tuning inputs fit in memory."""
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        tops = []
+        free = torch.cuda.mem_get_info(operands[0].device)[0]
+        lengths = {}
+        for top in _LENGTH_BUCKET_TOPS:
+            if statically_known_true(length <= top // 2):  # the length's range (e.g. mark_dynamic's max) ends below
+                break
+            lengths[_size_expr(length)] = top
+            inputs = [t for t in pytree.tree_leaves(operands) if isinstance(t, Tensor)]
+            if 3 * sum(_bytes_at(t, lengths) for t in inputs) > _TUNING_MEMORY_FRACTION * free:
+                break
+            if not statically_known_true(length > top):
+                tops.append(top)
+        return tops
+
+
+def _bytes_at(t: Tensor, lengths: dict) -> int:
+    """Bytes of ``_random_like(t, lengths)``'s storage."""
+    sizes = [lengths.get(_size_expr(s), hint(s)) if hint(st) else 1 for s, st in zip(t.shape, t.stride())]
+    return math.prod(sizes) * t.element_size()
+
+
+def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
+    """``_choose``'s m and n for ``lengths`` (see :meth:`_LengthBuckets.run`)."""
+    if not lengths:
+        return {}
+    return dict(m=lengths.get(_size_expr(common["M"]), hint(common["M"])),
+                n=lengths.get(_size_expr(common["N"]), hint(common["N"])))
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
@@ -208,24 +366,34 @@ def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
             torch.empty((Z, H, M), dtype=torch.float32, device=q.device))
 
 
-def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed) -> autotune.KernelConfig:
+def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths=None) -> autotune.KernelConfig:
+    """``lengths``: see :meth:`_LengthBuckets.run`."""
     def bind():
-        rq, rk, rv, seed, *rs = map(_random_like, (q, k, v, dropout_seed, *score_tensors))
+        rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
         out, lse = _empty_outputs(rq, rv)
         real = _common(rq, rk, rv, spec)
         return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, warmup)
 
-    return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind)
+    return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind,
+                   **_tuning_lengths(common, lengths))
 
 
 def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
     """(out, lse) of validated inputs (N > 0) from the generated forward kernel."""
     mod = codegen.load_module(spec)
     common = _common(q, k, v, spec)
-    cfg = _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed)
-    out, lse = _empty_outputs(q, v)
-    _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse)
-    return out, lse
+
+    def config_at(lengths):
+        return _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths)
+
+    def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
+        out, lse = _empty_outputs(q, v)
+        _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse)
+        return out, lse
+
+    Z, H, M, _ = q.shape
+    return _LengthBuckets(q, k).run(config_at, launch_with, (q, k, v, dropout_seed, list(score_tensors)),
+                                    [(Z, H, M, v.shape[3]), (Z, H, M)])
 
 
 # ---- backward --------------------------------------------------------------------------------------------------------
@@ -310,13 +478,14 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
 
 def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
-                      exact_delta) -> dict:
+                      exact_delta, lengths=None) -> dict:
+    """``lengths``: see :meth:`_LengthBuckets.run`."""
     tuned = {}
 
     def bind(kind):
         def bound():
             # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
-            rq, rk, rv, rdo, seed, *rs = map(_random_like, (q, k, v, dout, dropout_seed, *score_tensors))
+            rq, rk, rv, rdo, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
             out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
             real = _common(rq, rk, rv, spec)
             bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
@@ -331,7 +500,8 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
 
     # with the exact delta, dQ is tuned first: the dK/dV kernel's inputs come from it
     for kind, candidates in (("bwd_dq", autotune.dq_candidates), ("bwd_dkdv", autotune.dkdv_candidates)):
-        tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind))
+        tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
+                              **_tuning_lengths(common, lengths))
     return tuned
 
 
@@ -342,9 +512,18 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
     # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
     kernel_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
     common = _common(q, k, v, spec)
-    cfgs = _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
-                             exact_delta)
-    bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
-    _launch_backward(mod, cfgs, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed, bufs, exact_delta)
-    dscores = [bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)]
-    return bufs.dq, bufs.dk, bufs.dv, dscores
+
+    def configs_at(lengths):
+        return _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+                                 exact_delta, lengths)
+
+    def launch_with(cfgs, q, k, dout, v, score_tensors, out, lse, dropout_seed):
+        bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
+        _launch_backward(mod, cfgs, _common(q, k, v, spec), dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
+                         bufs, exact_delta)
+        return (bufs.dq, bufs.dk, bufs.dv, *(bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)))
+
+    dq, dk, dv, *dscores = _LengthBuckets(q, k, backward=True).run(
+        configs_at, launch_with, (q, k, dout, v, list(score_tensors), out, lse, dropout_seed),
+        [q.shape, k.shape, v.shape, *(t.shape for t, need in zip(score_tensors, needs_grad) if need)])
+    return dq, dk, dv, list(dscores)

@@ -252,8 +252,12 @@ class AttentionSpec:
 
     # ---- keys and serialization -------------------------------------------------------------------------
     def kernel_key(self) -> "AttentionSpec":
-        """The spec without its display-only fields: two specs with the same kernel key share kernels."""
-        return dataclasses.replace(self, q_len=None, kv_len=None, num_heads=None)
+        """The spec without the fields its kernels take as launch arguments (head dims, scale) or not at all (the
+        display-only lengths and heads): two specs with the same kernel key share kernels and tuned configs. So the
+        graph compiled with ``dynamic=True`` (symbolic head dim, scale ``D ** -0.5``) and the one compiled per shape
+        (head dim 64, scale 0.125) run the same kernels with the same configs."""
+        return dataclasses.replace(self, head_dim=None, head_dim_v=None, scale=1.0, scale_head_dim_power=0.0,
+                                   q_len=None, kv_len=None, num_heads=None)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -5,6 +5,7 @@ eager_same_dtype is the naive reference run in the input dtype. The Triton kerne
 (CPU-only CI); the plain-PyTorch blockwise path is tested with the interpreter switched off for the call.
 """
 
+import dataclasses
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere (as conftest.py does)
@@ -422,6 +423,18 @@ def test_generated_source_and_cache():
     mod = codegen.load_module(spec)
     assert mod.__file__.startswith(str(codegen.cache_dir())) and spec.digest in os.path.basename(mod.__file__)
     assert codegen.load_module(spec) is mod
+
+
+def test_specs_that_differ_only_in_launch_arguments_share_kernels():
+    # a graph compiled with dynamic=True (symbolic head dim: scale 1.0 * D**-0.5) and one compiled per shape (head
+    # dim 64, scale 0.125) must run the same kernels, tuned once: head dims and scale are launch arguments
+    static = AttentionSpec(dtype="float32", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask(), q_len=9,
+                           kv_len=9, num_heads=2)
+    dynamic = AttentionSpec(dtype="float32", head_dim=None, head_dim_v=None, scale=1.0, causal=CausalMask(),
+                            scale_head_dim_power=-0.5)
+    assert static.digest == dynamic.digest and codegen.load_module(static) is codegen.load_module(dynamic)
+    assert static.digest != AttentionSpec(dtype="float32", head_dim=64, head_dim_v=64, scale=0.125).digest  # causal
+    assert static.digest != dataclasses.replace(static, dtype="bfloat16").digest
 
 
 def test_unspecialized_kernels(monkeypatch):

@@ -14,6 +14,7 @@ import os
 
 import pytest
 import torch
+import triton.language as tl
 
 from fuse_attn.kernels import launch
 from fuse_attn.report import collect_reports
@@ -30,6 +31,29 @@ def _count_calls(monkeypatch, module, names):
         real = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
     return calls
+
+
+def _kernel_for_copies(X, n, PRECISION: tl.constexpr, BLOCK: tl.constexpr):
+    tl.store(X + tl.arange(0, BLOCK), n)
+
+
+def test_a_config_copy_of_a_kernel_is_the_same_kernel_under_another_function():
+    """launch._kernel_of_config: a new Python function (Inductor tells its kernels apart by it) with the same code,
+    source, constexpr parameters and specialization; one copy per (kernel, warps, stages)."""
+    from triton.runtime.jit import JITFunction
+
+    from fuse_attn.kernels.autotune import KernelConfig
+
+    kernel = JITFunction(_kernel_for_copies, do_not_specialize=["n"])
+    four, eight = KernelConfig(64, 64, 4, 3), KernelConfig(64, 64, 8, 3)
+    copy = launch._kernel_of_config(kernel, four)
+    assert copy.fn is not kernel.fn and copy.fn.__code__ is kernel.fn.__code__
+    assert copy.src == kernel.src and copy.arg_names == kernel.arg_names
+    assert [p.is_constexpr for p in copy.params] == [p.is_constexpr for p in kernel.params] == [False, False, True, True]
+    assert [p.do_not_specialize for p in copy.params] == [p.do_not_specialize for p in kernel.params]
+    assert launch._kernel_of_config(kernel, KernelConfig(128, 32, 4, 3)) is copy  # block sizes are arguments
+    assert launch._kernel_of_config(kernel, eight) is not copy
+    assert launch._kernel_of_config(kernel, None) is kernel
 
 
 @needs_cuda
@@ -159,18 +183,24 @@ def test_random_like_sets_a_symbolic_length_to_a_bucket_top():
 def test_dynamic_lengths_choose_a_config_per_bucket_in_the_generated_code(monkeypatch):
     """Under dynamic=True the generated code picks each length bucket's configs itself: with the tuner made to
     choose other warps for lengths up to 256, one compiled graph (forward and backward) holds a condition on the
-    length, and lengths on both sides of it run right, without a recompile."""
+    length, each kernel is defined in the output code with exactly the configs chosen for it (Inductor would launch
+    configs that differ only in warps or stages with the first one's: launch._kernel_of_config), and lengths on
+    both sides of the condition run right, without a recompile."""
+    import collections
     import dataclasses
     import re
 
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
     real_choose = launch._choose
+    chosen = collections.defaultdict(dict)  # kind -> {bucket length: (BLOCK_M, BLOCK_N, warps, stages)}
 
     def choose_by_length(kind, q, kernel_id, common, candidates, bind, m=None, n=None):
         cfg = real_choose(kind, q, kernel_id, common, candidates, bind, m=m, n=n)
-        short = launch.hint(common["N"] if n is None else n) <= 256
-        return dataclasses.replace(cfg, num_warps=8 if cfg.num_warps == 4 else 4) if short else cfg
+        length = launch.hint(common["N"] if n is None else n)
+        cfg = dataclasses.replace(cfg, num_warps=8 if cfg.num_warps == 4 else 4) if length <= 256 else cfg
+        chosen[kind][length] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
+        return cfg
 
     monkeypatch.setattr(launch, "_choose", choose_by_length)
     torch.manual_seed(0)
@@ -194,6 +224,18 @@ def test_dynamic_lengths_choose_a_config_per_bucket_in_the_generated_code(monkey
                 # forward: `if s <= 256:`, backward: `if s < 257:` (see launch._LengthBuckets._shorter_than)
                 assert re.search(r"if \w+ <= 256:", code), "no length condition in the forward"
                 assert re.search(r"if \w+ < 257:", code), "no length condition in the backward"
+                defined = collections.defaultdict(set)
+                for name, source in re.findall(r"async_compile\.triton\('(\w+)', '''(.*?)'''", code, re.S):
+                    kind = {"_attn_fwd": "fwd", "_attn_bwd_dq": "bwd_dq", "_attn_bwd_dkdv": "bwd_dkdv"}.get(name)
+                    if kind is not None:
+                        blocks = re.search(r"'BLOCK_M': (\d+), 'BLOCK_N': (\d+)", source).groups()
+                        warps_stages = re.search(r"'num_warps': (\d+), 'num_stages': (\d+)", source).groups()
+                        defined[kind].add(tuple(int(x) for x in blocks + warps_stages))
+                # the configs of the buckets the lengths can reach (up to the mask buffer's 1024) are each defined;
+                # Inductor drops the branches of longer buckets' configs, which the shape guards rule out
+                for kind, by_length in chosen.items():
+                    reachable = {cfg for length, cfg in by_length.items() if length <= 1024}
+                    assert reachable <= defined[kind] <= set(by_length.values()), (kind, defined[kind], by_length)
             leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
             leaves = [t.detach().requires_grad_() for t in (q, k, v)]
             ref, eager = sdpa(*leaves64, is_causal=True), sdpa(*leaves, is_causal=True)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import types
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -70,6 +71,36 @@ def _tracing() -> bool:
     return is_wrap_triton_enabled() and _get_current_dispatch_mode() is not None
 
 
+# Inductor's output code defines a user kernel once per Python function (`id(kernel.fn)`) and non-tensor arguments,
+# and launches every later use of that definition with the warps and stages of the first one (the cache key of
+# `define_user_defined_triton_kernel` in torch/_inductor/codegen/wrapper.py leaves the launch config out, torch
+# 2.11-2.13). A dynamic graph's length buckets launch one kernel with configs that can differ in warps or stages
+# only; measured on the H100 (BENCHMARKS.md): the dK/dV kernel of every length above 1024 ran with another bucket's
+# 4 warps and 1 stage, 6x slower than its own tuned config. So each (kernel, warps, stages) traces as its own
+# JITFunction of its own copy of the Python function (same code, globals and source file): one definition per config.
+_KERNEL_COPIES: dict = {}
+
+
+def _kernel_of_config(kernel, cfg: Optional[autotune.KernelConfig]):
+    from triton.runtime.jit import JITFunction
+
+    if cfg is None or not isinstance(kernel, JITFunction):  # the interpreter's kernels are never traced by Inductor
+        return kernel
+    key = (kernel, cfg.num_warps, cfg.num_stages)
+    copy = _KERNEL_COPIES.get(key)
+    if copy is None:
+        fn = kernel.fn
+        fn_copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        # the annotations mark the constexpr parameters
+        for attribute in ("__qualname__", "__module__", "__doc__", "__annotations__", "__kwdefaults__"):
+            setattr(fn_copy, attribute, getattr(fn, attribute))
+        copy = _KERNEL_COPIES[key] = JITFunction(
+            fn_copy, do_not_specialize=kernel.do_not_specialize,
+            do_not_specialize_on_alignment=kernel.do_not_specialize_on_alignment, debug=kernel.debug,
+            noinline=kernel.noinline)
+    return copy
+
+
 def launch(kernel, grid: tuple, args: dict, cfg: Optional[autotune.KernelConfig] = None, warmup: bool = False) -> None:
     """Run ``kernel`` on ``grid`` with ``args`` (every parameter, constexprs included) and cfg's warps and stages;
     ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them)."""
@@ -77,7 +108,7 @@ def launch(kernel, grid: tuple, args: dict, cfg: Optional[autotune.KernelConfig]
     if warmup:
         kernel.warmup(**args, **options, grid=grid)
     elif _tracing():
-        torch.library.wrap_triton(kernel)[grid](**args, **options)
+        torch.library.wrap_triton(_kernel_of_config(kernel, cfg))[grid](**args, **options)
     else:
         kernel[grid](*[args[name] for name in kernel.arg_names], **options)
 

@@ -26,18 +26,15 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.bench_csv import appending  # noqa: E402
-from tools.bench_host_overhead import CausalAttention, measure  # noqa: E402
+from tools.bench_host_overhead import CausalAttention, measure, random_inputs  # noqa: E402
 
 B, H, D = 2, 16, 128
 CSV_COLUMNS = ["B", "H", "N", "D", "mode", "repeat", "dynamic_wall_us", "dynamic_gpu_us", "static_wall_us",
                "static_gpu_us", "gpu", "torch", "triton", "date"]
 
 
-def _inputs(n: int, backward: bool):
-    gen = torch.Generator(device="cuda").manual_seed(n)
-    q, k, v = (torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_(backward)
-               for _ in range(3))
-    return q, k, v, torch.randn(B, H, n, D, device="cuda", dtype=torch.bfloat16, generator=gen)
+def _inputs(n: int, backward: bool) -> tuple:
+    return random_inputs(B, H, n, D, torch.bfloat16, backward, seed=n)
 
 
 def run(lengths, compiled_at: int, repeats: int, record) -> list:

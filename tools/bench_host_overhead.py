@@ -97,6 +97,14 @@ def _graph_time_ms(step) -> float:
     return ms
 
 
+def random_inputs(B: int, H: int, N: int, D: int, dtype: torch.dtype, backward: bool, seed: int = 0) -> tuple:
+    """q, k, v ([B, H, N, D], requiring grad when ``backward``) and dout, normal random values on the GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen).requires_grad_(backward)
+               for _ in range(3))
+    return q, k, v, torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
+
+
 def measure(fn, q, k, v, dout, backward: bool) -> tuple[float, float]:
     """(wall ms, GPU ms) per call."""
     def step():
@@ -121,10 +129,7 @@ def run(shapes, dtype, record) -> list:
         methods = _methods(N, D, dtype)
         for mode in ("fwd", "fwd+bwd"):
             backward = mode == "fwd+bwd"
-            gen = torch.Generator(device="cuda").manual_seed(0)
-            q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen).requires_grad_(backward)
-                       for _ in range(3))
-            dout = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
+            q, k, v, dout = random_inputs(B, H, N, D, dtype, backward)
             row = [f"{B},{H},{N},{D}", mode]
             for name in METHODS:
                 try:

@@ -11,6 +11,10 @@ score tensors ``T[i]`` (4-D, broadcastable to ``[Z, H, M, N]``)::
     if causal: s = where(causal.visible(i, j), s, -inf)
     out = softmax(s, dim=-1) @ v               # out in q's dtype; lse = logsumexp(s, -1) in fp32
 
+A row whose every score is -inf (an "empty" row: every key masked) is NaN in ``softmax``; with
+``empty_rows="zero"`` its output and gradients are 0 instead, as ``aten._safe_softmax`` and
+``scaled_dot_product_attention`` give. Its lse is -inf either way.
+
 With ``dropout_p > 0`` each probability is kept with probability ``1 - dropout_p`` and scaled by
 ``1 / (1 - dropout_p)``, else zeroed, before the product with v (``dropout(softmax(s), p, training=True) @ v``);
 lse stays that of the undropped scores. The keep-mask is Philox noise from an int64 seed tensor the op receives
@@ -206,6 +210,8 @@ class AttentionSpec:
     score_tensors: tuple[ScoreTensor, ...] = ()
     gqa_group: int = 1
     dropout_p: float = 0.0
+    # What a row with every score at -inf gives: NaN (``softmax``) or 0 (``_safe_softmax``, SDPA).
+    empty_rows: Literal["nan", "zero"] = "nan"
     # Nonzero for a scale written in terms of a symbolic head dim (``q.size(-1) ** -0.5`` under dynamic shapes).
     scale_head_dim_power: float = 0.0
     # Display only (None when symbolic); not part of the kernel key.
@@ -231,6 +237,8 @@ class AttentionSpec:
             reasons.append(f"gqa_group {self.gqa_group} < 1")
         if not 0.0 <= self.dropout_p < 1.0:
             reasons.append(f"dropout_p {self.dropout_p} is outside [0, 1)")
+        if self.empty_rows not in ("nan", "zero"):
+            reasons.append(f"empty_rows {self.empty_rows!r} is neither 'nan' nor 'zero'")
         if self.causal is not None and self.causal.window is not None and self.causal.window < 1:
             reasons.append(f"sliding window {self.causal.window} < 1")
         if self.score_mod:
@@ -294,6 +302,8 @@ class AttentionSpec:
             parts.append(f"gqa={self.gqa_group}")
         if self.dropout_p:
             parts.append(f"dropout={self.dropout_p:.6g}")
+        if self.empty_rows == "zero":
+            parts.append("empty rows 0")
         return " ".join(parts)
 
 

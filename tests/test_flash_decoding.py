@@ -91,6 +91,14 @@ def test_q_len_above_k_len_with_causal_offset():
         assert torch.isnan(out[:, :, :2]).all()
         assert_close_2x("out", out, ref, eager, torch.float32)
         assert_lse_close(lse, ref_lse, eager_lse, torch.float32)
+        # the same rows of an SDPA call (spec.empty_rows "zero") are 0, as SDPA gives
+        zero_rows = dataclasses.replace(spec, empty_rows="zero")
+        out, lse = flash_decoding.triton_forward(q, k, v, tensors, zero_rows, 2)
+        ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [], zero_rows)
+        eager, eager_lse = reference_attention(q, k, v, [], zero_rows)
+        assert (out[:, :, :2] == 0).all() and (ref[:, :, :2] == 0).all()
+        assert_close_2x("out", out, ref, eager, torch.float32)
+        assert_lse_close(lse, ref_lse, eager_lse, torch.float32)
 
 
 @needs_interpreter

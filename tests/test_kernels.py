@@ -311,10 +311,12 @@ def test_strided_inputs():
     run_and_check(q, k, v, [], spec, torch.float32)
 
 
-def _fill_where_mask(value):
-    """where(mask, value, s) -- masked_fill(mask, value) -- on a [1, 1, M, N] bool mask."""
+def _fill_where_mask(value, keep_where_true=False):
+    """where(mask, value, s) -- masked_fill(mask, value) -- on a bool mask; ``keep_where_true``: where(mask, s, value),
+    an SDPA-style mask (True takes part)."""
     b = ScoreProgramBuilder()
-    return b.program(b.add("where", b.add("load", value=0), b.const(value), b.add("score")))
+    mask, score, fill = b.add("load", value=0), b.add("score"), b.const(value)
+    return b.program(b.add("where", mask, score, fill) if keep_where_true else b.add("where", mask, fill, score))
 
 
 def test_lse_and_fully_masked_rows():
@@ -334,6 +336,50 @@ def test_lse_and_fully_masked_rows():
         if not expect_nan:
             assert torch.allclose(out[0, 0, 0], v[0, 0].mean(0), atol=1e-5)
         assert torch.allclose(lse[..., 1:], ref_lse[..., 1:], atol=1e-4)
+
+
+def _sdpa_empty_rows_case(dtype, gqa):
+    """q/k/v, a bool mask with fully masked query rows (rows 0 and 5 of batch 0, all of batch 1's head 1 rows under a
+    negative causal diagonal), and the spec of ``F.scaled_dot_product_attention`` on them: empty rows give 0."""
+    Z, H, M, N, D = 2, 2 * gqa, 21, 37, 16
+    g = torch.Generator().manual_seed(11)
+    q, k = torch.randn(Z, H, M, D, generator=g).to(dtype), torch.randn(Z, H // gqa, N, D, generator=g).to(dtype)
+    v = torch.randn(Z, H // gqa, N, D, generator=g).to(dtype)
+    mask = torch.rand(Z, 1, M, N, generator=g) > 0.3
+    mask[0, :, [0, 5]] = False
+    spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=D, scale=D ** -0.5, gqa_group=gqa,
+                         causal=CausalMask(diagonal=-3), empty_rows="zero",
+                         score_mod=_fill_where_mask(float("-inf"), keep_where_true=True),
+                         score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),))
+    return q, k, v, mask, spec
+
+
+@pytest.mark.parametrize("interpret", ["1", "0"])
+@pytest.mark.parametrize("dtype,gqa", [(torch.float32, 1), (torch.float16, 2)])
+def test_empty_rows_zero_is_sdpa(interpret, dtype, gqa, monkeypatch):
+    # spec.empty_rows="zero" (an SDPA call, a _safe_softmax): rows that see no key give 0 and no gradient, as SDPA
+    # does; fp32 takes the kernels' exact delta, fp16 the lse path. Compared with SDPA itself in fp64 (2x rule).
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    q, k, v, mask, spec = _sdpa_empty_rows_case(dtype, gqa)
+    M, N = q.shape[2], k.shape[2]
+    visible = mask & torch.ones(M, N, dtype=torch.bool).tril(-3)
+    assert not visible[0, :, 0].any() and not visible[1, :, :3].any()  # the empty rows
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa > 1)
+
+    ins = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    eag_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*ins, spec, [mask])
+    ref, eag = sdpa(*ref_in), sdpa(*eag_in)
+    assert (out[0, :, [0, 5]] == 0).all() and (out[1, :, :3] == 0).all() and not out.isnan().any()
+    assert_close_2x("out", out, ref, eag, dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ins, dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eag, eag_in, dout)):
+        assert not a.isnan().any(), name
+        assert_close_2x(name, a, b, c, dtype)
 
 
 def test_finfo_min_bias_row_is_uniform():

@@ -147,7 +147,8 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     ``_common`` of these q, k, v."""
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
-    common = {name: value for name, value in common.items() if name not in ("DROPOUT", "dropout_p")}
+    # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf)
+    common = {name: value for name, value in common.items() if name not in ("DROPOUT", "dropout_p", "ZERO_EMPTY_ROWS")}
     kv_lo, kv_hi = visible_key_range(spec, M, N)
     lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
     out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
@@ -189,28 +190,32 @@ def triton_forward(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tens
     out_part, lse_part = _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits)
     out = torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device)
     lse = torch.empty((Z, H, M), dtype=torch.float32, device=q.device)
-    combine(mod, out_part, lse_part, out, lse)
+    combine(mod, out_part, lse_part, out, lse, zero_empty_rows=spec.empty_rows == "zero")
     return out, lse
 
 
-def combine(mod, out_part: Tensor, lse_part: Tensor, out: Tensor, lse: Tensor) -> None:
+def combine(mod, out_part: Tensor, lse_part: Tensor, out: Tensor, lse: Tensor, zero_empty_rows: bool = False) -> None:
     """Write into ``out`` [Z, H, M, DV] and ``lse`` [Z, H, M] (contiguous) the combination of the fp32 partials
-    ``out_part`` [Z * H * M, S, DV] and ``lse_part`` [Z * H * M, S] (rows in (z, h, m) order)."""
+    ``out_part`` [Z * H * M, S, DV] and ``lse_part`` [Z * H * M, S] (rows in (z, h, m) order); a row with every
+    split empty gets out NaN, or 0 with ``zero_empty_rows``."""
     Z, H, M, DV = out.shape
     args = dict(OutPart=out_part, LsePart=lse_part, Out=out, Lse=lse,
                 **{f"stride_o{d}": s for d, s in zip("zhmd", out.stride())}, H=H, M=M, num_splits=lse_part.shape[1],
-                DV=DV, BLOCK_DV=_pow2_at_least_16(int(DV)))
+                DV=DV, BLOCK_DV=_pow2_at_least_16(int(DV)), ZERO_EMPTY_ROWS=zero_empty_rows)
     launch(mod._decode_combine, (Z * H * M,), args)
 
 
 # ---- plain-PyTorch reference ---------------------------------------------------------------------------------------
-def combine_reference(out_part: Tensor, lse_part: Tensor) -> tuple[Tensor, Tensor]:
+def combine_reference(out_part: Tensor, lse_part: Tensor, zero_empty_rows: bool = False) -> tuple[Tensor, Tensor]:
     """The combine in plain PyTorch: partials [..., S, DV] and [..., S] -> (out [..., DV], lse [...]). Splits with
-    lse -inf weigh 0; a row with every split at -inf gets lse -inf and out NaN (0/0), as eager softmax gives."""
+    lse -inf weigh 0; a row with every split at -inf gets lse -inf and out NaN (0/0), as eager softmax gives (0
+    with ``zero_empty_rows``, as SDPA gives)."""
     top = lse_part.amax(-1, keepdim=True)
     weights = torch.exp(lse_part - torch.where(torch.isneginf(top), 0.0, top))
     total = weights.sum(-1)
     out = (weights.unsqueeze(-1) * out_part).sum(-2) / total.unsqueeze(-1)
+    if zero_empty_rows:
+        out = out.masked_fill((total == 0).unsqueeze(-1), 0.0)
     return out, torch.log(total) + top.squeeze(-1).nan_to_num(neginf=0.0)
 
 
@@ -230,7 +235,7 @@ def split_reference(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Ten
         outs.append(p @ v.repeat_interleave(spec.gqa_group, 1).to(p.dtype))
         lses.append(lse)
     out_part, lse_part = torch.stack(outs, -2), torch.stack(lses, -1)
-    out, lse = combine_reference(out_part, lse_part)
+    out, lse = combine_reference(out_part, lse_part, zero_empty_rows=spec.empty_rows == "zero")
     return out, lse, out_part, lse_part
 
 

@@ -156,6 +156,7 @@ def _common(q, k, v, spec) -> dict:
         # qk_scale and dropout_p are constexprs: both are fixed by the spec (and head dim), which the generated module is
         # already specific to; as run-time floats, Inductor would pass them as fp64.
         DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,
+        ZERO_EMPTY_ROWS=spec.empty_rows == "zero",
     )
 
 

@@ -37,10 +37,19 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence
     s = _score_mod(s, score_tensors, spec, 0, M, N)[-1]
     if spec.causal is not None:
         s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
-    p = torch.softmax(s, dim=-1)
+    p = softmax_of_spec(s, spec)
     if spec.dropout_p:
         p = _drop(p, _keep_mask(dropout_seed, spec, p.shape, M, 0), spec.dropout_p)
     return p @ v, torch.logsumexp(s, dim=-1).float()
+
+
+def softmax_of_spec(s: Tensor, spec: AttentionSpec) -> Tensor:
+    """``softmax(s, -1)``; with ``spec.empty_rows == "zero"``, 0 on rows whose every score is -inf (as
+    ``aten._safe_softmax`` gives) instead of NaN."""
+    p = torch.softmax(s, dim=-1)
+    if spec.empty_rows == "zero":
+        p = p.masked_fill(torch.isneginf(s).all(-1, keepdim=True), 0.0)
+    return p
 
 
 def _keep_mask(dropout_seed: Tensor, spec: AttentionSpec, block_shape, M: int, row0: int) -> Tensor:
@@ -103,7 +112,7 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M, 
     for r0 in range(0, M, block_m):
         s, _ = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
         rows = s.shape[2]
-        p = torch.softmax(s, dim=-1)
+        p = softmax_of_spec(s, spec)
         if spec.dropout_p:
             p = _drop(p, _keep_mask(dropout_seed, spec, p.shape, M, r0), spec.dropout_p)
         o = (p.reshape(Z, H // g, g * rows, N) @ v.to(p.dtype)).reshape(Z, H, rows, DV)
@@ -115,8 +124,8 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M, 
 def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M,
                        dropout_seed=None):
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
-    softmax of the block's scores; no N x N buffer). A row that saw only -inf (or a NaN) has P = NaN, as in eager:
-    dV of its kv head is NaN, and its dS passes through the score program's backward (where a masking ``where``
+    softmax of the block's scores; no N x N buffer). A row that saw only -inf (or a NaN) has P = NaN, as in eager
+    (a row that saw only -inf has P = 0 and adds nothing under ``empty_rows="zero"``): dV of its kv head is NaN, and its dS passes through the score program's backward (where a masking ``where``
     zeroes it, as eager's does).
 
     The score program is differentiated by :func:`.score_program.backward` (the same derivative rules as the
@@ -140,7 +149,7 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     for r0 in range(0, M, block_m):
         s, vals = _blockwise_scores(q[:, :, r0:r0 + block_m], k, score_tensors, spec, r0, M, N)
         rows = s.shape[2]
-        p = torch.softmax(s, dim=-1)
+        p = softmax_of_spec(s, spec)
         do = dout[:, :, r0:r0 + rows].to(ct)
         # dropout: dV from the dropped, rescaled P; dP through the same keep-mask and scale
         keep = _keep_mask(dropout_seed, spec, p.shape, M, r0) if spec.dropout_p else None

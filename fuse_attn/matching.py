@@ -67,6 +67,8 @@ class Operand:
     views: list[fx.Node] = field(default_factory=list)
     factor: float = 1.0
     permute: Optional[list[int]] = None
+    # the half-precision dtype of ``node`` when the product read it upcast to fp32 (an exact cast, peeled)
+    upcast_from: Optional[torch.dtype] = None
 
 
 @dataclass
@@ -109,14 +111,17 @@ def _scalar_factor(node: fx.Node, source: fx.Node) -> Optional[float]:
     return None
 
 
-def peel_scale(node: fx.Node) -> Operand:
-    """Walk back from ``node`` through views/identity ops; fold scalar multiplications into a factor.
+def peel_scale(node: fx.Node, upcast: bool = True) -> Operand:
+    """Walk back from ``node`` through views/identity ops; fold scalar multiplications into a factor, and peel one
+    upcast of a half-precision tensor to fp32 (exact: the kernels multiply half-precision tiles in fp32 anyway).
 
-    Views commute with a scalar multiplication, so the unscaled operand is the source of the last (most
-    upstream) multiplication with the views met on the way replayed on it in forward order.
+    Views commute with a scalar multiplication and with a cast, so the unscaled operand is the source of the last
+    (most upstream) multiplication or upcast with the views met on the way replayed on it in forward order.
+    ``upcast=False``: casts are not peeled.
     """
     views: list[fx.Node] = []
     factor = 1.0
+    upcast_from = None
     result = Operand(node)
     current = node
     while isinstance(current, fx.Node) and current.op == "call_function":
@@ -124,14 +129,26 @@ def peel_scale(node: fx.Node) -> Operand:
             views.append(current)
             current = current.args[0]
             continue
+        if upcast and upcast_from is None and _is_exact_upcast(current):
+            current = current.args[0]
+            upcast_from = val(current).dtype
+            result = Operand(current, list(reversed(views)), factor, upcast_from=upcast_from)
+            continue
         source = next((a for a in current.args[:2] if isinstance(a, fx.Node)), None)
         c = _scalar_factor(current, source) if source is not None else None
         if c is None:
             break
         factor *= c
         current = source
-        result = Operand(current, list(reversed(views)), factor)
+        result = Operand(current, list(reversed(views)), factor, upcast_from=upcast_from)
     return result
+
+
+def _is_exact_upcast(node: fx.Node) -> bool:
+    """A cast of an fp16 / bf16 tensor to fp32 (``q.float()``), which changes no value."""
+    source = node.args[0] if node.args else None
+    return (cast_dtype(node) == torch.float32 and isinstance(source, fx.Node)
+            and getattr(val(source), "dtype", None) in (torch.float16, torch.bfloat16))
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -290,10 +307,18 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     d = a_val.shape[qk_einsum[0][-1]] if qk_einsum else a_val.shape[-1]
     dv = v_val.shape[pv_einsum[1][-1]] if pv_einsum else v_val.shape[-1]
 
-    q_dtype = a_val.dtype
+    q_operand, k_operand = peel_scale(a), peel_scale(b)
+    q_dtype, k_dtype = a_val.dtype, b_val.dtype
+    if q_operand.upcast_from is not None and q_operand.upcast_from == k_operand.upcast_from == v_val.dtype:
+        # q and k upcast from v's half precision for the scores (softmax in fp32, the weights cast back for P @ V):
+        # the kernels' own arithmetic in that dtype
+        q_dtype = k_dtype = v_val.dtype
+    else:
+        q_operand, k_operand = peel_scale(a, upcast=False), peel_scale(b, upcast=False)
+    for name, dtype in (("k", k_dtype), ("v", v_val.dtype)):
+        if dtype != q_dtype:
+            raise NotFused(f"q is {q_dtype} but {name} is {dtype}", qk)
     for name, t in (("k", b_val), ("v", v_val)):
-        if t.dtype != q_dtype:
-            raise NotFused(f"q is {q_dtype} but {name} is {t.dtype}", qk)
         if t.device != a_val.device:
             raise NotFused(f"q is on {a_val.device} but {name} is on {t.device}", qk)
     for name, dim in (("head dim", d), ("value head dim", dv)):
@@ -335,7 +360,6 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         ScoreTensor("mask" if val(node).dtype == torch.bool else "bias", dtype_name(val(node).dtype), use.broadcast)
         for (node, _), use in zip(program.loads, tensors)
     ]
-    q_operand, k_operand = peel_scale(a), peel_scale(b)
     scale = q_operand.factor * k_operand.factor * program.scale_factor
     if qk_einsum is not None:  # einsum operands: permute q to [batch, m, d] and k to [batch, n, d]
         q_operand.permute, k_operand.permute = qk_einsum[0], qk_einsum[2]
@@ -355,6 +379,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
             score_tensors=tuple(score_tensors),
             gqa_group=gqa_group,
             dropout_p=dropout_p,
+            empty_rows="zero" if softmax.target == aten._safe_softmax.default else "nan",
             q_len=m if isinstance(m, int) else None,
             kv_len=n if isinstance(n, int) else None,
             num_heads=int(out_val.shape[-3]) if out_val.dim() >= 3 and isinstance(out_val.shape[-3], int) else None,

@@ -18,6 +18,7 @@ from torch._guards import detect_fake_mode
 
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
+from . import sdpa_calls
 from .report import GraphReport, SoftmaxVerdict, log
 
 
@@ -150,10 +151,21 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     before = gm.print_readable(print_output=False) if capture else None
     fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
     verdicts: list[SoftmaxVerdict] = []
+    # SDPA calls are matched through their expansion (fuse_attn.sdpa_calls); each verdict is the call's
+    expansions: dict[fx.Node, sdpa_calls.Expansion] = {}
+    for call in sdpa_calls.find_calls(graph):
+        try:
+            expansion = sdpa_calls.expand(call, _Emitter(graph, call, fake_mode))
+        except NotFused as e:
+            verdicts.append(SoftmaxVerdict(call.name, False, reason=e.reason, about=call.name, source=_source_line(call)))
+            continue
+        expansions[expansion.softmax] = expansion
     for softmax in find_softmaxes(graph):
         if getattr(softmax, "_erased", False):
             continue
-        name, source = softmax.name, _source_line(softmax)
+        expansion = expansions.get(softmax)
+        anchor = expansion.call if expansion is not None else softmax
+        name, source = anchor.name, _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
             if apply:
@@ -166,8 +178,12 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
             log.warning("fuse_attn: internal error while matching %s", name, exc_info=True)
             verdicts.append(SoftmaxVerdict(name, False, reason=f"internal error: {type(e).__name__}: {e}", source=source))
             continue
+        finally:
+            if expansion is not None:
+                fused = apply and getattr(expansion.output, "_erased", False)
+                sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source))
-    if apply:
+    if apply or expansions:
         graph.lint()
         gm.recompile()
     after = gm.print_readable(print_output=False) if capture else None

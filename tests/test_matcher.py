@@ -47,7 +47,7 @@ class TestGoldenGraphs(TestCase):
         transpose_1: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_1, 1, 2)
         view_2: "f32[2, 6, 2, 8]" = torch.ops.aten.view.default(getitem_2, [2, 6, 2, 8])
         transpose_2: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_2, 1, 2)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem_3: "f32[2, 2, 6, 8]" = flash_attention_default[0]
         transpose_4: "f32[2, 6, 2, 8]" = torch.ops.aten.transpose.int(getitem_3, 1, 2)
         contiguous: "f32[2, 6, 2, 8]" = torch.ops.aten.contiguous.default(transpose_4)
@@ -64,7 +64,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -78,7 +78,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -90,7 +90,7 @@ class TestGoldenGraphs(TestCase):
         mask = torch.zeros(2, 1, 1, 5).masked_fill(torch.rand(2, 1, 1, 5) > 0.7, float("-inf"))
         self.assertExpectedInline(self.check(fn, *qkv(), mask), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 1, 1, 5]", arg3_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -101,7 +101,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -113,7 +113,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(dtype=torch.float16)), """\
     def forward(self, arg0_1: "f16[2, 3, 5, 8]", arg1_1: "f16[2, 3, 5, 8]", arg2_1: "f16[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f16[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -134,7 +134,7 @@ class TestGoldenGraphs(TestCase):
         unsqueeze_default: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape, 0)
         unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
         unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
         squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
@@ -149,7 +149,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(length=3, k_length=7)), """\
     def forward(self, arg0_1: "f32[2, 3, 3, 8]", arg1_1: "f32[2, 3, 7, 8]", arg2_1: "f32[2, 3, 7, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 4, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 4, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 3, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -168,7 +168,7 @@ class TestGoldenGraphs(TestCase):
         k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
         self.assertExpectedInline(self.check(fn, q, k, v), """\
     def forward(self, arg0_1: "f32[2, 2, 5, 8]", arg1_1: "f32[2, 2, 5, 8]", arg2_1: "f32[2, 4, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -180,7 +180,7 @@ class TestGoldenGraphs(TestCase):
         k, v = torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
         self.assertExpectedInline(self.check(fn, q, k, v), """\
     def forward(self, arg0_1: "f32[2, 1, 5, 8]", arg1_1: "f32[2, 4, 5, 8]", arg2_1: "f32[2, 1, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -203,7 +203,7 @@ class TestGoldenGraphs(TestCase):
         unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
         unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
         unsqueeze_default_3: "f32[1, 6, 1, 5]" = torch.ops.aten.unsqueeze.default(arg1_1, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}, {"args": [], "op": "const", "value": 2.0}, {"args": [2, 3], "op": "div", "value": null}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}, {"args": [], "op": "const", "value": 2.0}, {"args": [2, 3], "op": "div", "value": null}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
         squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
@@ -219,7 +219,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [0], "op": "tanh", "value": null}, {"args": [], "op": "const", "value": 50.0}, {"args": [1, 2], "op": "mul", "value": null}], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [0], "op": "tanh", "value": null}, {"args": [], "op": "const", "value": 50.0}, {"args": [1, 2], "op": "mul", "value": null}], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -233,7 +233,7 @@ class TestGoldenGraphs(TestCase):
         permute_default: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg0_1, [0, 2, 1, 3])
         permute_default_1: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg1_1, [0, 2, 1, 3])
         permute_default_2: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg2_1, [0, 2, 1, 3])
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -246,8 +246,23 @@ class TestGoldenGraphs(TestCase):
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
         randint_low: "i64[]" = torch.ops.aten.randint.low(0, 4611686018427387904, [], dtype = torch.int64, device = device(type='cpu'))
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+
+    def test_q_and_k_upcast_to_fp32_in_bf16(self):
+        """Mixed precision: q and k upcast for the scores, softmax in fp32, the weights cast back for P @ V in bf16.
+        The upcasts are exact, so the kernel takes the bf16 q and k."""
+
+        def fn(q, k, v):
+            w = torch.matmul(q.float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+            return torch.softmax(w, -1, dtype=torch.float32).to(q.dtype) @ v
+
+        self.assertExpectedInline(self.check(fn, *qkv(dtype=torch.bfloat16)), """\
+    def forward(self, arg0_1: "bf16[2, 3, 5, 8]", arg1_1: "bf16[2, 3, 5, 8]", arg2_1: "bf16[2, 3, 5, 8]"):
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "bfloat16", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        getitem: "bf16[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
 
@@ -422,6 +437,15 @@ class TestNotRewritten(TestCase):
             return torch.softmax(q @ k.transpose(-1, -2), -1).float() @ v.float()
 
         self.assertExpectedInline(self.verdicts(fn, *qkv(dtype=torch.float16)), """not fused softmax: q is torch.float16 but v is torch.float32""")
+
+    def test_fp32_q_and_k_with_a_bf16_value(self):
+        """Only an upcast of half-precision q and k is folded: real fp32 q and k stay unfused."""
+
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), -1).to(v.dtype) @ v
+
+        q, k, v = qkv()
+        self.assertExpectedInline(self.verdicts(fn, q, k, v.bfloat16()), """not fused softmax: q is torch.float32 but v is torch.bfloat16""")
 
     def test_zero_length_sequence(self):
         self.assertExpectedInline(self.verdicts(plain_attention, *qkv(length=0)), """not fused softmax: the query length is 0""")

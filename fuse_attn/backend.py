@@ -29,7 +29,8 @@ import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
 from torch._inductor.custom_graph_pass import CustomGraphPass
-from torch.fx.experimental.proxy_tensor import make_fx
+import torch.utils._pytree as pytree
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
 
 from .matching import MatchContext
 from .report import GraphReport, SoftmaxVerdict, log, publish
@@ -80,10 +81,6 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
         return _analyze_checkpointed(gm, example_inputs, apply=apply, buffers=buffers)
     if not _mentions_softmax(gm):
         return None, None
-    blocker = _retrace_blocker(gm)
-    if blocker is not None:
-        softmaxes = [n for n in gm.graph.nodes if _is_softmax_call(n)]
-        return None, GraphReport([SoftmaxVerdict(n.name, False, reason=blocker) for n in softmaxes], rewritten=False)
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
         return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested())
@@ -101,7 +98,7 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],
     fake_inputs = [n.meta.get("example_value") for n in placeholders]
     # Interpreting under preserve_node_meta carries each node's stack trace (the user's source line) over.
     with fx_traceback.preserve_node_meta():
-        traced = make_fx(fx.Interpreter(gm).run, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
+        traced = make_fx(_KeepAutogradFunctions(gm).run, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
     # Values nobody uses (the averaged weights nn.MultiheadAttention computes and its caller drops) would count as
     # users of the attention weights; side-effecting nodes are kept by FX's own impurity rules.
     traced.graph.eliminate_dead_code()
@@ -180,24 +177,29 @@ def _mentions_softmax(gm: fx.GraphModule) -> bool:
                for node in gm.graph.nodes)
 
 
-def _retrace_blocker(gm: fx.GraphModule) -> Optional[str]:
-    """Why this graph must not be re-traced to ATen, or None.
+class _KeepAutogradFunctions(fx.Interpreter):
+    """Runs Dynamo's graph for ``make_fx``, keeping each custom ``torch.autograd.Function`` one node.
 
-    A custom ``torch.autograd.Function`` reaches us as Dynamo's ``autograd_function_apply`` (its forward and its
-    own backward). The pre-autograd trace inlines its forward, and AOTAutograd would then differentiate that
-    forward instead of running the user's backward -- a different gradient whenever the backward is not the exact
-    derivative (Bloom's GELU). With gradients on, such a graph is compiled unchanged.
+    Dynamo hands a custom Function over as ``autograd_function_apply(fwd_body, bwd_body, *args)``. Traced like
+    any op, its forward would be inlined and AOTAutograd would differentiate that forward instead of running the
+    user's backward -- a different gradient whenever the backward is not the exact derivative (Bloom's GELU). So
+    the call is recorded as it is, with its two bodies, as a higher-order op does under tracing
+    (``torch/_higher_order_ops/cond.py``'s ``trace_cond``); AOTAutograd then runs the user's backward, as it does
+    for Dynamo's own graph.
     """
-    if not torch.is_grad_enabled():
-        return None
-    needs_grad = any(getattr(n.meta.get("example_value"), "requires_grad", False) for n in gm.graph.nodes if n.op == "placeholder")
-    for node in gm.graph.nodes:
-        if needs_grad and node.op == "call_function" and "autograd_function_apply" in str(node.target):
-            return (
-                f"the graph calls a custom autograd.Function ({node.name}); fusing would re-trace it and replace "
-                "its backward with the derivative of its forward, so this graph is compiled unchanged in training"
-            )
-    return None
+
+    def call_function(self, target, args, kwargs):
+        mode = get_proxy_mode()
+        if target is not torch.ops.higher_order.autograd_function_apply or mode is None:
+            return super().call_function(target, args, kwargs)
+        with disable_proxy_modes_tracing():
+            out = target(*args, **kwargs)
+        tracer = mode.tracer
+        for body in args[:2]:  # the bodies become submodules of the traced graph (get_attr nodes)
+            tracer.root.register_module(f"autograd_function_body_{len(list(tracer.root.children()))}", body)
+        proxy_args, proxy_kwargs = pytree.tree_map(tracer.unwrap_proxy, (args, kwargs))
+        out_proxy = tracer.create_proxy("call_function", target, proxy_args, proxy_kwargs)
+        return track_tensor_tree(out, out_proxy, constant=None, tracer=tracer)
 
 
 @functools.lru_cache(maxsize=None)

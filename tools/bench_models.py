@@ -1,10 +1,11 @@
 """Model-level benchmark: Hugging Face models built from configs (random weights), a training step and an inference
-forward, with the attention compiled four ways. Models: ``gpt2`` and ``llama`` (4-layer decoders, below),
+forward, with the attention compiled five ways. Models: ``gpt2`` and ``llama`` (4-layer decoders, below),
 ``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3)
 and ``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
-                                               [--modes train infer] [--variants fuse_attn inductor sdpa+inductor]
+                                               [--modes train infer]
+                                               [--variants fuse_attn inductor sdpa+inductor sdpa+fuse_attn]
                                                [--eager] [--batch-tokens 16384]
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR --compile-time [--models gpt2] [--compile-time-length 4096]
     PYTHONPATH=. python3 tools/bench_models.py --device cpu --tiny        # smoke test: tiny configs, N=32, fp32
@@ -13,14 +14,16 @@ Variants (the model's ``config._attn_implementation`` and the ``torch.compile`` 
   fuse_attn      eager attention, ``backend="fuse_attn"`` (the entry point's function, so a checkout runs it)
   inductor       eager attention, ``torch.compile`` default
   sdpa+inductor  ``attn_implementation="sdpa"``, ``torch.compile`` default
+  sdpa+fuse_attn ``attn_implementation="sdpa"`` (Hugging Face's default), ``backend="fuse_attn"``
   eager          eager attention, not compiled (with ``--eager``)
 
 A training step is forward + Hugging Face's own loss (cross entropy of the logits against the random input ids as
 labels) + backward, gradients set to None between steps (no optimizer); inference is a forward under
 ``torch.no_grad()``. bf16 on a GPU, B = max(1, batch_tokens // N), dropout off. Each cell is compiled (and
 tuned) by one untimed step, then timed with ``triton.testing.do_bench`` (median); on a CPU by one
-``time.perf_counter`` step. The table gives tokens/s (B*N per step) and the speed-up of fuse_attn over the other
-two compiled variants; the fused column counts the attentions fuse_attn fused (``fuse_attn.collect_reports``).
+``time.perf_counter`` step. The table gives tokens/s (B*N per step), the speed-up of fuse_attn over the other
+two compiled variants, and of sdpa+fuse_attn over sdpa+inductor (the same model, the user's switch of backend); the
+fused columns count the attentions each fuse_attn variant fused (``fuse_attn.collect_reports``).
 Rows are appended to OUTDIR/bench_models.csv with the device's name, the torch, triton and transformers
 versions and the date.
 
@@ -72,9 +75,12 @@ VARIANTS = {  # name -> (attention implementation, backend; None: not compiled)
     "fuse_attn": ("eager", "fuse_attn"),
     "inductor": ("eager", "inductor"),
     "sdpa+inductor": ("sdpa", "inductor"),
+    "sdpa+fuse_attn": ("sdpa", "fuse_attn"),
     "eager": ("eager", None),
 }
-COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor"]
+COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor", "sdpa+fuse_attn"]
+# (ours, the other): the speed-up columns of the table
+RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
@@ -215,7 +221,7 @@ def speed(args, record):
             for length in args.lengths:
                 batch = max(1, args.batch_tokens // length)
                 layers = model_and_config(name, "eager", args.tiny, length)[1].num_hidden_layers
-                rates, cells, fused = {}, {}, "-"
+                rates, cells, fused = {}, {}, {"fuse_attn": "-", "sdpa+fuse_attn": "-"}
                 for variant in args.variants:
                     torch._dynamo.reset()
                     t0 = time.time()
@@ -223,9 +229,9 @@ def speed(args, record):
                         ms, peak, count = measure(name, variant, mode, length, batch, args)
                         rates[variant] = batch * length / (ms * 1e-3)
                         cells[variant] = f"{rates[variant]:,.0f}"
-                        if variant == "fuse_attn":
-                            fused = count
-                        record([name, mode, batch, length, variant, layers, count if variant == "fuse_attn" else "",
+                        if variant in fused:
+                            fused[variant] = count
+                        record([name, mode, batch, length, variant, layers, count if variant in fused else "",
                                 f"{ms:.3f}", f"{rates[variant]:.1f}", "" if peak is None else peak])
                     except torch.cuda.OutOfMemoryError:
                         cells[variant] = "OOM"
@@ -240,11 +246,12 @@ def speed(args, record):
                         torch.cuda.empty_cache()
                     print(f"  {name} {mode} N={length} {variant}: {cells[variant]} tokens/s ({time.time() - t0:.1f}s)",
                           flush=True)
-                ratios = [f"{rates['fuse_attn'] / rates[other]:.2f}x" if "fuse_attn" in rates and other in rates else "-"
-                          for other in ("inductor", "sdpa+inductor")]
-                rows.append([name, mode, f"{batch}x{length}", layers, fused, *(cells[v] for v in args.variants), *ratios])
-    headers = ["model", "mode", "BxN", "layers", "fused", *(f"{v} tok/s" for v in args.variants),
-               "fuse_attn / inductor", "fuse_attn / sdpa+inductor"]
+                ratios = [f"{rates[ours] / rates[other]:.2f}x" if ours in rates and other in rates else "-"
+                          for ours, other in RATIOS]
+                rows.append([name, mode, f"{batch}x{length}", layers, fused["fuse_attn"], fused["sdpa+fuse_attn"],
+                             *(cells[v] for v in args.variants), *ratios])
+    headers = ["model", "mode", "BxN", "layers", "fused", "sdpa fused", *(f"{v} tok/s" for v in args.variants),
+               *(f"{ours} / {other}" for ours, other in RATIOS)]
     return rows, headers, ok
 
 

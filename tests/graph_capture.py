@@ -41,3 +41,18 @@ def graph_text(report: GraphReport) -> str:
 def verdict_lines(reports: list[GraphReport]) -> str:
     """Verdicts without their source lines (which move whenever a test file is edited)."""
     return "\n".join(dataclasses.replace(v, source=None).line() for r in reports for v in r.verdicts)
+
+
+def fused_graph(fn, *args) -> str:
+    """The text of ``fn``'s one rewritten graph; fails with the verdicts unless every softmax in it is fused."""
+    reports = rewrite_reports(fn, *args)
+    assert len(reports) == 1 and all(v.fused for v in reports[0].verdicts), verdict_lines(reports)
+    return graph_text(reports[0])
+
+
+def fused_specs(fn, *args, dynamic=None) -> str:
+    """Each fused attention's spec, one line each; fails with the verdicts unless every softmax is fused."""
+    reports = rewrite_reports(fn, *args, dynamic=dynamic)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert verdicts and all(v.fused for v in verdicts), verdict_lines(reports)
+    return "\n".join(v.spec.describe() for v in verdicts)

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 from examples.attention_forms import NanoGPTAttention
-from graph_capture import graph_text, rewrite_reports, verdict_lines
+from graph_capture import fused_graph, fused_specs, rewrite_reports, verdict_lines
 
 
 def qkv(batch=2, heads=3, length=5, dim=8, dtype=torch.float32, k_length=None):
@@ -27,10 +27,7 @@ def plain_attention(q, k, v):
 
 class TestGoldenGraphs(TestCase):
     def check(self, fn, *args):
-        reports = rewrite_reports(fn, *args)
-        self.assertEqual(len(reports), 1)
-        self.assertTrue(all(v.fused for v in reports[0].verdicts), verdict_lines(reports))
-        return graph_text(reports[0])
+        return fused_graph(fn, *args)
 
     def test_nanogpt_sliced_buffer_is_causal(self):
         text = self.check(NanoGPTAttention(width=16, heads=2, block_size=8), torch.randn(2, 6, 16))
@@ -270,10 +267,7 @@ class TestScorePrograms(TestCase):
     """Pointwise score changes become a program run in the kernel's tile loop; index-only masks never load."""
 
     def describe(self, fn, *args, dynamic=None):
-        reports = rewrite_reports(fn, *args, dynamic=dynamic)
-        verdicts = [v for r in reports for v in r.verdicts]
-        self.assertTrue(verdicts and all(v.fused for v in verdicts), verdict_lines(reports))
-        return "\n".join(v.spec.describe() for v in verdicts)
+        return fused_specs(fn, *args, dynamic=dynamic)
 
     def test_alibi_from_arange_is_computed_in_the_kernel(self):
         def fn(q, k, v, slopes):

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 from fuse_attn.report import collect_reports
-from graph_capture import graph_text, rewrite_reports, verdict_lines
+from graph_capture import fused_graph, fused_specs, rewrite_reports, verdict_lines
 
 
 def qkv(batch=2, heads=4, kv_heads=None, length=6, dim=8, dtype=torch.float32, requires_grad=False):
@@ -38,17 +38,11 @@ def hf_padding_causal_mask(padding, length):
 
 
 class TestGoldenGraphs(TestCase):
-    def check(self, fn, *args):
-        reports = rewrite_reports(fn, *args)
-        self.assertEqual(len(reports), 1)
-        self.assertTrue(all(v.fused for v in reports[0].verdicts), verdict_lines(reports))
-        return graph_text(reports[0])
-
     def test_is_causal(self):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        self.assertExpectedInline(self.check(fn, *qkv()), """\
+        self.assertExpectedInline(fused_graph(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 4, 6, 8]", arg1_1: "f32[2, 4, 6, 8]", arg2_1: "f32[2, 4, 6, 8]"):
         flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 4, 6, 8]" = flash_attention_default[0]
@@ -58,7 +52,7 @@ class TestGoldenGraphs(TestCase):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
-        self.assertExpectedInline(self.check(fn, *qkv(kv_heads=2)), """\
+        self.assertExpectedInline(fused_graph(fn, *qkv(kv_heads=2)), """\
     def forward(self, arg0_1: "f32[2, 4, 6, 8]", arg1_1: "f32[2, 2, 6, 8]", arg2_1: "f32[2, 2, 6, 8]"):
         flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
         getitem: "f32[2, 4, 6, 8]" = flash_attention_default[0]
@@ -70,7 +64,7 @@ class TestGoldenGraphs(TestCase):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, dropout_p=0.1, scale=0.2)
 
-        self.assertExpectedInline(self.check(fn, *qkv()), """\
+        self.assertExpectedInline(fused_graph(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 4, 6, 8]", arg1_1: "f32[2, 4, 6, 8]", arg2_1: "f32[2, 4, 6, 8]"):
         randint_low: "i64[]" = torch.ops.aten.randint.low(0, 4611686018427387904, [], dtype = torch.int64, device = device(type='cpu'))
         flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.2, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
@@ -81,30 +75,24 @@ class TestGoldenGraphs(TestCase):
 class TestMaskForms(TestCase):
     """Each mask an SDPA call receives is read back to how the graph built it."""
 
-    def describe(self, fn, *args, dynamic=None):
-        reports = rewrite_reports(fn, *args, dynamic=dynamic)
-        verdicts = [v for r in reports for v in r.verdicts]
-        self.assertTrue(verdicts and all(v.fused for v in verdicts), verdict_lines(reports))
-        return "\n".join(v.spec.describe() for v in verdicts)
-
     def test_padding_bool_mask_loads_only_the_padding_vector(self):
         def fn(q, k, v, padding):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=padding[:, None, None, :].bool())
 
-        self.assertExpectedInline(self.describe(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,1,N], -inf, s) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,1,N], -inf, s) empty rows 0""")
 
     def test_padding_and_causal_bool_mask(self):
         def fn(q, k, v, padding):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=hf_padding_causal_mask(padding, q.shape[-2]))
 
-        self.assertExpectedInline(self.describe(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(logical_not((kv_idx <= q_idx) & mask0[Z,1,1,N]), -inf, s) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(logical_not((kv_idx <= q_idx) & mask0[Z,1,1,N]), -inf, s) empty rows 0""")
 
     def test_additive_padding_mask(self):
         def fn(q, k, v, padding):
             mask = (1.0 - padding[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-        self.assertExpectedInline(self.describe(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> s + bias0[Z,1,1,N] empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> s + bias0[Z,1,1,N] empty rows 0""")
 
     def test_sliding_window_bool_mask_is_a_band(self):
         def fn(q, k, v):
@@ -112,19 +100,19 @@ class TestMaskForms(TestCase):
             j = torch.arange(k.shape[-2])[None, :]
             return F.scaled_dot_product_attention(q, k, v, attn_mask=(j <= i) & (j > i - 3))
 
-        self.assertExpectedInline(self.describe(fn, *qkv()), """float32 D=8 M=6 N=6 scale=0.353553 causal(top_left, diagonal=0, window=3) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=6 N=6 scale=0.353553 causal(top_left, diagonal=0, window=3) empty rows 0""")
 
     def test_is_causal_with_symbolic_lengths(self):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-        self.assertExpectedInline(self.describe(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 causal(top_left, diagonal=0) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 causal(top_left, diagonal=0) empty rows 0""")
 
     def test_enable_gqa_with_symbolic_head_counts_specializes_the_group(self):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
 
-        self.assertExpectedInline(self.describe(fn, *qkv(kv_heads=2), dynamic=True), """float32 D=? scale=1*D^-0.5 gqa=2 empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(kv_heads=2), dynamic=True), """float32 D=? scale=1*D^-0.5 gqa=2 empty rows 0""")
 
     def test_mask_from_a_graph_input_is_loaded(self):
         """A mask of unknown structure still runs fused, as a loaded tensor."""
@@ -133,7 +121,7 @@ class TestMaskForms(TestCase):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
         mask = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(1)) > 0.3
-        self.assertExpectedInline(self.describe(fn, *qkv(), mask), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,M,N], -inf, s) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), mask), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,M,N], -inf, s) empty rows 0""")
 
 
 class TestLeftAsSdpa(TestCase):

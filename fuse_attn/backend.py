@@ -5,7 +5,8 @@ Pipeline for each graph Dynamo hands over:
 1. trace it to a pre-autograd ATen graph (``make_fx(pre_dispatch=True)`` on Dynamo's fake inputs): one spelling
    per op, grad-mode regions kept, no backward yet;
 2. match every softmax and replace each proven attention with ``torch.ops.fuse_attn.flash_attention``
-   (``fuse_attn.rewrite``); every softmax left alone gets a recorded reason;
+   (``fuse_attn.rewrite``) -- or with SDPA's cuDNN / flash kernel where one computes it exactly and was timed faster
+   (``fuse_attn.kernels.implementations``); every softmax left alone gets a recorded reason;
 3. hand the rewritten graph to Inductor's ``compile_fx``: AOTAutograd builds the joint graph -- the fused op's
    registered autograd formula puts our backward kernel into it -- then Inductor partitions, fuses and compiles
    everything else.
@@ -83,10 +84,17 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
         return None, None
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
-        return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested())
+        return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested(),
+                                         training=_is_trained(example_inputs))
     except Exception:
         log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
         return None, None
+
+
+def _is_trained(example_inputs: list[Any]) -> bool:
+    """Whether AOTAutograd will build a backward for the graph (its test: grad mode on and an input that requires
+    grad); an attention's implementation is then timed forward and backward together."""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
 
 
 def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],

@@ -20,11 +20,13 @@ class SoftmaxVerdict:
     about: Optional[str] = None  # the node the reason is about
     spec: Optional[AttentionSpec] = None
     source: Optional[str] = None  # the user's code line, when known
+    runs: Optional[str] = None  # which implementation a fused attention runs, where candidates were timed
 
     def line(self) -> str:
         where = f" ({self.source})" if self.source else ""
         if self.fused:
-            return f"fused {self.node}{where}: {self.spec.describe()}"
+            runs = f"; {self.runs}" if self.runs else ""
+            return f"fused {self.node}{where}: {self.spec.describe()}{runs}"
         return f"not fused {self.node}{where}: {self.reason}"
 
 

@@ -1,4 +1,5 @@
-"""Replace matched attentions in a pre-autograd ATen graph with one call of ``fuse_attn::flash_attention``.
+"""Replace matched attentions in a pre-autograd ATen graph with one call of ``fuse_attn::flash_attention`` (or of
+SDPA's cuDNN / flash kernel, where :mod:`fuse_attn.kernels.implementations` timed it faster on this GPU and shape).
 
 The fused op takes 4-D ``[Z, H, len, dim]`` operands. Batch dims are brought to that form with size-free view
 ops (``unsqueeze`` / ``flatten``), so the rewrite also works when lengths are symbolic; only a batch reshape
@@ -19,6 +20,7 @@ from torch._guards import detect_fake_mode
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
+from .kernels import implementations
 from .report import GraphReport, SoftmaxVerdict, log
 
 
@@ -94,7 +96,8 @@ class _Emitter:
         return self(aten.reshape.default, node, [*target_batch, *shape[-2:]])
 
 
-def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
+def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool) -> tuple[fx.Node, implementations.Choice]:
+    """The nodes computing the match (the fused op, or SDPA's kernel where it was timed faster) and that choice."""
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
     q = emit.operand(match.q)
     q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
@@ -117,16 +120,24 @@ def _fused_call(match: AttentionMatch, emit: _Emitter) -> fx.Node:
             tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
         tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
 
+    choice = implementations.choose(match.spec, val(q4), val(k4), val(v4), training)
+    if choice.is_sdpa:
+        out = implementations.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
+        return _restored_output(match, emit, out), choice
+
     seed = None
     if match.spec.dropout_p > 0:
         # The keep-mask's Philox seed, drawn from torch's generator of q's device on every call (so
         # torch.manual_seed governs it, as it does eager dropout); the backward reuses the saved seed.
         seed = emit(aten.randint.low, 0, 2**62, [], dtype=torch.int64, device=val(q4).device)
     fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, seed, match.spec.to_json())
-    out = emit(operator.getitem, fused, 0)
-    tail = list(val(match.pv).shape[-2:])
-    out = emit.from_4d(out, batch, tail)
-    return emit.rebatch(out, batch, pv_batch, "the output")
+    return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
+
+
+def _restored_output(match: AttentionMatch, emit: _Emitter, out: fx.Node) -> fx.Node:
+    """The ``[Z, H, M, DV]`` output back in the shape of the matched product."""
+    out = emit.from_4d(out, match.batch, list(val(match.pv).shape[-2:]))
+    return emit.rebatch(out, match.batch, match.pv_batch, "the output")
 
 
 def _source_line(node: fx.Node) -> Optional[str]:
@@ -143,8 +154,10 @@ def _source_line(node: fx.Node) -> Optional[str]:
     return f"{os.path.basename(match['file'])}:{match['line']} `{code}`"
 
 
-def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False) -> GraphReport:
-    """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place."""
+def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False,
+                      training: bool = False) -> GraphReport:
+    """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place (or with SDPA's
+    kernel, where :mod:`fuse_attn.kernels.implementations` timed it faster: forward and backward when ``training``)."""
     import fuse_attn.kernels  # noqa: F401  (registers torch.ops.fuse_attn.*)
 
     graph = gm.graph
@@ -168,8 +181,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         name, source = anchor.name, _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
-            if apply:
-                _apply(graph, match, fake_mode)
+            choice = _apply(graph, match, fake_mode, training) if apply else None
         except NotFused as e:
             about = e.node.name if e.node is not None else None
             verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
@@ -182,7 +194,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
             if expansion is not None:
                 fused = apply and getattr(expansion.output, "_erased", False)
                 sdpa_calls.settle(expansion, fused, graph)
-        verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source))
+        verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
+                                       runs=choice.text() if choice is not None else None))
     if apply or expansions:
         graph.lint()
         gm.recompile()
@@ -190,10 +203,10 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     return GraphReport(verdicts, before=before, after=after, rewritten=apply)
 
 
-def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any) -> None:
+def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool) -> implementations.Choice:
     emit = _Emitter(graph, match.pv, fake_mode)
     try:
-        replacement = _fused_call(match, emit)
+        replacement, choice = _fused_call(match, emit, training)
     except BaseException:
         # Leave the graph as it was: drop whatever was inserted for this match.
         for node in reversed(emit.inserted):
@@ -202,3 +215,4 @@ def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any) -> None:
     match.pv.replace_all_uses_with(replacement)
     # The matched nodes, their dead inputs, and inserted views that ended up unused (e.g. a transpose undone).
     erase_dead_nodes(graph, [match.pv, *emit.inserted], owned=set(match.matched_nodes))
+    return choice

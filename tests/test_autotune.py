@@ -232,7 +232,7 @@ def test_processes_tuning_at_once_keep_each_others_entries(machine):
     assert [p.exitcode for p in procs] == [0, 0]
     entries = read_cache(key())["entries"]
     assert sorted(entries) == sorted(key(digest=f"process{p}-{i}").entry_name() for p in range(2) for i in range(per_process))
-    assert all(autotune._entry_config(e) == FASTEST for e in entries.values())
+    assert all(autotune._entry_choice(e) == FASTEST for e in entries.values())
 
 
 def test_cache_off_neither_writes_nor_reads(machine, monkeypatch):

@@ -25,6 +25,10 @@ re-read the file and merge their entry into it, so processes tuning at once keep
 fcntl is missing, e.g. on Windows, writes are still atomic but a concurrent writer's entry can be lost, and is then
 re-tuned by a later process). A cache directory that cannot be written logs one warning; choices stay in memory.
 
+The same machinery (keys, timing, the disk cache) chooses between implementations of one attention
+(:class:`Implementation`: the generated kernels or SDPA's cuDNN / flash kernels, :mod:`.implementations`): its
+entries hold a name instead of a config.
+
 A key first met while a CUDA graph is being captured is not tuned there (see :func:`_while_capturing`).
 
 Environment: ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate that compiles and runs (fast
@@ -44,7 +48,7 @@ import re
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -71,6 +75,20 @@ class KernelConfig:
 
     def __str__(self) -> str:
         return f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} warps={self.num_warps} stages={self.num_stages}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """A candidate of the other choice the tuner makes: which implementation runs a matched attention (the
+    generated kernels or one of SDPA's, :mod:`.implementations`); timed, stored and read back like a config."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Choice = Union[KernelConfig, Implementation]  # what a tuning key's entry holds
 
 
 # One config per kernel under the interpreter. Small blocks keep each interpreted program cheap, and
@@ -207,8 +225,11 @@ class TuningKey(NamedTuple):
     capability: str  # compute capability, "major.minor"
     triton_version: str
     torch_version: str
-    kind: str  # "fwd", "bwd_dkdv", "bwd_dq" or "decode" (m: the split-K kernel's packed rows)
-    kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew
+    # "fwd", "bwd_dkdv", "bwd_dq" or "decode" (m: the split-K kernel's packed rows); "impl_fwd" / "impl_train":
+    # the implementation of an attention, timed forward only or forward+backward
+    kind: str
+    kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew; for "impl_*"
+    # the spec digest and the batch and head counts
     dtype: str
     d: int
     dv: int
@@ -229,7 +250,7 @@ class TuningKey(NamedTuple):
         return f"{self.entry_name()} on {self.gpu} (sm {self.capability})" + ("" if self.timed else ", untimed")
 
 
-_chosen: dict[TuningKey, KernelConfig] = {}
+_chosen: dict[TuningKey, Choice] = {}
 _unwritable_dirs: set[str] = set()  # cache dirs already warned about: one warning per directory and process
 
 
@@ -258,14 +279,14 @@ def tuning_key(kind: str, device: torch.device, kernel_id: str, dtype: torch.dty
                      length_bucket(m), length_bucket(n), timed)
 
 
-def cached(key: TuningKey) -> KernelConfig | None:
+def cached(key: TuningKey) -> Choice | None:
     """The config chosen for ``key`` in this process, if any (memory only: the launchers' hot path)."""
     return _chosen.get(key)
 
 
-def choose(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
+def choose(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
            reset: Callable[[], None] | None = None,
-           compile_only: Optional[Callable[[KernelConfig], None]] = None) -> KernelConfig:
+           compile_only: Optional[Callable[[Choice], None]] = None) -> Choice:
     """The config for ``key``: from memory, else from the disk cache, else the fastest candidate, timing each with
     ``launch``. ``reset`` runs after candidates were launched (e.g. to zero gradient buffers that the launches
     accumulated into). ``compile_only(cfg)``, when given, compiles a candidate without launching it: before
@@ -279,7 +300,7 @@ def choose(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[
     return cfg
 
 
-def _while_capturing(key: TuningKey, candidates: Sequence[KernelConfig]) -> KernelConfig:
+def _while_capturing(key: TuningKey, candidates: Sequence[Choice]) -> Choice:
     """A config for a launch that a CUDA graph is recording (``torch.cuda.graph``, ``mode="reduce-overhead"``),
     launching nothing: every candidate launch would be recorded into the graph, and timing synchronizes the
     device, which invalidates the capture. The stored config if there is one, else the first candidate, untimed
@@ -296,7 +317,7 @@ def _while_capturing(key: TuningKey, candidates: Sequence[KernelConfig]) -> Kern
     return candidates[0]
 
 
-def chosen_configs() -> dict[TuningKey, KernelConfig]:
+def chosen_configs() -> dict[TuningKey, Choice]:
     return dict(_chosen)
 
 
@@ -315,9 +336,9 @@ def cache_file(key: TuningKey) -> str:
     return os.path.join(cache_dir(), "autotune-" + re.sub(r"[^A-Za-z0-9.+-]", "_", identity) + ".json")
 
 
-def _stored_or_tuned(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
+def _stored_or_tuned(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
                      reset: Callable[[], None] | None,
-                     compile_only: Optional[Callable[[KernelConfig], None]]) -> KernelConfig:
+                     compile_only: Optional[Callable[[Choice], None]]) -> Choice:
     if len(candidates) == 1:
         return candidates[0]  # nothing to choose between: neither timed nor stored
     if not key.timed:
@@ -335,7 +356,7 @@ def _stored_or_tuned(key: TuningKey, candidates: Sequence[KernelConfig], launch:
     return cfg
 
 
-def _first_working(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None]) -> KernelConfig:
+def _first_working(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None]) -> Choice:
     """No timing: the first candidate that compiles and runs (the smem estimate is only an estimate)."""
     errors = []
     for cand in candidates:
@@ -348,8 +369,8 @@ def _first_working(key: TuningKey, candidates: Sequence[KernelConfig], launch: C
     raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
 
 
-def _fastest(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callable[[KernelConfig], None],
-             compile_only: Optional[Callable[[KernelConfig], None]] = None) -> tuple[KernelConfig, float]:
+def _fastest(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
+             compile_only: Optional[Callable[[Choice], None]] = None) -> tuple[Choice, float]:
     """The fastest candidate and its time in ms."""
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
@@ -381,7 +402,7 @@ def _fastest(key: TuningKey, candidates: Sequence[KernelConfig], launch: Callabl
     return best
 
 
-def _compile_concurrently(candidates: Sequence[KernelConfig], compile_only: Callable[[KernelConfig], None]) -> None:
+def _compile_concurrently(candidates: Sequence[Choice], compile_only: Callable[[Choice], None]) -> None:
     """Compile every candidate on a thread pool before any is timed. Compiling dominates a cold tuning (about 2 s
     per candidate, against ~0.1 s to time one), and much of a compile runs outside the GIL (LLVM, ptxas), so the
     candidates' compiles overlap. Compiled kernels land in Triton's in-memory and disk caches, where the timing
@@ -407,14 +428,14 @@ _FINAL_PASS_REP_MS = 100
 _FINALISTS = 3
 
 
-def _time_config(launch: Callable[[KernelConfig], None], cfg: KernelConfig, rep_ms: float) -> float:
+def _time_config(launch: Callable[[Choice], None], cfg: Choice, rep_ms: float) -> float:
     """Milliseconds per ``launch(cfg)`` on the GPU (median of about ``rep_ms`` of launches)."""
     import triton.testing
 
     return triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=rep_ms, return_mode="median")
 
 
-def _dropped(key: TuningKey, cand: KernelConfig, error: Exception) -> str:
+def _dropped(key: TuningKey, cand: Choice, error: Exception) -> str:
     """Log a candidate that failed; its reason (the error's first line) for the message if none works."""
     lines = str(error).strip().splitlines()
     reason = f"{type(error).__name__}: {lines[0] if lines else ''}"
@@ -427,16 +448,23 @@ def _dropped(key: TuningKey, cand: KernelConfig, error: Exception) -> str:
 _CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(KernelConfig))
 
 
-def _entry_config(value) -> KernelConfig:
-    """The config of a cache entry ({config fields..., "ms": time}); ValueError saying why if it is not one."""
-    if not isinstance(value, dict) or set(value) != {*_CONFIG_FIELDS, "ms"}:
-        raise ValueError(f"expected an object with keys {sorted({*_CONFIG_FIELDS, 'ms'})}, got {value!r}")
-    fields = {name: value[name] for name in _CONFIG_FIELDS}
-    if not all(type(v) is int and v > 0 for v in fields.values()):
-        raise ValueError(f"config values must be positive integers, got {fields}")
+def _entry_choice(value) -> Choice:
+    """The choice of a cache entry ({config fields..., "ms": time} or {"name": implementation, "ms": time});
+    ValueError saying why if it is neither."""
+    if isinstance(value, dict) and set(value) == {"name", "ms"}:
+        if not isinstance(value["name"], str) or not value["name"]:
+            raise ValueError(f"implementation name {value['name']!r} is not a non-empty string")
+        choice = Implementation(value["name"])
+    elif isinstance(value, dict) and set(value) == {*_CONFIG_FIELDS, "ms"}:
+        fields = {name: value[name] for name in _CONFIG_FIELDS}
+        if not all(type(v) is int and v > 0 for v in fields.values()):
+            raise ValueError(f"config values must be positive integers, got {fields}")
+        choice = KernelConfig(**fields)
+    else:
+        raise ValueError(f"expected an object with keys {sorted({*_CONFIG_FIELDS, 'ms'})} or ['ms', 'name'], got {value!r}")
     if type(value["ms"]) not in (int, float) or not value["ms"] >= 0:  # `not >=` also rejects NaN
         raise ValueError(f"time {value['ms']!r} is not a number of milliseconds")
-    return KernelConfig(**fields)
+    return choice
 
 
 def _file_problem(data, identity: dict) -> str | None:
@@ -471,7 +499,7 @@ def _read_entries(path: str, identity: dict, level: int = logging.WARNING) -> di
     entries = {}
     for name, value in data["entries"].items():
         try:
-            _entry_config(value)
+            _entry_choice(value)
         except ValueError as e:
             log.log(level, "ignoring entry %r of autotune cache %s: %s", name, path, e)
             continue
@@ -479,19 +507,19 @@ def _read_entries(path: str, identity: dict, level: int = logging.WARNING) -> di
     return entries
 
 
-def _stored(key: TuningKey, candidates: Sequence[KernelConfig]) -> KernelConfig | None:
+def _stored(key: TuningKey, candidates: Sequence[Choice]) -> Choice | None:
     path = cache_file(key)
     value = _read_entries(path, key.file_identity()).get(key.entry_name())
     if value is None:
         return None
-    cfg = _entry_config(value)
+    cfg = _entry_choice(value)
     if cfg not in candidates:  # the candidate space changed since it was stored (a config may have been found wrong)
         log.debug("stored config %s for %s is no longer a candidate; re-tuning", cfg, key)
         return None
     return cfg
 
 
-def _store(key: TuningKey, cfg: KernelConfig, ms: float) -> None:
+def _store(key: TuningKey, cfg: Choice, ms: float) -> None:
     """Merge the entry for ``key`` into its cache file; on an unwritable directory, warn once and go on."""
     path = cache_file(key)
     directory = os.path.dirname(path)

@@ -1,0 +1,219 @@
+"""Which implementation runs a matched attention: the generated kernels, or one of SDPA's (cuDNN, flash).
+
+For an attention that SDPA computes exactly (:func:`sdpa_reasons` says why not otherwise: no score modification
+beyond the scale, no mask or bias tensor, no dropout, causal only with equal lengths, fp16/bf16, equal head dims that
+SDPA's kernels take), the rewrite asks :func:`choose` while compiling. It times each allowed candidate on random
+inputs of the attention's (hinted) sizes, strides and dtype -- the forward alone in inference, forward and backward
+together when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton
+templates for a matmul. Times are GPU times: each candidate's step is recorded once as a CUDA graph and the graph's
+replay is timed (``autotune``'s median of ``do_bench``), so the host cost of calling our op outside a compiled graph
+(which the compiled graph does not have) does not count against it.
+
+The choice is per GPU and shape and persists with the launch configs (:mod:`.autotune`, key kind ``impl_fwd`` /
+``impl_train``; the kernel id holds the spec digest and the batch and head counts). ``explain()`` and
+``dump_graph`` show it on the attention's verdict line.
+
+Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,sdpa_cudnn,sdpa_flash`` (default: all
+three): ``FUSE_ATTN_CANDIDATES=triton`` runs the generated kernels wherever they can, whatever SDPA would time (our
+kernel benchmarks use it). SDPA's candidates also follow torch's switches (``torch.backends.cuda.enable_cudnn_sdp``,
+``enable_flash_sdp``). The generated kernels stay the fallback of every attention that SDPA cannot compute.
+
+SDPA's kernels run in the compiled graph as ``aten._scaled_dot_product_cudnn_attention`` /
+``aten._scaled_dot_product_flash_attention`` (each with its ATen backward): :func:`sdpa_attention` emits them, and
+the timing runs that same function, so the timed computation is the one the graph runs. Grouped heads (GQA) are
+repeated to the query heads first (``repeat_interleave``, as Hugging Face's ``repeat_kv``), which the timing includes.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..spec import AttentionSpec
+from . import autotune
+from .launch import _RealInputs, _random_like, hint
+
+log = logging.getLogger("fuse_attn.kernels")
+aten = torch.ops.aten
+
+TRITON = "triton"
+SDPA_CUDNN = "sdpa_cudnn"
+SDPA_FLASH = "sdpa_flash"
+# Candidate order: the first one that runs is taken untimed under FUSE_ATTN_AUTOTUNE=0.
+ALL_CANDIDATES = (TRITON, SDPA_CUDNN, SDPA_FLASH)
+ENV_CANDIDATES = "FUSE_ATTN_CANDIDATES"
+_SDPA_DTYPES = (torch.float16, torch.bfloat16)  # what SDPA's flash and cuDNN kernels take
+_SDPA_DEVICE_TYPES = ("cuda",)
+# Head dims SDPA's flash kernel takes (FA2: multiples of 8 up to 256); cuDNN's limits vary by version and GPU, and a
+# shape it refuses fails while timed and is dropped with its reason.
+_SDPA_HEAD_DIM_MULTIPLE = 8
+_SDPA_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The implementation a matched attention runs, and how it was picked (for the report)."""
+
+    name: str
+    # None: nothing to choose from (the generated kernels); else e.g. "fastest of triton, sdpa_cudnn, sdpa_flash,
+    # forward+backward timed on NVIDIA H100 80GB HBM3"
+    how: Optional[str] = None
+
+    @property
+    def is_sdpa(self) -> bool:
+        return self.name != TRITON
+
+    def text(self) -> Optional[str]:
+        """What the report says, where there was a choice."""
+        return None if self.how is None else f"runs {self.name}: {self.how}"
+
+
+def allowed_candidates() -> tuple[str, ...]:
+    """The candidates ``FUSE_ATTN_CANDIDATES`` allows (unknown names are ignored with a warning), in
+    :data:`ALL_CANDIDATES` order, with SDPA's backends that torch's switches turned off removed."""
+    text = os.environ.get(ENV_CANDIDATES)
+    names = ALL_CANDIDATES if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ALL_CANDIDATES]
+    if unknown:
+        log.warning("fuse_attn: %s names unknown candidates %s (known: %s); ignoring them", ENV_CANDIDATES, unknown,
+                    ", ".join(ALL_CANDIDATES))
+    switched_off = {SDPA_CUDNN: not torch.backends.cuda.cudnn_sdp_enabled(),
+                    SDPA_FLASH: not torch.backends.cuda.flash_sdp_enabled()}
+    return tuple(n for n in ALL_CANDIDATES if n in names and not switched_off.get(n, False))
+
+
+def sdpa_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
+    """Why SDPA's kernels cannot compute this attention exactly (empty: they can). q ``[Z, H, M, D]`` and k
+    ``[Z, H // g, N, D]`` may be fake, with symbolic lengths."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    reasons = []
+    if q.device.type not in _SDPA_DEVICE_TYPES:
+        reasons.append(f"SDPA's cuDNN and flash kernels run on CUDA devices, not {q.device.type}")
+    if q.dtype not in _SDPA_DTYPES:
+        reasons.append(f"SDPA's cuDNN and flash kernels take fp16/bf16, not {q.dtype}")
+    if spec.score_mod or spec.score_tensors:
+        reasons.append("the scores are modified beyond the scale (a score program, mask or bias)")
+    if spec.dropout_p:
+        reasons.append("dropout: the generated kernels draw the keep-mask from the graph's seed")
+    if spec.head_dim is None or spec.head_dim != spec.head_dim_v:
+        reasons.append(f"head dims {spec.head_dim}/{spec.head_dim_v} are symbolic or differ")
+    elif spec.head_dim % _SDPA_HEAD_DIM_MULTIPLE or spec.head_dim > _SDPA_MAX_HEAD_DIM:
+        reasons.append(f"head dim {spec.head_dim} is not a multiple of {_SDPA_HEAD_DIM_MULTIPLE} up to {_SDPA_MAX_HEAD_DIM}")
+    if spec.causal is not None:
+        if spec.causal.window is not None or spec.causal.diagonal != 0:
+            reasons.append("a sliding window or a shifted causal diagonal")
+        elif not statically_known_true(q.shape[2] == k.shape[2]):
+            # SDPA's is_causal aligns the diagonal top-left, its kernels differ where M != N: equal lengths only
+            reasons.append("causal with query and key lengths that may differ")
+    return reasons
+
+
+def sdpa_attention(call: Callable[..., Any], name: str, q, k, v, spec: AttentionSpec, training: bool):
+    """SDPA's kernel ``name`` on q ``[Z, H, M, D]``, k/v ``[Z, H // g, N, D]``: its output ``[Z, H, M, D]``.
+
+    ``call(target, *args, **kwargs)`` runs or records each op: graph nodes while rewriting (the rewrite's
+    emitter), tensors while timing (:func:`_run`). ``training``: cuDNN keeps the log-sum-exp its backward needs."""
+    if spec.gqa_group > 1:
+        k = call(aten.repeat_interleave.self_int, k, spec.gqa_group, 1)
+        v = call(aten.repeat_interleave.self_int, v, spec.gqa_group, 1)
+    causal = spec.causal is not None
+    scale = spec.scale_for(spec.head_dim)
+    if name == SDPA_CUDNN:
+        result = call(aten._scaled_dot_product_cudnn_attention.default, q, k, v, None, training, 0.0, causal, False,
+                      scale=scale)
+    elif name == SDPA_FLASH:
+        result = call(aten._scaled_dot_product_flash_attention.default, q, k, v, 0.0, causal, False, scale=scale)
+    else:
+        raise ValueError(f"{name!r} is not one of SDPA's candidates")
+    return call(operator.getitem, result, 0)
+
+
+def _run(target, *args, **kwargs):
+    return target(*args, **kwargs)
+
+
+def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool) -> Choice:
+    """The implementation of one matched attention (q, k, v: its fused op's operands, fake while compiling)."""
+    allowed = allowed_candidates()
+    reasons = sdpa_reasons(spec, q, k)
+    candidates = [n for n in allowed if n == TRITON or not reasons]
+    if candidates in ([], [TRITON]):
+        log.debug("fuse_attn: %s runs the generated kernels: %s", spec.describe(),
+                  "; ".join(reasons) if reasons else f"{ENV_CANDIDATES} allows {', '.join(allowed) or 'none'}")
+        return Choice(TRITON)
+    Z, H, M, D = q.shape
+    kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
+    key = autotune.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
+                              hint(v.shape[3]), hint(M), hint(k.shape[2]))
+    timed = "forward+backward" if training else "forward"
+    how = f"fastest of {', '.join(candidates)}, {timed} timed on {key.gpu}"
+    chosen = autotune.cached(key)
+    if chosen is None:
+        try:
+            with _RealInputs():
+                steps = _CandidateSteps(spec, q, k, v, training)
+                chosen = autotune.choose(key, [autotune.Implementation(n) for n in candidates], steps.replay)
+        except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
+            log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
+                        spec.describe(), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
+            return Choice(TRITON, f"timing the candidates failed ({type(e).__name__})")
+    return Choice(chosen.name, how)
+
+
+class _CandidateSteps:
+    """Each candidate's step (forward, or forward and backward) on one set of random inputs, recorded once as a
+    CUDA graph; ``replay(candidate)`` runs it (the first replay records it)."""
+
+    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool):
+        self.spec, self.training = spec, training
+        self.q, self.k, self.v = (_random_like(t).requires_grad_(training) for t in (q, k, v))
+        self.dout = torch.randn(self.q.shape, dtype=q.dtype, device=self.q.device)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+
+    def _step(self, name: str) -> Callable[[], None]:
+        from .ops import flash_attention
+
+        def forward():
+            if name == TRITON:
+                return flash_attention(self.q, self.k, self.v, self.spec)
+            return sdpa_attention(_run, name, self.q, self.k, self.v, self.spec, self.training)
+
+        def step():
+            with torch.enable_grad() if self.training else torch.no_grad():
+                out = forward()
+                if self.training:
+                    torch.autograd.grad(out, (self.q, self.k, self.v), self.dout)
+
+        return step
+
+    def replay(self, candidate: autotune.Implementation) -> None:
+        graph = self.graphs.get(candidate.name)
+        if graph is None:
+            graph = self.graphs[candidate.name] = _record(self._step(candidate.name))
+        graph.replay()
+
+
+# Steps run before recording: the first tunes the generated kernels' launch configs and compiles them (or builds
+# cuDNN's plan); the second runs as the recorded step will, so the allocator's pool holds its buffers.
+_WARMUP_STEPS = 2
+
+
+def _record(step: Callable[[], None]) -> "torch.cuda.CUDAGraph":
+    """``step`` as a CUDA graph, warmed up on a side stream first (as ``torch.cuda.make_graphed_callables`` does)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(_WARMUP_STEPS):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph

@@ -1,0 +1,275 @@
+"""SDPA's kernels as candidates of a matched attention (fuse_attn/kernels/implementations.py).
+
+No GPU here: the timing is replaced (the GPU itself, the device identity and the CUDA-graph steps) and SDPA's
+candidates are admitted for CPU tensors, whose graphs the rewrite can trace (the fused op's fake propagation on a
+CUDA tensor would tune its kernels), so that what is tested is the eligibility of a spec, the choice and its cache entry, the
+FUSE_ATTN_CANDIDATES switch, and the graph the rewrite emits for each choice. The GPU run of the same choices, with
+numerics, is in test_compose / the device checks (TESTING.md)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from expecttest import TestCase
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from fuse_attn.kernels import autotune, implementations
+from fuse_attn.kernels.implementations import SDPA_CUDNN, SDPA_FLASH, TRITON
+from fuse_attn.matching import MatchContext
+from fuse_attn.report import collect_reports
+from fuse_attn.rewrite import rewrite_attention
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode
+from graph_capture import graph_text
+
+
+def causal_attention(q, k, v):
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    n = q.shape[-2]
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+
+def gqa_attention(q, k, v):  # Hugging Face's repeat_kv, then plain attention
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1) @ v
+
+
+def softcapped(q, k, v):
+    scores = torch.tanh(q @ k.transpose(-1, -2) / 50) * 50
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def rewritten(fn, shapes, *, dtype=torch.bfloat16, training=False):
+    """``fn`` traced on fake tensors and rewritten: (graph text, verdict lines)."""
+    inputs = [torch.randn(s, dtype=dtype) for s in shapes]
+    traced = make_fx(fn, pre_dispatch=True, tracing_mode="fake")(*inputs)
+    report = rewrite_attention(traced, MatchContext(constant_inputs={}, gm=traced), capture=True, training=training)
+    return graph_text(report), "\n".join(v.line() for v in report.verdicts)
+
+
+MHA = [(2, 4, 128, 64)] * 3
+GQA = [(2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)]
+
+
+class FakeTimings:
+    """The GPU the choice sees: milliseconds per candidate, and which candidates were timed."""
+
+    def __init__(self, times):
+        self.times = dict(times)
+        self.timed = []
+
+    def time_config(self, launch, candidate, rep_ms):
+        launch(candidate)
+        self.timed.append(candidate.name)
+        return self.times[candidate.name]
+
+
+class NoSteps:
+    """Stands in for _CandidateSteps: nothing to record or replay without a GPU."""
+
+    def __init__(self, *args):
+        pass
+
+    def replay(self, candidate):
+        pass
+
+
+@pytest.fixture
+def gpu(tmp_path, monkeypatch):
+    def install(times):
+        timings = FakeTimings(times)
+        monkeypatch.setattr(autotune, "_time_config", timings.time_config)
+        return timings
+
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
+    monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
+    monkeypatch.delenv(implementations.ENV_CANDIDATES, raising=False)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(autotune, "device_identity", lambda device: ("Fake GPU 80GB", "9.0"))
+    monkeypatch.setattr(autotune, "software_versions", lambda: ("3.9.0", "2.13.0"))
+    monkeypatch.setattr(implementations, "_CandidateSteps", NoSteps)
+    monkeypatch.setattr(implementations, "_SDPA_DEVICE_TYPES", ("cuda", "cpu"))
+    return install
+
+
+class TestEmittedGraphs(TestCase):
+    @pytest.fixture(autouse=True)
+    def _gpu(self, gpu):
+        self.gpu = gpu
+
+    def test_cudnn_timed_fastest_runs_in_the_graph(self):
+        timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(causal_attention, MHA, training=True)
+        self.assertEqual(set(timings.timed), {TRITON, SDPA_CUDNN, SDPA_FLASH})
+        self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=128 N=128 scale=0.125 causal(top_left, diagonal=0); runs sdpa_cudnn: fastest of triton, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
+        self.assertExpectedInline(graph, """\
+    def forward(self, q_1: "bf16[2, 4, 128, 64]", k_1: "bf16[2, 4, 128, 64]", v_1: "bf16[2, 4, 128, 64]"):
+        _scaled_dot_product_cudnn_attention_default = torch.ops.aten._scaled_dot_product_cudnn_attention.default(q_1, k_1, v_1, None, True, 0.0, True, False, scale = 0.125)
+        getitem: "bf16[2, 4, 128, 64]" = _scaled_dot_product_cudnn_attention_default[0]
+        return getitem""")
+
+    def test_flash_with_gqa_repeats_the_kv_heads_and_inference_keeps_no_lse(self):
+        self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.28, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(gqa_attention, GQA)
+        self.assertIn("runs sdpa_flash: fastest of triton, sdpa_cudnn, sdpa_flash, forward timed", verdicts)
+        self.assertExpectedInline(graph, """\
+    def forward(self, q_1: "bf16[2, 8, 128, 64]", k_1: "bf16[2, 2, 128, 64]", v_1: "bf16[2, 2, 128, 64]"):
+        repeat_interleave_self_int: "bf16[2, 8, 128, 64]" = torch.ops.aten.repeat_interleave.self_int(k_1, 4, 1)
+        repeat_interleave_self_int_1: "bf16[2, 8, 128, 64]" = torch.ops.aten.repeat_interleave.self_int(v_1, 4, 1)
+        _scaled_dot_product_flash_attention_default = torch.ops.aten._scaled_dot_product_flash_attention.default(q_1, repeat_interleave_self_int, repeat_interleave_self_int_1, 0.0, False, False, scale = 0.125)
+        getitem: "bf16[2, 8, 128, 64]" = _scaled_dot_product_flash_attention_default[0]
+        return getitem""")
+
+    def test_generated_kernels_timed_fastest_run_the_fused_op(self):
+        self.gpu({TRITON: 0.20, SDPA_CUDNN: 0.28, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(causal_attention, MHA)
+        self.assertIn("runs triton: fastest of", verdicts)
+        self.assertIn("torch.ops.fuse_attn.flash_attention.default(q_1, k_1, v_1, [], None", graph)
+
+    def test_candidates_switch_triton_times_nothing_and_reports_no_choice(self):
+        timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(implementations.ENV_CANDIDATES, "triton")
+            graph, verdicts = rewritten(causal_attention, MHA, training=True)
+        self.assertEqual(timings.timed, [])
+        self.assertNotIn("runs", verdicts)
+        self.assertIn("torch.ops.fuse_attn.flash_attention.default", graph)
+
+    def test_what_sdpa_cannot_compute_exactly_is_never_timed(self):
+        timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(softcapped, MHA)
+        self.assertEqual(timings.timed, [])
+        self.assertIn("torch.ops.fuse_attn.flash_attention.default", graph)
+        self.assertNotIn("runs", verdicts)
+
+
+def test_the_choice_is_stored_and_read_back_by_a_new_process(gpu, monkeypatch):
+    gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    rewritten(causal_attention, MHA, training=True)
+    monkeypatch.setattr(autotune, "_chosen", {})  # a new process: memory empty, the disk cache stays
+    timings = gpu({TRITON: 0.10, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})  # would now pick triton, if timed again
+    graph, verdicts = rewritten(causal_attention, MHA, training=True)
+    assert timings.timed == []
+    assert "runs sdpa_cudnn" in verdicts and "_scaled_dot_product_cudnn_attention" in graph
+    # inference is another key: timed on its own
+    rewritten(causal_attention, MHA, training=False)
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
+
+
+def test_a_candidate_that_fails_is_dropped_and_timing_that_fails_keeps_the_generated_kernels(gpu, monkeypatch, caplog):
+    timings = gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+
+    class CudnnRefuses(NoSteps):
+        def replay(self, candidate):
+            if candidate.name == SDPA_CUDNN:
+                raise RuntimeError("cuDNN Frontend error: no valid execution plan")
+
+    monkeypatch.setattr(implementations, "_CandidateSteps", CudnnRefuses)
+    _, verdicts = rewritten(causal_attention, MHA)
+    assert "runs sdpa_flash" in verdicts
+
+    class NothingRuns(NoSteps):
+        def replay(self, candidate):
+            raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(implementations, "_CandidateSteps", NothingRuns)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
+        graph, verdicts = rewritten(causal_attention, [(1, 4, 64, 64)] * 3)
+    assert "torch.ops.fuse_attn.flash_attention.default" in graph
+    assert "runs triton: timing the candidates failed (RuntimeError)" in verdicts
+    assert "timing the implementations of" in caplog.text
+
+
+def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, device="cuda"):
+    with FakeTensorMode():
+        return (torch.empty(2, 4, q_len, 64, dtype=dtype, device=device),
+                torch.empty(2, 4, kv_len, 64, dtype=dtype, device=device))
+
+
+PLAIN = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125)
+
+
+@pytest.mark.parametrize("change, qk, reason", [
+    ({}, {"device": "cpu"}, "run on CUDA devices"),
+    ({"dtype": "float32"}, {"dtype": torch.float32}, "take fp16/bf16"),
+    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "modified beyond the scale"),
+    ({"dropout_p": 0.1}, {}, "dropout"),
+    ({"head_dim": 60, "head_dim_v": 60}, {}, "head dim 60 is not a multiple of 8"),
+    ({"head_dim_v": 32}, {}, "head dims 64/32"),
+    ({"causal": CausalMask(window=16)}, {}, "sliding window"),
+    ({"causal": CausalMask(alignment="bottom_right")}, {"q_len": 1}, "lengths that may differ"),
+])
+def test_sdpa_reasons(change, qk, reason):
+    import dataclasses
+
+    assert implementations.sdpa_reasons(PLAIN, *fake_qk()) == []
+    assert implementations.sdpa_reasons(dataclasses.replace(PLAIN, causal=CausalMask()), *fake_qk()) == []
+    reasons = implementations.sdpa_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_candidates_switch(monkeypatch, caplog):
+    monkeypatch.delenv(implementations.ENV_CANDIDATES, raising=False)
+    assert implementations.allowed_candidates() == (TRITON, SDPA_CUDNN, SDPA_FLASH)
+    monkeypatch.setenv(implementations.ENV_CANDIDATES, " sdpa_flash,triton ")
+    assert implementations.allowed_candidates() == (TRITON, SDPA_FLASH)
+    monkeypatch.setenv(implementations.ENV_CANDIDATES, "triton,cutlass")
+    with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
+        assert implementations.allowed_candidates() == (TRITON,)
+    assert "unknown candidates ['cutlass']" in caplog.text
+    monkeypatch.delenv(implementations.ENV_CANDIDATES)
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # torch's own switch turns a candidate off too
+    try:
+        assert implementations.allowed_candidates() == (TRITON, SDPA_FLASH)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+# ---- on a GPU: each candidate through the compiled backend, numerics under the 2x rule ------------------------------
+def causal_module_fn(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    return causal_attention(q, k, v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("candidates", ["triton", "sdpa_cudnn", "sdpa_flash", None])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_heads, monkeypatch):
+    """Forced to one candidate (or free to choose: None), a compiled causal bf16 attention runs it -- the verdict says
+    which -- and its output and gradients satisfy the 2x rule against the fp64 computation."""
+    from test_kernels import assert_close_2x
+
+    if candidates is None:
+        monkeypatch.delenv(implementations.ENV_CANDIDATES, raising=False)
+    else:
+        monkeypatch.setenv(implementations.ENV_CANDIDATES, f"triton,{candidates}")
+        monkeypatch.setattr(autotune, "_time_config", lambda launch, c, rep: launch(c) or (0.0 if c.name == candidates else 1.0))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(2, 8, 256, 64), (2, kv_heads, 256, 64), (2, kv_heads, 256, 64)]
+    q, k, v = (torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for s in shapes)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    eager_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    monkeypatch.setattr(autotune, "_chosen", {})
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(causal_module_fn, backend="fuse_attn")(q, k, v)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True]
+    if candidates == "triton":
+        assert verdicts[0].runs is None  # nothing to choose from
+    else:
+        assert verdicts[0].runs.startswith(f"runs {candidates or ''}"), verdicts[0].runs
+    ref, eager = causal_module_fn(*ref_in), causal_module_fn(*eager_in)
+    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
+        assert_close_2x(name, a, b, c, torch.bfloat16)

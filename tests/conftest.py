@@ -4,6 +4,9 @@ Triton binds ``@triton.jit`` functions to its interpreter when they are defined,
 before anything imports triton: CPU tensors then run the real kernels in the interpreter. Tests that exercise the
 plain-PyTorch CPU path set ``TRITON_INTERPRET=0`` for the call (the op reads it at run time).
 
+On a GPU, compiled attentions run the generated kernels (``FUSE_ATTN_CANDIDATES=triton``): the tests check those,
+not whichever of SDPA's kernels the GPU would time faster; ``test_implementations`` opts into the choice itself.
+
 Kernel configs tuned during the session (on a GPU) go to a temporary cache directory, not the user's, unless
 ``FUSE_ATTN_CACHE_DIR`` names one.
 """
@@ -14,6 +17,7 @@ import sys
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
 tests = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [tests, os.path.dirname(tests)]  # test helpers, and examples/ from the repository root
 

@@ -254,6 +254,27 @@ class AttentionSpec:
             reasons.append(f"score tensors {sorted(set(range(len(self.score_tensors))) - loaded)} are not loaded by the program")
         return reasons
 
+    def key_padding(self) -> Optional[tuple[int, str]]:
+        """A key padding vector of the spec, or None: ``(i, hidden)`` where score tensor ``i`` has one row of keys
+        per batch (``[Z or 1, 1, 1, N]``) and the score program gives -inf for every query wherever the tensor's
+        value is ``hidden`` -- "false" or "true" for a bool mask, "-inf" for a bias -- in a spec whose rows with no
+        visible key give 0 (``empty_rows="zero"``, SDPA's semantics). The keys outside the first..last visible key
+        of a batch row then never change that row's output or any gradient -- their probability is exactly 0, and
+        a row left with no key is 0 either way -- so the kernels skip the key blocks wholly outside that range (a
+        vector with holes keeps them masked inside it: the range is an optimization, exact for any values). With
+        ``"nan"`` rows, skipping would turn eager's NaN of a fully masked row into 0: such specs have none. Scores
+        are taken to be finite (``-inf + s`` counts as -inf)."""
+        if self.empty_rows != "zero" or not self.score_mod:
+            return None
+        root = len(self.score_mod) - 1
+        for i, t in enumerate(self.score_tensors):
+            if t.broadcast[1:] != (True, True, False):
+                continue
+            for hidden in (("false", "true") if t.role == "mask" else ("-inf",)):
+                if _neg_inf_when(self.score_mod, root, i, hidden):
+                    return i, hidden
+        return None
+
     def scale_for(self, head_dim: int) -> float:
         """The score scale for q's actual head dim."""
         return self.scale * head_dim**self.scale_head_dim_power if self.scale_head_dim_power else self.scale
@@ -305,6 +326,43 @@ class AttentionSpec:
         if self.empty_rows == "zero":
             parts.append("empty rows 0")
         return " ".join(parts)
+
+
+def _neg_inf_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str) -> bool:
+    """Whether node ``index`` of ``program`` is -inf wherever score tensor ``tensor`` is ``hidden`` (whatever the
+    score): see :meth:`AttentionSpec.key_padding`."""
+    node = program[index]
+    if node.op == "const":
+        return node.value == float("-inf")
+    if node.op == "load":
+        return node.value == tensor and hidden == "-inf"
+    if node.op == "where":
+        cond, a, b = node.args
+        if _bool_when(program, cond, tensor, hidden, False):
+            return _neg_inf_when(program, b, tensor, hidden)
+        if _bool_when(program, cond, tensor, hidden, True):
+            return _neg_inf_when(program, a, tensor, hidden)
+        return _neg_inf_when(program, a, tensor, hidden) and _neg_inf_when(program, b, tensor, hidden)
+    if node.op in ("add", "minimum"):
+        return any(_neg_inf_when(program, a, tensor, hidden) for a in node.args)
+    if node.op == "sub":
+        return _neg_inf_when(program, node.args[0], tensor, hidden)
+    return False
+
+
+def _bool_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str, result: bool) -> bool:
+    """Whether bool node ``index`` is ``result`` wherever mask ``tensor`` is ``hidden``."""
+    node = program[index]
+    if node.op == "load":
+        return node.value == tensor and hidden == ("true" if result else "false")
+    if node.op == "logical_not":
+        return _bool_when(program, node.args[0], tensor, hidden, not result)
+    if node.op in ("logical_and", "logical_or"):
+        # and: False if any operand is, True if all are; or: the other way round
+        decides = (node.op == "logical_and") != result
+        operands = (_bool_when(program, a, tensor, hidden, result) for a in node.args)
+        return any(operands) if decides else all(operands)
+    return False
 
 
 def _broadcast_text(broadcast: tuple[bool, bool, bool, bool]) -> str:

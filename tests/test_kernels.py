@@ -687,3 +687,123 @@ def test_opcheck_dropout(interpret, monkeypatch):
     torch.library.opcheck(torch.ops.fuse_attn.flash_attention_backward.default,
                           (torch.randn_like(out), q.detach(), k, v, [t.detach() for t in ts], seed, out, lse, text,
                            [True]))
+
+
+# ---- key padding vectors: the key blocks outside each batch row's [first, end) are skipped --------------------------
+# Each batch row of the [Z, 1, 1, N] padding vector, N = 97: right padding, left padding, ragged lengths 1 and 0 (no
+# key: the row gives 0), and holes inside the range (a mask that is not one run: the range is an optimization).
+_KEY_ROWS = {
+    "right": lambda n: torch.arange(n) < 40,
+    "left": lambda n: torch.arange(n) >= 70,
+    "one key": lambda n: torch.arange(n) == 50,
+    "no key": lambda n: torch.zeros(n, dtype=torch.bool),
+    "holes": lambda n: (torch.arange(n) >= 33) & (torch.arange(n) < 90) & (torch.arange(n) % 3 != 0),
+}
+
+
+def _padding_spec(form: str, dtype=torch.float32, **fields) -> AttentionSpec:
+    """SDPA's padding forms on a [Z, 1, 1, N] vector: "keep" a bool mask, True takes part (where(~keep, -inf, s));
+    "hide" a bool mask, True is padding (where(hide, -inf, s)); "bias" an additive 0 / -inf bias (s + bias)."""
+    b = ScoreProgramBuilder()
+    t, s = b.add("load", value=0), b.add("score")
+    root = {"keep": lambda: b.add("where", b.add("logical_not", t), b.const(float("-inf")), s),
+            "hide": lambda: b.add("where", t, b.const(float("-inf")), s),
+            "bias": lambda: b.add("add", s, t)}[form]()
+    tensor = ScoreTensor("bias", str(dtype).removeprefix("torch."), (False, True, True, False)) if form == "bias" else \
+        ScoreTensor("mask", "bool", (False, True, True, False))
+    return AttentionSpec(dtype=str(dtype).removeprefix("torch."), head_dim=16, head_dim_v=16, scale=0.25,
+                         score_mod=b.program(root), score_tensors=(tensor,), empty_rows="zero", **fields)
+
+
+@pytest.mark.parametrize("form", ["keep", "hide", "bias"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype,gqa", [(torch.float32, 1), (torch.float16, 2)])
+def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, gqa, monkeypatch):
+    """SDPA's padding forms, rows of no key at 0: the spec names the padding vector; K and V hold NaN in the key
+    blocks wholly outside each batch row's range, which a visited block would spread into the output (0 * NaN) and
+    the gradients -- the result is that of SDPA with those keys zeroed, in fp64 (2x rule). The kernels only (in the
+    interpreter): the blockwise path computes every key."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    Z, H, M, N, D = len(_KEY_ROWS), 2 * gqa, 61 if causal else 33, 97, 16
+    spec = _padding_spec(form, dtype, causal=CausalMask(alignment="bottom_right") if causal else None, gqa_group=gqa)
+    assert spec.key_padding() == (0, {"keep": "false", "hide": "true", "bias": "-inf"}[form])
+    keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # [Z, N], True: visible
+    vector = {"keep": lambda: keys, "hide": lambda: ~keys,
+              "bias": lambda: torch.zeros(Z, N, dtype=dtype).masked_fill(~keys, float("-inf"))}[form]()
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(Z, H, M, D, generator=g).to(dtype)
+    k, v = (torch.randn(Z, H // gqa, N, D, generator=g).to(dtype) for _ in range(2))
+    # blocks of 32 keys (the widest key tile of the interpreter's configs) wholly outside [first, end) of a row
+    block = 32
+    poisoned = torch.zeros(Z, N, dtype=torch.bool)
+    for z in range(Z):
+        hit = keys[z].nonzero()
+        first, end = (int(hit[0]), int(hit[-1]) + 1) if len(hit) else (0, 0)
+        for start in range(0, N, block):
+            if start + block <= first or start >= end:
+                poisoned[z, start:start + block] = True
+    assert poisoned.any()
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan[poisoned[:, None, :, None].expand_as(k)] = float("nan")
+    v_nan[poisoned[:, None, :, None].expand_as(v)] = float("nan")
+    visible = keys[:, None, None, :].expand(Z, 1, M, N)
+    if causal:
+        visible = visible & torch.ones(M, N, dtype=torch.bool).tril(N - M)
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa > 1)
+
+    ins = [t.clone().requires_grad_() for t in (q, k_nan, v_nan)]
+    ref_in = [t.double().requires_grad_() for t in (q, k, v)]
+    eag_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*ins, spec, [vector[:, None, None, :]])
+    ref, eag = sdpa(*ref_in), sdpa(*eag_in)
+    assert not out.isnan().any() and (out[3] == 0).all()
+    assert_close_2x("out", out, ref, eag, dtype)
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    for name, a, b_, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ins, dout),
+                              torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eag, eag_in, dout)):
+        assert not a.isnan().any(), name
+        assert_close_2x(name, a, b_, c, dtype)
+
+
+@pytest.mark.parametrize("form, padding", [
+    ("where(~pad, -inf, s)", (0, "false")),
+    ("where(pad, -inf, s)", (0, "true")),
+    ("where(pad, s, -inf)", (0, "false")),
+    ("s + where(pad, 0, -inf)", (0, "false")),
+    ("where(pad & other, s, -inf)", (0, "false")),
+    ("where(~(other & pad), -inf, s)", (0, "false")),
+    ("s + bias", (0, "-inf")),
+    ("s + where(pad, 0, finfo.min)", None),  # finfo.min is not -inf: a row of padding only is uniform in eager
+    ("where(pad | other, s, -inf)", None),
+    ("s * bias", None),
+])
+def test_key_padding_is_named_only_where_the_vector_makes_the_score_minus_inf(form, padding):
+    b = ScoreProgramBuilder()
+    pad, other, s = b.add("load", value=0), b.add("load", value=1), b.add("score")
+    neg_inf = b.const(float("-inf"))
+    root = {
+        "where(~pad, -inf, s)": lambda: b.add("where", b.add("logical_not", pad), neg_inf, s),
+        "where(pad, -inf, s)": lambda: b.add("where", pad, neg_inf, s),
+        "where(pad, s, -inf)": lambda: b.add("where", pad, s, neg_inf),
+        "s + where(pad, 0, -inf)": lambda: b.add("add", s, b.add("where", pad, b.const(0.0), neg_inf)),
+        "where(pad & other, s, -inf)": lambda: b.add("where", b.add("logical_and", pad, other), s, neg_inf),
+        "where(~(other & pad), -inf, s)": lambda: b.add("where", b.add("logical_not", b.add("logical_and", other, pad)), neg_inf, s),
+        "s + bias": lambda: b.add("add", s, pad),
+        "s + where(pad, 0, finfo.min)": lambda: b.add("add", s, b.add("where", pad, b.const(0.0), b.const(torch.finfo(torch.float32).min))),
+        "where(pad | other, s, -inf)": lambda: b.add("where", b.add("logical_or", pad, other), s, neg_inf),
+        "s * bias": lambda: b.add("mul", s, pad),
+    }[form]()
+    role = "bias" if "bias" in form else "mask"
+    tensors = (ScoreTensor(role, "float32" if role == "bias" else "bool", (False, True, True, False)),
+               ScoreTensor("mask", "bool", (True, True, False, False)))
+    tensors = tensors if "other" in form else tensors[:1]  # every tensor of a spec is loaded by its program
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
+                         score_tensors=tensors, empty_rows="zero")
+    assert spec.key_padding() == padding
+    # rows of no key give NaN in eager's softmax: never skipped there
+    assert dataclasses.replace(spec, empty_rows="nan").key_padding() is None
+    # a [Z, 1, M, N] tensor is no padding vector
+    per_query = (dataclasses.replace(tensors[0], broadcast=(False, True, False, False)), *tensors[1:])
+    assert dataclasses.replace(spec, score_tensors=per_query).key_padding() is None

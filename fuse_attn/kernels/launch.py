@@ -165,6 +165,25 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
     return placeholder if dropout_seed is None else dropout_seed
 
 
+def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor) -> dict:
+    """``KeyRange`` and ``KEY_RANGE`` of the forward, dQ and dK/dV kernels. With a key padding vector
+    (``spec.key_padding``): int32 ``[Z, 2]``, each batch row's first visible key and one past its last (0, 0 for a
+    row with none), computed on the device from the vector -- traced into the graph under torch.compile, where
+    Inductor fuses it into one small reduction -- so the kernels skip the key blocks outside. Else any tensor fills
+    the parameter (not read)."""
+    padding = spec.key_padding()
+    if padding is None:
+        return dict(KeyRange=placeholder, KEY_RANGE=False)
+    index, hidden = padding
+    keys = score_tensors[index][:, 0, 0, :]  # [Z or 1, N]
+    visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf")}[hidden]()
+    positions = torch.arange(N, device=keys.device, dtype=torch.int32)
+    first = torch.where(visible, positions, N).amin(-1)
+    end = torch.where(visible, positions + 1, 0).amax(-1)
+    first = torch.minimum(first, end)  # a row with no key: [0, 0)
+    return dict(KeyRange=torch.stack([first, end], -1).to(torch.int32).expand(Z, 2).contiguous(), KEY_RANGE=True)
+
+
 def _blocks(cfg: autotune.KernelConfig) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
 
@@ -383,10 +402,11 @@ def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, warmup=False) -> None:
+def _launch_forward(mod, cfg, common, spec, q, k, v, score_tensors, dropout_seed, out, lse, warmup=False) -> None:
     """``common``: ``_common`` of these q, k, v (computed once by the caller)."""
     Z, H, M, _ = q.shape
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                **_key_range_args(spec, score_tensors, Z, k.shape[2], lse),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
     launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m), Z * H), args, cfg, warmup)
@@ -404,7 +424,7 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
         rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
         out, lse = _empty_outputs(rq, rv)
         real = _common(rq, rk, rv, spec)
-        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, warmup)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, real, spec, rq, rk, rv, rs, seed, out, lse, warmup)
 
     return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind,
                    **_tuning_lengths(common, lengths))
@@ -420,7 +440,7 @@ def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=Non
 
     def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
         out, lse = _empty_outputs(q, v)
-        _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse)
+        _launch_forward(mod, cfg, _common(q, k, v, spec), spec, q, k, v, score_tensors, dropout_seed, out, lse)
         return out, lse
 
     Z, H, M, _ = q.shape
@@ -471,6 +491,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
                 EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                **_key_range_args(spec, score_tensors, Z, N, lse),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
                 sm_scale=spec.scale_for(common["D"]), **common)
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ

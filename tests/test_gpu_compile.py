@@ -1,0 +1,125 @@
+"""The generated kernels compile for the GPUs they are tuned on, on a machine without one.
+
+The interpreter runs the kernels' semantics on the CPU, but not Triton's GPU compiler: a template change that the
+interpreter accepts can still fail to compile for a GPU (a type the lowering rejects, a layout conversion, too much
+shared memory), which on the GPU would only show as a warning and the slow blockwise fallback. So every launch of a
+spec's forward and backward is captured (the launcher's arguments, nothing run) and compiled by Triton to a cubin for
+sm90 (H100/H200) and sm80 (A100), with the largest and the smallest candidate launch configs of the tuner. Each
+spec compiles in a subprocess without TRITON_INTERPRET: this session's Triton bound its own library functions to the
+interpreter when it was imported.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from fuse_attn.kernels import autotune, launch
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+
+import triton
+from triton.backends.compiler import GPUTarget
+
+# (compute capability, shared memory per block): the opt-in limits of the H100/H200 and the A100
+TARGETS = {"sm90": (90, 232448), "sm80": (80, 166912)}
+_POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.bool: "*i1",
+                  torch.int32: "*i32", torch.int64: "*i64"}
+
+
+def _softcap_bias_spec():
+    b = ScoreProgramBuilder()
+    capped = b.add("mul", b.add("tanh", b.add("div", b.add("add", b.add("score"), b.add("load", value=0)), b.const(30.0))), b.const(30.0))
+    return dict(score_mod=b.program(capped), score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+
+
+def _key_padding_spec():
+    b = ScoreProgramBuilder()
+    hidden = b.add("where", b.add("logical_not", b.add("load", value=0)), b.const(float("-inf")), b.add("score"))
+    return dict(score_mod=b.program(hidden), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),),
+                empty_rows="zero")
+
+
+SPECS = {
+    "causal": dict(causal=CausalMask()),
+    "softcap + bias, GQA 4, dropout": dict(**_softcap_bias_spec(), gqa_group=4, dropout_p=0.1),
+    "key padding + causal": dict(**_key_padding_spec(), causal=CausalMask()),
+    "sliding window": dict(causal=CausalMask(window=64)),
+}
+
+
+def _tensors(spec: AttentionSpec, Z=2, H=8, L=256, D=64):
+    q = torch.randn(Z, H, L, D, dtype=torch.bfloat16)
+    k = torch.randn(Z, H // spec.gqa_group, L, D, dtype=torch.bfloat16)
+    scores = [torch.randn(1, H, L, L, dtype=torch.bfloat16) if t.role == "bias" else torch.rand(Z, 1, 1, L) < 0.9
+              for t in spec.score_tensors]
+    seed = torch.tensor(7) if spec.dropout_p else None
+    return q, k, k.clone(), scores, seed
+
+
+def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
+    launches = []
+    monkeypatch.setattr(launch, "launch", lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args)))
+    q, k, v, scores, seed = _tensors(spec)
+    launch.triton_forward(q, k, v, scores, spec, seed)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
+    needs = [t.role == "bias" for t in spec.score_tensors]
+    launch.triton_backward(torch.randn_like(q), q, k, v, scores, out, lse, spec, needs, seed)
+    return launches
+
+
+def _configs(name: str, smem: int) -> list:
+    """The smallest and the largest tuning candidates of a kernel (head dim 64, bf16) for this shared memory."""
+    generate = {"_attn_fwd": autotune.forward_candidates, "_attn_bwd_dq": autotune.dq_candidates,
+                "_attn_bwd_dkdv": autotune.dkdv_candidates}.get(name)
+    if generate is None:  # the preprocess: one fixed shape
+        return [None]
+    candidates = generate(64, 64, 2, True, smem)
+    size = lambda c: (c.block_m * c.block_n, c.num_warps, c.num_stages)  # noqa: E731
+    return sorted({min(candidates, key=size), max(candidates, key=size)}, key=size)
+
+
+def _compile(kernel, args: dict, cfg, capability: int):
+    signature, constants = {}, {}
+    for i, name in enumerate(kernel.arg_names):
+        value = args[name]
+        if i in kernel.constexprs:
+            signature[name], constants[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = _POINTER_TYPES[value.dtype]
+        else:
+            signature[name] = "i1" if isinstance(value, bool) else "i32" if isinstance(value, int) else "fp32"
+    options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constants)
+    return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
+
+
+def compile_spec(name: str, target: str) -> None:
+    """(In the subprocess.) Compile every kernel launch of spec ``name`` for ``target``; raise on any failure."""
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, **SPECS[name])
+    capability, smem = TARGETS[target]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        launches = _captured_launches(spec, monkeypatch)
+    assert {kernel.fn.__name__ for kernel, _ in launches} >= {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"}
+    for kernel, args in launches:
+        for cfg in _configs(kernel.fn.__name__, smem):
+            bound = dict(args) if cfg is None else dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+            compiled = _compile(kernel, bound, cfg, capability)
+            assert compiled.asm["cubin"], f"{kernel.fn.__name__} {cfg}"
+            assert compiled.metadata.shared <= smem, f"{kernel.fn.__name__} {cfg}: {compiled.metadata.shared} bytes"
+            print(f"{name} {target} {kernel.fn.__name__} {cfg}: {compiled.metadata.shared} bytes of shared memory")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("name", SPECS)
+def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    code = f"import test_gpu_compile as t; t.compile_spec({name!r}, {target!r})"
+    tests = os.path.dirname(os.path.abspath(__file__))
+    run = subprocess.run([sys.executable, "-c", code], cwd=tests, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.count("bytes of shared memory") >= 4, run.stdout
+

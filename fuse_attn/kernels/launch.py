@@ -177,11 +177,10 @@ def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, 
     index, hidden = padding
     keys = score_tensors[index][:, 0, 0, :]  # [Z or 1, N]
     visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf")}[hidden]()
-    positions = torch.arange(N, device=keys.device, dtype=torch.int32)
-    first = torch.where(visible, positions, N).amin(-1)
-    end = torch.where(visible, positions + 1, 0).amax(-1)
-    first = torch.minimum(first, end)  # a row with no key: [0, 0)
-    return dict(KeyRange=torch.stack([first, end], -1).to(torch.int32).expand(Z, 2).contiguous(), KEY_RANGE=True)
+    visible = visible.to(torch.int32)
+    end = (visible * torch.arange(1, N + 1, device=keys.device, dtype=torch.int32)).amax(-1)  # 0 for a row with none
+    first = torch.minimum(torch.argmax(visible, -1).to(torch.int32), end)  # argmax: the first maximum; [0, 0) if none
+    return dict(KeyRange=torch.stack([first, end], -1).expand(Z, 2).contiguous(), KEY_RANGE=True)
 
 
 def _blocks(cfg: autotune.KernelConfig) -> dict:

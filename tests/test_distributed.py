@@ -1,7 +1,7 @@
-"""examples/train_distributed.py under torchrun with 2 processes on the CPU (gloo): DDP with the GPT-2-shaped model
-and FSDP2 with the LLaMA-shaped one (GQA), tiny, fp32, the kernels in the Triton interpreter. The example itself
-checks that every attention was fused and that fuse_attn's losses stay within the 2x rule of eager's; its GPU run
-(NCCL, bf16, step times) is recorded in BENCHMARKS.md."""
+"""Distributed runs under torchrun with 2 processes on the CPU (gloo), the kernels in the Triton interpreter:
+examples/train_distributed.py -- DDP with the GPT-2-shaped model and FSDP2 with the LLaMA-shaped one (GQA), tiny, fp32;
+the example checks that every attention was fused and that fuse_attn's losses stay within the 2x rule of eager's --
+and tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch (fuse_attn/kernels/sharding.py)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.parametrize("engine, model", [("ddp", "gpt2"), ("fsdp2", "llama")])
-def test_train_distributed_on_two_cpu_processes(engine, model, tmp_path):
-    env = dict(os.environ, TRITON_INTERPRET="1", FUSE_ATTN_CACHE_DIR=str(tmp_path))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               str(ROOT / "examples" / "train_distributed.py"), "--device", "cpu", "--engine", engine, "--model", model,
-               "--steps", "4"]
+def torchrun(script: Path, *arguments: str, cache: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET="1", FUSE_ATTN_CACHE_DIR=str(cache))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
+               *arguments]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+@pytest.mark.parametrize("engine, model", [("ddp", "gpt2"), ("fsdp2", "llama")])
+def test_train_distributed_on_two_cpu_processes(engine, model, tmp_path):
+    run = torchrun(ROOT / "examples" / "train_distributed.py", "--device", "cpu", "--engine", engine, "--model", model,
+                   "--steps", "4", cache=tmp_path)
     assert f"{model}, {engine} on 2 cpu processes" in run.stdout
     assert "not fused: 0" in run.stdout and "FAILED" not in run.stdout, run.stdout
     assert "loss vs eager: fuse_attn" in run.stdout
+
+
+def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):
+    run = torchrun(ROOT / "tests" / "distributed_sharding.py", cache=tmp_path)
+    lines = [line for line in run.stdout.splitlines() if " heads " in line]
+    assert len(lines) == 6 and not any("FAILED" in line for line in lines), run.stdout

@@ -8,9 +8,14 @@
 * :func:`generated_source` -- the Triton source generated for a spec.
 """
 
+import torch
+
 from .codegen import generate_source
 from .ops import flash_attention, generated_source
 from .reference import blockwise_backward, blockwise_forward, reference_attention
+
+if torch.distributed.is_available():
+    from . import sharding  # noqa: F401  (the ops' DTensor sharding rules)
 
 __all__ = [
     "flash_attention",

@@ -1,0 +1,62 @@
+"""(Run by tests/test_distributed.py under torchrun, 2 CPU processes, gloo.) The fused op on DTensors: q, k, v sharded
+on heads (GQA 4 query heads over 2 kv heads, so each rank keeps one whole group) or on the batch, a learned
+[1, H, M, N] bias, causal; output and the gradients of q, k, v and the bias equal to the unsharded op's, eagerly
+and compiled; heads that do not divide over the ranks run replicated. Prints one line per case; exits 1 on a
+mismatch."""
+
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+from fuse_attn.kernels import flash_attention
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+
+# (query heads, kv heads, placement of q/k/v) -> placements expected of the output and of the bias gradient
+CASES = [
+    (4, 2, Shard(1), Shard(1), Shard(1)),
+    (4, 2, Shard(0), Shard(0), Partial()),  # the bias is shared by the batch rows: each rank holds its share
+    (3, 3, Shard(1), Replicate(), Replicate()),  # 3 heads over 2 ranks: gathered, run replicated
+]
+
+
+def main() -> int:
+    dist.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    b = ScoreProgramBuilder()
+    program = b.program(b.add("add", b.add("score"), b.add("load", value=0)))
+    failures = 0
+    for compiled in (False, True):
+        for heads, kv_heads, placement, out_placement, bias_grad_placement in CASES:
+            spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.3, causal=CausalMask(),
+                                 gqa_group=heads // kv_heads, score_mod=program,
+                                 score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
+            g = torch.Generator().manual_seed(0)
+            q = torch.randn(2, heads, 6, 8, generator=g)
+            k, v = (torch.randn(2, kv_heads, 6, 8, generator=g) for _ in range(2))
+            bias, dout = torch.randn(1, heads, 6, 6, generator=g), torch.randn(2, heads, 6, 8, generator=g)
+            plain = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+            expected = flash_attention(*plain[:3], spec, [plain[3]])
+            expected_grads = torch.autograd.grad(expected, plain, dout)
+
+            bias_placement = placement if placement == Shard(1) else Replicate()
+            sharded = [distribute_tensor(t, mesh, [placement]).requires_grad_() for t in (q, k, v)]
+            sharded.append(distribute_tensor(bias, mesh, [bias_placement]).requires_grad_())
+            fn = lambda q, k, v, bias: flash_attention(q, k, v, spec, [bias])  # noqa: E731
+            out = (torch.compile(fn, backend="fuse_attn") if compiled else fn)(*sharded)
+            grads = torch.autograd.grad(out, sharded, distribute_tensor(dout, mesh, [placement]))
+            errors = [float((a.full_tensor() - e).abs().max()) for a, e in zip((out, *grads), (expected, *expected_grads))]
+            placements = (out.placements[0], grads[3].placements[0])
+            ok = max(errors) < 1e-5 and placements == (out_placement, bias_grad_placement)
+            failures += not ok
+            if dist.get_rank() == 0:
+                print(f"{'compiled' if compiled else 'eager'} heads {heads}/{kv_heads} {placement}: out {placements[0]}, "
+                      f"bias grad {placements[1]}, max error {max(errors):.2g}{'' if ok else ' FAILED'}")
+    dist.destroy_process_group()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

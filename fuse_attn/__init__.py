@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from .report import ExplainReport, collect_reports
 
-__all__ = ["explain", "collect_reports", "ExplainReport"]
+__all__ = ["explain", "collect_reports", "ExplainReport", "fuse_exported"]
+
+
+def fuse_exported(ep):
+    """Replace every attention of an exported program (``torch.export.export``) with the fused op, in place, for
+    export flows such as AOTInductor packages; returns the program (:mod:`fuse_attn.export`)."""
+    from .export import fuse_exported as rewrite
+
+    return rewrite(ep)
 
 
 def explain(model, *args, **kwargs) -> ExplainReport:

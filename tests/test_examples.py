@@ -17,6 +17,7 @@ EXAMPLES = {
     "train_gpt2": ["--steps", "2"],
     "generate_llama": ["--new-tokens", "2"],
     "encoder_inference": [],
+    "export_aoti": [],
 }
 
 

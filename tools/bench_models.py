@@ -15,6 +15,8 @@ Variants (the model's ``config._attn_implementation`` and the ``torch.compile`` 
   inductor       eager attention, ``torch.compile`` default
   sdpa+inductor  ``attn_implementation="sdpa"``, ``torch.compile`` default
   sdpa+fuse_attn ``attn_implementation="sdpa"`` (Hugging Face's default), ``backend="fuse_attn"``
+  sdpa+fuse_attn:triton  the same with ``FUSE_ATTN_CANDIDATES=triton`` while compiling: the generated kernels
+                 wherever SDPA's would have been timed faster (not in the default set)
   eager          eager attention, not compiled (with ``--eager``)
 
 A training step is forward + Hugging Face's own loss (cross entropy of the logits against the random input ids as
@@ -37,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import csv
 import datetime
 import gc
@@ -72,16 +75,21 @@ DEFAULT_BATCH_TOKENS = 16384
 TIMED_MS = 1000
 # the target for warm compile time: fuse_attn's first step may take at most this much longer than Inductor's
 WARM_OVERHEAD_TARGET_S = 2.0
-VARIANTS = {  # name -> (attention implementation, backend; None: not compiled)
-    "fuse_attn": ("eager", "fuse_attn"),
-    "inductor": ("eager", "inductor"),
-    "sdpa+inductor": ("sdpa", "inductor"),
-    "sdpa+fuse_attn": ("sdpa", "fuse_attn"),
-    "eager": ("eager", None),
+# name -> (attention implementation, backend (None: not compiled), FUSE_ATTN_CANDIDATES while compiling (None: the
+# default, every candidate))
+VARIANTS = {
+    "fuse_attn": ("eager", "fuse_attn", None),
+    "inductor": ("eager", "inductor", None),
+    "sdpa+inductor": ("sdpa", "inductor", None),
+    "sdpa+fuse_attn": ("sdpa", "fuse_attn", None),
+    "sdpa+fuse_attn:triton": ("sdpa", "fuse_attn", "triton"),  # the generated kernels only: their share of the speed
+    "eager": ("eager", None, None),
 }
-COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor", "sdpa+fuse_attn"]
+COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor", "sdpa+fuse_attn", "sdpa+fuse_attn:triton"]
+DEFAULT_VARIANTS = COMPILED_VARIANTS[:4]
 # (ours, the other): the speed-up columns of the table
-RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor")]
+RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
+          ("sdpa+fuse_attn:triton", "sdpa+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
@@ -178,6 +186,23 @@ def synchronize(device):
         torch.cuda.synchronize()
 
 
+@contextlib.contextmanager
+def _candidates_while_compiling(candidates):
+    """``FUSE_ATTN_CANDIDATES`` set to ``candidates`` (unless None) for the block (the compiling first step)."""
+    if candidates is None:
+        yield
+        return
+    saved = os.environ.get("FUSE_ATTN_CANDIDATES")
+    os.environ["FUSE_ATTN_CANDIDATES"] = candidates
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ["FUSE_ATTN_CANDIDATES"]
+        else:
+            os.environ["FUSE_ATTN_CANDIDATES"] = saved
+
+
 def measure(name, variant, mode, length, batch, args):
     """Compile (untimed, reports collected), then time one cell: (median ms, peak bytes or None, fused count)."""
     train = mode == "train"
@@ -190,7 +215,8 @@ def measure(name, variant, mode, length, batch, args):
         for p in params:
             p.grad = None
 
-    with collect_reports() as reports:
+    candidates = VARIANTS[variant][2]
+    with collect_reports() as reports, _candidates_while_compiling(candidates):
         step()
     drop_grads()
     fused = sum(len(r.fused) for r in reports)
@@ -225,7 +251,7 @@ def speed(args, record):
             for length in args.lengths:
                 batch = max(1, args.batch_tokens // length)
                 layers = model_and_config(name, "eager", args.tiny, length)[1].num_hidden_layers
-                rates, cells, fused = {}, {}, {"fuse_attn": "-", "sdpa+fuse_attn": "-"}
+                rates, cells, fused = {}, {}, {"fuse_attn": "-", "sdpa+fuse_attn": "-", "sdpa+fuse_attn:triton": "-"}
                 for variant in args.variants:
                     torch._dynamo.reset()
                     t0 = time.time()
@@ -333,7 +359,7 @@ def main(argv=None):
                     help=f"sequence lengths (default {DEFAULT_LENGTHS}, {TINY_LENGTH} with --tiny)")
     ap.add_argument("--batch-tokens", type=int, default=None,
                     help=f"B*N per step, B = max(1, this // N) (default {DEFAULT_BATCH_TOKENS}, {TINY_BATCH_TOKENS} with --tiny)")
-    ap.add_argument("--variants", nargs="*", default=COMPILED_VARIANTS, choices=COMPILED_VARIANTS)
+    ap.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=COMPILED_VARIANTS)
     ap.add_argument("--eager", action="store_true", help="also time the uncompiled eager-attention model")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a smoke test)")

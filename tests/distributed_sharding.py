@@ -14,11 +14,12 @@ from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tenso
 from fuse_attn.kernels import flash_attention
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
 
-# (query heads, kv heads, placement of q/k/v) -> placements expected of the output and of the bias gradient
+# (query heads, kv heads, placement of q/k/v, dropout) -> placements expected of the output and of the bias gradient
 CASES = [
-    (4, 2, Shard(1), Shard(1), Shard(1)),
-    (4, 2, Shard(0), Shard(0), Partial()),  # the bias is shared by the batch rows: each rank holds its share
-    (3, 3, Shard(1), Replicate(), Replicate()),  # 3 heads over 2 ranks: gathered, run replicated
+    (4, 2, Shard(1), 0.0, Shard(1), Shard(1)),
+    (4, 2, Shard(0), 0.0, Shard(0), Partial()),  # the bias is shared by the batch rows: each rank holds its share
+    (3, 3, Shard(1), 0.0, Replicate(), Replicate()),  # 3 heads over 2 ranks: gathered, run replicated
+    (4, 2, Shard(1), 0.25, Replicate(), Replicate()),  # dropout: replicated, the unsharded op's keep-mask
 ]
 
 
@@ -29,22 +30,24 @@ def main() -> int:
     program = b.program(b.add("add", b.add("score"), b.add("load", value=0)))
     failures = 0
     for compiled in (False, True):
-        for heads, kv_heads, placement, out_placement, bias_grad_placement in CASES:
+        for heads, kv_heads, placement, dropout_p, out_placement, bias_grad_placement in CASES:
             spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.3, causal=CausalMask(),
-                                 gqa_group=heads // kv_heads, score_mod=program,
+                                 gqa_group=heads // kv_heads, score_mod=program, dropout_p=dropout_p,
                                  score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
             g = torch.Generator().manual_seed(0)
             q = torch.randn(2, heads, 6, 8, generator=g)
             k, v = (torch.randn(2, kv_heads, 6, 8, generator=g) for _ in range(2))
             bias, dout = torch.randn(1, heads, 6, 6, generator=g), torch.randn(2, heads, 6, 8, generator=g)
             plain = [t.clone().requires_grad_() for t in (q, k, v, bias)]
-            expected = flash_attention(*plain[:3], spec, [plain[3]])
+            seed = torch.tensor(12345) if dropout_p else None
+            expected = flash_attention(*plain[:3], spec, [plain[3]], dropout_seed=seed)
             expected_grads = torch.autograd.grad(expected, plain, dout)
 
             bias_placement = placement if placement == Shard(1) else Replicate()
             sharded = [distribute_tensor(t, mesh, [placement]).requires_grad_() for t in (q, k, v)]
             sharded.append(distribute_tensor(bias, mesh, [bias_placement]).requires_grad_())
-            fn = lambda q, k, v, bias: flash_attention(q, k, v, spec, [bias])  # noqa: E731
+            dseed = None if seed is None else distribute_tensor(seed, mesh, [Replicate()])
+            fn = lambda q, k, v, bias: flash_attention(q, k, v, spec, [bias], dropout_seed=dseed)  # noqa: E731
             out = (torch.compile(fn, backend="fuse_attn") if compiled else fn)(*sharded)
             grads = torch.autograd.grad(out, sharded, distribute_tensor(dout, mesh, [placement]))
             errors = [float((a.full_tensor() - e).abs().max()) for a, e in zip((out, *grads), (expected, *expected_grads))]
@@ -52,7 +55,8 @@ def main() -> int:
             ok = max(errors) < 1e-5 and placements == (out_placement, bias_grad_placement)
             failures += not ok
             if dist.get_rank() == 0:
-                print(f"{'compiled' if compiled else 'eager'} heads {heads}/{kv_heads} {placement}: out {placements[0]}, "
+                print(f"{'compiled' if compiled else 'eager'} heads {heads}/{kv_heads} {placement} dropout {dropout_p}: "
+                      f"out {placements[0]}, "
                       f"bias grad {placements[1]}, max error {max(errors):.2g}{'' if ok else ' FAILED'}")
     dist.destroy_process_group()
     return 1 if failures else 0

@@ -36,4 +36,4 @@ def test_train_distributed_on_two_cpu_processes(engine, model, tmp_path):
 def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):
     run = torchrun(ROOT / "tests" / "distributed_sharding.py", cache=tmp_path)
     lines = [line for line in run.stdout.splitlines() if " heads " in line]
-    assert len(lines) == 6 and not any("FAILED" in line for line in lines), run.stdout
+    assert len(lines) == 8 and not any("FAILED" in line for line in lines), run.stdout

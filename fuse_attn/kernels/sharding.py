@@ -7,7 +7,8 @@ besides all replicated. Sharding heads keeps GQA groups whole: it is offered onl
 heads both divide evenly over the mesh, so each rank holds whole groups. Score tensors follow the dim they share with
 q (sharded where they have it, replicated where it is broadcast); a bias broadcast over the sharded dim gets a
 ``Partial`` gradient (each rank's share, summed by DTensor). A spec whose score program reads the batch or head
-index (``batch_idx`` / ``head_idx``: a rank's local index is not the global one) is not sharded on that dim.
+index (``batch_idx`` / ``head_idx``: a rank's local index is not the global one) is not sharded on that dim, nor a
+spec with dropout (the keep-mask is drawn from local indices: two ranks would drop the same entries of other heads).
 
 Where no sharded rule applies (heads not divisible by the mesh, say) DTensor gathers the inputs and runs the op
 replicated: correct, with the communication that costs; the reason is logged once per spec and shapes.
@@ -42,7 +43,10 @@ def _shardable_dims(q, k, spec) -> list[int]:
     dims = []
     for dim in (0, 1):
         sizes = (q.shape[dim], k.shape[dim])
-        if any(node.op == _INDEX_LEAF[dim] for node in spec.score_mod):
+        if spec.dropout_p:
+            # the keep-mask is drawn per local (batch row, head): ranks would draw the same masks for other heads
+            reason = "dropout: each rank would draw its shard's keep-masks from the same local indices"
+        elif any(node.op == _INDEX_LEAF[dim] for node in spec.score_mod):
             reason = f"its score program reads {_INDEX_LEAF[dim]}"
         elif any(size % ranks for size in sizes):
             reason = f"{_DIM_NAME[dim]} sizes {sizes} (q, k) do not divide over {ranks} ranks"
@@ -88,8 +92,8 @@ def _sharded_backward(op_call, args: tuple, kwargs: dict):
         target = [Replicate()] * mesh.ndim
 
     def placements_of(t, like_q: bool):
-        return target if like_q else [Shard(p.dim) if isinstance(p, Shard) and t.shape[p.dim] == q.shape[p.dim] != 1
-                                      else Replicate() for p in target]
+        return target if like_q else [Shard(p.dim) if isinstance(p, Shard) and t.dim() > p.dim
+                                      and t.shape[p.dim] == q.shape[p.dim] != 1 else Replicate() for p in target]
 
     def local(t, like_q=True):
         if not isinstance(t, DTensor):

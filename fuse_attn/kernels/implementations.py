@@ -10,8 +10,9 @@ replay is timed (``autotune``'s median of ``do_bench``), so the host cost of cal
 (which the compiled graph does not have) does not count against it.
 
 The choice is per GPU and shape and persists with the launch configs (:mod:`.autotune`, key kind ``impl_fwd`` /
-``impl_train``; the kernel id holds the spec digest and the batch and head counts). ``explain()`` and
-``dump_graph`` show it on the attention's verdict line.
+``impl_train``; the kernel id holds the spec digest and the batch and head counts). The attention's verdict line
+says which runs (``dump_graph``, the ``fuse_attn`` log, ``collect_reports``); ``explain()``, which matches without
+compiling, makes no choice.
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,sdpa_cudnn,sdpa_flash`` (default: all
 three): ``FUSE_ATTN_CANDIDATES=triton`` runs the generated kernels wherever they can, whatever SDPA would time (our

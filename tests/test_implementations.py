@@ -219,6 +219,8 @@ def test_candidates_switch(monkeypatch, caplog):
     assert implementations.allowed_candidates() == (TRITON, SDPA_CUDNN, SDPA_FLASH)
     monkeypatch.setenv(implementations.ENV_CANDIDATES, " sdpa_flash,triton ")
     assert implementations.allowed_candidates() == (TRITON, SDPA_FLASH)
+    monkeypatch.setenv(implementations.ENV_CANDIDATES, "sdpa_cudnn")  # the generated kernels stay the fallback
+    assert implementations.allowed_candidates() == (TRITON, SDPA_CUDNN)
     monkeypatch.setenv(implementations.ENV_CANDIDATES, "triton,cutlass")
     with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
         assert implementations.allowed_candidates() == (TRITON,)

@@ -15,8 +15,8 @@ says which runs (``dump_graph``, the ``fuse_attn`` log, ``collect_reports``); ``
 compiling, makes no choice.
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,sdpa_cudnn,sdpa_flash`` (default: all
-three): ``FUSE_ATTN_CANDIDATES=triton`` runs the generated kernels wherever they can, whatever SDPA would time (our
-kernel benchmarks use it). SDPA's candidates also follow torch's switches (``torch.backends.cuda.enable_cudnn_sdp``,
+three; the generated kernels are a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton`` runs the generated
+kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it). SDPA's candidates also follow torch's switches (``torch.backends.cuda.enable_cudnn_sdp``,
 ``enable_flash_sdp``). The generated kernels stay the fallback of every attention that SDPA cannot compute.
 
 SDPA's kernels run in the compiled graph as ``aten._scaled_dot_product_cudnn_attention`` /
@@ -77,7 +77,9 @@ class Choice:
 
 def allowed_candidates() -> tuple[str, ...]:
     """The candidates ``FUSE_ATTN_CANDIDATES`` allows (unknown names are ignored with a warning), in
-    :data:`ALL_CANDIDATES` order, with SDPA's backends that torch's switches turned off removed."""
+    :data:`ALL_CANDIDATES` order, with SDPA's backends that torch's switches turned off removed. The generated
+    kernels are always one: they are what runs where SDPA's kernels cannot (a shape cuDNN refuses fails while
+    timed), so an SDPA kernel is never taken untimed."""
     text = os.environ.get(ENV_CANDIDATES)
     names = ALL_CANDIDATES if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in ALL_CANDIDATES]
@@ -86,7 +88,7 @@ def allowed_candidates() -> tuple[str, ...]:
                     ", ".join(ALL_CANDIDATES))
     switched_off = {SDPA_CUDNN: not torch.backends.cuda.cudnn_sdp_enabled(),
                     SDPA_FLASH: not torch.backends.cuda.flash_sdp_enabled()}
-    return tuple(n for n in ALL_CANDIDATES if n in names and not switched_off.get(n, False))
+    return tuple(n for n in ALL_CANDIDATES if n == TRITON or n in names and not switched_off.get(n, False))
 
 
 def sdpa_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
@@ -145,9 +147,9 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool)
     allowed = allowed_candidates()
     reasons = sdpa_reasons(spec, q, k)
     candidates = [n for n in allowed if n == TRITON or not reasons]
-    if candidates in ([], [TRITON]):
+    if candidates == [TRITON]:
         log.debug("fuse_attn: %s runs the generated kernels: %s", spec.describe(),
-                  "; ".join(reasons) if reasons else f"{ENV_CANDIDATES} allows {', '.join(allowed) or 'none'}")
+                  "; ".join(reasons) if reasons else f"{ENV_CANDIDATES} allows only triton")
         return Choice(TRITON)
     Z, H, M, D = q.shape
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"

@@ -401,11 +401,12 @@ def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _launch_forward(mod, cfg, common, spec, q, k, v, score_tensors, dropout_seed, out, lse, warmup=False) -> None:
-    """``common``: ``_common`` of these q, k, v (computed once by the caller)."""
+def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range, warmup=False) -> None:
+    """``common`` and ``key_range``: ``_common`` and ``_key_range_args`` of these tensors (computed once by the
+    caller: a tuner launches many times on one set)."""
     Z, H, M, _ = q.shape
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
-                **_key_range_args(spec, score_tensors, Z, k.shape[2], lse),
+                **key_range,
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
     launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m), Z * H), args, cfg, warmup)
@@ -422,8 +423,8 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
     def bind():
         rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
         out, lse = _empty_outputs(rq, rv)
-        real = _common(rq, rk, rv, spec)
-        return lambda cfg, warmup: _launch_forward(mod, cfg, real, spec, rq, rk, rv, rs, seed, out, lse, warmup)
+        real, key_range = _common(rq, rk, rv, spec), _key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range, warmup)
 
     return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind,
                    **_tuning_lengths(common, lengths))
@@ -439,7 +440,8 @@ def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=Non
 
     def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
         out, lse = _empty_outputs(q, v)
-        _launch_forward(mod, cfg, _common(q, k, v, spec), spec, q, k, v, score_tensors, dropout_seed, out, lse)
+        _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse,
+                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse))
         return out, lse
 
     Z, H, M, _ = q.shape
@@ -466,7 +468,8 @@ def _uses_exact_delta(q: Tensor) -> bool:
 
 class _BackwardBuffers:
     """The backward's outputs and scratch for one set of inputs: dq, dk, dv, delta, the row statistics of the
-    exact delta, and the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics)."""
+    exact delta, the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics), and the
+    kernels' key range arguments (computed once: the tuner launches many times on one set)."""
 
     def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool):
         self.dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -479,6 +482,7 @@ class _BackwardBuffers:
         self.dbias = {i: torch.zeros(t.shape, dtype=torch.float32, device=q.device)
                       for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
                       if st.role == "bias" and need}
+        self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse)
 
 
 def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
@@ -490,7 +494,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
                 EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
-                **_key_range_args(spec, score_tensors, Z, N, lse),
+                **bufs.key_range,
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
                 sm_scale=spec.scale_for(common["D"]), **common)
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ

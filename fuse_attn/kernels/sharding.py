@@ -32,17 +32,18 @@ _INDEX_LEAF = {0: "batch_idx", 1: "head_idx"}  # the score-program leaf that rea
 _DIM_NAME = {0: "batch", 1: "head"}
 
 
-def _placement(t, dim: int, full_size) -> object:
-    """A score tensor's placement when q is sharded on ``dim``: sharded there if it has that dim, else replicated."""
-    return Shard(dim) if t.shape[dim] == full_size and full_size != 1 else Replicate()
+def _placement(shape, dim: int, full_size) -> object:
+    """The placement of a score tensor (or the 0-dim dropout seed) of ``shape`` when q is sharded on ``dim`` of size
+    ``full_size``: sharded there if it has that dim, else replicated."""
+    return Shard(dim) if len(shape) > dim and shape[dim] == full_size != 1 else Replicate()
 
 
-def _shardable_dims(q, k, spec) -> list[int]:
-    """The dims (0: batch, 1: heads) q, k, v can be sharded on over q's mesh; the reason for each other dim is logged."""
-    ranks = q.mesh.size()
+def _shardable_dims(q_shape, k_shape, ranks: int, spec) -> list[int]:
+    """The dims (0: batch, 1: heads) q, k, v can be sharded on over ``ranks``; the reason for each other dim is
+    logged."""
     dims = []
     for dim in (0, 1):
-        sizes = (q.shape[dim], k.shape[dim])
+        sizes = (q_shape[dim], k_shape[dim])
         if spec.dropout_p:
             # the keep-mask is drawn per local (batch row, head): ranks would draw the same masks for other heads
             reason = "dropout: each rank would draw its shard's keep-masks from the same local indices"
@@ -67,8 +68,8 @@ def _forward_shardings(q, k, v, score_tensors, dropout_seed, spec):
     s = parse_spec(spec)
     seed = [] if dropout_seed is None else [Replicate()]
     strategies = [([Replicate(), Replicate()], [Replicate()] * (3 + len(score_tensors)) + seed)]
-    for dim in _shardable_dims(q, k, s):
-        scores = [_placement(t, dim, q.shape[dim]) for t in score_tensors]
+    for dim in _shardable_dims(q.shape, k.shape, q.mesh.size(), s):
+        scores = [_placement(t.shape, dim, q.shape[dim]) for t in score_tensors]
         strategies.append(([Shard(dim), Shard(dim)], [Shard(dim)] * 3 + scores + seed))
     return strategies
 
@@ -85,15 +86,15 @@ def _sharded_backward(op_call, args: tuple, kwargs: dict):
     values = dict(zip((a.name for a in bound), args), **kwargs)
     q, k = values["q"], values["k"]
     mesh = q.device_mesh
-    allowed = set(_shardable_dims(_Shape(q), _Shape(k), parse_spec(values["spec"])))
+    allowed = set(_shardable_dims(q.shape, k.shape, mesh.size(), parse_spec(values["spec"])))
     if all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim in allowed) for p in q.placements):
         target = list(q.placements)
     else:
         target = [Replicate()] * mesh.ndim
 
     def placements_of(t, like_q: bool):
-        return target if like_q else [Shard(p.dim) if isinstance(p, Shard) and t.dim() > p.dim
-                                      and t.shape[p.dim] == q.shape[p.dim] != 1 else Replicate() for p in target]
+        return target if like_q else [_placement(t.shape, p.dim, q.shape[p.dim]) if isinstance(p, Shard)
+                                      else Replicate() for p in target]
 
     def local(t, like_q=True):
         if not isinstance(t, DTensor):
@@ -113,13 +114,6 @@ def _sharded_backward(op_call, args: tuple, kwargs: dict):
     grads = [wrap(g, t, [Partial() if isinstance(tp, Replicate) and isinstance(qp, Shard) else tp
                          for tp, qp in zip(placements_of(t, False), target)]) for g, t in zip(dscores, needing)]
     return wrap(dq, q, target), wrap(dk, k, target), wrap(dv, values["v"], target), grads
-
-
-class _Shape:
-    """A DTensor's global shape and mesh, as the sharding rules read them from DTensor's specs."""
-
-    def __init__(self, t):
-        self.shape, self.mesh = t.shape, t.device_mesh
 
 
 def _register_backward_handler() -> None:

@@ -30,7 +30,7 @@ from fuse_attn.report import collect_reports  # noqa: E402
 # Floors of the loss check: fp32 on a CPU agrees to rounding; bf16 losses of two implementations drift apart by
 # about 1e-2 over a dozen AdamW steps (the kernels' rounding differs from eager's in every layer).
 LOSS_FLOOR = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
-# (engine, name) -> (attention implementation, torch.compile backend or None for eager)
+# name -> (attention implementation, torch.compile backend or None for eager)
 VARIANTS = {"eager": ("eager", None), "fuse_attn": ("eager", "fuse_attn"), "sdpa+torch.compile": ("sdpa", "inductor")}
 
 

@@ -50,4 +50,3 @@ def _drop_intermediate_metadata_asserts(graph: torch.fx.Graph) -> None:
     for node in list(graph.nodes):
         if node.target is torch.ops.aten._assert_tensor_metadata.default and node.args[0].op != "placeholder":
             graph.erase_node(node)
-

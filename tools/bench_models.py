@@ -51,6 +51,7 @@ import sys
 import tempfile
 import time
 import traceback
+from unittest import mock
 
 import torch
 import triton
@@ -186,23 +187,6 @@ def synchronize(device):
         torch.cuda.synchronize()
 
 
-@contextlib.contextmanager
-def _candidates_while_compiling(candidates):
-    """``FUSE_ATTN_CANDIDATES`` set to ``candidates`` (unless None) for the block (the compiling first step)."""
-    if candidates is None:
-        yield
-        return
-    saved = os.environ.get("FUSE_ATTN_CANDIDATES")
-    os.environ["FUSE_ATTN_CANDIDATES"] = candidates
-    try:
-        yield
-    finally:
-        if saved is None:
-            del os.environ["FUSE_ATTN_CANDIDATES"]
-        else:
-            os.environ["FUSE_ATTN_CANDIDATES"] = saved
-
-
 def measure(name, variant, mode, length, batch, args):
     """Compile (untimed, reports collected), then time one cell: (median ms, peak bytes or None, fused count)."""
     train = mode == "train"
@@ -215,8 +199,10 @@ def measure(name, variant, mode, length, batch, args):
         for p in params:
             p.grad = None
 
-    candidates = VARIANTS[variant][2]
-    with collect_reports() as reports, _candidates_while_compiling(candidates):
+    candidates = VARIANTS[variant][2]  # FUSE_ATTN_CANDIDATES for the compiling first step, when the variant sets it
+    environment = contextlib.nullcontext() if candidates is None else \
+        mock.patch.dict(os.environ, {"FUSE_ATTN_CANDIDATES": candidates})
+    with collect_reports() as reports, environment:
         step()
     drop_grads()
     fused = sum(len(r.fused) for r in reports)

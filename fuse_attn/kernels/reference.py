@@ -125,8 +125,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
                        dropout_seed=None):
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
     softmax of the block's scores; no N x N buffer). A row that saw only -inf (or a NaN) has P = NaN, as in eager
-    (a row that saw only -inf has P = 0 and adds nothing under ``empty_rows="zero"``): dV of its kv head is NaN, and its dS passes through the score program's backward (where a masking ``where``
-    zeroes it, as eager's does).
+    (a row that saw only -inf has P = 0 and adds nothing under ``empty_rows="zero"``): dV of its kv head is NaN,
+    and its dS passes through the score program's backward (where a masking ``where`` zeroes it, as eager's does).
 
     The score program is differentiated by :func:`.score_program.backward` (the same derivative rules as the
     kernels) on the node values kept while the block's scores are recomputed: a few [Z, H, rows, N] tensors.

@@ -228,6 +228,10 @@ class ConstantEvaluator:
         if constant is not None:
             return constant
         fake = val(x) if isinstance(x, fx.Node) else None
+        if isinstance(fake, _SCALAR_TYPES):
+            # a size computation that the shape environment has specialized (its value is guarded): torch 2.11 gives
+            # ``sym_size`` of a head dim fixed by a guard as a plain int, so ``D ** -0.5`` is a plain float there
+            return fake
         if isinstance(fake, torch.Tensor) and all_ones(fake.shape):
             try:
                 return self(x).reshape(()).item()

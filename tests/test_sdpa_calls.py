@@ -114,6 +114,21 @@ class TestMaskForms(TestCase):
 
         self.assertExpectedInline(fused_specs(fn, *qkv(kv_heads=2), dynamic=True), """float32 D=? scale=1*D^-0.5 gqa=2 empty rows 0""")
 
+    def test_scale_of_a_specialized_head_dim_is_a_constant(self):
+        """torch 2.11 specializes a dynamic graph's head dim in SDPA's expansion: ``sym_size`` of it is a plain int
+        and the expansion's ``D ** -0.5`` a plain float (seen on the GPU machine). Such a node is read as the
+        constant its value is: the scale folds (it failed there with "pow_1 is not a tensor or a constant")."""
+        import operator
+
+        from fuse_attn.score_chain import ConstantEvaluator, MatchContext
+
+        graph = torch.fx.Graph()
+        q = graph.placeholder("q")
+        size = graph.call_function(torch.ops.aten.sym_size.int, (q, 3))
+        scale = graph.call_function(operator.pow, (size, -0.5))
+        q.meta["val"], size.meta["val"], scale.meta["val"] = torch.empty(2, 4, 6, 8), 8, 8 ** -0.5
+        self.assertEqual(ConstantEvaluator(MatchContext()).try_scalar(scale), 8 ** -0.5)
+
     def test_mask_from_a_graph_input_is_loaded(self):
         """A mask of unknown structure still runs fused, as a loaded tensor."""
 

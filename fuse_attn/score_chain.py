@@ -34,12 +34,8 @@ import torch
 import torch.fx as fx
 
 from .graph_utils import CAST_OPS, IDENTITY_OPS, all_ones, aten, cast_dtype, is_pure, is_static, same_shape, shape_text, val
-from .spec import ScoreNode, ScoreProgramBuilder
+from .spec import MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder
 
-# A fill value at or below this masks a key exactly like -inf would for any row that keeps one key whose score is
-# above it: it is float16's most negative finite value, the smallest fill Hugging Face style masks use
-# (torch.finfo(dtype).min), and exp(fill - rowmax) underflows to 0 in fp32 once the gap exceeds ~104.
-MASKING_FILL_LIMIT = -65504.0
 # Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
 # evaluation makes a few temporaries of that size on the host, so bigger ones are loaded as tensors instead).
 MAX_EVALUATED_MASK_ELEMENTS = 2**28

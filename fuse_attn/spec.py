@@ -31,7 +31,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal, NamedTuple, Optional, Union
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 # Largest head dim the kernels take: a 256-wide fp32 accumulator tile is the most the register file of an
@@ -54,6 +54,19 @@ COMPARISON_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==",
           "ne": "!=", "logical_and": "&", "logical_or": "|"}
 
+
+# A fill value at or below this masks a key exactly like -inf would for any row that keeps one key whose score is
+# above it: it is float16's most negative finite value, the smallest fill Hugging Face style masks use
+# (torch.finfo(dtype).min), and exp(fill - rowmax) underflows to 0 in fp32 once the gap exceeds ~104.
+MASKING_FILL_LIMIT = -65504.0
+
+
+class KeyPadding(NamedTuple):
+    """A key padding vector of a spec (:meth:`AttentionSpec.key_padding`)."""
+
+    tensor: int  # the score tensor holding it
+    hidden: str  # the value that hides a key: "false" / "true" (a bool mask), "-inf" or "fill" (a bias)
+    kind: str  # "-inf" (hidden scores are -inf, rows of no key give 0) or "masking" (at or below the limit)
 
 @dataclass(frozen=True)
 class ScoreNode:
@@ -254,25 +267,40 @@ class AttentionSpec:
             reasons.append(f"score tensors {sorted(set(range(len(self.score_tensors))) - loaded)} are not loaded by the program")
         return reasons
 
-    def key_padding(self) -> Optional[tuple[int, str]]:
-        """A key padding vector of the spec, or None: ``(i, hidden)`` where score tensor ``i`` has one row of keys
-        per batch (``[Z or 1, 1, 1, N]``) and the score program gives -inf for every query wherever the tensor's
-        value is ``hidden`` -- "false" or "true" for a bool mask, "-inf" for a bias -- in a spec whose rows with no
-        visible key give 0 (``empty_rows="zero"``, SDPA's semantics). The keys outside the first..last visible key
-        of a batch row then never change that row's output or any gradient -- their probability is exactly 0, and
-        a row left with no key is 0 either way -- so the kernels skip the key blocks wholly outside that range (a
-        vector with holes keeps them masked inside it: the range is an optimization, exact for any values). With
-        ``"nan"`` rows, skipping would turn eager's NaN of a fully masked row into 0: such specs have none. Scores
-        are taken to be finite (``-inf + s`` counts as -inf)."""
-        if self.empty_rows != "zero" or not self.score_mod:
+    def key_padding(self) -> Optional[KeyPadding]:
+        """A key padding vector of the spec, or None: score tensor ``tensor`` has one row of keys per batch
+        (``[Z or 1, 1, 1, N]``) and the score program masks every query's score wherever the tensor's value is
+        ``hidden`` ("false" / "true" for a bool mask, "-inf" or "fill" -- at or below the limit -- for a bias). The kernels then skip the key blocks outside a per-batch range of keys
+        (``launch._key_range_args``) that never changes a row's output or any gradient. Two kinds:
+
+        * kind ``"-inf"``: the score is -inf there, in a spec whose
+          rows with no visible key give 0 (``empty_rows="zero"``, SDPA's semantics). The range is the first..last
+          visible key: the keys outside have probability exactly 0, and a row left with no key is 0 either way. With
+          ``"nan"`` rows, skipping would turn eager's NaN of a fully masked row into 0: such specs get the next kind.
+        * kind ``"masking"``: the score is at or below :data:`MASKING_FILL_LIMIT` there (an additive ``finfo.min``
+          mask, as Hugging Face's eager attention builds it; -inf too), any ``empty_rows``. A hidden
+          key's probability is exactly 0 in every row that keeps one visible key, but a row with none is uniform over
+          its hidden keys (finfo.min) or NaN (-inf) -- so the range must leave every row that has no visible key all
+          of its keys: a batch row with no visible key gets every key; with a causal mask the range starts at key 0
+          (a query before the first visible key keeps the padding it sees) and only the keys after the last visible
+          one are skipped; with a sliding window none (a window past the last visible key sees only padding).
+
+        A vector with holes keeps them masked inside the range (the range is an optimization, exact for any
+        values). Scores are taken to be finite and far above the fill (``-inf + s`` counts as -inf)."""
+        if not self.score_mod:
             return None
         root = len(self.score_mod) - 1
-        for i, t in enumerate(self.score_tensors):
-            if t.broadcast[1:] != (True, True, False):
-                continue
-            for hidden in (("false", "true") if t.role == "mask" else ("-inf",)):
-                if _neg_inf_when(self.score_mod, root, i, hidden):
-                    return i, hidden
+        vectors = [i for i, t in enumerate(self.score_tensors) if t.broadcast[1:] == (True, True, False)]
+        if self.empty_rows == "zero":
+            for i in vectors:
+                for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("-inf",)):
+                    if _neg_inf_when(self.score_mod, root, i, hidden):
+                        return KeyPadding(i, hidden, "-inf")
+        if self.causal is None or self.causal.window is None:
+            for i in vectors:
+                for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("fill",)):
+                    if _masked_when(self.score_mod, root, i, hidden):
+                        return KeyPadding(i, hidden, "masking")
         return None
 
     def scale_for(self, head_dim: int) -> float:
@@ -347,6 +375,31 @@ def _neg_inf_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidde
         return any(_neg_inf_when(program, a, tensor, hidden) for a in node.args)
     if node.op == "sub":
         return _neg_inf_when(program, node.args[0], tensor, hidden)
+    return False
+
+
+def _masked_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str) -> bool:
+    """Whether node ``index`` of ``program`` is at or below MASKING_FILL_LIMIT (or -inf) wherever score tensor
+    ``tensor`` hides a key (``hidden``: "fill" for a bias at or below the limit, "false" / "true" for a bool mask),
+    whatever the finite score: see :meth:`AttentionSpec.key_padding`'s "masking" kind."""
+    node = program[index]
+    if node.op == "const":
+        return node.value <= MASKING_FILL_LIMIT
+    if node.op == "load":
+        return node.value == tensor and hidden == "fill"
+    if node.op == "to_float":
+        return _masked_when(program, node.args[0], tensor, hidden)
+    if node.op == "where":
+        cond, a, b = node.args
+        if hidden != "fill" and _bool_when(program, cond, tensor, hidden, True):
+            return _masked_when(program, a, tensor, hidden)
+        if hidden != "fill" and _bool_when(program, cond, tensor, hidden, False):
+            return _masked_when(program, b, tensor, hidden)
+        return _masked_when(program, a, tensor, hidden) and _masked_when(program, b, tensor, hidden)
+    if node.op in ("add", "minimum"):
+        return any(_masked_when(program, a, tensor, hidden) for a in node.args)
+    if node.op == "sub":
+        return _masked_when(program, node.args[0], tensor, hidden)
     return False
 
 

@@ -710,43 +710,57 @@ _KEY_ROWS = {
 
 
 def _padding_spec(form: str, dtype=torch.float32, **fields) -> AttentionSpec:
-    """SDPA's padding forms on a [Z, 1, 1, N] vector: "keep" a bool mask, True takes part (where(~keep, -inf, s));
-    "hide" a bool mask, True is padding (where(hide, -inf, s)); "bias" an additive 0 / -inf bias (s + bias)."""
+    """The padding forms on a [Z, 1, 1, N] vector. SDPA's, rows of no key at 0: "keep" a bool mask, True takes part
+    (where(~keep, -inf, s)); "hide" a bool mask, True is padding (where(hide, -inf, s)); "bias" an additive 0 / -inf
+    bias (s + bias). Hugging Face's eager attention's, rows of no key uniform: "fill", an additive 0 / finfo.min bias
+    (s + bias; the "masking" kind of key padding)."""
     b = ScoreProgramBuilder()
     t, s = b.add("load", value=0), b.add("score")
     root = {"keep": lambda: b.add("where", b.add("logical_not", t), b.const(float("-inf")), s),
             "hide": lambda: b.add("where", t, b.const(float("-inf")), s),
-            "bias": lambda: b.add("add", s, t)}[form]()
-    tensor = ScoreTensor("bias", str(dtype).removeprefix("torch."), (False, True, True, False)) if form == "bias" else \
-        ScoreTensor("mask", "bool", (False, True, True, False))
+            "bias": lambda: b.add("add", s, t), "fill": lambda: b.add("add", s, t)}[form]()
+    tensor = ScoreTensor("bias", str(dtype).removeprefix("torch."), (False, True, True, False)) if form in ("bias", "fill") \
+        else ScoreTensor("mask", "bool", (False, True, True, False))
     return AttentionSpec(dtype=str(dtype).removeprefix("torch."), head_dim=16, head_dim_v=16, scale=0.25,
-                         score_mod=b.program(root), score_tensors=(tensor,), empty_rows="zero", **fields)
+                         score_mod=b.program(root), score_tensors=(tensor,),
+                         empty_rows="nan" if form == "fill" else "zero", **fields)
 
 
-@pytest.mark.parametrize("form", ["keep", "hide", "bias"])
+@pytest.mark.parametrize("form", ["keep", "hide", "bias", "fill"])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype,gqa", [(torch.float32, 1), (torch.float16, 2)])
 def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, gqa, monkeypatch):
-    """SDPA's padding forms, rows of no key at 0: the spec names the padding vector; K and V hold NaN in the key
-    blocks wholly outside each batch row's range, which a visited block would spread into the output (0 * NaN) and
-    the gradients -- the result is that of SDPA with those keys zeroed, in fp64 (2x rule). The kernels only (in the
-    interpreter): the blockwise path computes every key."""
+    """The padding forms: the spec names the padding vector; K and V hold NaN in the key blocks the range leaves
+    out, which a visited block would spread into the output (0 * NaN) and the gradients -- the result is that of
+    SDPA with the same mask (a bool mask, or the additive one), in fp64 (2x rule). SDPA's forms skip the blocks
+    wholly outside each batch row's first..last visible key, and a row with no key gives 0; the finfo.min form
+    ("masking") skips none of a row with no visible key (its rows are uniform over every key), and under a causal
+    mask only the blocks after the last visible key (a query before the first one keeps the padding it sees). The
+    kernels only (in the interpreter): the blockwise path computes every key."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     Z, H, M, N, D = len(_KEY_ROWS), 2 * gqa, 61 if causal else 33, 97, 16
     spec = _padding_spec(form, dtype, causal=CausalMask(alignment="bottom_right") if causal else None, gqa_group=gqa)
-    assert spec.key_padding() == (0, {"keep": "false", "hide": "true", "bias": "-inf"}[form])
+    masking = form == "fill"
+    assert spec.key_padding() == (0, {"keep": "false", "hide": "true", "bias": "-inf", "fill": "fill"}[form],
+                                  "masking" if masking else "-inf")
     keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # [Z, N], True: visible
+    # "fill": -65504, fp16's finfo.min, the "masking" kind's limit -- in fp32 a row of finfo(fp32).min keeps no
+    # trace of its scores in fp32 or fp64 (eager's uniform row and its rounding-made gradient; TESTING.md)
+    fill = float("-inf") if form == "bias" else torch.finfo(torch.float16).min
     vector = {"keep": lambda: keys, "hide": lambda: ~keys,
-              "bias": lambda: torch.zeros(Z, N, dtype=dtype).masked_fill(~keys, float("-inf"))}[form]()
+              "bias": lambda: torch.zeros(Z, N, dtype=dtype).masked_fill(~keys, fill),
+              "fill": lambda: torch.zeros(Z, N, dtype=dtype).masked_fill(~keys, fill)}[form]()
     g = torch.Generator().manual_seed(0)
     q = torch.randn(Z, H, M, D, generator=g).to(dtype)
     k, v = (torch.randn(Z, H // gqa, N, D, generator=g).to(dtype) for _ in range(2))
-    # blocks of 32 keys (the widest key tile of the interpreter's configs) wholly outside [first, end) of a row
+    # blocks of 32 keys (the widest key tile of the interpreter's configs) wholly outside a row's range
     block = 32
     poisoned = torch.zeros(Z, N, dtype=torch.bool)
     for z in range(Z):
         hit = keys[z].nonzero()
         first, end = (int(hit[0]), int(hit[-1]) + 1) if len(hit) else (0, 0)
+        if masking:
+            first, end = (0 if causal else first, end) if len(hit) else (0, N)
         for start in range(0, N, block):
             if start + block <= first or start >= end:
                 poisoned[z, start:start + block] = True
@@ -754,31 +768,35 @@ def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, 
     k_nan, v_nan = k.clone(), v.clone()
     k_nan[poisoned[:, None, :, None].expand_as(k)] = float("nan")
     v_nan[poisoned[:, None, :, None].expand_as(v)] = float("nan")
-    visible = keys[:, None, None, :].expand(Z, 1, M, N)
-    if causal:
-        visible = visible & torch.ones(M, N, dtype=torch.bool).tril(N - M)
+    allowed = torch.ones(M, N, dtype=torch.bool).tril(N - M) if causal else torch.ones(M, N, dtype=torch.bool)
 
     def sdpa(q, k, v):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, enable_gqa=gqa > 1)
+        if masking:  # the additive mask itself, in the computation's dtype, and -inf where causal hides a key
+            mask = vector[:, None, None, :].to(q.dtype).masked_fill(~allowed, float("-inf"))
+        else:
+            mask = keys[:, None, None, :].expand(Z, 1, M, N) & allowed
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa > 1)
 
     out = _check_against_sdpa(lambda q, k, v: flash_attention(q, k, v, spec, [vector[:, None, None, :]]), sdpa,
                               (q, k, v), dtype, ours_inputs=(q, k_nan, v_nan))
-    assert (out[3] == 0).all()
+    if not masking:
+        assert (out[3] == 0).all()
 
 
-@pytest.mark.parametrize("form, padding", [
-    ("where(~pad, -inf, s)", (0, "false")),
-    ("where(pad, -inf, s)", (0, "true")),
-    ("where(pad, s, -inf)", (0, "false")),
-    ("s + where(pad, 0, -inf)", (0, "false")),
-    ("where(pad & other, s, -inf)", (0, "false")),
-    ("where(~(other & pad), -inf, s)", (0, "false")),
-    ("s + bias", (0, "-inf")),
-    ("s + where(pad, 0, finfo.min)", None),  # finfo.min is not -inf: a row of padding only is uniform in eager
-    ("where(pad | other, s, -inf)", None),
-    ("s * bias", None),
+@pytest.mark.parametrize("form, padding, nan_rows_padding", [
+    ("where(~pad, -inf, s)", (0, "false", "-inf"), (0, "false", "masking")),
+    ("where(pad, -inf, s)", (0, "true", "-inf"), (0, "true", "masking")),
+    ("where(pad, s, -inf)", (0, "false", "-inf"), (0, "false", "masking")),
+    ("s + where(pad, 0, -inf)", (0, "false", "-inf"), (0, "false", "masking")),
+    ("where(pad & other, s, -inf)", (0, "false", "-inf"), (0, "false", "masking")),
+    ("where(~(other & pad), -inf, s)", (0, "false", "-inf"), (0, "false", "masking")),
+    ("s + bias", (0, "-inf", "-inf"), (0, "fill", "masking")),
+    # finfo.min is not -inf: a row of padding only is uniform in eager -- the "masking" kind, whatever the empty rows
+    ("s + where(pad, 0, finfo.min)", (0, "false", "masking"), (0, "false", "masking")),
+    ("where(pad | other, s, -inf)", None, None),
+    ("s * bias", None, None),
 ])
-def test_key_padding_is_named_only_where_the_vector_makes_the_score_minus_inf(form, padding):
+def test_key_padding_is_named_only_where_the_vector_masks_the_score(form, padding, nan_rows_padding):
     b = ScoreProgramBuilder()
     pad, other, s = b.add("load", value=0), b.add("load", value=1), b.add("score")
     neg_inf = b.const(float("-inf"))
@@ -801,8 +819,11 @@ def test_key_padding_is_named_only_where_the_vector_makes_the_score_minus_inf(fo
     spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
                          score_tensors=tensors, empty_rows="zero")
     assert spec.key_padding() == padding
-    # rows of no key give NaN in eager's softmax: never skipped there
-    assert dataclasses.replace(spec, empty_rows="nan").key_padding() is None
+    # rows of no key give NaN in eager's softmax: only the "masking" kind, which leaves such rows all their keys
+    assert dataclasses.replace(spec, empty_rows="nan").key_padding() == nan_rows_padding
+    # under a sliding window a row may see only keys past the last visible one: no "masking" range then
+    windowed = dataclasses.replace(spec, causal=CausalMask(window=4)).key_padding()
+    assert windowed == (padding if padding and padding[2] == "-inf" else None)
     # a [Z, 1, M, N] tensor is no padding vector
     per_query = (dataclasses.replace(tensors[0], broadcast=(False, True, False, False)), *tensors[1:])
     assert dataclasses.replace(spec, score_tensors=per_query).key_padding() is None

@@ -29,7 +29,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from ..spec import AttentionSpec
+from ..spec import MASKING_FILL_LIMIT, AttentionSpec
 from . import autotune, codegen
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -167,19 +167,25 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
 
 def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor) -> dict:
     """``KeyRange`` and ``KEY_RANGE`` of the forward, dQ and dK/dV kernels. With a key padding vector
-    (``spec.key_padding``): int32 ``[Z, 2]``, each batch row's first visible key and one past its last (0, 0 for a
-    row with none), computed on the device from the vector -- traced into the graph under torch.compile, where
-    Inductor fuses it into one small reduction -- so the kernels skip the key blocks outside. Else any tensor fills
-    the parameter (not read)."""
+    (``spec.key_padding``): int32 ``[Z, 2]``, each batch row's range of keys to visit, computed on the device from the
+    vector -- traced into the graph under torch.compile, where Inductor fuses it into one small reduction -- so the
+    kernels skip the key blocks outside. -inf kinds: first visible key .. one past the last (0, 0 for a row with
+    none); the "masking" kind: the same, but from key 0 under a causal mask, and every key for a row with none
+    visible. Else any tensor fills the parameter (not read)."""
     padding = spec.key_padding()
     if padding is None:
         return dict(KeyRange=placeholder, KEY_RANGE=False)
-    index, hidden = padding
-    keys = score_tensors[index][:, 0, 0, :]  # [Z or 1, N]
-    visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf")}[hidden]()
+    keys = score_tensors[padding.tensor][:, 0, 0, :]  # [Z or 1, N]
+    visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf"),
+               "fill": lambda: keys > MASKING_FILL_LIMIT}[padding.hidden]()
     visible = visible.to(torch.int32)
-    end = (visible * torch.arange(1, N + 1, device=keys.device, dtype=torch.int32)).amax(-1)  # 0 for a row with none
+    positions = torch.arange(1, N + 1, device=keys.device, dtype=torch.int32)
+    end = (visible * positions).amax(-1)  # 0 for a row with none
     first = torch.minimum(torch.argmax(visible, -1).to(torch.int32), end)  # argmax: the first maximum; [0, 0) if none
+    if padding.kind == "masking":
+        none_visible = end == 0
+        first = torch.zeros_like(first) if spec.causal is not None else torch.where(none_visible, 0, first)
+        end = torch.where(none_visible, positions[-1], end)  # N, not as a scalar operand (it may be symbolic)
     return dict(KeyRange=torch.stack([first, end], -1).expand(Z, 2).contiguous(), KEY_RANGE=True)
 
 

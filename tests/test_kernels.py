@@ -744,8 +744,8 @@ def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, 
     assert spec.key_padding() == (0, {"keep": "false", "hide": "true", "bias": "-inf", "fill": "fill"}[form],
                                   "masking" if masking else "-inf")
     keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # [Z, N], True: visible
-    # "fill": -65504, fp16's finfo.min, the "masking" kind's limit -- in fp32 a row of finfo(fp32).min keeps no
-    # trace of its scores in fp32 or fp64 (eager's uniform row and its rounding-made gradient; TESTING.md)
+    # "fill": -65504, fp16's finfo.min, the "masking" kind's limit -- a row of finfo(fp32).min added keeps nothing
+    # of its scores, and its gradients are made by rounding, differently by SDPA's math and eager's (TESTING.md)
     fill = float("-inf") if form == "bias" else torch.finfo(torch.float16).min
     vector = {"keep": lambda: keys, "hide": lambda: ~keys,
               "bias": lambda: torch.zeros(Z, N, dtype=dtype).masked_fill(~keys, fill),

@@ -68,6 +68,7 @@ class KeyPadding(NamedTuple):
     hidden: str  # the value that hides a key: "false" / "true" (a bool mask), "-inf" or "fill" (a bias)
     kind: str  # "-inf" (hidden scores are -inf, rows of no key give 0) or "masking" (at or below the limit)
 
+
 @dataclass(frozen=True)
 class ScoreNode:
     """One instruction of a score program. ``args`` index earlier nodes of the program; ``value`` is the number
@@ -270,20 +271,21 @@ class AttentionSpec:
     def key_padding(self) -> Optional[KeyPadding]:
         """A key padding vector of the spec, or None: score tensor ``tensor`` has one row of keys per batch
         (``[Z or 1, 1, 1, N]``) and the score program masks every query's score wherever the tensor's value is
-        ``hidden`` ("false" / "true" for a bool mask, "-inf" or "fill" -- at or below the limit -- for a bias). The kernels then skip the key blocks outside a per-batch range of keys
-        (``launch._key_range_args``) that never changes a row's output or any gradient. Two kinds:
+        ``hidden`` ("false" / "true" for a bool mask, "-inf" or "fill" -- at or below the limit -- for a bias). The
+        kernels then skip the key blocks outside a per-batch range of keys (``launch._key_range_args``) that never
+        changes a row's output or any gradient. Two kinds:
 
-        * kind ``"-inf"``: the score is -inf there, in a spec whose
-          rows with no visible key give 0 (``empty_rows="zero"``, SDPA's semantics). The range is the first..last
-          visible key: the keys outside have probability exactly 0, and a row left with no key is 0 either way. With
-          ``"nan"`` rows, skipping would turn eager's NaN of a fully masked row into 0: such specs get the next kind.
+        * kind ``"-inf"``: the score is -inf there, in a spec whose rows with no visible key give 0
+          (``empty_rows="zero"``, SDPA's semantics). The range is the first..last visible key: the keys outside have
+          probability exactly 0, and a row left with no key is 0 either way. With ``"nan"`` rows, skipping would turn
+          eager's NaN of a fully masked row into 0: such specs get the next kind.
         * kind ``"masking"``: the score is at or below :data:`MASKING_FILL_LIMIT` there (an additive ``finfo.min``
-          mask, as Hugging Face's eager attention builds it; -inf too), any ``empty_rows``. A hidden
-          key's probability is exactly 0 in every row that keeps one visible key, but a row with none is uniform over
-          its hidden keys (finfo.min) or NaN (-inf) -- so the range must leave every row that has no visible key all
-          of its keys: a batch row with no visible key gets every key; with a causal mask the range starts at key 0
-          (a query before the first visible key keeps the padding it sees) and only the keys after the last visible
-          one are skipped; with a sliding window none (a window past the last visible key sees only padding).
+          mask, as Hugging Face's eager attention builds it; -inf too), any ``empty_rows``. A hidden key's
+          probability is exactly 0 in every row that keeps one visible key, but a row with none is uniform over its
+          hidden keys (finfo.min) or NaN (-inf) -- so the range must leave every row that has no visible key all of
+          its keys: a batch row with no visible key gets every key; with a causal mask the range starts at key 0 (a
+          query before the first visible key keeps the padding it sees) and only the keys after the last visible one
+          are skipped; with a sliding window none (a window past the last visible key sees only padding).
 
         A vector with holes keeps them masked inside the range (the range is an optimization, exact for any
         values). Scores are taken to be finite and far above the fill (``-inf + s`` counts as -inf)."""

@@ -719,8 +719,9 @@ def _padding_spec(form: str, dtype=torch.float32, **fields) -> AttentionSpec:
     root = {"keep": lambda: b.add("where", b.add("logical_not", t), b.const(float("-inf")), s),
             "hide": lambda: b.add("where", t, b.const(float("-inf")), s),
             "bias": lambda: b.add("add", s, t), "fill": lambda: b.add("add", s, t)}[form]()
-    tensor = ScoreTensor("bias", str(dtype).removeprefix("torch."), (False, True, True, False)) if form in ("bias", "fill") \
-        else ScoreTensor("mask", "bool", (False, True, True, False))
+    vector = (False, True, True, False)
+    tensor = ScoreTensor("bias", str(dtype).removeprefix("torch."), vector) if form in ("bias", "fill") else \
+        ScoreTensor("mask", "bool", vector)
     return AttentionSpec(dtype=str(dtype).removeprefix("torch."), head_dim=16, head_dim_v=16, scale=0.25,
                          score_mod=b.program(root), score_tensors=(tensor,),
                          empty_rows="nan" if form == "fill" else "zero", **fields)

@@ -285,7 +285,9 @@ class AttentionSpec:
           hidden keys (finfo.min) or NaN (-inf) -- so the range must leave every row that has no visible key all of
           its keys: a batch row with no visible key gets every key; with a causal mask the range starts at key 0 (a
           query before the first visible key keeps the padding it sees) and only the keys after the last visible one
-          are skipped; with a sliding window none (a window past the last visible key sees only padding).
+          are skipped; with a sliding window none (a window past the last visible key sees only padding). The
+          vector must be all that masks the program (``_masks_only_by``): another mask, or a causal band written
+          into the program, could leave a row of a batch with visible keys no visible key of its own.
 
         A vector with holes keeps them masked inside the range (the range is an optimization, exact for any
         values). Scores are taken to be finite and far above the fill (``-inf + s`` counts as -inf)."""
@@ -300,6 +302,8 @@ class AttentionSpec:
                         return KeyPadding(i, hidden, "-inf")
         if self.causal is None or self.causal.window is None:
             for i in vectors:
+                if not _masks_only_by(self.score_mod, root, i):
+                    continue
                 for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("fill",)):
                     if _masked_when(self.score_mod, root, i, hidden):
                         return KeyPadding(i, hidden, "masking")
@@ -355,6 +359,9 @@ class AttentionSpec:
             parts.append(f"dropout={self.dropout_p:.6g}")
         if self.empty_rows == "zero":
             parts.append("empty rows 0")
+        padding = self.key_padding()
+        if padding is not None:
+            parts.append(f"padded keys skipped ({self.score_tensors[padding.tensor].role}{padding.tensor})")
         return " ".join(parts)
 
 
@@ -402,6 +409,26 @@ def _masked_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden
         return any(_masked_when(program, a, tensor, hidden) for a in node.args)
     if node.op == "sub":
         return _masked_when(program, node.args[0], tensor, hidden)
+    return False
+
+
+def _masks_only_by(program: tuple[ScoreNode, ...], index: int, tensor: int) -> bool:
+    """Whether node ``index`` of ``program`` can be masked (at or below MASKING_FILL_LIMIT) only through score tensor
+    ``tensor``: it reads no other tensor and no query or key index, and a masking constant appears only as a branch
+    of a ``where`` (whose condition then reads ``tensor`` alone)."""
+    node = program[index]
+    if node.op == "score":
+        return True
+    if node.op == "load":
+        return node.value == tensor
+    if node.op == "const":
+        return node.value > MASKING_FILL_LIMIT
+    if node.op in ("to_float", "logical_not", "add"):
+        return all(_masks_only_by(program, a, tensor) for a in node.args)
+    if node.op == "where":
+        cond, a, b = node.args
+        return _masks_only_by(program, cond, tensor) and all(
+            program[x].op == "const" or _masks_only_by(program, x, tensor) for x in (a, b))
     return False
 
 

@@ -79,20 +79,20 @@ class TestMaskForms(TestCase):
         def fn(q, k, v, padding):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=padding[:, None, None, :].bool())
 
-        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,1,N], -inf, s) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,1,N], -inf, s) empty rows 0 padded keys skipped (mask0)""")
 
     def test_padding_and_causal_bool_mask(self):
         def fn(q, k, v, padding):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=hf_padding_causal_mask(padding, q.shape[-2]))
 
-        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(logical_not((kv_idx <= q_idx) & mask0[Z,1,1,N]), -inf, s) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(logical_not((kv_idx <= q_idx) & mask0[Z,1,1,N]), -inf, s) empty rows 0 padded keys skipped (mask0)""")
 
     def test_additive_padding_mask(self):
         def fn(q, k, v, padding):
             mask = (1.0 - padding[:, None, None, :].to(q.dtype)) * torch.finfo(q.dtype).min
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
-        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> s + bias0[Z,1,1,N] empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> s + bias0[Z,1,1,N] empty rows 0 padded keys skipped (bias0)""")
 
     def test_sliding_window_bool_mask_is_a_band(self):
         def fn(q, k, v):

@@ -298,14 +298,14 @@ class AttentionSpec:
         if self.empty_rows == "zero":
             for i in vectors:
                 for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("-inf",)):
-                    if _neg_inf_when(self.score_mod, root, i, hidden):
+                    if _masked_when(self.score_mod, root, i, hidden, float("-inf")):
                         return KeyPadding(i, hidden, "-inf")
         if self.causal is None or self.causal.window is None:
             for i in vectors:
                 if not _masks_only_by(self.score_mod, root, i):
                     continue
                 for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("fill",)):
-                    if _masked_when(self.score_mod, root, i, hidden):
+                    if _masked_when(self.score_mod, root, i, hidden, MASKING_FILL_LIMIT):
                         return KeyPadding(i, hidden, "masking")
         return None
 
@@ -365,50 +365,28 @@ class AttentionSpec:
         return " ".join(parts)
 
 
-def _neg_inf_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str) -> bool:
-    """Whether node ``index`` of ``program`` is -inf wherever score tensor ``tensor`` is ``hidden`` (whatever the
-    score): see :meth:`AttentionSpec.key_padding`."""
+def _masked_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str, fill_limit: float) -> bool:
+    """Whether node ``index`` of ``program`` is at or below ``fill_limit`` (-inf: exactly -inf) wherever score tensor
+    ``tensor`` hides a key -- ``hidden``: "false" / "true" for a bool mask, "-inf" or "fill" for a bias at -inf or at
+    or below the limit -- whatever the finite score: see :meth:`AttentionSpec.key_padding`."""
     node = program[index]
     if node.op == "const":
-        return node.value == float("-inf")
+        return node.value <= fill_limit
     if node.op == "load":
-        return node.value == tensor and hidden == "-inf"
-    if node.op == "where":
-        cond, a, b = node.args
-        if _bool_when(program, cond, tensor, hidden, False):
-            return _neg_inf_when(program, b, tensor, hidden)
-        if _bool_when(program, cond, tensor, hidden, True):
-            return _neg_inf_when(program, a, tensor, hidden)
-        return _neg_inf_when(program, a, tensor, hidden) and _neg_inf_when(program, b, tensor, hidden)
-    if node.op in ("add", "minimum"):
-        return any(_neg_inf_when(program, a, tensor, hidden) for a in node.args)
-    if node.op == "sub":
-        return _neg_inf_when(program, node.args[0], tensor, hidden)
-    return False
-
-
-def _masked_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str) -> bool:
-    """Whether node ``index`` of ``program`` is at or below MASKING_FILL_LIMIT (or -inf) wherever score tensor
-    ``tensor`` hides a key (``hidden``: "fill" for a bias at or below the limit, "false" / "true" for a bool mask),
-    whatever the finite score: see :meth:`AttentionSpec.key_padding`'s "masking" kind."""
-    node = program[index]
-    if node.op == "const":
-        return node.value <= MASKING_FILL_LIMIT
-    if node.op == "load":
-        return node.value == tensor and hidden == "fill"
+        return node.value == tensor and hidden in ("-inf", "fill")
     if node.op == "to_float":
-        return _masked_when(program, node.args[0], tensor, hidden)
+        return _masked_when(program, node.args[0], tensor, hidden, fill_limit)
     if node.op == "where":
         cond, a, b = node.args
-        if hidden != "fill" and _bool_when(program, cond, tensor, hidden, True):
-            return _masked_when(program, a, tensor, hidden)
-        if hidden != "fill" and _bool_when(program, cond, tensor, hidden, False):
-            return _masked_when(program, b, tensor, hidden)
-        return _masked_when(program, a, tensor, hidden) and _masked_when(program, b, tensor, hidden)
+        if _bool_when(program, cond, tensor, hidden, True):
+            return _masked_when(program, a, tensor, hidden, fill_limit)
+        if _bool_when(program, cond, tensor, hidden, False):
+            return _masked_when(program, b, tensor, hidden, fill_limit)
+        return all(_masked_when(program, x, tensor, hidden, fill_limit) for x in (a, b))
     if node.op in ("add", "minimum"):
-        return any(_masked_when(program, a, tensor, hidden) for a in node.args)
+        return any(_masked_when(program, a, tensor, hidden, fill_limit) for a in node.args)
     if node.op == "sub":
-        return _masked_when(program, node.args[0], tensor, hidden)
+        return _masked_when(program, node.args[0], tensor, hidden, fill_limit)
     return False
 
 

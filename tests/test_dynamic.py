@@ -241,3 +241,42 @@ def test_more_queries_than_keys_with_a_bottom_right_causal_mask(target, fill, dy
             seen = ~nan_rows
             check_close(ours[seen], eager[seen], ref[seen], dtype, f"rows that see a key, M={M} N={N}")
     assert all(v.fused for r in reports for v in r.verdicts) and reports
+
+
+@pytest.mark.parametrize("form", ["sdpa bool mask", "eager finfo.min"])
+def test_padded_keys_are_skipped_under_dynamic_lengths(target, form):
+    """A [B, N] padding vector under ``dynamic=True``: SDPA's bool mask (rows with no key give 0) and eager
+    attention's additive finfo.min mask (a batch row of padding only is uniform). Each batch row's key range is
+    computed in the graph from the symbolic length (the kernels skip the key blocks outside it; the verdict says
+    so): one compile, every length right, output and gradient, with right padding, half padding, and a batch row of
+    one key (SDPA's form) or none (eager's)."""
+    device, dtype = target
+    torch.manual_seed(6)
+
+    def attention(x, keep):
+        q, k, v = x.unflatten(-1, (3, 16)).unbind(-2)
+        if form == "sdpa bool mask":
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
+        s = q @ k.transpose(-1, -2) / 4 + torch.where(keep[:, None, None, :], 0.0, torch.finfo(dtype).min)
+        return torch.softmax(s, -1) @ v
+
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("fuse_attn")
+    compiled = torch.compile(attention, backend=counter, dynamic=True)
+    with collect_reports() as reports:
+        for length in (17, 37, 70):
+            last = 1 if form == "sdpa bool mask" else 0
+            keep = torch.arange(length)[None, :] < torch.tensor([length, length // 2, last])[:, None]
+            x = torch.randn(3, 2, length, 48)
+            results = []
+            for run, cast in ((compiled, dtype), (attention, dtype), (attention, torch.float64)):
+                xi = x.to(device, cast).requires_grad_()
+                out = run(xi, keep.to(device))
+                (grad,) = torch.autograd.grad(out, xi, torch.ones_like(out))
+                results.append((out, grad))
+            (ours, ours_grad), (eager, eager_grad), (ref, ref_grad) = results
+            check_close(ours, eager, ref, dtype, f"output at length {length}")
+            check_close(ours_grad, eager_grad, ref_grad, dtype, f"gradient at length {length}")
+    assert counter.frame_count == 1
+    fused_once(reports)
+    assert "padded keys skipped" in reports[0].verdicts[0].line(), reports[0].verdicts[0].line()

@@ -102,12 +102,17 @@ class TestMaskForms(TestCase):
 
         self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=6 N=6 scale=0.353553 causal(top_left, diagonal=0, window=3) empty rows 0""")
 
+    # torch 2.11 specializes the head dim of these calls under dynamic=True, so their spec text differs there (the
+    # scale is then a plain number: test_scale_of_a_specialized_head_dim_is_a_constant); the golden text is torch
+    # 2.13's, the version CI runs
+    @pytest.mark.skipif(torch.__version__ < (2, 13), reason="golden spec of torch 2.13 (2.11 specializes the head dim)")
     def test_is_causal_with_symbolic_lengths(self):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
         self.assertExpectedInline(fused_specs(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 causal(top_left, diagonal=0) empty rows 0""")
 
+    @pytest.mark.skipif(torch.__version__ < (2, 13), reason="golden spec of torch 2.13 (2.11 specializes the head dim)")
     def test_enable_gqa_with_symbolic_head_counts_specializes_the_group(self):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, enable_gqa=True)

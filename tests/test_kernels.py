@@ -281,6 +281,31 @@ def test_blockwise_backward_small_blocks_softcap(window):
         assert a.shape == b.shape and (a.double() - b).abs().max() < 1e-4, name
 
 
+@pytest.mark.parametrize("interpret, dtype", [("1", torch.float32), ("1", torch.float16), ("0", torch.float32)])
+def test_lse_is_differentiable(interpret, dtype, monkeypatch):
+    # A loss on out and on lse (context parallelism merges partial outputs by their lse): the gradient of lse
+    # (d lse_i / d s_ij = P_ij) goes into every path's delta -- the preprocess (fp16), the dQ kernel's exact delta
+    # (fp32), the blockwise path -- with a per-head bias and GQA, causal with a window, against fp64 autograd.
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    q, k, v, ts, spec = make_case(H=4, gqa=2, M=21, N=19, dtype=dtype, causal=CausalMask(window=7),
+                                  bias=(1, 4, 1, 1))
+    g = torch.Generator().manual_seed(3)
+    dout, dlse = torch.randn(1, 4, 21, 16, generator=g).to(dtype), torch.randn(1, 4, 21, generator=g)
+
+    def grads(inputs, compute_dtype):
+        inputs = [t.detach().to(compute_dtype).requires_grad_() for t in inputs]
+        if compute_dtype is None:
+            out, lse = flash_attention(*inputs[:3], spec, inputs[3:], return_lse=True)
+        else:
+            out, lse = reference_attention(*inputs[:3], inputs[3:], spec)
+        loss = (out * dout.to(out.dtype)).sum() + (lse * dlse.to(lse.dtype)).sum()
+        return torch.autograd.grad(loss, inputs)
+
+    ours, ref, eager = grads([q, k, v, *ts], None), grads([q, k, v, *ts], torch.float64), grads([q, k, v, *ts], dtype)
+    for name, a, b, e in zip(["dq", "dk", "dv", "dbias"], ours, ref, eager):
+        assert_close_2x(name, a, b, e, dtype)
+
+
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_neg_inf_before_tanh_is_finite(interpret, monkeypatch):
     # masked_fill(-inf) before a softcap: tanh(-inf) = -1, so those keys get weight exp(-c - max) as in eager

@@ -2,9 +2,9 @@
 
 * ``torch.ops.fuse_attn.flash_attention(q, k, v, score_tensors, dropout_seed, spec_json) -> (out, lse)``
 * ``torch.ops.fuse_attn.flash_attention_backward(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec_json,
-  score_tensor_needs_grad) -> (dq, dk, dv, dscore_tensors)`` (``dropout_seed``: an int64 scalar tensor when the
-  spec's dropout_p > 0, else None)
-* :func:`flash_attention` -- the same without torch.compile (differentiable).
+  score_tensor_needs_grad, dlse=None) -> (dq, dk, dv, dscore_tensors)`` (``dropout_seed``: an int64 scalar tensor
+  when the spec's dropout_p > 0, else None; ``dlse``: the gradient of lse, None for zero)
+* :func:`flash_attention` -- the same without torch.compile (differentiable in out and lse).
 * :func:`generated_source` -- the Triton source generated for a spec.
 """
 

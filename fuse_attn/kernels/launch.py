@@ -492,10 +492,12 @@ class _BackwardBuffers:
 
 
 def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
-                     bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False):
+                     bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False,
+                     dlse: Optional[Tensor] = None):
     """The backward's launches in order (the preprocess without the exact delta, then dK/dV and dQ; with it, dQ
     first: it writes delta and the row statistics that dK/dV reads). ``only``: launch just that step
-    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's). ``common``: ``_common`` of these q, k, v."""
+    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the
+    gradient of the forward's lse (None: zero), taken off delta by whichever kernel writes delta."""
     Z, H, M, _ = q.shape
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
@@ -516,10 +518,12 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         dq_needs[f"NEED_DT{i}"] = buf is not None and exact_delta
         kv_needs[f"NEED_DT{i}"] = buf is not None and not exact_delta
 
+    lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
+
     def dq():
         cfg = cfgs["bwd_dq"]
         launch(mod._attn_bwd_dq, (triton_cdiv(M, cfg.block_m), Z * H),
-               dict(base, DQ=bufs.dq, **dscore, **dq_needs, **_strides("dq", bufs.dq), **_blocks(cfg)), cfg, warmup)
+               dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **_strides("dq", bufs.dq), **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
@@ -530,7 +534,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
     def preprocess():  # delta = rowsum(dO * O)
         launch(mod._attn_bwd_preprocess, (triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H),
-               dict(Out=out, DO=dout, Delta=bufs.delta, **_strides("o", out), **_strides("do", dout), H=H, M=M,
+               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), H=H, M=M,
                     DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
 
     steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}
@@ -567,8 +571,10 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
     return tuned
 
 
-def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec, needs_grad, dropout_seed=None):
-    """(dq, dk, dv, [gradient of each bias tensor that needs one]) of validated inputs (N > 0)."""
+def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec, needs_grad, dropout_seed=None,
+                    dlse: Optional[Tensor] = None):
+    """(dq, dk, dv, [gradient of each bias tensor that needs one]) of validated inputs (N > 0); ``dlse``: the
+    gradient of the lse output, or None."""
     mod = codegen.load_module(spec)
     exact_delta = _uses_exact_delta(q)
     # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
@@ -579,13 +585,13 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
         return _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
                                  exact_delta, lengths)
 
-    def launch_with(cfgs, q, k, dout, v, score_tensors, out, lse, dropout_seed):
+    def launch_with(cfgs, q, k, dout, v, score_tensors, out, lse, dropout_seed, dlse):
         bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
         _launch_backward(mod, cfgs, _common(q, k, v, spec), dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
-                         bufs, exact_delta)
+                         bufs, exact_delta, dlse=dlse)
         return (bufs.dq, bufs.dk, bufs.dv, *(bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)))
 
     dq, dk, dv, *dscores = _LengthBuckets(q, k, backward=True).run(
-        configs_at, launch_with, (q, k, dout, v, list(score_tensors), out, lse, dropout_seed),
+        configs_at, launch_with, (q, k, dout, v, list(score_tensors), out, lse, dropout_seed, dlse),
         [q.shape, k.shape, v.shape, *(t.shape for t, need in zip(score_tensors, needs_grad) if need)])
     return dq, dk, dv, list(dscores)

@@ -176,11 +176,12 @@ def _forward(q, k, v, score_tensors, dropout_seed, spec: AttentionSpec) -> tuple
                           lambda: blockwise_forward(q, k, v, score_tensors, spec, dropout_seed=dropout_seed))
 
 
-def _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: AttentionSpec, needs):
+def _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: AttentionSpec, needs, dlse):
     return _with_fallback(
         "backward", spec, q, v,
-        lambda: triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs, dropout_seed),
-        lambda: blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs, dropout_seed=dropout_seed))
+        lambda: triton_backward(dout, q, k, v, score_tensors, out, lse, spec, needs, dropout_seed, dlse),
+        lambda: blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs, dropout_seed=dropout_seed,
+                                   dlse=dlse))
 
 
 # ---- the ops ---------------------------------------------------------------------------------------------------------
@@ -195,17 +196,22 @@ def _forward_op(q, k, v, score_tensors, dropout_seed, spec: str, cpu_op: bool):
     return _forward(q, k, v, score_tensors, dropout_seed, s)
 
 
-def _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: str, score_tensor_needs_grad, cpu_op: bool):
+def _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: str, score_tensor_needs_grad, dlse,
+                 cpu_op: bool):
     """Either op's backward, as :func:`_forward_op`."""
     s = parse_spec(spec)
     validate(q, k, v, score_tensors, s, dropout_seed)
     needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
+    if dlse is not None and (dlse.shape != lse.shape or dlse.dtype != torch.float32):
+        raise UnsupportedSpec(f"dlse {dlse.dtype} {tuple(dlse.shape)} does not match lse {lse.dtype} {tuple(lse.shape)}")
     if _is_empty(q, k):
         return _empty_backward(q, k, v, score_tensors, needs)
     if cpu_op:
         return torch.ops.fuse_attn.flash_attention_backward_cpu(dout, q, k, v, score_tensors, dropout_seed, out, lse,
-                                                                spec, score_tensor_needs_grad)
-    return _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, s, needs)
+                                                                spec, score_tensor_needs_grad, dlse)
+    # the kernels index dlse as lse, [Z, H, M] contiguous
+    return _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, s, needs,
+                          None if dlse is None else dlse.contiguous())
 
 
 @torch.library.triton_op("fuse_attn::flash_attention", mutates_args=())
@@ -230,24 +236,24 @@ def _(q, k, v, score_tensors, dropout_seed, spec):
 @torch.library.triton_op("fuse_attn::flash_attention_backward", mutates_args=())
 def flash_attention_backward_op(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
-    out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool],
+    out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool], dlse: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
-    return _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad,
+    return _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad, dlse,
                         cpu_op=q.device.type != "cuda")
 
 
 @torch.library.custom_op("fuse_attn::flash_attention_backward_cpu", mutates_args=())
 def flash_attention_backward_cpu_op(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
-    out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool],
+    out: Tensor, lse: Tensor, spec: str, score_tensor_needs_grad: list[bool], dlse: Optional[Tensor] = None,
 ) -> tuple[Tensor, Tensor, Tensor, list[Tensor]]:
     """The backward on CPU tensors, opaque to tracing (as :func:`flash_attention_cpu_op`)."""
-    return _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad,
+    return _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad, dlse,
                         cpu_op=False)
 
 
 @flash_attention_backward_cpu_op.register_fake
-def _(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad):
+def _(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_needs_grad, dlse=None):
     s = parse_spec(spec)
     validate(q, k, v, score_tensors, s, dropout_seed)
     needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
@@ -263,15 +269,16 @@ def _setup_context(ctx, inputs, output):
     ctx.needs = [bool(t.requires_grad and t.is_floating_point()) for t in score_tensors]
     # the seed (a scalar) is all the backward needs to regenerate the keep-mask
     ctx.save_for_backward(q, k, v, out, lse, dropout_seed, *score_tensors)
-    ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, dlse):
+    """Gradients of ``out`` and of ``lse`` (differentiable too: context parallelism merges partial outputs by their
+    lse, :mod:`fuse_attn.context_parallel`)."""
     q, k, v, out, lse, dropout_seed, *score_tensors = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)
     dq, dk, dv, dscores = torch.ops.fuse_attn.flash_attention_backward(
-        dout, q, k, v, score_tensors, dropout_seed, out, lse, ctx.spec, ctx.needs)
+        dout, q, k, v, score_tensors, dropout_seed, out, lse, ctx.spec, ctx.needs, dlse)
     it = iter(dscores)
     grads = [next(it) if n else None for n in ctx.needs]
     return dq, dk, dv, grads, None, None

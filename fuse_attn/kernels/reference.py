@@ -122,7 +122,7 @@ def blockwise_forward(q, k, v, score_tensors, spec, block_m: int = CPU_BLOCK_M, 
 
 
 def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad, block_m: int = CPU_BLOCK_M,
-                       dropout_seed=None):
+                       dropout_seed=None, dlse=None):
     """Gradients with P recomputed per block of query rows (each block holds whole rows, so P is the exact
     softmax of the block's scores; no N x N buffer). A row that saw only -inf (or a NaN) has P = NaN, as in eager
     (a row that saw only -inf has P = 0 and adds nothing under ``empty_rows="zero"``): dV of its kv head is NaN,
@@ -131,7 +131,10 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     The score program is differentiated by :func:`.score_program.backward` (the same derivative rules as the
     kernels) on the node values kept while the block's scores are recomputed: a few [Z, H, rows, N] tensors.
     torch.autograd cannot do this part: this runs as the implementation of a custom op, below the Autograd
-    dispatch key, where ``torch.enable_grad()`` records nothing."""
+    dispatch key, where ``torch.enable_grad()`` records nothing.
+
+    ``dlse``: the gradient of the lse output ([Z, H, M], or None for zero): d lse_i / d s_ij = P_ij, so it is taken
+    off each row's delta."""
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     g = spec.gqa_group
@@ -162,6 +165,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
         # rowsum(P * dP) (= rowsum(dO * O) with dropout's factor on dP): from P itself, not from the output rounded to
         # q's dtype, so that dS is as exact as eager's (a row with one key gets dS = 0 exactly, as in eager)
         delta = (p * dp).sum(-1, keepdim=True)
+        if dlse is not None:
+            delta = delta - dlse[:, :, r0:r0 + rows, None].to(ct)
         ds = p * (dp - delta)
         if spec.causal is not None:  # masked_fill's backward: no gradient outside the band, even where P is NaN
             ds = ds.masked_fill(~_causal_visible(r0, rows, M, N, spec, ds.device), 0.0)

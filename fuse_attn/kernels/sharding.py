@@ -105,7 +105,8 @@ def _sharded_backward(op_call, args: tuple, kwargs: dict):
     dq, dk, dv, dscores = op_call(
         local(values["dout"]), local(q), local(k), local(values["v"]), [local(t, like_q=False) for t in scores],
         local(values["dropout_seed"], like_q=False) if values["dropout_seed"] is not None else None,
-        local(values["out"]), local(values["lse"]), values["spec"], values["score_tensor_needs_grad"])
+        local(values["out"]), local(values["lse"]), values["spec"], values["score_tensor_needs_grad"],
+        local(values.get("dlse")))
 
     def wrap(local_tensor, like, placements):
         return DTensor.from_local(local_tensor, mesh, placements, run_check=False, shape=like.shape, stride=like.stride())

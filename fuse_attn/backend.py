@@ -40,6 +40,8 @@ from .rewrite import rewrite_attention
 # Options taken out of ``torch.compile(..., options={...})``; all others go to Inductor as config patches.
 OPTION_ENABLED = "fuse_attn.enabled"  # False: no rewriting, plain Inductor
 OPTION_LOG_ONLY = "fuse_attn.log_only"  # True: match and log, but compile the graph unchanged
+# A fuse_attn.context_parallel.ContextParallel: the graph's sequence is sharded over ranks; attentions run as a ring
+OPTION_CONTEXT_PARALLEL = "fuse_attn.context_parallel"
 # Environment switch for bisecting: FUSE_ATTN_DISABLE=1 turns every rewrite off.
 ENV_DISABLE = "FUSE_ATTN_DISABLE"
 
@@ -51,6 +53,7 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     options = dict(kwargs.get("options") or {})
     enabled = bool(options.pop(OPTION_ENABLED, True)) and os.environ.get(ENV_DISABLE, "0") != "1"
     log_only = bool(options.pop(OPTION_LOG_ONLY, False))
+    context_parallel = options.pop(OPTION_CONTEXT_PARALLEL, None)
     config_patches = _inductor_mode_options(kwargs.get("mode"))
     config_patches.update(options)
     config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
@@ -62,7 +65,7 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
 
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
-    rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only)
+    rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
     if report is not None:
         publish(report)
     if rewritten is None or log_only or not report.fused:
@@ -71,21 +74,25 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
 
 
 def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
-                  buffers: Optional[list[bool]] = None) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+                  buffers: Optional[list[bool]] = None, context_parallel: Optional[Any] = None,
+                  ) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
     """The pre-autograd graph of ``gm`` with its attentions replaced (when ``apply``) and the report; the graph
     is None when ``gm`` must be compiled as it is. Never raises for a graph it cannot handle.
 
     ``buffers`` says which placeholders are registered buffers (default: read from Dynamo's metadata); their
-    values in ``example_inputs`` are real and masks built from them are evaluated at compile time."""
+    values in ``example_inputs`` are real and masks built from them are evaluated at compile time.
+    ``context_parallel``: a :class:`fuse_attn.context_parallel.ContextParallel` when the graph's sequence is
+    sharded over ranks (each attention then runs as a ring over them)."""
     buffers = _buffer_flags(gm) if buffers is None else buffers
     if _checkpoint_regions(gm):
-        return _analyze_checkpointed(gm, example_inputs, apply=apply, buffers=buffers)
+        return _analyze_checkpointed(gm, example_inputs, apply=apply, buffers=buffers,
+                                     context_parallel=context_parallel)
     if not _mentions_softmax(gm):
         return None, None
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
         return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested(),
-                                         training=_is_trained(example_inputs))
+                                         training=_is_trained(example_inputs), context_parallel=context_parallel)
     except Exception:
         log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
         return None, None
@@ -126,8 +133,8 @@ def _checkpoint_regions(gm: fx.GraphModule) -> list[fx.Node]:
             if n.op == "call_function" and n.target is torch.ops.higher_order.tag_activation_checkpoint]
 
 
-def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
-                          buffers: list[bool]) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool, buffers: list[bool],
+                          context_parallel: Optional[Any]) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
     """A graph with activation-checkpointed regions: each region's body is rewritten on its own (its inputs are
     the call's arguments) and put back in place, so the fused op is recomputed in the backward like the rest of
     the region. The graph around the regions stays Dynamo's: ``make_fx`` cannot re-trace the checkpoint call, so a
@@ -143,7 +150,8 @@ def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, appl
         # A region's argument is real where it is a graph input (buffers' values are read), fake elsewhere.
         body_inputs = [real[a] if a in real else a.meta.get("example_value") for a in args]
         body_buffers = [bool(outer_buffer.get(a, False)) for a in args]
-        rewritten, report = analyze_graph(getattr(gm, body_name), body_inputs, apply=apply, buffers=body_buffers)
+        rewritten, report = analyze_graph(getattr(gm, body_name), body_inputs, apply=apply, buffers=body_buffers,
+                                          context_parallel=context_parallel)
         if report is not None:
             verdicts += report.verdicts
         if rewritten is not None and report.fused:

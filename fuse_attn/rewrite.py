@@ -20,6 +20,7 @@ from torch._guards import detect_fake_mode
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
+from .context_parallel import ContextParallel, ring_attention_call
 from .kernels import implementations
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -96,8 +97,10 @@ class _Emitter:
         return self(aten.reshape.default, node, [*target_batch, *shape[-2:]])
 
 
-def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool) -> tuple[fx.Node, implementations.Choice]:
-    """The nodes computing the match (the fused op, or SDPA's kernel where it was timed faster) and that choice."""
+def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
+                context_parallel: Optional[ContextParallel]) -> tuple[fx.Node, implementations.Choice]:
+    """The nodes computing the match (the fused op, or SDPA's kernel where it was timed faster; the ring over the
+    ranks under ``context_parallel``) and that choice."""
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
     q = emit.operand(match.q)
     q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
@@ -120,18 +123,40 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool) -> tuple[
             tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
         tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
 
+    if context_parallel is not None:
+        return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
     choice = implementations.choose(match.spec, val(q4), val(k4), val(v4), training)
     if choice.is_sdpa:
         out = implementations.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
 
-    seed = None
-    if match.spec.dropout_p > 0:
-        # The keep-mask's Philox seed, drawn from torch's generator of q's device on every call (so
-        # torch.manual_seed governs it, as it does eager dropout); the backward reuses the saved seed.
-        seed = emit(aten.randint.low, 0, 2**62, [], dtype=torch.int64, device=val(q4).device)
-    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, seed, match.spec.to_json())
+    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
+                 match.spec.to_json())
     return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
+
+
+def _dropout_seed(match: AttentionMatch, emit: _Emitter, q4: fx.Node) -> Optional[fx.Node]:
+    if match.spec.dropout_p == 0:
+        return None
+    # The keep-mask's Philox seed, drawn from torch's generator of q's device on every call (so torch.manual_seed
+    # governs it, as it does eager dropout); the backward reuses the saved seed.
+    return emit(aten.randint.low, 0, 2**62, [], dtype=torch.int64, device=val(q4).device)
+
+
+def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
+               cp: ContextParallel) -> tuple[fx.Node, implementations.Choice]:
+    """The attention over the sequence sharded as ``cp`` says (:func:`fuse_attn.context_parallel.ring_attention`)."""
+    for tensor in tensors:
+        shape = val(tensor).shape
+        if shape[2] != 1 and shape[3] != 1:
+            raise NotFused(f"context parallel: a mask/bias {shape_text(tuple(shape))} over query and key positions "
+                           "covers only this rank's diagonal block of the sequence; the attention cannot be sharded")
+    rank, world = cp.rank_and_size()
+    out = emit(ring_attention_call, q4, k4, v4, tensors, _dropout_seed(match, emit, q4), match.spec.to_json(),
+               cp.group_name, rank, world, cp.load_balance)
+    layout = "load-balanced" if cp.load_balance else "contiguous"
+    return _restored_output(match, emit, out), implementations.Choice(
+        implementations.TRITON, f"context parallel over {world} ranks ({layout} shards)")
 
 
 def _restored_output(match: AttentionMatch, emit: _Emitter, out: fx.Node) -> fx.Node:
@@ -155,9 +180,10 @@ def _source_line(node: fx.Node) -> Optional[str]:
 
 
 def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False,
-                      training: bool = False) -> GraphReport:
+                      training: bool = False, context_parallel: Optional[ContextParallel] = None) -> GraphReport:
     """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place (or with SDPA's
-    kernel, where :mod:`fuse_attn.kernels.implementations` timed it faster: forward and backward when ``training``)."""
+    kernel, where :mod:`fuse_attn.kernels.implementations` timed it faster: forward and backward when ``training``;
+    with the ring over the ranks when the graph's sequence is sharded as ``context_parallel`` says)."""
     import fuse_attn.kernels  # noqa: F401  (registers torch.ops.fuse_attn.*)
 
     graph = gm.graph
@@ -181,7 +207,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         name, source = anchor.name, _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
-            choice = _apply(graph, match, fake_mode, training) if apply else None
+            choice = _apply(graph, match, fake_mode, training, context_parallel) if apply else None
         except NotFused as e:
             about = e.node.name if e.node is not None else None
             verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
@@ -203,10 +229,11 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     return GraphReport(verdicts, before=before, after=after, rewritten=apply)
 
 
-def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool) -> implementations.Choice:
+def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
+           context_parallel: Optional[ContextParallel]) -> implementations.Choice:
     emit = _Emitter(graph, match.pv, fake_mode)
     try:
-        replacement, choice = _fused_call(match, emit, training)
+        replacement, choice = _fused_call(match, emit, training, context_parallel)
     except BaseException:
         # Leave the graph as it was: drop whatever was inserted for this match.
         for node in reversed(emit.inserted):

@@ -1,7 +1,8 @@
 """Distributed runs under torchrun with 2 processes on the CPU (gloo), the kernels in the Triton interpreter:
 examples/train_distributed.py -- DDP with the GPT-2-shaped model and FSDP2 with the LLaMA-shaped one (GQA), tiny, fp32;
 the example checks that every attention was fused and that fuse_attn's losses stay within the 2x rule of eager's --
-and tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch (fuse_attn/kernels/sharding.py)."""
+tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch (fuse_attn/kernels/sharding.py) --
+and tests/distributed_context_parallel.py, the sequence sharded over the ranks (fuse_attn/context_parallel.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def torchrun(script: Path, *arguments: str, cache: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, TRITON_INTERPRET="1", FUSE_ATTN_CACHE_DIR=str(cache))
+def torchrun(script: Path, *arguments: str, cache: Path, interpret: str = "1") -> subprocess.CompletedProcess:
+    env = dict(os.environ, TRITON_INTERPRET=interpret, FUSE_ATTN_CACHE_DIR=str(cache))
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(script),
                *arguments]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
@@ -37,3 +38,11 @@ def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):
     run = torchrun(ROOT / "tests" / "distributed_sharding.py", cache=tmp_path)
     lines = [line for line in run.stdout.splitlines() if " heads " in line]
     assert len(lines) == 8 and not any("FAILED" in line for line in lines), run.stdout
+
+
+def test_context_parallel_on_two_cpu_processes(tmp_path):
+    # The ring's pairs each get their own spec (so their own kernels): the interpreter would compile a dozen kernels
+    # per case; the op runs its blockwise path here (the lse gradient of every path: test_kernels.py).
+    run = torchrun(ROOT / "tests" / "distributed_context_parallel.py", cache=tmp_path, interpret="0")
+    lines = [line for line in run.stdout.splitlines() if line.startswith(("op ", "llama "))]
+    assert len(lines) == 10 and not any("FAILED" in line for line in lines), run.stdout

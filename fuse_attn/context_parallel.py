@@ -1,0 +1,314 @@
+"""Context parallelism: attention over a sequence sharded across ranks, so unmodified models with their attention
+written out (softmax of q @ k^T) train on sequences too long for one GPU.
+
+Each rank holds a shard of the sequence -- of the tokens, and so of q, k and v. torch's ``context_parallel`` only
+rewrites SDPA calls; an attention written out would attend over its own shard only (a wrong result). Compiled with
+``options={"fuse_attn.context_parallel": ContextParallel(...)}``, the backend replaces every attention it fuses with
+:func:`ring_attention`:
+
+* **Ring.** The K/V shards travel around the ranks (``all_to_all_single`` with one peer, a traceable functional
+  collective with autograd, issued one step ahead so the transfer overlaps the step's attention). At each step
+  every rank attends its queries over the shard it holds with the fused op, which returns the log-sum-exp of each
+  row; the partial outputs are merged by it (``out = sum_c exp(lse_c - m) out_c / sum_c exp(lse_c - m)``). The op's
+  lse is differentiable, so the backward is autograd's: each step's backward with the gradient of its output and of
+  its lse, the K/V gradients sent back along the ring by the collective's backward.
+* **Global positions.** Each (query piece, key piece) pair runs with a spec at its global offsets (:func:`pair_spec`):
+  a causal band or sliding window becomes a band with the pair's diagonal -- or nothing, where the pair lies wholly
+  inside (a full pair) -- and pairs wholly outside are never computed; a score program's ``q_idx`` / ``kv_idx``
+  become global positions (ALiBi, windows written into the program), ``q_len`` / ``kv_len`` the global lengths.
+* **Load balancing.** With ``load_balance=True`` (the default, as torch's), the sequence is cut into 2W chunks and
+  rank r holds chunks r and 2W-1-r, so under a causal mask every rank has the same work.
+* **Fallback by gathering.** What the ring cannot serve -- dropout (the keep-mask is drawn from local indices), a
+  symbolic sequence length (the pairs' offsets must be constants), a local length the layout cannot cut, queries and
+  keys of different lengths -- runs on the gathered sequence: every rank all-gathers q, k, v, computes the whole
+  attention and keeps its rows (the unsharded result, at W times the work); the reason is logged once per spec.
+
+A score tensor with a key dim (a padding vector ``[Z, 1, 1, N]``) travels with the K/V shard; one with a query dim is
+sliced with the queries. One with both (a materialized ``[.., M, N]`` mask or bias) cannot be sharded: built from
+the rank's own positions it describes only the diagonal block of the global matrix. Such an attention raises
+:class:`~fuse_attn.spec.UnsupportedSpec` (the backend leaves it unfused, with the reason).
+
+Inputs and positions: shard every sequence-dimensioned input with :func:`shard_sequence` (token ids, labels, and the
+position ids -- models derive positions from them, e.g. RoPE), and gather outputs with :func:`gather_sequence`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .spec import AttentionSpec, CausalMask, ScoreProgramBuilder, UnsupportedSpec
+
+log = logging.getLogger("fuse_attn")
+
+
+@dataclasses.dataclass(frozen=True)
+class ContextParallel:
+    """How the sequence is sharded: over ``group`` (None: the default process group), rank r holding positions
+    ``[r L, (r + 1) L)`` of a sequence of ``W L``, or with ``load_balance`` chunks r and 2W-1-r of 2W chunks."""
+
+    group: Optional[dist.ProcessGroup] = None
+    load_balance: bool = True
+
+    @property
+    def group_name(self) -> str:
+        return (self.group or dist.group.WORLD).group_name
+
+    def rank_and_size(self) -> tuple[int, int]:
+        group = self.group or dist.group.WORLD
+        return dist.get_rank(group), dist.get_world_size(group)
+
+
+def pieces(local_len: int, rank: int, world: int, load_balance: bool) -> list[tuple[int, int, int]]:
+    """The pieces of the global sequence that a rank holds, in its local order: (local start, global start, length)."""
+    if not load_balance:
+        return [(0, rank * local_len, local_len)]
+    if local_len % 2:
+        raise UnsupportedSpec(f"a load-balanced shard of odd length {local_len} cannot be cut into two chunks")
+    chunk = local_len // 2
+    return [(0, rank * chunk, chunk), (chunk, (2 * world - 1 - rank) * chunk, chunk)]
+
+
+def shard_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
+    """This rank's shard of ``tensor`` (the whole sequence on every rank) along ``dim``, in the layout of ``cp``."""
+    rank, world = cp.rank_and_size()
+    total = tensor.shape[dim]
+    if total % world:
+        raise ValueError(f"a sequence of {total} does not divide over {world} ranks")
+    return torch.cat([tensor.narrow(dim, start, size) for _, start, size in pieces(total // world, rank, world,
+                                                                                     cp.load_balance)], dim)
+
+
+def gather_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
+    """The whole sequence from every rank's shard along ``dim`` (differentiable; the inverse of :func:`shard_sequence`)."""
+    return _gathered(tensor, dim, cp.group_name, *cp.rank_and_size(), cp.load_balance)
+
+
+def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, load_balance: bool) -> Tensor:
+    from torch.distributed import _functional_collectives as collectives
+
+    # all_gather_single_autograd since torch 2.13, which deprecates the older name
+    gather = getattr(collectives, "all_gather_single_autograd", None) or collectives.all_gather_tensor_autograd
+    local = tensor.shape[dim]
+    stacked = gather(tensor.movedim(dim, 0).contiguous(), 0, group_name)  # rank-major
+    placed = [None] * (world * len(pieces(local, 0, world, load_balance)))
+    for r in range(world):
+        for local_start, global_start, size in pieces(local, r, world, load_balance):
+            placed[global_start // size] = stacked.narrow(0, r * local + local_start, size)
+    return torch.cat(placed, 0).movedim(0, dim)
+
+
+def _passed_to_next_rank(t: Tensor, group_name: str, rank: int, world: int) -> Tensor:
+    """``t`` of the previous rank (this rank's goes to the next): one step of the ring, with autograd (the gradient
+    goes the other way)."""
+    from torch.distributed._functional_collectives import all_to_all_single_autograd
+
+    n = t.shape[0]
+    send, receive = [0] * world, [0] * world
+    send[(rank + 1) % world] = n
+    receive[(rank - 1) % world] = n
+    return all_to_all_single_autograd(t.contiguous(), receive, send, group_name)
+
+
+# ---- specs of the pairs --------------------------------------------------------------------------------------------
+def pair_spec(spec: AttentionSpec, q_start: int, q_size: int, kv_start: int, kv_size: int, total: int,
+              ) -> Optional[AttentionSpec]:
+    """The spec of queries ``[q_start, q_start + q_size)`` over keys ``[kv_start, kv_start + kv_size)`` of a sequence
+    of ``total`` positions attended as ``spec`` says -- None where the causal band hides every key from every query
+    of the pair. Its rows that see no key give 0 (the merge gives them their global value)."""
+    causal = None
+    if spec.causal is not None:
+        # global: key g_j visible to query g_i iff g_j <= g_i + offset (and g_j > g_i + offset - window)
+        d = q_start - kv_start + spec.causal.offset(total, total)
+        window = spec.causal.window
+        if q_size - 1 + d < 0 or (window is not None and d - window >= kv_size - 1):
+            return None
+        if not (d >= kv_size - 1 and (window is None or q_size - 1 + d - window < 0)):
+            causal = CausalMask(diagonal=d, alignment="top_left", window=window)
+    return dataclasses.replace(spec, causal=causal, score_mod=_at_global_positions(spec, q_start, kv_start, total),
+                               empty_rows="zero", q_len=q_size, kv_len=kv_size)
+
+
+def _at_global_positions(spec: AttentionSpec, q_start: int, kv_start: int, total: int) -> tuple:
+    """The score program with each position and length leaf read at the pair's global offsets."""
+    if not spec.score_mod:
+        return ()
+    b = ScoreProgramBuilder()
+    new = []
+    for node in spec.score_mod:
+        if node.op in ("q_idx", "kv_idx") and (q_start if node.op == "q_idx" else kv_start):
+            new.append(b.add("add", b.add(node.op), b.const(q_start if node.op == "q_idx" else kv_start)))
+        elif node.op in ("q_len", "kv_len"):
+            new.append(b.const(total))
+        else:
+            new.append(b.add(node.op, *(new[a] for a in node.args), value=node.value))
+    return b.program(new[-1])
+
+
+# ---- the ring ------------------------------------------------------------------------------------------------------
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, score_tensors: Sequence[Tensor] = (),
+                   dropout_seed: Optional[Tensor] = None, cp: ContextParallel = ContextParallel()) -> Tensor:
+    """Attention as ``spec`` says over the whole sequence, from this rank's shards (``[Z, H, L, D]``, laid out as
+    ``cp`` says) -- this rank's rows of the output. Differentiable; traceable by torch.compile."""
+    rank, world = cp.rank_and_size()
+    return ring_attention_call(q, k, v, list(score_tensors), dropout_seed, spec.to_json(), cp.group_name, rank, world,
+                               cp.load_balance)
+
+
+def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dropout_seed: Optional[Tensor],
+                        spec_json: str, group_name: str, rank: int, world: int, load_balance: bool) -> Tensor:
+    """:func:`ring_attention` with plain arguments: what the backend's rewritten graph calls."""
+    from .kernels import flash_attention
+
+    spec = AttentionSpec.from_json(spec_json)
+    _check_servable(spec, q, k, score_tensors)
+    reason = _gather_reason(spec, q, k, score_tensors, load_balance)
+    if reason is not None:
+        _log_gathered(spec.describe(), reason)
+        gather = functools.partial(_gathered, group_name=group_name, rank=rank, world=world, load_balance=load_balance)
+        tensors = [_gather_score_tensor(t, gather) for t in score_tensors]
+        out = flash_attention(gather(q, 2), gather(k, 2), gather(v, 2), spec, tensors, dropout_seed=dropout_seed)
+        local = q.shape[2]
+        return torch.cat([out.narrow(2, start, size) for _, start, size in pieces(local, rank, world, load_balance)], 2)
+
+    local = q.shape[2]
+    total = local * world
+    q_pieces = pieces(local, rank, world, load_balance)
+    query_dim = [t.dim() == 4 and t.shape[2] != 1 for t in score_tensors]
+    key_dim = [t.dim() == 4 and t.shape[3] != 1 for t in score_tensors]
+    ring = _RingPack([k, v] + [t for t, has in zip(score_tensors, key_dim) if has])
+    partials = [[] for _ in q_pieces]  # per query piece: (out, lse) of each pair
+    # Every rank must run the backward of every step's collective (it is one on both sides), so a shard that no pair
+    # of this rank reads (causal, contiguous shards: the later ranks' keys) still joins the graph: through an empty
+    # slice's sum, an exact 0 whatever it holds.
+    unread = q.new_zeros(())
+    held = ring.pack
+    for step in range(world):
+        source = (rank - step) % world
+        # the next step's shards, requested before this step computes (the collective overlaps the attention)
+        following = [_passed_to_next_rank(t, group_name, rank, world) for t in held] if step < world - 1 else None
+        held_k, held_v, *held_keyed = ring.unpack(held)
+        keyed = iter(held_keyed)
+        held_tensors = [next(keyed) if has else t for t, has in zip(score_tensors, key_dim)]
+        read = False
+        for kv_local, kv_start, kv_size in pieces(local, source, world, load_balance):
+            for (q_local, q_start, q_size), found in zip(q_pieces, partials):
+                pair = pair_spec(spec, q_start, q_size, kv_start, kv_size, total)
+                if pair is None:
+                    continue
+                read = True
+                tensors = [t.narrow(3, kv_local, kv_size) if kd else t for t, kd in zip(held_tensors, key_dim)]
+                tensors = [t.narrow(2, q_local, q_size) if qd else t for t, qd in zip(tensors, query_dim)]
+                out, lse = flash_attention(q.narrow(2, q_local, q_size), held_k.narrow(2, kv_local, kv_size),
+                                           held_v.narrow(2, kv_local, kv_size), pair, tensors, return_lse=True)
+                found.append((out, lse, _band_counts(pair, q_size, kv_size, q.device)))
+        if not read and step:
+            unread = unread + sum(t.narrow(0, 0, 0).sum() for t in held if t.is_floating_point())
+        held = following
+    outs = [_merged(found, spec, q.narrow(2, start, size), v) for (start, _, size), found in zip(q_pieces, partials)]
+    return torch.cat(outs, 2) + unread.to(q.dtype)
+
+
+class _RingPack:
+    """The tensors that travel around the ring, as few collectives per step as their dtypes allow: K, V and the key
+    score tensors of their dtype flattened into one buffer, each other dtype (a bool padding vector) in its own. One
+    differentiable buffer per step means one chain of backward collectives, run in the same order on every rank
+    (two independent chains could be run in different orders by two ranks' autograd engines: a deadlock, or
+    gradients exchanged crossed)."""
+
+    def __init__(self, tensors: list):
+        self.shapes = [t.shape for t in tensors]
+        self.dtypes = sorted({t.dtype for t in tensors}, key=lambda d: d != tensors[0].dtype)
+        self.members = [[i for i, t in enumerate(tensors) if t.dtype == d] for d in self.dtypes]
+        self.pack = [torch.cat([tensors[i].reshape(-1) for i in members]) for members in self.members]
+
+    def unpack(self, pack: list) -> list:
+        tensors = [None] * len(self.shapes)
+        for members, flat in zip(self.members, pack):
+            sizes = [self.shapes[i].numel() for i in members]
+            for i, part in zip(members, flat.split(sizes)):
+                tensors[i] = part.view(self.shapes[i])
+        return tensors
+
+
+def _band_counts(pair: AttentionSpec, q_size: int, kv_size: int, device) -> Tensor:
+    """How many keys of the pair the causal band leaves each query row, [q_size] fp32."""
+    if pair.causal is None:
+        return torch.full((q_size,), float(kv_size), device=device)
+    i = torch.arange(q_size, device=device)
+    hi = (i + pair.causal.diagonal).clamp(max=kv_size - 1)
+    window = pair.causal.window
+    lo = (i + pair.causal.diagonal - window + 1).clamp(min=0) if window is not None else torch.zeros_like(i)
+    return (hi - lo + 1).clamp(min=0).float()
+
+
+def _merged(found: list, spec: AttentionSpec, q: Tensor, v: Tensor) -> Tensor:
+    """Partial outputs of one query piece (``q``) merged by their lse: ``sum_c w_c out_c / sum_c w_c`` with
+    ``w_c = exp(lse_c - m)``, m the rows' largest lse (a constant: the result does not depend on it). A row that saw
+    no key anywhere gets 0, or NaN where the spec's empty rows are NaN (eager's softmax of all -inf).
+
+    A row whose every score is a fill so large that fp32 absorbs the scores (``s + finfo.min == finfo.min``: Hugging
+    Face's eager masks, a query that sees only padding) has ``lse_c = fill``, the ``log(n_c)`` of its n_c keys
+    absorbed too; eager's softmax of that row is uniform over all its keys, so such a pair weighs ``n_c`` times (the
+    band's count: the fill is all that masks a spec whose padding is skipped, ``AttentionSpec.key_padding``)."""
+    if not found:  # the band hides every key of the sequence from the piece
+        Z, H, M, _ = q.shape
+        fill = float("nan") if spec.empty_rows == "nan" else 0.0
+        return torch.full((Z, H, M, v.shape[3]), fill, dtype=q.dtype, device=q.device)
+    outs = torch.stack([out.float() for out, _, _ in found])
+    lses = torch.stack([lse for _, lse, _ in found])
+    counts = torch.stack([count for _, _, count in found])[:, None, None, :]
+    m = lses.detach().amax(0)
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    absorbed = torch.isfinite(lses) & (lses.detach() + torch.log(counts) == lses.detach())
+    weights = torch.exp(lses - m) * torch.where(absorbed, counts, torch.ones_like(counts))
+    total = weights.sum(0)
+    empty = total == 0
+    merged = (weights[..., None] * outs).sum(0) / torch.where(empty, torch.ones_like(total), total)[..., None]
+    if spec.empty_rows == "nan":
+        merged = torch.where(empty[..., None], torch.full_like(merged, float("nan")), merged)
+    return merged.to(q.dtype)
+
+
+def _check_servable(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Sequence[Tensor]) -> None:
+    for i, t in enumerate(score_tensors):
+        if t.dim() == 4 and t.shape[2] != 1 and t.shape[3] != 1:
+            raise UnsupportedSpec(
+                f"context parallel: score tensor {i} {tuple(t.shape)} spans query and key positions; built from a "
+                "rank's own shard it holds only the diagonal block of the global matrix")
+
+
+def _gather_reason(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Sequence[Tensor],
+                   load_balance: bool) -> Optional[str]:
+    """Why the ring cannot serve this attention (it then runs on the gathered sequence), or None."""
+    local = q.shape[2]
+    if any(t.requires_grad and t.dtype != k.dtype and t.dim() == 4 and t.shape[3] != 1 for t in score_tensors):
+        return "a key-sized score tensor needing a gradient in a dtype other than k's: a second chain of collectives"
+    if spec.dropout_p:
+        return "dropout: the keep-mask is drawn from the kernels' local indices"
+    if not isinstance(local, int) or not isinstance(k.shape[2], int):
+        return "a symbolic sequence length: the ring's pairs need constant offsets"
+    if k.shape[2] != local:
+        return f"queries ({local}) and keys ({k.shape[2]}) of different lengths: not one sharded sequence"
+    if load_balance and local % 2:
+        return f"a local length of {local} cannot be cut into the load-balanced layout's two chunks"
+    return None
+
+
+def _gather_score_tensor(t: Tensor, gather) -> Tensor:
+    if t.dim() == 4 and t.shape[2] != 1:
+        return gather(t, 2)
+    if t.dim() == 4 and t.shape[3] != 1:
+        return gather(t, 3)
+    return t
+
+
+@functools.lru_cache(maxsize=256)
+def _log_gathered(spec_text: str, reason: str) -> None:  # once per spec and reason
+    log.warning("fuse_attn: context parallel: %s runs on the gathered sequence (%s)", spec_text, reason)

@@ -269,6 +269,8 @@ def _setup_context(ctx, inputs, output):
     ctx.needs = [bool(t.requires_grad and t.is_floating_point()) for t in score_tensors]
     # the seed (a scalar) is all the backward needs to regenerate the keep-mask
     ctx.save_for_backward(q, k, v, out, lse, dropout_seed, *score_tensors)
+    # an unused lse (or out) gets None, not a materialized zero gradient: the kernels then skip dlse
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, dout, dlse):

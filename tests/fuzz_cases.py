@@ -273,18 +273,25 @@ def check_op(case, device="cpu") -> dict[str, torch.Tensor]:
 def assert_matches_eager(name: str, ours: torch.Tensor, ref64: torch.Tensor, eager: torch.Tensor, dtype: torch.dtype,
                          known_relative_error: float = 0.0):
     """Non-finite elements exactly eager's; finite ones within 2x eager's error against fp64 (+ a floor, + a
-    documented error source of ours that eager lacks, ``known_relative_error`` x max|ref|)."""
+    documented error source of ours that eager lacks, ``known_relative_error`` x max|ref|).
+
+    Where eager is non-finite and fp64 is not, eager's kernels made it, not the semantics: torch's CPU bf16 matmul
+    (AVX512) carries the NaN rows of a P whose rows past N saw no key into other output rows of their block (``p @ v``
+    NaN at a row whose own ``p[i] @ v`` is finite). There ours must be finite, as fp64 is, within the rule."""
     assert ours.shape == eager.shape == ref64.shape, f"{name}: shapes {ours.shape} / {eager.shape} / {ref64.shape}"
     ours, ref64, eager = ours.double(), ref64.double(), eager.double()
+    eager_artifact = ~torch.isfinite(eager) & torch.isfinite(ref64)
     for what, test in (("NaN", torch.isnan), ("+inf", torch.isposinf), ("-inf", torch.isneginf)):
-        differ = test(ours) != test(eager)
+        differ = (test(ours) != test(eager)) & ~eager_artifact
         assert not differ.any(), (f"{name}: {what} at {differ.sum().item()} elements where eager differs, "
                                   f"first at {tuple(differ.nonzero()[0].tolist())}")
-    finite = torch.isfinite(ours) & torch.isfinite(ref64) & torch.isfinite(eager)
-    if not finite.any():
+    assert torch.isfinite(ours[eager_artifact]).all(), f"{name}: non-finite where fp64 is finite"
+    finite = torch.isfinite(ours) & torch.isfinite(ref64)
+    finite_eager = torch.isfinite(eager) & torch.isfinite(ref64)
+    if not finite_eager.any():
         return
     err = (ours[finite] - ref64[finite]).abs().max().item()
-    err_eager = (eager[finite] - ref64[finite]).abs().max().item()
+    err_eager = (eager[finite_eager] - ref64[finite_eager]).abs().max().item()
     floor = FLOOR[dtype] * max(1.0, ref64[finite].abs().max().item())
     floor += known_relative_error * ref64[finite].abs().max().item()
     assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"

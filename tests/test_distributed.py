@@ -46,3 +46,10 @@ def test_context_parallel_on_two_cpu_processes(tmp_path):
     run = torchrun(ROOT / "tests" / "distributed_context_parallel.py", cache=tmp_path, interpret="0")
     lines = [line for line in run.stdout.splitlines() if line.startswith(("op ", "llama "))]
     assert len(lines) == 10 and not any("FAILED" in line for line in lines), run.stdout
+
+
+def test_train_context_parallel_example_on_two_cpu_processes(tmp_path):
+    run = torchrun(ROOT / "examples" / "train_context_parallel.py", "--device", "cpu", "--steps", "3", cache=tmp_path,
+                   interpret="0")
+    assert "context parallel over 2 cpu processes" in run.stdout and "FAILED" not in run.stdout, run.stdout
+    assert "attentions fused as rings: 2 of 2" in run.stdout and "loss distance" in run.stdout, run.stdout

@@ -19,14 +19,16 @@ rewrites SDPA calls; an attention written out would attend over its own shard on
 * **Load balancing.** With ``load_balance=True`` (the default, as torch's), the sequence is cut into 2W chunks and
   rank r holds chunks r and 2W-1-r, so under a causal mask every rank has the same work.
 * **Fallback by gathering.** What the ring cannot serve -- dropout (the keep-mask is drawn from local indices), a
-  symbolic sequence length (the pairs' offsets must be constants), a local length the layout cannot cut, queries and
-  keys of different lengths -- runs on the gathered sequence: every rank all-gathers q, k, v, computes the whole
+  symbolic sequence length (the pairs' offsets must be constants), queries and keys of different lengths -- runs on
+  the gathered sequence: every rank all-gathers q, k, v, computes the whole
   attention and keeps its rows (the unsharded result, at W times the work); the reason is logged once per spec.
 
 A score tensor with a key dim (a padding vector ``[Z, 1, 1, N]``) travels with the K/V shard; one with a query dim is
 sliced with the queries. One with both (a materialized ``[.., M, N]`` mask or bias) cannot be sharded: built from
-the rank's own positions it describes only the diagonal block of the global matrix. Such an attention raises
-:class:`~fuse_attn.spec.UnsupportedSpec` (the backend leaves it unfused, with the reason).
+the rank's own positions it describes only the diagonal block of the global matrix. Such an attention, or a
+load-balanced shard of odd length, raises :class:`~fuse_attn.spec.UnsupportedSpec` (the backend leaves it unfused,
+with the reason: :func:`unshardable_reason`). Every rank's shard must have the same length (``shard_sequence``
+refuses a sequence that does not divide).
 
 Inputs and positions: shard every sequence-dimensioned input with :func:`shard_sequence` (token ids, labels, and the
 position ids -- models derive positions from them, e.g. RoPE), and gather outputs with :func:`gather_sequence`.
@@ -65,14 +67,18 @@ class ContextParallel:
         return dist.get_rank(group), dist.get_world_size(group)
 
 
-def pieces(local_len: int, rank: int, world: int, load_balance: bool) -> list[tuple[int, int, int]]:
+def chunk_indices(rank: int, world: int, load_balance: bool) -> list[int]:
+    """The chunks of the global sequence (W of them, or 2W load-balanced) that a rank holds, in its local order."""
+    return [rank, 2 * world - 1 - rank] if load_balance else [rank]
+
+
+def pieces(local_len, rank: int, world: int, load_balance: bool) -> list[tuple]:
     """The pieces of the global sequence that a rank holds, in its local order: (local start, global start, length)."""
-    if not load_balance:
-        return [(0, rank * local_len, local_len)]
-    if local_len % 2:
+    chunks = chunk_indices(rank, world, load_balance)
+    if isinstance(local_len, int) and local_len % len(chunks):
         raise UnsupportedSpec(f"a load-balanced shard of odd length {local_len} cannot be cut into two chunks")
-    chunk = local_len // 2
-    return [(0, rank * chunk, chunk), (chunk, (2 * world - 1 - rank) * chunk, chunk)]
+    size = local_len // len(chunks)
+    return [(i * size, chunk * size, size) for i, chunk in enumerate(chunks)]
 
 
 def shard_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
@@ -97,10 +103,12 @@ def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, 
     gather = getattr(collectives, "all_gather_single_autograd", None) or collectives.all_gather_tensor_autograd
     local = tensor.shape[dim]
     stacked = gather(tensor.movedim(dim, 0).contiguous(), 0, group_name)  # rank-major
-    placed = [None] * (world * len(pieces(local, 0, world, load_balance)))
+    placed = [None] * (world * len(chunk_indices(0, world, load_balance)))
     for r in range(world):
-        for local_start, global_start, size in pieces(local, r, world, load_balance):
-            placed[global_start // size] = stacked.narrow(0, r * local + local_start, size)
+        chunks = chunk_indices(r, world, load_balance)
+        size = local // len(chunks)
+        for i, chunk in enumerate(chunks):
+            placed[chunk] = stacked.narrow(0, r * local + i * size, size)
     return torch.cat(placed, 0).movedim(0, dim)
 
 
@@ -167,8 +175,10 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
     from .kernels import flash_attention
 
     spec = AttentionSpec.from_json(spec_json)
-    _check_servable(spec, q, k, score_tensors)
-    reason = _gather_reason(spec, q, k, score_tensors, load_balance)
+    problem = unshardable_reason(q.shape[2], [t.shape for t in score_tensors], load_balance)
+    if problem is not None:
+        raise UnsupportedSpec(f"context parallel: {problem}")
+    reason = _gather_reason(spec, q, k, score_tensors)
     if reason is not None:
         _log_gathered(spec.describe(), reason)
         gather = functools.partial(_gathered, group_name=group_name, rank=rank, world=world, load_balance=load_balance)
@@ -183,7 +193,7 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
     query_dim = [t.dim() == 4 and t.shape[2] != 1 for t in score_tensors]
     key_dim = [t.dim() == 4 and t.shape[3] != 1 for t in score_tensors]
     ring = _RingPack([k, v] + [t for t, has in zip(score_tensors, key_dim) if has])
-    partials = [[] for _ in q_pieces]  # per query piece: (out, lse) of each pair
+    partials = [[] for _ in q_pieces]  # per query piece: (out, lse, the band's key counts) of each pair
     # Every rank must run the backward of every step's collective (it is one on both sides), so a shard that no pair
     # of this rank reads (causal, contiguous shards: the later ranks' keys) still joins the graph: through an empty
     # slice's sum, an exact 0 whatever it holds.
@@ -276,16 +286,18 @@ def _merged(found: list, spec: AttentionSpec, q: Tensor, v: Tensor) -> Tensor:
     return merged.to(q.dtype)
 
 
-def _check_servable(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Sequence[Tensor]) -> None:
-    for i, t in enumerate(score_tensors):
-        if t.dim() == 4 and t.shape[2] != 1 and t.shape[3] != 1:
-            raise UnsupportedSpec(
-                f"context parallel: score tensor {i} {tuple(t.shape)} spans query and key positions; built from a "
-                "rank's own shard it holds only the diagonal block of the global matrix")
+def unshardable_reason(q_len, score_tensor_shapes: Sequence, load_balance: bool) -> Optional[str]:
+    """Why an attention cannot run on a sharded sequence at all -- not even gathered -- or None."""
+    for i, shape in enumerate(score_tensor_shapes):
+        if len(shape) == 4 and shape[2] != 1 and shape[3] != 1:
+            return (f"score tensor {i} {tuple(shape)} spans query and key positions; built from a rank's own shard it "
+                    "holds only the diagonal block of the global matrix")
+    if load_balance and isinstance(q_len, int) and q_len % 2:
+        return f"a shard of odd length {q_len} is no load-balanced layout (two chunks of equal length)"
+    return None
 
 
-def _gather_reason(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Sequence[Tensor],
-                   load_balance: bool) -> Optional[str]:
+def _gather_reason(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Sequence[Tensor]) -> Optional[str]:
     """Why the ring cannot serve this attention (it then runs on the gathered sequence), or None."""
     local = q.shape[2]
     if any(t.requires_grad and t.dtype != k.dtype and t.dim() == 4 and t.shape[3] != 1 for t in score_tensors):
@@ -296,8 +308,6 @@ def _gather_reason(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Seq
         return "a symbolic sequence length: the ring's pairs need constant offsets"
     if k.shape[2] != local:
         return f"queries ({local}) and keys ({k.shape[2]}) of different lengths: not one sharded sequence"
-    if load_balance and local % 2:
-        return f"a local length of {local} cannot be cut into the load-balanced layout's two chunks"
     return None
 
 

@@ -20,7 +20,7 @@ from torch._guards import detect_fake_mode
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
-from .context_parallel import ContextParallel, ring_attention_call
+from .context_parallel import ContextParallel, ring_attention_call, unshardable_reason
 from .kernels import implementations
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -146,11 +146,9 @@ def _dropout_seed(match: AttentionMatch, emit: _Emitter, q4: fx.Node) -> Optiona
 def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
                cp: ContextParallel) -> tuple[fx.Node, implementations.Choice]:
     """The attention over the sequence sharded as ``cp`` says (:func:`fuse_attn.context_parallel.ring_attention`)."""
-    for tensor in tensors:
-        shape = val(tensor).shape
-        if shape[2] != 1 and shape[3] != 1:
-            raise NotFused(f"context parallel: a mask/bias {shape_text(tuple(shape))} over query and key positions "
-                           "covers only this rank's diagonal block of the sequence; the attention cannot be sharded")
+    problem = unshardable_reason(val(q4).shape[2], [val(t).shape for t in tensors], cp.load_balance)
+    if problem is not None:
+        raise NotFused(f"context parallel: {problem}; the attention cannot run on the sharded sequence")
     rank, world = cp.rank_and_size()
     out = emit(ring_attention_call, q4, k4, v4, tensors, _dropout_seed(match, emit, q4), match.spec.to_json(),
                cp.group_name, rank, world, cp.load_balance)

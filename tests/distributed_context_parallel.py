@@ -6,6 +6,7 @@
   contiguous shards), a sliding window across the shards' boundaries, ALiBi written with q_idx / kv_idx and learned
   per-head slopes, GQA, a finfo.min key padding vector (travelling with K/V; a batch row with every key padded), and
   dropout (run on the gathered sequence: the unsharded keep-mask).
+* A causal attention compiled with dynamic=True (a symbolic length: run on the gathered sequence).
 * An unmodified Hugging Face LLaMA (eager attention, GQA), compiled with backend="fuse_attn" and the context_parallel
   option, on its sequence sharded: every attention fused as a ring; its loss and parameter gradients equal to the
   unsharded model's.
@@ -90,6 +91,38 @@ def check_op(case: str, load_balance: bool, cp_group) -> bool:
     return ok
 
 
+def check_dynamic(cp: ContextParallel) -> bool:
+    """A causal attention written out (the mask from position comparisons: a tril of symbolic size would be a loaded
+    [n, n] mask, which cannot be sharded), compiled with dynamic=True under the option: the symbolic length cannot
+    make the ring's constant offsets, so it runs on the gathered sequence; two lengths."""
+    def attention(q, k, v):
+        n = q.shape[-2]
+        s = (q @ k.transpose(-2, -1)) * 0.35
+        positions = torch.arange(n)
+        s = s.masked_fill(positions[None, :] > positions[:, None], float("-inf"))
+        return torch.softmax(s, -1) @ v
+
+    compiled = torch.compile(attention, backend="fuse_attn", dynamic=True,
+                             options={"fuse_attn.context_parallel": cp})
+    errors = []
+    with collect_reports() as reports:
+        for n in (16, 24):
+            q, k, v = (torch.randn(2, 4, n, 8, generator=torch.Generator().manual_seed(n + i)).requires_grad_()
+                       for i in range(3))
+            expected = attention(q, k, v)
+            local = [shard_sequence(t, 2, cp).detach().requires_grad_() for t in (q, k, v)]
+            out = compiled(*local)
+            errors.append(float((gather_sequence(out.detach(), 2, cp) - expected.detach()).abs().max()))
+    fused = sum(len(r.fused) for r in reports)
+    ok = max(errors) < TOLERANCE and fused >= 1
+    if not ok and dist.get_rank() == 0:
+        print("\n".join(v.line() for r in reports for v in r.not_fused))
+    if dist.get_rank() == 0:
+        print(f"compiled dynamic=True (gathered), lengths 16 and 24: {fused} fused, max error {max(errors):.2g}"
+              f"{'' if ok else ' FAILED'}")
+    return ok
+
+
 def check_llama(cp: ContextParallel) -> bool:
     import transformers
 
@@ -143,6 +176,7 @@ def main() -> int:
                for case, load_balance in [("plain", True), ("causal", True), ("causal", False), ("window", True),
                                           ("alibi", True), ("gqa", True), ("padding", True), ("padding", False),
                                           ("dropout", True)]]
+    results.append(check_dynamic(ContextParallel()))
     results.append(check_llama(ContextParallel()))
     dist.destroy_process_group()
     return 0 if all(results) else 1

@@ -7,7 +7,7 @@
   per-head slopes, GQA, a finfo.min key padding vector (travelling with K/V; a batch row with every key padded), and
   dropout (run on the gathered sequence: the unsharded keep-mask).
 * A causal attention compiled with dynamic=True (a symbolic length: run on the gathered sequence).
-* An unmodified Hugging Face LLaMA (eager attention, GQA), compiled with backend="fuse_attn" and the context_parallel
+* An unmodified Hugging Face LLaMA (eager attention, and its default SDPA calls; GQA), compiled with backend="fuse_attn" and the context_parallel
   option, on its sequence sharded: every attention fused as a ring; its loss and parameter gradients equal to the
   unsharded model's.
 
@@ -123,7 +123,7 @@ def check_dynamic(cp: ContextParallel) -> bool:
     return ok
 
 
-def check_llama(cp: ContextParallel) -> bool:
+def check_llama(cp: ContextParallel, attention: str) -> bool:
     import transformers
 
     rank, world = cp.rank_and_size()
@@ -131,7 +131,7 @@ def check_llama(cp: ContextParallel) -> bool:
     config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4,
                                       num_key_value_heads=2, num_hidden_layers=2, vocab_size=64,
                                       max_position_embeddings=64, use_cache=False, pad_token_id=0)
-    config._attn_implementation = "eager"
+    config._attn_implementation = attention
     model = transformers.LlamaForCausalLM(config)
     n = 24
     tokens = torch.randint(0, 64, (2, n), generator=torch.Generator().manual_seed(1))
@@ -163,8 +163,8 @@ def check_llama(cp: ContextParallel) -> bool:
     rings = [v for v in fused if v.runs and "context parallel over 2 ranks" in v.runs]
     ok = max(errors) < 1e-4 and len(rings) == len(fused) == config.num_hidden_layers
     if rank == 0:
-        print(f"llama eager attention, context parallel ({'load-balanced' if cp.load_balance else 'contiguous'}): "
-              f"{len(rings)} of {config.num_hidden_layers} attentions fused as a ring, loss {float(expected):.4f}, "
+        print(f"llama {attention} attention, context parallel ({'load-balanced' if cp.load_balance else 'contiguous'}): "
+              f"{len(rings)} of {config.num_hidden_layers} attentions fused as a ring, loss {float(expected.detach()):.4f}, "
               f"max error (loss, gradients) {max(errors):.2g}{'' if ok else ' FAILED'}")
     return ok
 
@@ -177,7 +177,7 @@ def main() -> int:
                                           ("alibi", True), ("gqa", True), ("padding", True), ("padding", False),
                                           ("dropout", True)]]
     results.append(check_dynamic(ContextParallel()))
-    results.append(check_llama(ContextParallel()))
+    results += [check_llama(ContextParallel(), attention) for attention in ("eager", "sdpa")]
     dist.destroy_process_group()
     return 0 if all(results) else 1
 

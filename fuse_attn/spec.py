@@ -67,6 +67,18 @@ class KeyPadding(NamedTuple):
     tensor: int  # the score tensor holding it
     hidden: str  # the value that hides a key: "false" / "true" (a bool mask), "-inf" or "fill" (a bias)
     kind: str  # "-inf" (hidden scores are -inf, rows of no key give 0) or "masking" (at or below the limit)
+    # d of a causal band ``kv_idx <= q_idx + d`` written into the score program that hides the keys past it the same
+    # way (Hugging Face's padding + causal masks are one mask), or None
+    band: Optional[int] = None
+
+
+class _Hidden(NamedTuple):
+    """Where keys are hidden: by score tensor ``tensor`` where its value is ``hidden`` (see :class:`KeyPadding`), or
+    -- ``tensor`` None -- past the causal band ``kv_idx <= q_idx + band``."""
+
+    tensor: Optional[int]
+    hidden: str = ""
+    band: int = 0
 
 
 @dataclass(frozen=True)
@@ -290,23 +302,36 @@ class AttentionSpec:
           into the program, could leave a row of a batch with visible keys no visible key of its own.
 
         A vector with holes keeps them masked inside the range (the range is an optimization, exact for any
-        values). Scores are taken to be finite and far above the fill (``-inf + s`` counts as -inf)."""
+        values). Scores are taken to be finite and far above the fill (``-inf + s`` counts as -inf).
+
+        ``band``: where the program (in a spec without ``causal``) also hides every key past a causal band
+        ``kv_idx <= q_idx + d`` the same way -- one mask of padding and causality, as Hugging Face and SDPA callers
+        build it -- the kernels also skip the key blocks past the band: for every query block with the "-inf" kind;
+        with the "masking" kind for the query blocks whose every row keeps a visible key (``first visible key <=
+        start + d``; a row with none is uniform over every key, the keys past the band included)."""
         if not self.score_mod:
             return None
-        root = len(self.score_mod) - 1
+        program, root = self.score_mod, len(self.score_mod) - 1
         vectors = [i for i, t in enumerate(self.score_tensors) if t.broadcast[1:] == (True, True, False)]
+        bands = {band[0] for band in map(lambda i: _band_of(program, i), range(len(program))) if band is not None}
+        band = next(iter(bands)) if len(bands) == 1 and self.causal is None else None
+
+        def band_masking(fill_limit: float) -> Optional[int]:
+            return band if band is not None and _masked_when(program, root, _Hidden(None, band=band), fill_limit) else None
+
         if self.empty_rows == "zero":
             for i in vectors:
                 for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("-inf",)):
-                    if _masked_when(self.score_mod, root, i, hidden, float("-inf")):
-                        return KeyPadding(i, hidden, "-inf")
+                    if _masked_when(program, root, _Hidden(i, hidden), float("-inf")):
+                        return KeyPadding(i, hidden, "-inf", band_masking(float("-inf")))
         if self.causal is None or self.causal.window is None:
+            masking_band = band_masking(MASKING_FILL_LIMIT)
             for i in vectors:
-                if not _masks_only_by(self.score_mod, root, i):
+                if not _masks_only_by(program, root, i, masking_band):
                     continue
                 for hidden in (("false", "true") if self.score_tensors[i].role == "mask" else ("fill",)):
-                    if _masked_when(self.score_mod, root, i, hidden, MASKING_FILL_LIMIT):
-                        return KeyPadding(i, hidden, "masking")
+                    if _masked_when(program, root, _Hidden(i, hidden), MASKING_FILL_LIMIT):
+                        return KeyPadding(i, hidden, "masking", masking_band)
         return None
 
     def scale_for(self, head_dim: int) -> float:
@@ -361,39 +386,41 @@ class AttentionSpec:
             parts.append("empty rows 0")
         padding = self.key_padding()
         if padding is not None:
-            parts.append(f"padded keys skipped ({self.score_tensors[padding.tensor].role}{padding.tensor})")
+            band = "" if padding.band is None else " and past the causal band"
+            parts.append(f"padded keys{band} skipped ({self.score_tensors[padding.tensor].role}{padding.tensor})")
         return " ".join(parts)
 
 
-def _masked_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str, fill_limit: float) -> bool:
-    """Whether node ``index`` of ``program`` is at or below ``fill_limit`` (-inf: exactly -inf) wherever score tensor
-    ``tensor`` hides a key -- ``hidden``: "false" / "true" for a bool mask, "-inf" or "fill" for a bias at -inf or at
-    or below the limit -- whatever the finite score: see :meth:`AttentionSpec.key_padding`."""
+def _masked_when(program: tuple[ScoreNode, ...], index: int, where: _Hidden, fill_limit: float) -> bool:
+    """Whether node ``index`` of ``program`` is at or below ``fill_limit`` (-inf: exactly -inf) wherever ``where``
+    hides a key (score tensor ``where.tensor`` at its hidden value -- "false" / "true" for a bool mask, "-inf" or
+    "fill" for a bias at -inf or at or below the limit -- or the causal band), whatever the finite score: see
+    :meth:`AttentionSpec.key_padding`."""
     node = program[index]
     if node.op == "const":
         return node.value <= fill_limit
     if node.op == "load":
-        return node.value == tensor and hidden in ("-inf", "fill")
+        return where.tensor is not None and node.value == where.tensor and where.hidden in ("-inf", "fill")
     if node.op == "to_float":
-        return _masked_when(program, node.args[0], tensor, hidden, fill_limit)
+        return _masked_when(program, node.args[0], where, fill_limit)
     if node.op == "where":
         cond, a, b = node.args
-        if _bool_when(program, cond, tensor, hidden, True):
-            return _masked_when(program, a, tensor, hidden, fill_limit)
-        if _bool_when(program, cond, tensor, hidden, False):
-            return _masked_when(program, b, tensor, hidden, fill_limit)
-        return all(_masked_when(program, x, tensor, hidden, fill_limit) for x in (a, b))
+        if _bool_when(program, cond, where, True):
+            return _masked_when(program, a, where, fill_limit)
+        if _bool_when(program, cond, where, False):
+            return _masked_when(program, b, where, fill_limit)
+        return all(_masked_when(program, x, where, fill_limit) for x in (a, b))
     if node.op in ("add", "minimum"):
-        return any(_masked_when(program, a, tensor, hidden, fill_limit) for a in node.args)
+        return any(_masked_when(program, a, where, fill_limit) for a in node.args)
     if node.op == "sub":
-        return _masked_when(program, node.args[0], tensor, hidden, fill_limit)
+        return _masked_when(program, node.args[0], where, fill_limit)
     return False
 
 
-def _masks_only_by(program: tuple[ScoreNode, ...], index: int, tensor: int) -> bool:
+def _masks_only_by(program: tuple[ScoreNode, ...], index: int, tensor: int, band: Optional[int] = None) -> bool:
     """Whether node ``index`` of ``program`` can be masked (at or below MASKING_FILL_LIMIT) only through score tensor
-    ``tensor``: it reads no other tensor and no query or key index, and a masking constant appears only as a branch
-    of a ``where`` (whose condition then reads ``tensor`` alone)."""
+    ``tensor`` (and the causal band of diagonal ``band``, if given): it reads no other tensor and no other query or key
+    index, and a masking constant appears only as a branch of a ``where`` (whose condition then reads those alone)."""
     node = program[index]
     if node.op == "score":
         return True
@@ -401,28 +428,68 @@ def _masks_only_by(program: tuple[ScoreNode, ...], index: int, tensor: int) -> b
         return node.value == tensor
     if node.op == "const":
         return node.value > MASKING_FILL_LIMIT
-    if node.op in ("to_float", "logical_not", "add"):
-        return all(_masks_only_by(program, a, tensor) for a in node.args)
+    if node.op in ("lt", "le", "gt", "ge"):
+        found = _band_of(program, index)
+        return band is not None and found is not None and found[0] == band
+    if node.op in ("to_float", "logical_not", "add", "logical_and", "logical_or"):
+        return all(_masks_only_by(program, a, tensor, band) for a in node.args)
     if node.op == "where":
         cond, a, b = node.args
-        return _masks_only_by(program, cond, tensor) and all(
-            program[x].op == "const" or _masks_only_by(program, x, tensor) for x in (a, b))
+        return _masks_only_by(program, cond, tensor, band) and all(
+            program[x].op == "const" or _masks_only_by(program, x, tensor, band) for x in (a, b))
     return False
 
 
-def _bool_when(program: tuple[ScoreNode, ...], index: int, tensor: int, hidden: str, result: bool) -> bool:
-    """Whether bool node ``index`` is ``result`` wherever mask ``tensor`` is ``hidden``."""
+def _bool_when(program: tuple[ScoreNode, ...], index: int, where: _Hidden, result: bool) -> bool:
+    """Whether bool node ``index`` is ``result`` wherever ``where`` hides a key (a bool mask's hidden value, or the
+    keys past the causal band)."""
     node = program[index]
     if node.op == "load":
-        return node.value == tensor and hidden == ("true" if result else "false")
+        return where.tensor is not None and node.value == where.tensor and where.hidden == ("true" if result else "false")
     if node.op == "logical_not":
-        return _bool_when(program, node.args[0], tensor, hidden, not result)
+        return _bool_when(program, node.args[0], where, not result)
     if node.op in ("logical_and", "logical_or"):
         # and: False if any operand is, True if all are; or: the other way round
         decides = (node.op == "logical_and") != result
-        operands = (_bool_when(program, a, tensor, hidden, result) for a in node.args)
+        operands = (_bool_when(program, a, where, result) for a in node.args)
         return any(operands) if decides else all(operands)
+    if where.tensor is None and node.op in ("lt", "le", "gt", "ge"):
+        found = _band_of(program, index)
+        return found is not None and found[0] == where.band and found[1] != result
     return False
+
+
+def _band_of(program: tuple[ScoreNode, ...], index: int) -> Optional[tuple[int, bool]]:
+    """(d, visible) for a comparison node of the key and query indices that is ``visible`` exactly inside the causal
+    band ``kv_idx <= q_idx + d`` (``kv_idx <= q_idx``, ``q_idx + 1 > kv_idx``, ``kv_idx > q_idx`` -- outside --, ...);
+    None for any other node."""
+    node = program[index]
+    if node.op not in ("lt", "le", "gt", "ge"):
+        return None
+    left, right = node.args
+    op = node.op
+    if program[right].op == "kv_idx":  # written key-last: mirror it to key-first
+        left, right = right, left
+        op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}[op]
+    offset = _query_offset(program, right)
+    if program[left].op != "kv_idx" or offset is None:
+        return None
+    # kv <= q + c and kv < q + c + 1 are the band d = c; kv > q + c and kv >= q + c + 1 are its outside
+    return {"le": (offset, True), "lt": (offset - 1, True), "gt": (offset, False), "ge": (offset - 1, False)}[op]
+
+
+def _query_offset(program: tuple[ScoreNode, ...], index: int) -> Optional[int]:
+    """c for a node that is ``q_idx + c`` (``q_idx``, ``q_idx + c``, ``c + q_idx``, ``q_idx - c``) with an int c."""
+    node = program[index]
+    if node.op == "q_idx":
+        return 0
+    if node.op in ("add", "sub") and len(node.args) == 2:
+        a, b = (program[i] for i in node.args)
+        if node.op == "add" and b.op == "q_idx":
+            a, b = b, a
+        if a.op == "q_idx" and b.op == "const" and type(b.value) is int:
+            return b.value if node.op == "add" else -b.value
+    return None
 
 
 def _broadcast_text(broadcast: tuple[bool, bool, bool, bool]) -> str:

@@ -44,6 +44,14 @@ def _key_padding_spec():
                 empty_rows="zero")
 
 
+def _padding_and_causal_in_one_mask_spec():
+    """Hugging Face's eager padding + causal mask: the band in the program, the "masking" kind (KEY_BAND 2)."""
+    b = ScoreProgramBuilder()
+    keep = b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), b.add("load", value=0))
+    masked = b.add("add", b.add("score"), b.add("where", keep, b.const(0.0), b.const(torch.finfo(torch.float32).min)))
+    return dict(score_mod=b.program(masked), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),))
+
+
 # Spec fields beyond bf16, head dim 64 and scale 0.125
 SPECS = {
     "causal": dict(causal=CausalMask()),
@@ -51,6 +59,7 @@ SPECS = {
     "fp32 (the exact-delta backward)": dict(causal=CausalMask(), dtype="float32"),
     "softcap + bias, GQA 4, dropout": dict(**_softcap_bias_spec(), gqa_group=4, dropout_p=0.1),
     "key padding + causal": dict(**_key_padding_spec(), causal=CausalMask()),
+    "padding and causal in one finfo.min mask": _padding_and_causal_in_one_mask_spec(),
     "sliding window": dict(causal=CausalMask(window=64)),
 }
 

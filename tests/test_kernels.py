@@ -768,7 +768,7 @@ def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, 
     spec = _padding_spec(form, dtype, causal=CausalMask(alignment="bottom_right") if causal else None, gqa_group=gqa)
     masking = form == "fill"
     assert spec.key_padding() == (0, {"keep": "false", "hide": "true", "bias": "-inf", "fill": "fill"}[form],
-                                  "masking" if masking else "-inf")
+                                  "masking" if masking else "-inf", None)
     keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # [Z, N], True: visible
     # "fill": -65504, fp16's finfo.min, the "masking" kind's limit -- a row of finfo(fp32).min added keeps nothing
     # of its scores, and its gradients are made by rounding, differently by SDPA's math and eager's (TESTING.md)
@@ -809,20 +809,81 @@ def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, 
         assert (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("form", ["keep", "fill"])
+@pytest.mark.parametrize("dtype,gqa", [(torch.float32, 1), (torch.float16, 2)])
+def test_key_padding_with_a_causal_band_in_the_program_skips_blocks_past_it(form, dtype, gqa, monkeypatch):
+    """Padding and causality written into one mask, the band in the score program (no causal mask in the spec): SDPA's
+    bool form where(~((kv_idx <= q_idx) & keep), -inf, s), rows of no key 0, and Hugging Face's eager form
+    s + where((kv_idx <= q_idx) & keep, 0, fill), rows of no visible key uniform over every key. K and V hold NaN in
+    the key blocks that no query block may visit: outside each batch row's visible keys or past the band of the last
+    query -- for the fill form only in batch rows whose every query keeps a visible key (key 0 visible: right
+    padding); a row with a query before its first visible key visits every key there. Against SDPA with the same
+    mask in fp64 (2x rule), output and gradients; the kernels in the interpreter."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # besides _KEY_ROWS: every key visible (only the band skips), and a short left padding (the fill form's first
+    # query block keeps queries with no visible key, the later ones do not)
+    rows = {**_KEY_ROWS, "all": lambda n: torch.ones(n, dtype=torch.bool), "left 10": lambda n: torch.arange(n) >= 10}
+    Z, H, M, N, D = len(rows), 2 * gqa, 33, 97, 16
+    fill = float("-inf") if form == "keep" else torch.finfo(torch.float16).min  # -65504: see the test above
+    b = ScoreProgramBuilder()
+    pad, s = b.add("load", value=0), b.add("score")
+    visible = b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), pad)
+    root = (b.add("where", b.add("logical_not", visible), b.const(fill), s) if form == "keep" else
+            b.add("add", s, b.add("where", visible, b.const(0.0), b.const(fill))))
+    spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=D, scale=0.25, score_mod=b.program(root),
+                         score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),), gqa_group=gqa,
+                         empty_rows="zero" if form == "keep" else "nan")
+    assert spec.key_padding() == (0, "false", "-inf" if form == "keep" else "masking", 0)
+    keys = torch.stack([row(N) for row in rows.values()])  # [Z, N], True: visible
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(Z, H, M, D, generator=g).to(dtype)
+    k, v = (torch.randn(Z, H // gqa, N, D, generator=g).to(dtype) for _ in range(2))
+    block = 32  # the widest key tile of the interpreter's configs
+    poisoned = torch.zeros(Z, N, dtype=torch.bool)
+    for z in range(Z):
+        hit = keys[z].nonzero()
+        if not len(hit) or (form == "fill" and int(hit[0]) > 0):
+            continue
+        first, end = int(hit[0]), min(int(hit[-1]) + 1, M)  # the band of the last query (M - 1) ends at key M - 1
+        for start in range(0, N, block):
+            if start + block <= first or start >= end:
+                poisoned[z, start:start + block] = True
+    assert poisoned[list(rows).index("all"), 64:].all()  # past the band of every query: skipped
+    k_nan, v_nan = k.clone(), v.clone()
+    k_nan[poisoned[:, None, :, None].expand_as(k)] = float("nan")
+    v_nan[poisoned[:, None, :, None].expand_as(v)] = float("nan")
+    allowed = keys[:, None, None, :] & torch.ones(M, N, dtype=torch.bool).tril()
+
+    def sdpa(q, k, v):
+        mask = allowed if form == "keep" else torch.zeros(allowed.shape, dtype=q.dtype).masked_fill(~allowed, fill)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa > 1)
+
+    out = _check_against_sdpa(lambda q, k, v: flash_attention(q, k, v, spec, [keys[:, None, None, :]]), sdpa,
+                              (q, k, v), dtype, ours_inputs=(q, k_nan, v_nan))
+    if form == "keep":
+        assert (out[3] == 0).all()
+
+
 @pytest.mark.parametrize("form, padding, nan_rows_padding", [
-    ("where(~pad, -inf, s)", (0, "false", "-inf"), (0, "false", "masking")),
-    ("where(pad, -inf, s)", (0, "true", "-inf"), (0, "true", "masking")),
-    ("where(pad, s, -inf)", (0, "false", "-inf"), (0, "false", "masking")),
-    ("s + where(pad, 0, -inf)", (0, "false", "-inf"), (0, "false", "masking")),
+    ("where(~pad, -inf, s)", (0, "false", "-inf", None), (0, "false", "masking", None)),
+    ("where(pad, -inf, s)", (0, "true", "-inf", None), (0, "true", "masking", None)),
+    ("where(pad, s, -inf)", (0, "false", "-inf", None), (0, "false", "masking", None)),
+    ("s + where(pad, 0, -inf)", (0, "false", "-inf", None), (0, "false", "masking", None)),
     # another mask could leave a row no visible key of its own: only SDPA's empty rows allow skipping then
-    ("where(pad & other, s, -inf)", (0, "false", "-inf"), None),
-    ("where(~(other & pad), -inf, s)", (0, "false", "-inf"), None),
-    ("s + bias", (0, "-inf", "-inf"), (0, "fill", "masking")),
+    ("where(pad & other, s, -inf)", (0, "false", "-inf", None), None),
+    ("where(~(other & pad), -inf, s)", (0, "false", "-inf", None), None),
+    ("s + bias", (0, "-inf", "-inf", None), (0, "fill", "masking", None)),
     # finfo.min is not -inf: a row of padding only is uniform in eager -- the "masking" kind, whatever the empty rows
-    ("s + where(pad, 0, finfo.min)", (0, "false", "masking"), (0, "false", "masking")),
-    # Hugging Face's eager padding + causal written into one mask: a query before the first visible key is uniform
-    # over every key in eager, so no key may be skipped
-    ("s + where((kv_idx <= q_idx) & pad, 0, finfo.min)", None, None),
+    ("s + where(pad, 0, finfo.min)", (0, "false", "masking", None), (0, "false", "masking", None)),
+    # Hugging Face's eager padding + causal written into one mask (a query before the first visible key is uniform
+    # over every key in eager: the kernels narrow to the band only query blocks whose rows all keep a visible key),
+    # and SDPA's bool form of it; the band's diagonal read from how the comparison is written
+    ("s + where((kv_idx <= q_idx) & pad, 0, finfo.min)", (0, "false", "masking", 0), (0, "false", "masking", 0)),
+    ("where(~((kv_idx <= q_idx) & pad), -inf, s)", (0, "false", "-inf", 0), (0, "false", "masking", 0)),
+    ("where((q_idx + 3 > kv_idx) & pad, s, -inf)", (0, "false", "-inf", 2), (0, "false", "masking", 2)),
+    ("where((kv_idx > q_idx) | ~pad, -inf, s)", (0, "false", "-inf", 0), (0, "false", "masking", 0)),
+    # a band that hides keys only with another mask is no band of the padding's
+    ("where((kv_idx <= q_idx) | other, s, -inf) + where(pad, 0, -inf)", (0, "false", "-inf", None), None),
     ("where(pad | other, s, -inf)", None, None),
     ("s * bias", None, None),
 ])
@@ -842,6 +903,15 @@ def test_key_padding_is_named_only_where_the_vector_masks_the_score(form, paddin
         "s + where((kv_idx <= q_idx) & pad, 0, finfo.min)": lambda: b.add("add", s, b.add(
             "where", b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), pad), b.const(0.0),
             b.const(torch.finfo(torch.float32).min))),
+        "where(~((kv_idx <= q_idx) & pad), -inf, s)": lambda: b.add("where", b.add("logical_not", b.add(
+            "logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), pad)), neg_inf, s),
+        "where((q_idx + 3 > kv_idx) & pad, s, -inf)": lambda: b.add("where", b.add("logical_and", b.add(
+            "gt", b.add("add", b.add("q_idx"), b.const(3)), b.add("kv_idx")), pad), s, neg_inf),
+        "where((kv_idx > q_idx) | ~pad, -inf, s)": lambda: b.add("where", b.add("logical_or", b.add(
+            "gt", b.add("kv_idx"), b.add("q_idx")), b.add("logical_not", pad)), neg_inf, s),
+        "where((kv_idx <= q_idx) | other, s, -inf) + where(pad, 0, -inf)": lambda: b.add("add", b.add(
+            "where", b.add("logical_or", b.add("le", b.add("kv_idx"), b.add("q_idx")), other), s, neg_inf),
+            b.add("where", pad, b.const(0.0), neg_inf)),
         "where(pad | other, s, -inf)": lambda: b.add("where", b.add("logical_or", pad, other), s, neg_inf),
         "s * bias": lambda: b.add("mul", s, pad),
     }[form]()
@@ -854,9 +924,10 @@ def test_key_padding_is_named_only_where_the_vector_masks_the_score(form, paddin
     assert spec.key_padding() == padding
     # rows of no key give NaN in eager's softmax: only the "masking" kind, which leaves such rows all their keys
     assert dataclasses.replace(spec, empty_rows="nan").key_padding() == nan_rows_padding
-    # under a sliding window a row may see only keys past the last visible one: no "masking" range then
+    # under a sliding window a row may see only keys past the last visible one: no "masking" range then; a band in the
+    # program is read only in a spec without a causal mask of its own
     windowed = dataclasses.replace(spec, causal=CausalMask(window=4)).key_padding()
-    assert windowed == (padding if padding and padding[2] == "-inf" else None)
+    assert windowed == ((*padding[:3], None) if padding and padding[2] == "-inf" else None)
     # a [Z, 1, M, N] tensor is no padding vector
     per_query = (dataclasses.replace(tensors[0], broadcast=(False, True, False, False)), *tensors[1:])
     assert dataclasses.replace(spec, score_tensors=per_query).key_padding() is None

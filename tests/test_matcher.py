@@ -300,7 +300,7 @@ class TestScorePrograms(TestCase):
 
         padding = torch.ones(2, 5, dtype=torch.long)
         padding[1, :2] = 0
-        self.assertExpectedInline(self.describe(fn, *qkv(), padding), """float32 D=8 M=5 N=5 scale=1 s -> s + where((kv_idx <= q_idx) & mask0[Z,1,1,N], 0, -3.40282e+38)""")
+        self.assertExpectedInline(self.describe(fn, *qkv(), padding), """float32 D=8 M=5 N=5 scale=1 s -> s + where((kv_idx <= q_idx) & mask0[Z,1,1,N], 0, -3.40282e+38) padded keys and past the causal band skipped (mask0)""")
 
     def test_hf_packed_sequence_causal_mask_with_a_tensor_fill_is_a_band(self):
         """transformers 5.17's eager mask (GPT-2): causal & "same packed sequence" from position ids made in the

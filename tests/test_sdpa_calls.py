@@ -85,7 +85,7 @@ class TestMaskForms(TestCase):
         def fn(q, k, v, padding):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=hf_padding_causal_mask(padding, q.shape[-2]))
 
-        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(logical_not((kv_idx <= q_idx) & mask0[Z,1,1,N]), -inf, s) empty rows 0 padded keys skipped (mask0)""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), left_padding()), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(logical_not((kv_idx <= q_idx) & mask0[Z,1,1,N]), -inf, s) empty rows 0 padded keys and past the causal band skipped (mask0)""")
 
     def test_additive_padding_mask(self):
         def fn(q, k, v, padding):

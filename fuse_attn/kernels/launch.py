@@ -145,9 +145,12 @@ def _common(q, k, v, spec) -> dict:
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     D, DV = int(D), int(DV)  # constexprs: a symbolic head dim specializes (a guard), lengths stay symbolic
+    padding = spec.key_padding()
     return dict(
         H=H, M=M, N=N,
-        causal_offset=spec.causal.offset(M, N) if spec.causal else 0,
+        # the causal band's offset: the spec's, or that of a band written into the program with a key padding vector
+        causal_offset=(spec.causal.offset(M, N) if spec.causal else
+                       padding.band if padding is not None and padding.band is not None else 0),
         qk_scale=spec.scale_for(D) * math.log2(math.e),
         D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
         GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
@@ -166,15 +169,17 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
 
 
 def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor) -> dict:
-    """``KeyRange`` and ``KEY_RANGE`` of the forward, dQ and dK/dV kernels. With a key padding vector
+    """``KeyRange``, ``KEY_RANGE`` and ``KEY_BAND`` of the forward, dQ and dK/dV kernels. With a key padding vector
     (``spec.key_padding``): int32 ``[Z, 2]``, each batch row's range of keys to visit, computed on the device from the
     vector -- traced into the graph under torch.compile, where Inductor fuses it into one small reduction -- so the
     kernels skip the key blocks outside. -inf kinds: first visible key .. one past the last (0, 0 for a row with
     none); the "masking" kind: the same, but from key 0 under a causal mask, and every key for a row with none
-    visible. Else any tensor fills the parameter (not read)."""
+    visible. With a band in the program (``KEY_BAND`` 1 for the -inf kind, 2 for the masking kind) the range is the
+    visible keys' for both, and the kernels narrow it per query block (the band's end; the masking kind only where
+    every row of the block keeps a visible key). Else any tensor fills the parameter (not read)."""
     padding = spec.key_padding()
     if padding is None:
-        return dict(KeyRange=placeholder, KEY_RANGE=False)
+        return dict(KeyRange=placeholder, KEY_RANGE=False, KEY_BAND=0)
     keys = score_tensors[padding.tensor][:, 0, 0, :]  # [Z or 1, N]
     visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf"),
                "fill": lambda: keys > MASKING_FILL_LIMIT}[padding.hidden]()
@@ -182,11 +187,12 @@ def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, 
     positions = torch.arange(1, N + 1, device=keys.device, dtype=torch.int32)
     end = (visible * positions).amax(-1)  # 0 for a row with none
     first = torch.minimum(torch.argmax(visible, -1).to(torch.int32), end)  # argmax: the first maximum; [0, 0) if none
-    if padding.kind == "masking":
+    band = 0 if padding.band is None else 1 if padding.kind == "-inf" else 2
+    if padding.kind == "masking" and not band:
         none_visible = end == 0
         first = torch.zeros_like(first) if spec.causal is not None else torch.where(none_visible, 0, first)
         end = torch.where(none_visible, positions[-1], end)  # N, not as a scalar operand (it may be symbolic)
-    return dict(KeyRange=torch.stack([first, end], -1).expand(Z, 2).contiguous(), KEY_RANGE=True)
+    return dict(KeyRange=torch.stack([first, end], -1).expand(Z, 2).contiguous(), KEY_RANGE=True, KEY_BAND=band)
 
 
 def _blocks(cfg: autotune.KernelConfig) -> dict:

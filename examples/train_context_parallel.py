@@ -15,7 +15,6 @@ rounding drifting over the AdamW steps), and on a GPU the median step time and p
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -26,7 +25,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from examples.train_distributed import LOSS_FLOOR, build_model  # noqa: E402
+from examples.train_distributed import LOSS_FLOOR, build_model, init_distributed  # noqa: E402
 from fuse_attn.context_parallel import ContextParallel, shard_sequence  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
 
@@ -91,13 +90,7 @@ def main(argv=None) -> int:
     args.tiny = args.device == "cpu"
     args.length = args.length or (32 if args.tiny else 32768)
 
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
+    device, dtype = init_distributed(args.device)
     vocab = 64 if args.tiny else 32000
     tokens = torch.randint(0, vocab, (1, args.length), generator=torch.Generator().manual_seed(0)).to(device)
 

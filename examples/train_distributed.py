@@ -110,6 +110,17 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
     return dict(losses=losses, fused=fused, layers=layers, ms=statistics.median(warm) if warm else None)
 
 
+def init_distributed(device_type: str) -> tuple[torch.device, torch.dtype]:
+    """The process group (NCCL on GPUs, gloo on CPUs), this process's device (torchrun's LOCAL_RANK) and the dtype the
+    examples train in there (bf16 on a GPU, fp32 on a CPU)."""
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        return device, torch.bfloat16
+    return torch.device("cpu"), torch.float32
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engine", choices=["ddp", "fsdp2"], default="fsdp2")
@@ -121,14 +132,8 @@ def main(argv=None) -> int:
     args.tiny = args.device == "cpu"
     args.length, batch = (16, 2) if args.tiny else (2048, 4)
 
-    dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
+    device, dtype = init_distributed(args.device)
     rank = dist.get_rank()
-    if args.device == "cuda":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     vocab = 64 if args.tiny else (50257 if args.model == "gpt2" else 32000)
     generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data, the same for every variant
     batches = [torch.randint(0, vocab, (batch, args.length), generator=generator).to(device) for _ in range(args.steps)]

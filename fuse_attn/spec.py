@@ -461,33 +461,35 @@ def _bool_when(program: tuple[ScoreNode, ...], index: int, where: _Hidden, resul
 
 def _band_of(program: tuple[ScoreNode, ...], index: int) -> Optional[tuple[int, bool]]:
     """(d, visible) for a comparison node of the key and query indices that is ``visible`` exactly inside the causal
-    band ``kv_idx <= q_idx + d`` (``kv_idx <= q_idx``, ``q_idx + 1 > kv_idx``, ``kv_idx > q_idx`` -- outside --, ...);
-    None for any other node."""
+    band ``kv_idx <= q_idx + d`` (``kv_idx <= q_idx``, ``q_idx + 1 > kv_idx``, ``kv_idx > q_idx`` -- outside --,
+    ``kv_idx + a <= q_idx + b`` as context parallelism's global positions write it, ...); None for any other node."""
     node = program[index]
     if node.op not in ("lt", "le", "gt", "ge"):
         return None
     left, right = node.args
     op = node.op
-    if program[right].op == "kv_idx":  # written key-last: mirror it to key-first
+    if _index_offset(program, right, "kv_idx") is not None:  # written key-last: mirror it to key-first
         left, right = right, left
         op = {"lt": "gt", "le": "ge", "gt": "lt", "ge": "le"}[op]
-    offset = _query_offset(program, right)
-    if program[left].op != "kv_idx" or offset is None:
+    key, query = _index_offset(program, left, "kv_idx"), _index_offset(program, right, "q_idx")
+    if key is None or query is None:
         return None
+    offset = query - key
     # kv <= q + c and kv < q + c + 1 are the band d = c; kv > q + c and kv >= q + c + 1 are its outside
     return {"le": (offset, True), "lt": (offset - 1, True), "gt": (offset, False), "ge": (offset - 1, False)}[op]
 
 
-def _query_offset(program: tuple[ScoreNode, ...], index: int) -> Optional[int]:
-    """c for a node that is ``q_idx + c`` (``q_idx``, ``q_idx + c``, ``c + q_idx``, ``q_idx - c``) with an int c."""
+def _index_offset(program: tuple[ScoreNode, ...], index: int, leaf: str) -> Optional[int]:
+    """c for a node that is ``leaf + c`` (``leaf``, ``leaf + c``, ``c + leaf``, ``leaf - c``; leaf ``q_idx`` or
+    ``kv_idx``) with an int c."""
     node = program[index]
-    if node.op == "q_idx":
+    if node.op == leaf:
         return 0
     if node.op in ("add", "sub") and len(node.args) == 2:
         a, b = (program[i] for i in node.args)
-        if node.op == "add" and b.op == "q_idx":
+        if node.op == "add" and b.op == leaf:
             a, b = b, a
-        if a.op == "q_idx" and b.op == "const" and type(b.value) is int:
+        if a.op == leaf and b.op == "const" and type(b.value) is int:
             return b.value if node.op == "add" else -b.value
     return None
 

@@ -882,6 +882,7 @@ def test_key_padding_with_a_causal_band_in_the_program_skips_blocks_past_it(form
     ("where(~((kv_idx <= q_idx) & pad), -inf, s)", (0, "false", "-inf", 0), (0, "false", "masking", 0)),
     ("where((q_idx + 3 > kv_idx) & pad, s, -inf)", (0, "false", "-inf", 2), (0, "false", "masking", 2)),
     ("where((kv_idx > q_idx) | ~pad, -inf, s)", (0, "false", "-inf", 0), (0, "false", "masking", 0)),
+    ("where((kv_idx + 4 <= q_idx + 6) & pad, s, -inf)", (0, "false", "-inf", 2), (0, "false", "masking", 2)),
     # a band that hides keys only with another mask is no band of the padding's
     ("where((kv_idx <= q_idx) | other, s, -inf) + where(pad, 0, -inf)", (0, "false", "-inf", None), None),
     ("where(pad | other, s, -inf)", None, None),
@@ -909,6 +910,9 @@ def test_key_padding_is_named_only_where_the_vector_masks_the_score(form, paddin
             "gt", b.add("add", b.add("q_idx"), b.const(3)), b.add("kv_idx")), pad), s, neg_inf),
         "where((kv_idx > q_idx) | ~pad, -inf, s)": lambda: b.add("where", b.add("logical_or", b.add(
             "gt", b.add("kv_idx"), b.add("q_idx")), b.add("logical_not", pad)), neg_inf, s),
+        "where((kv_idx + 4 <= q_idx + 6) & pad, s, -inf)": lambda: b.add("where", b.add("logical_and", b.add(
+            "le", b.add("add", b.add("kv_idx"), b.const(4)), b.add("add", b.add("q_idx"), b.const(6))), pad), s,
+            neg_inf),
         "where((kv_idx <= q_idx) | other, s, -inf) + where(pad, 0, -inf)": lambda: b.add("add", b.add(
             "where", b.add("logical_or", b.add("le", b.add("kv_idx"), b.add("q_idx")), other), s, neg_inf),
             b.add("where", pad, b.const(0.0), neg_inf)),

@@ -128,9 +128,17 @@ def _passed_to_next_rank(t: Tensor, group_name: str, rank: int, world: int) -> T
 def pair_spec(spec: AttentionSpec, q_start: int, q_size: int, kv_start: int, kv_size: int, total: int,
               ) -> Optional[AttentionSpec]:
     """The spec of queries ``[q_start, q_start + q_size)`` over keys ``[kv_start, kv_start + kv_size)`` of a sequence
-    of ``total`` positions attended as ``spec`` says -- None where the causal band hides every key from every query
-    of the pair. Its rows that see no key give 0 (the merge gives them their global value)."""
+    of ``total`` positions attended as ``spec`` says -- None where the causal band (the spec's, or one written into
+    its program with an -inf padding mask) hides every key from every query of the pair. Its rows that see no key
+    give 0 (the merge gives them their global value). A band written with a masking fill (Hugging Face's eager
+    ``finfo.min`` masks) skips no pair: a query with no visible key is uniform over every key of the sequence."""
     causal = None
+    padding = spec.key_padding() if spec.causal is None else None
+    if padding is not None and padding.kind == "-inf" and padding.band is not None:
+        # a causal band written into the program with an -inf padding mask (SDPA's bool form): a pair wholly past it
+        # gives its rows no key, which adds nothing to their merge (a row of no key at all is 0 either way)
+        if q_size - 1 + q_start - kv_start + padding.band < 0:
+            return None
     if spec.causal is not None:
         # global: key g_j visible to query g_i iff g_j <= g_i + offset (and g_j > g_i + offset - window)
         d = q_start - kv_start + spec.causal.offset(total, total)

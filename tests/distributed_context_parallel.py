@@ -4,8 +4,8 @@
 
 * The op: ring_attention against flash_attention on the whole sequence -- plain, causal (load-balanced and
   contiguous shards), a sliding window across the shards' boundaries, ALiBi written with q_idx / kv_idx and learned
-  per-head slopes, GQA, a finfo.min key padding vector (travelling with K/V; a batch row with every key padded), and
-  dropout (run on the gathered sequence: the unsharded keep-mask).
+  per-head slopes, GQA, a finfo.min key padding vector (travelling with K/V; a batch row with every key padded),
+  SDPA's bool padding + causal mask (the band in the score program: the pairs past it skipped), and dropout (run on the gathered sequence: the unsharded keep-mask).
 * A causal attention compiled with dynamic=True (a symbolic length: run on the gathered sequence).
 * An unmodified Hugging Face LLaMA (eager attention, and its default SDPA calls; GQA), compiled with backend="fuse_attn" and the context_parallel
   option, on its sequence sharded: every attention fused as a ring; its loss and parameter gradients equal to the
@@ -49,10 +49,19 @@ def spec_and_tensors(case: str, heads: int, n: int, g: torch.Generator):
                                                   b.const(torch.finfo(torch.float32).min))))
         infos = (ScoreTensor("mask", "bool", (False, True, True, False)),)
         tensors = [(keep, False)]
+    elif case == "sdpa padding":  # SDPA's bool form: the band in the program, -inf, rows of no key 0
+        keep = torch.ones(2, 1, 1, n, dtype=torch.bool)
+        keep[0, ..., :5] = False
+        keep[1, ..., 20:] = False
+        visible = b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), b.add("load", value=0))
+        program = b.program(b.add("where", b.add("logical_not", visible), b.const(float("-inf")), s))
+        infos = (ScoreTensor("mask", "bool", (False, True, True, False)),)
+        tensors, causal = [(keep, False)], None
     elif case == "dropout":
         dropout = 0.3
     spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, causal=causal, score_mod=program,
-                         score_tensors=infos, gqa_group=2 if case == "gqa" else 1, dropout_p=dropout)
+                         score_tensors=infos, gqa_group=2 if case == "gqa" else 1, dropout_p=dropout,
+                         empty_rows="zero" if case == "sdpa padding" else "nan")
     return spec, tensors
 
 
@@ -175,6 +184,7 @@ def main() -> int:
     results = [check_op(case, load_balance, cp_group)
                for case, load_balance in [("plain", True), ("causal", True), ("causal", False), ("window", True),
                                           ("alibi", True), ("gqa", True), ("padding", True), ("padding", False),
+                                          ("sdpa padding", True),
                                           ("dropout", True)]]
     results.append(check_dynamic(ContextParallel()))
     results += [check_llama(ContextParallel(), attention) for attention in ("eager", "sdpa")]

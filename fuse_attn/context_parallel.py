@@ -87,8 +87,14 @@ def shard_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParall
     total = tensor.shape[dim]
     if total % world:
         raise ValueError(f"a sequence of {total} does not divide over {world} ranks")
-    return torch.cat([tensor.narrow(dim, start, size) for _, start, size in pieces(total // world, rank, world,
-                                                                                     cp.load_balance)], dim)
+    return _sharded(tensor, dim, rank, world, cp.load_balance)
+
+
+def _sharded(tensor: Tensor, dim: int, rank: int, world: int, load_balance: bool) -> Tensor:
+    """The pieces of the whole sequence ``tensor`` (along ``dim``) that ``rank`` holds, in its local order."""
+    local = tensor.shape[dim] // world
+    return torch.cat([tensor.narrow(dim, start, size) for _, start, size in pieces(local, rank, world, load_balance)],
+                     dim)
 
 
 def gather_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
@@ -192,8 +198,7 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
         gather = functools.partial(_gathered, group_name=group_name, rank=rank, world=world, load_balance=load_balance)
         tensors = [_gather_score_tensor(t, gather) for t in score_tensors]
         out = flash_attention(gather(q, 2), gather(k, 2), gather(v, 2), spec, tensors, dropout_seed=dropout_seed)
-        local = q.shape[2]
-        return torch.cat([out.narrow(2, start, size) for _, start, size in pieces(local, rank, world, load_balance)], 2)
+        return _sharded(out, 2, rank, world, load_balance)
 
     local = q.shape[2]
     total = local * world

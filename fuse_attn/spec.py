@@ -280,6 +280,8 @@ class AttentionSpec:
             reasons.append(f"score tensors {sorted(set(range(len(self.score_tensors))) - loaded)} are not loaded by the program")
         return reasons
 
+    # memoized: the launchers read it for every launch (launch._common, launch._key_range_args)
+    @functools.lru_cache(maxsize=1024)
     def key_padding(self) -> Optional[KeyPadding]:
         """A key padding vector of the spec, or None: score tensor ``tensor`` has one row of keys per batch
         (``[Z or 1, 1, 1, N]``) and the score program masks every query's score wherever the tensor's value is
@@ -313,7 +315,7 @@ class AttentionSpec:
             return None
         program, root = self.score_mod, len(self.score_mod) - 1
         vectors = [i for i, t in enumerate(self.score_tensors) if t.broadcast[1:] == (True, True, False)]
-        bands = {band[0] for band in map(lambda i: _band_of(program, i), range(len(program))) if band is not None}
+        bands = {found[0] for found in (_band_of(program, i) for i in range(len(program))) if found is not None}
         band = next(iter(bands)) if len(bands) == 1 and self.causal is None else None
 
         def band_masking(fill_limit: float) -> Optional[int]:

@@ -102,6 +102,9 @@ for _op, _packet in (
 ):
     for _overload in _overloads(_packet, "Tensor", "Scalar", "default"):
         _BINARY[_overload] = _op
+# torch.max(a, b) / torch.min(a, b) of two tensors (LLaMA's older ``torch.max(scores + mask, finfo.min)``)
+_BINARY[aten.max.other] = "maximum"
+_BINARY[aten.min.other] = "minimum"
 _UNARY = {
     aten.neg.default: "neg", aten.abs.default: "abs", aten.exp.default: "exp", aten.log.default: "log",
     aten.tanh.default: "tanh", aten.sigmoid.default: "sigmoid", aten.sqrt.default: "sqrt",
@@ -246,12 +249,20 @@ _FACTORIES = {aten.new_ones.default: 1, aten.new_zeros.default: 0, aten.ones.def
 
 
 def _factory_scalar(x: Any) -> Optional[Union[bool, int, float]]:
-    """The value of a one-element ``ones`` / ``zeros`` / ``full`` / ``scalar_tensor`` (which needs no inputs' values,
-    so it is known even when its size arguments are symbolic)."""
+    """The value of a one-element ``ones`` / ``zeros`` / ``full`` / ``scalar_tensor``."""
+    fake = val(x) if isinstance(x, fx.Node) else None
+    if not isinstance(fake, torch.Tensor) or not all_ones(fake.shape):
+        return None
+    return _factory_fill(x)
+
+
+def _factory_fill(x: Any) -> Optional[Union[bool, int, float]]:
+    """The one value of every element of a ``ones`` / ``zeros`` / ``full`` / ``scalar_tensor`` of any shape (which
+    needs no inputs' values, so it is known even when its size arguments are symbolic)."""
     if not isinstance(x, fx.Node) or x.op != "call_function":
         return None
     fake = val(x)
-    if not isinstance(fake, torch.Tensor) or not all_ones(fake.shape):
+    if not isinstance(fake, torch.Tensor):
         return None
     if x.target in _FACTORIES:
         value = _FACTORIES[x.target]
@@ -633,6 +644,12 @@ class SideExpressions:
             raise _CannotExpress(f"{x} is not a tensor or a constant")
         if target_of(x) == aten.expand.default or _keeps_alignment(x):
             return self.expression(x.args[0])  # a broadcast, or a view adding leading 1s: broadcasting does that
+        fill = _factory_fill(x)
+        if fill is not None:
+            return ("const", fill)  # a tensor of one value broadcasts as that value
+        triangle = self._triangle(x)
+        if triangle is not None:
+            return triangle
         index = self._index(x)
         if index is not None:
             return index
@@ -678,6 +695,22 @@ class SideExpressions:
                     children.append(self.expression(x))
             result = children[0] if kind == "identity" else (kind, *children)
         return result
+
+    def _triangle(self, x: fx.Node) -> Optional[Expr]:
+        """``triu(F, d)`` / ``tril(F, d)`` of a tensor whose last two dims are the scores' (queries, keys): ``F``
+        where ``kv_idx >= q_idx + d`` (triu) or ``kv_idx <= q_idx + d`` (tril), else 0 -- the causal mask
+        ``triu(full((N, N), finfo.min), 1)`` of Hugging Face's ``AttentionMaskConverter``."""
+        t = target_of(x)
+        if t not in (aten.triu.default, aten.tril.default):
+            return None
+        fake = val(x)
+        diagonal = x.args[1] if len(x.args) > 1 else x.kwargs.get("diagonal", 0)
+        if type(diagonal) is not int or fake.dim() < 2 or not same_shape(tuple(fake.shape[-2:]), (self.q_len, self.kv_len)):
+            return None
+        zero = False if fake.dtype == torch.bool else 0.0 if fake.dtype.is_floating_point else 0
+        query = ("index", "q_idx") if diagonal == 0 else ("add", ("index", "q_idx"), ("const", diagonal))
+        kept = ("ge" if t == aten.triu.default else "le", ("index", "kv_idx"), query)
+        return ("where", kept, self.expression(x.args[0]), ("const", zero))
 
     def _index(self, x: fx.Node) -> Optional[Expr]:
         """``x`` as a function of the query or key position, if it has one non-1 dim (the last: keys, the one
@@ -895,6 +928,9 @@ def _simplified(builder: ScoreProgramBuilder, kind: str, args: list[int]) -> int
     if kind in ("ge", "lt") and consts[1] is not None and not isinstance(consts[1], bool) and consts[1] <= 0 \
             and nodes[args[0]].op in _INDEX_LEAVES:
         return builder.const(kind == "ge")
+    if kind == "where" and all(isinstance(c, bool) for c in consts[1:]) and consts[1] != consts[2]:
+        # where(c, True, False) is c (a bool triangle, ``tril(full(True))``); where(c, False, True) is not c
+        return args[0] if consts[1] else builder.add("logical_not", args[0])
     if kind not in ("where",) and all(c is not None for c in consts):
         folded = _fold(kind, consts)
         if folded is not None:

@@ -141,14 +141,15 @@ class ScoreProgramBuilder:
 
     def __init__(self):
         self.nodes: list[ScoreNode] = []
-        self._index: dict[ScoreNode, int] = {}
+        self._index: dict[tuple[ScoreNode, type], int] = {}
 
     def add(self, op: str, *args: int, value: Union[float, int, bool, None] = None) -> int:
         node = ScoreNode(op, tuple(args), value)
-        if node not in self._index:
-            self._index[node] = len(self.nodes)
+        key = (node, type(value))  # True, 1 and 1.0 are equal in Python but not one constant of a program
+        if key not in self._index:
+            self._index[key] = len(self.nodes)
             self.nodes.append(node)
-        return self._index[node]
+        return self._index[key]
 
     def const(self, value: Union[float, int, bool]) -> int:
         return self.add("const", value=value)

@@ -269,6 +269,17 @@ class TestScorePrograms(TestCase):
     def describe(self, fn, *args, dynamic=None):
         return fused_specs(fn, *args, dynamic=dynamic)
 
+    def assert_compiled_equals_eager(self, fn, q, k, v, *rest):
+        """Output and q/k/v gradients of ``fn`` compiled with fuse_attn against eager, fp32."""
+        results = []
+        for run in (fn, torch.compile(fn, backend="fuse_attn")):
+            leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+            out = run(*leaves, *rest)
+            out.backward(torch.ones_like(out))
+            results.append([out, *(x.grad for x in leaves)])
+        for eager, ours in zip(*results):
+            torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
+
     def test_alibi_from_arange_is_computed_in_the_kernel(self):
         def fn(q, k, v, slopes):
             M, N = q.shape[-2], k.shape[-2]
@@ -301,6 +312,44 @@ class TestScorePrograms(TestCase):
         padding = torch.ones(2, 5, dtype=torch.long)
         padding[1, :2] = 0
         self.assertExpectedInline(self.describe(fn, *qkv(), padding), """float32 D=8 M=5 N=5 scale=1 s -> s + where((kv_idx <= q_idx) & mask0[Z,1,1,N], 0, -3.40282e+38) padded keys and past the causal band skipped (mask0)""")
+
+    def test_hf_to_4d_padding_and_triu_causal_load_only_the_padding(self):
+        """Hugging Face's ``AttentionMaskConverter.to_4d``: a ``triu(full((N, N), finfo.min), 1)`` causal mask,
+        ``masked_fill``ed where the inverted [B, N] padding is set; the triangle is an index comparison, so only the
+        padding vector is loaded and both the padded keys and the keys past the band are skipped."""
+
+        def fn(q, k, v, padding):
+            n, low = q.shape[-2], torch.finfo(q.dtype).min
+            causal = torch.triu(torch.full((n, n), low), diagonal=1)
+            inverted = 1.0 - padding[:, None, None, :].to(q.dtype)
+            mask = causal[None, None].masked_fill(inverted.bool(), low)
+            return torch.softmax(q @ k.transpose(-1, -2) + mask, -1) @ v
+
+        padding = torch.ones(2, 5, dtype=torch.long)
+        padding[1, 3:] = 0
+        self.assertExpectedInline(self.describe(fn, *qkv(), padding), """float32 D=8 M=5 N=5 scale=1 s -> s + where(mask0[Z,1,1,N], -3.40282e+38, where(kv_idx >= (q_idx + 1), -3.40282e+38, 0)) padded keys and past the causal band skipped (mask0)""")
+        self.assert_compiled_equals_eager(fn, *qkv(), padding)
+
+    def test_tril_of_a_full_tensor_is_computed_in_the_kernel(self):
+        def fn(q, k, v, bias):
+            n = q.shape[-2]
+            visible = torch.tril(torch.full((n, n), True), diagonal=-1)
+            return torch.softmax((q @ k.transpose(-1, -2) + bias).masked_fill(visible, -5.0), -1) @ v
+
+        bias = torch.randn(5)
+        self.assertExpectedInline(self.describe(fn, *qkv(), bias), """float32 D=8 M=5 N=5 scale=1 s -> where(kv_idx <= (q_idx + -1), -5, s + bias0[1,1,1,N])""")
+        self.assert_compiled_equals_eager(fn, *qkv(), bias)
+
+    def test_torch_max_of_the_scores_and_a_floor(self):
+        """LLaMA's older form: ``torch.max(scores + mask, tensor(finfo.min))`` (two tensors: ``max.other``)."""
+
+        def fn(q, k, v, mask):
+            w = q @ k.transpose(-1, -2) + mask
+            return torch.softmax(torch.max(w, torch.tensor(torch.finfo(q.dtype).min)), -1) @ v
+
+        mask = torch.randn(2, 1, 5, 5)
+        self.assertExpectedInline(self.describe(fn, *qkv(), mask), """float32 D=8 M=5 N=5 scale=1 s -> maximum(s + bias0[Z,1,M,N], -3.40282e+38)""")
+        self.assert_compiled_equals_eager(fn, *qkv(), mask)
 
     def test_hf_packed_sequence_causal_mask_with_a_tensor_fill_is_a_band(self):
         """transformers 5.17's eager mask (GPT-2): causal & "same packed sequence" from position ids made in the
@@ -468,7 +517,7 @@ class TestNotRewritten(TestCase):
         (verdict,) = rewrite_reports(fn, *qkv())[0].verdicts
         self.assertEqual(verdict.source, f"test_matcher.py:{fn.__code__.co_firstlineno + 1} `weights = torch.softmax(q @ k.transpose(-1, -2), -1)`")
 
-    def test_causal_mask_before_tanh_stays_a_tensor(self):
+    def test_causal_mask_before_tanh_is_not_a_band(self):
         """tanh(-inf) = -1: a mask applied before a softcap does not mask, so it must not become 'causal'."""
 
         def fn(q, k, v):
@@ -477,4 +526,4 @@ class TestNotRewritten(TestCase):
             return torch.softmax(torch.tanh(w / 50.0) * 50.0, -1) @ v
 
         reports = rewrite_reports(fn, *qkv())
-        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> tanh(where(mask0[1,1,M,N], -inf, s) / 50) * 50""")
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> tanh(where(kv_idx >= (q_idx + 1), -inf, s) / 50) * 50""")

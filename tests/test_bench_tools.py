@@ -1,14 +1,18 @@
-"""Smoke test of the model benchmark on a CPU (tools/bench_attention.py needs CUDA and has none)."""
+"""Smoke tests of the benchmark tools on a CPU (tools/bench_attention.py needs CUDA and has none), and the variant
+modules of tools/bench_variants.py: each one fused and equal to eager."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 
-pytest.importorskip("transformers")
+with mock.patch.dict(os.environ):  # the tool sets FUSE_ATTN_CANDIDATES for its runs; the session keeps conftest's
+    from tools.bench_variants import DEFAULT_SIZE, VARIANTS, check_variant, small_size
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -34,6 +38,7 @@ def tables(stdout):
 
 
 def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
+    pytest.importorskip("transformers")
     # TRITON_INTERPRET=0: the fused op takes its plain-PyTorch CPU path (the interpreter would be far slower)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
@@ -50,6 +55,7 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
 
 
 def test_bench_decode_tiny_on_cpu(tmp_path):
+    pytest.importorskip("transformers")
     # The op part (our op and the SDPA backends a CPU runs) and generate with fuse_attn (every attention fused,
     # no graph compiled while timing); plain-PyTorch CPU path as above.
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
@@ -66,3 +72,23 @@ def test_bench_decode_tiny_on_cpu(tmp_path):
     assert row["variant"] == "fuse_attn" and int(row["fused"]) > 0 and float(row["tok/s"]) > 0
     warmup, timed = (int(n) for n in row["graphs compiled (warm-up + timed)"].split("+"))
     assert warmup >= 1 and timed == 0, done.stdout
+
+
+# The variants whose score change is a dense [1, H, N, N] tensor in the model itself (a learned bias, a precomputed
+# ALiBi buffer): the kernels load it.
+DENSE_BY_DESIGN = {"dense_bias", "alibi_causal_precomputed"}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_bench_variants_module_is_fused_and_matches_eager(name):
+    """Each benchmarked variant module, compiled with fuse_attn on the CPU in fp32 (kernels in Triton's interpreter
+    under TRITON_INTERPRET=1): its attention fused, output and gradients (q, k, v, the learned bias) within the 2x
+    rule of eager's against fp64. A benchmark row of an unfused variant would time Inductor, not our kernels."""
+    variant = VARIANTS[name]
+    # head dim 16 (the default's 128 scaled down), but a variant about its head dim (256) keeps it
+    head_dim = 16 if variant.default.head_dim == DEFAULT_SIZE.head_dim else variant.default.head_dim
+    result = check_variant(variant, small_size(variant.default, 64, head_dim), "cpu")
+    assert result.fused >= 1, "\n".join(result.verdicts)
+    if name not in DENSE_BY_DESIGN:  # masks built from indices or a padding vector: nothing [.., M, N] is loaded
+        assert not any("M,N]" in verdict for verdict in result.verdicts), "\n".join(result.verdicts)
+    assert result.ok, "; ".join(result.comparisons)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
@@ -62,6 +63,7 @@ class Variant:
     result: Any
     reports: list
     ms: Optional[float] = None
+    run: Optional[Callable[[], Any]] = None
 
 
 def run_variant(setup: Setup, name: str, backend: Optional[str], prepare: Callable[[Optional[str]], Callable[[], Any]],
@@ -74,7 +76,24 @@ def run_variant(setup: Setup, name: str, backend: Optional[str], prepare: Callab
     with collect_reports() as reports:
         result = first(run)
     ms = median_ms(run) if setup.cuda and backend is not None else None
-    return Variant(name, result, reports, ms)
+    return Variant(name, result, reports, ms, run)
+
+
+def retime_alternating(variants: Sequence[Variant], rounds: int) -> None:
+    """Time the variants again in turns (A B A B ...), ``rounds`` times each, and keep each one's median over the
+    rounds: measured on the H100 (2026-11-24), host-bound ``generate`` calls ran about 10% faster in whichever variant
+    was timed first in its process, in both orders, so one measurement each in a fixed order decides nothing. Each
+    round of a variant compiles it again (from warm caches) in the warm-up calls before its timing."""
+    times = {id(v): [] for v in variants}
+    for _ in range(rounds):
+        for v in variants:
+            # Dynamo's recompile limit counts the graphs of every backend on one code object (the variants share
+            # the model's forward): without the reset the variants in turn pass it and run uncompiled
+            torch._dynamo.reset()
+            times[id(v)].append(median_ms(v.run))
+    for v in variants:
+        v.ms = statistics.median(times[id(v)])
+        print(f"{v.name}: {', '.join(f'{ms:.2f}' for ms in times[id(v)])} ms in {rounds} alternating rounds")
 
 
 def median_ms(fn: Callable[[], Any]) -> float:

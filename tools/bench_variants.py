@@ -3,6 +3,7 @@
     PYTHONPATH=. python3 tools/bench_variants.py --out OUTDIR [--variants softcap_causal gqa_causal ...]
         [--modes fwd fwd+bwd] [--methods fuse_attn flex sdpa_mask cudnn torch_compile]
         [--batch B] [--heads H] [--seq N] [--head-dim D] [--check]
+    PYTHONPATH=. python3 tools/bench_variants.py --out OUTDIR --plot-only     # bars of OUTDIR/bench_variants.csv
 
 Each variant is a small ``nn.Module`` whose ``forward`` takes q, k, v ([B, H, N, D], bf16) and computes attention
 in eager PyTorch as models do (``q @ k.transpose(-2, -1) * scale``, the variant's mask or bias,
@@ -476,6 +477,39 @@ def bench_variant(name: str, size: Size, mode: str, methods_filter, record) -> l
     return row
 
 
+def plot(csv_path: str, png_path: str) -> None:
+    """Bars of ``fastest peer ms / fuse_attn ms`` per variant, forward and forward+backward, from every row of the
+    CSV (for a repeated cell the last row wins); a line at 1.0, where fuse_attn ties the fastest peer."""
+    import csv
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(csv_path, newline="") as f:
+        cells = {(r["variant"], r["mode"], r["method"]): float(r["median_ms"]) for r in csv.DictReader(f)
+                 if r["median_ms"] not in ("OOM", "error")}
+    variants = list(dict.fromkeys(v for v, _, _ in cells))
+    modes = ["fwd", "fwd+bwd"]
+    fig, ax = plt.subplots(figsize=(1.2 * len(variants) + 2, 4))
+    width = 0.8 / len(modes)
+    for i, mode in enumerate(modes):
+        speedups = []
+        for v in variants:
+            peers = [cells[(v, mode, m)] for m in PEERS if (v, mode, m) in cells]
+            ours = cells.get((v, mode, "fuse_attn"))
+            speedups.append(min(peers) / ours if peers and ours else 0.0)
+        bars = ax.bar([x + (i - (len(modes) - 1) / 2) * width for x in range(len(variants))], speedups, width, label=mode)
+        ax.bar_label(bars, fmt="%.2f", fontsize=7)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(variants)), variants, rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel("fastest peer time / fuse_attn time")
+    ax.set_title("fuse_attn against the fastest of FlexAttention, SDPA (HF mask), cuDNN, torch.compile")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png_path, dpi=120)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=".")
@@ -488,7 +522,12 @@ def main(argv=None):
     ap.add_argument("--head-dim", type=int, help="D of every variant")
     ap.add_argument("--check", action="store_true",
                     help=f"first compare fuse_attn with eager in fp32 at N={CHECK_SEQ} (2x rule against fp64)")
+    ap.add_argument("--plot-only", action="store_true",
+                    help="draw OUTDIR/bench_variants.csv into OUTDIR/bench_variants.png (needs matplotlib), time nothing")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        plot(os.path.join(args.out, "bench_variants.csv"), os.path.join(args.out, "bench_variants.png"))
+        return 0
     gpu = torch.cuda.get_device_name()
     print(f"device: {gpu}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
     ok = True

@@ -569,6 +569,13 @@ def _distance_predicate(expr: Expr):
     value; None if it is not one."""
     kind = expr[0]
     if kind in _COMPARISONS:
+        chosen = _chosen_constant(expr[1], expr[2])
+        if chosen is not None:  # where(p, a, b) == c and the like: a constant chosen by a distance predicate
+            (holds_p, changes), value, c = chosen
+            compare = _COMPARISONS[kind]
+            if expr[2][0] == "where":  # the constant on the left: c <op> where(...)
+                return (lambda d: compare(c, value(holds_p(d)))), changes
+            return (lambda d: compare(value(holds_p(d)), c)), changes
         sides = _linear(expr[1]), _linear(expr[2])
         if None in sides:
             return None
@@ -587,6 +594,19 @@ def _distance_predicate(expr: Expr):
             return None
         combine = all if kind == "logical_and" else any
         return (lambda d: combine(p[0](d) for p in parts)), [t for p in parts for t in p[1]]
+    return None
+
+
+def _chosen_constant(left: Expr, right: Expr):
+    """For a comparison of ``where(p, a, b)`` (a, b constants, p a distance predicate) with a constant c, either way
+    round (``tril(ones(T, T)) == 0`` under symbolic lengths): (p's predicate, value(p) -> a or b, c); else None."""
+    for chooser, constant in ((left, right), (right, left)):
+        if chooser[0] == "where" and constant[0] == "const" and chooser[2][0] == "const" and chooser[3][0] == "const":
+            predicate = _distance_predicate(chooser[1])
+            if predicate is None:
+                return None
+            a, b = chooser[2][1], chooser[3][1]
+            return predicate, (lambda holds: a if holds else b), constant[1]
     return None
 
 

@@ -384,6 +384,21 @@ class TestScorePrograms(TestCase):
 
         self.assertExpectedInline(self.describe(fn, *qkv(), dynamic=True), """float32 D=? scale=1*D^-0.5 causal(top_left, diagonal=0)""")
 
+    def test_symbolic_lengths_tril_of_ones_compared_to_zero_is_a_band(self):
+        """nanoGPT's mask built in the forward, ``tril(ones(T, T)) == 0``, under symbolic lengths: the triangle is an
+        index comparison choosing 1 or 0, so the comparison with 0 is a predicate of ``j - i``; a ``triu`` one that
+        keeps every key past the diagonal is no band and stays in the program."""
+
+        def masked(triangle):
+            def fn(q, k, v):
+                T = q.shape[-2]
+                return torch.softmax((q @ k.transpose(-1, -2)).masked_fill(triangle(torch.ones(T, T)) == 0, float("-inf")), -1) @ v
+
+            return self.describe(fn, *qkv(), dynamic=True).removeprefix("float32 D=? scale=1 ")
+
+        self.assertExpectedInline(masked(torch.tril), """causal(top_left, diagonal=0)""")
+        self.assertExpectedInline(masked(lambda x: torch.triu(x, diagonal=-2)), """s -> where(where(kv_idx >= (q_idx + -2), 1, 0) == 0, -inf, s)""")
+
     def test_symbolic_lengths_distance_predicates(self):
         """Under symbolic lengths a mask is read from its index expression: a predicate of ``j - i`` alone that keeps
         a band in which every row keeps a key becomes ``causal``; anything else stays in the kernel's program."""

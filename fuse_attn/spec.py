@@ -185,12 +185,19 @@ def program_text(program: tuple[ScoreNode, ...], tensors: tuple["ScoreTensor", .
             t = f"{kind}{node.value}{bc}"
         elif node.op in LEAF_OPS:
             t = node.op
+        elif node.op in ("add", "sub") and _negative_constant(program[node.args[1]]):
+            # x + -2 reads x - 2, x - -2 reads x + 2
+            t = f"({a[0]} {'-' if node.op == 'add' else '+'} {a[1][1:]})"
         elif node.op in _INFIX:
             t = f"({a[0]} {_INFIX[node.op]} {a[1]})"
         else:
             t = f"{node.op}({', '.join(_unwrapped(x) for x in a)})"
         texts.append(t)
     return _unwrapped(texts[-1]) if texts else "s"
+
+
+def _negative_constant(node: ScoreNode) -> bool:
+    return node.op == "const" and not isinstance(node.value, bool) and node.value < 0 and not math.isinf(node.value)
 
 
 def _unwrapped(text: str) -> str:

@@ -337,7 +337,7 @@ class TestScorePrograms(TestCase):
             return torch.softmax((q @ k.transpose(-1, -2) + bias).masked_fill(visible, -5.0), -1) @ v
 
         bias = torch.randn(5)
-        self.assertExpectedInline(self.describe(fn, *qkv(), bias), """float32 D=8 M=5 N=5 scale=1 s -> where(kv_idx <= (q_idx + -1), -5, s + bias0[1,1,1,N])""")
+        self.assertExpectedInline(self.describe(fn, *qkv(), bias), """float32 D=8 M=5 N=5 scale=1 s -> where(kv_idx <= (q_idx - 1), -5, s + bias0[1,1,1,N])""")
         self.assert_compiled_equals_eager(fn, *qkv(), bias)
 
     def test_torch_max_of_the_scores_and_a_floor(self):
@@ -397,7 +397,7 @@ class TestScorePrograms(TestCase):
             return self.describe(fn, *qkv(), dynamic=True).removeprefix("float32 D=? scale=1 ")
 
         self.assertExpectedInline(masked(torch.tril), """causal(top_left, diagonal=0)""")
-        self.assertExpectedInline(masked(lambda x: torch.triu(x, diagonal=-2)), """s -> where(where(kv_idx >= (q_idx + -2), 1, 0) == 0, -inf, s)""")
+        self.assertExpectedInline(masked(lambda x: torch.triu(x, diagonal=-2)), """s -> where(where(kv_idx >= (q_idx - 2), 1, 0) == 0, -inf, s)""")
 
     def test_symbolic_lengths_distance_predicates(self):
         """Under symbolic lengths a mask is read from its index expression: a predicate of ``j - i`` alone that keeps

@@ -84,16 +84,16 @@ def retime_alternating(variants: Sequence[Variant], rounds: int) -> None:
     rounds: measured on the H100 (2026-11-24), host-bound ``generate`` calls ran about 10% faster in whichever variant
     was timed first in its process, in both orders, so one measurement each in a fixed order decides nothing. Each
     round of a variant compiles it again (from warm caches) in the warm-up calls before its timing."""
-    times = {id(v): [] for v in variants}
+    times = [[] for _ in variants]
     for _ in range(rounds):
-        for v in variants:
+        for v, measured in zip(variants, times):
             # Dynamo's recompile limit counts the graphs of every backend on one code object (the variants share
             # the model's forward): without the reset the variants in turn pass it and run uncompiled
             torch._dynamo.reset()
-            times[id(v)].append(median_ms(v.run))
-    for v in variants:
-        v.ms = statistics.median(times[id(v)])
-        print(f"{v.name}: {', '.join(f'{ms:.2f}' for ms in times[id(v)])} ms in {rounds} alternating rounds")
+            measured.append(median_ms(v.run))
+    for v, measured in zip(variants, times):
+        v.ms = statistics.median(measured)
+        print(f"{v.name}: {', '.join(f'{ms:.2f}' for ms in measured)} ms in {rounds} alternating rounds")
 
 
 def median_ms(fn: Callable[[], Any]) -> float:

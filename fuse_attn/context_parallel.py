@@ -109,13 +109,12 @@ def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, 
     gather = getattr(collectives, "all_gather_single_autograd", None) or collectives.all_gather_tensor_autograd
     local = tensor.shape[dim]
     stacked = gather(tensor.movedim(dim, 0).contiguous(), 0, group_name)  # rank-major
-    placed = [None] * (world * len(chunk_indices(0, world, load_balance)))
+    placed = {}  # chunk index -> its rows (the chunk indices are ints, also where the length is symbolic)
     for r in range(world):
-        chunks = chunk_indices(r, world, load_balance)
-        size = local // len(chunks)
-        for i, chunk in enumerate(chunks):
-            placed[chunk] = stacked.narrow(0, r * local + i * size, size)
-    return torch.cat(placed, 0).movedim(0, dim)
+        layout = zip(chunk_indices(r, world, load_balance), pieces(local, r, world, load_balance))
+        for chunk, (local_start, _, size) in layout:
+            placed[chunk] = stacked.narrow(0, r * local + local_start, size)
+    return torch.cat([placed[chunk] for chunk in sorted(placed)], 0).movedim(0, dim)
 
 
 def _passed_to_next_rank(t: Tensor, group_name: str, rank: int, world: int) -> Tensor:

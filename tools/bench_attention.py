@@ -55,6 +55,11 @@ FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-2}
 
 
 # ---- correctness ---------------------------------------------------------------------------------------------------
+def alibi_slopes(heads: int, device=None):
+    """Bloom's ALiBi slopes 2^(-8 h / H), h = 1..H."""
+    return 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
+
+
 def _err(a, b):
     a, b = a.double(), b.double()
     ok = ~(torch.isnan(a) | torch.isnan(b))
@@ -83,8 +88,7 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
     if bias is not None:
         x = b.add("add", x, load("bias", bias, torch.randn(*bias, device=dev, dtype=dtype)))
     if alibi:
-        # Bloom's slopes 2^(-8 h / H), h = 1..H
-        slopes = 2.0 ** (-8.0 * torch.arange(1, H + 1, device=dev) / H)
+        slopes = alibi_slopes(H, dev)
         distance = b.add("sub", b.add("kv_idx"), b.add("q_idx"))
         x = b.add("add", x, b.add("mul", load("bias", (1, H, 1, 1), slopes.view(1, H, 1, 1).to(dtype)), distance))
     if softcap is not None:

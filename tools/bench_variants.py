@@ -58,7 +58,7 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
 # (fuse_attn.kernels.implementations), whatever this GPU would time faster.
 os.environ["FUSE_ATTN_CANDIDATES"] = "triton"
 from fuse_attn.report import collect_reports  # noqa: E402
-from tools.bench_attention import FLOOR, NAMES, SOFTCAP, _err, measure  # noqa: E402
+from tools.bench_attention import FLOOR, NAMES, SOFTCAP, _err, alibi_slopes, measure  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402
 from tools.bench_host_overhead import random_inputs  # noqa: E402
 
@@ -110,9 +110,11 @@ def attend(scores, v):
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype) @ v
 
 
-def alibi_slopes(heads: int, device=None):
-    """Bloom's ALiBi slopes 2^(-8 h / H), h = 1..H."""
-    return 2.0 ** (-8.0 * torch.arange(1, heads + 1, device=device) / heads)
+def causal_masked(scores):
+    """The scores with the keys after each query at -inf: a ``triu(1)`` bool mask, as LLaMA-style model code."""
+    n = scores.shape[-2]
+    future = torch.ones(n, n, dtype=torch.bool, device=scores.device).triu(1)
+    return scores.masked_fill(future, float("-inf"))
 
 
 def alibi_bias(slopes, n: int):
@@ -157,11 +159,8 @@ class SoftcapCausal(VariantAttention):
     """Gemma-2's eager attention: the scores softcapped by ``tanh(s / 50) * 50``, then a causal ``triu`` mask."""
 
     def forward(self, q, k, v):
-        n = q.shape[-2]
         scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
-        scores = torch.tanh(scores / SOFTCAP) * SOFTCAP
-        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        return attend(scores.masked_fill(future, float("-inf")), v)
+        return attend(causal_masked(torch.tanh(scores / SOFTCAP) * SOFTCAP), v)
 
     def flex_mods(self, device, extra):
         return softcap_score_mod, causal_mask_mod
@@ -202,9 +201,7 @@ class GqaCausal(VariantAttention):
         kv_heads = k.shape[1]
         k = k[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
         v = v[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
-        scores = q @ k.transpose(-2, -1) * D ** -0.5
-        future = torch.ones(N, N, dtype=torch.bool, device=q.device).triu(1)
-        return attend(scores.masked_fill(future, float("-inf")), v)
+        return attend(causal_masked(q @ k.transpose(-2, -1) * D ** -0.5), v)
 
     def flex_mods(self, device, extra):
         return None, causal_mask_mod
@@ -221,10 +218,7 @@ class AlibiCausalPrecomputed(VariantAttention):
         self.register_buffer("alibi", alibi_bias(alibi_slopes(size.heads), size.seq)[None])
 
     def forward(self, q, k, v):
-        n = q.shape[-2]
-        scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + self.alibi
-        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        return attend(scores.masked_fill(future, float("-inf")), v)
+        return attend(causal_masked(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + self.alibi), v)
 
     def flex_mods(self, device, extra):
         # FlexAttention states ALiBi from the slopes however the model computes it (no [H, N, N] read)
@@ -242,10 +236,8 @@ class AlibiFromSlopes(VariantAttention):
         self.register_buffer("slopes", alibi_slopes(size.heads))
 
     def forward(self, q, k, v):
-        n = q.shape[-2]
-        scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + alibi_bias(self.slopes, n)
-        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        return attend(scores.masked_fill(future, float("-inf")), v)
+        scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + alibi_bias(self.slopes, q.shape[-2])
+        return attend(causal_masked(scores), v)
 
     def flex_mods(self, device, extra):
         return alibi_score_mod(self.slopes), causal_mask_mod

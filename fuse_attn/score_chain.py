@@ -569,13 +569,9 @@ def _distance_predicate(expr: Expr):
     value; None if it is not one."""
     kind = expr[0]
     if kind in _COMPARISONS:
-        chosen = _chosen_constant(expr[1], expr[2])
+        chosen = _chosen_constant_comparison(kind, expr[1], expr[2])
         if chosen is not None:  # where(p, a, b) == c and the like: a constant chosen by a distance predicate
-            (holds_p, changes), value, c = chosen
-            compare = _COMPARISONS[kind]
-            if expr[2][0] == "where":  # the constant on the left: c <op> where(...)
-                return (lambda d: compare(c, value(holds_p(d)))), changes
-            return (lambda d: compare(value(holds_p(d)), c)), changes
+            return chosen
         sides = _linear(expr[1]), _linear(expr[2])
         if None in sides:
             return None
@@ -597,16 +593,20 @@ def _distance_predicate(expr: Expr):
     return None
 
 
-def _chosen_constant(left: Expr, right: Expr):
-    """For a comparison of ``where(p, a, b)`` (a, b constants, p a distance predicate) with a constant c, either way
-    round (``tril(ones(T, T)) == 0`` under symbolic lengths): (p's predicate, value(p) -> a or b, c); else None."""
-    for chooser, constant in ((left, right), (right, left)):
+def _chosen_constant_comparison(kind: str, left: Expr, right: Expr):
+    """``left <kind> right`` as a distance predicate (as :func:`_distance_predicate` gives it) where one side is
+    ``where(p, a, b)`` (a, b constants, p a distance predicate) and the other a constant (``tril(ones(T, T)) == 0``
+    under symbolic lengths); else None."""
+    compare = _COMPARISONS[kind]
+    for chooser, constant, chooser_left in ((left, right, True), (right, left, False)):
         if chooser[0] == "where" and constant[0] == "const" and chooser[2][0] == "const" and chooser[3][0] == "const":
             predicate = _distance_predicate(chooser[1])
             if predicate is None:
                 return None
-            a, b = chooser[2][1], chooser[3][1]
-            return predicate, (lambda holds: a if holds else b), constant[1]
+            (holds, changes), a, b, c = predicate, chooser[2][1], chooser[3][1], constant[1]
+            if chooser_left:
+                return (lambda d: compare(a if holds(d) else b, c)), changes
+            return (lambda d: compare(c, a if holds(d) else b)), changes
     return None
 
 

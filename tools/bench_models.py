@@ -1,7 +1,8 @@
 """Model-level benchmark: Hugging Face models built from configs (random weights), a training step and an inference
 forward, with the attention compiled five ways. Models: ``gpt2`` and ``llama`` (4-layer decoders, below),
-``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3)
-and ``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4).
+``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3),
+``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4) and ``mistral-window`` (the ``llama`` decoder's
+sizes as a Mistral with a sliding window of N/4).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -92,7 +93,7 @@ FUSED_VARIANTS = [name for name, (_, backend, _) in VARIANTS.items() if backend 
 # (ours, the other): the speed-up columns of the table
 RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
           ("sdpa+fuse_attn:triton", "sdpa+inductor")]
-MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b"]
+MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
@@ -128,6 +129,14 @@ def model_and_config(name, attention, tiny, length):
                      num_hidden_layers=16))
         config = T.LlamaConfig(**size, max_position_embeddings=length, attention_dropout=0.0, use_cache=False)
         model_cls = T.LlamaForCausalLM
+    elif name == "mistral-window":  # the "llama" sizes below, each query seeing its last N/4 keys (Mistral's window)
+        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=64) if tiny else
+                dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8,
+                     num_hidden_layers=4))
+        config = T.MistralConfig(**size, max_position_embeddings=length, sliding_window=length // 4,
+                                 attention_dropout=0.0, use_cache=False)
+        model_cls = T.MistralForCausalLM
     elif name == "gpt2":
         size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=1024, n_head=16, n_layer=4)
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,

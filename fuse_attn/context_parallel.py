@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .spec import AttentionSpec, CausalMask, ScoreProgramBuilder, UnsupportedSpec
+from .spec import COMPARISON_OPS, AttentionSpec, CausalMask, ScoreProgramBuilder, UnsupportedSpec
 
 log = logging.getLogger("fuse_attn")
 
@@ -132,10 +132,19 @@ def _passed_to_next_rank(t: Tensor, group_name: str, rank: int, world: int) -> T
 # ---- specs of the pairs --------------------------------------------------------------------------------------------
 def pair_spec(spec: AttentionSpec, q_start: int, q_size: int, kv_start: int, kv_size: int, total: int,
               ) -> Optional[AttentionSpec]:
+    """:func:`pair_and_tensors`'s spec."""
+    found = pair_and_tensors(spec, q_start, q_size, kv_start, kv_size, total)
+    return None if found is None else found[0]
+
+
+def pair_and_tensors(spec: AttentionSpec, q_start: int, q_size: int, kv_start: int, kv_size: int, total: int,
+                     ) -> Optional[tuple[AttentionSpec, list[int]]]:
     """The spec of queries ``[q_start, q_start + q_size)`` over keys ``[kv_start, kv_start + kv_size)`` of a sequence
     of ``total`` positions attended as ``spec`` says -- None where the causal band (the spec's, or one written into
-    its program with an -inf padding mask) hides every key from every query of the pair. Its rows that see no key
-    give 0 (the merge gives them their global value). A band written with a masking fill (Hugging Face's eager
+    its program with an -inf padding mask) hides every key from every query of the pair; with the indices of the
+    spec's score tensors that the pair's program still reads (:func:`_decided_over_pair` may settle every read of
+    one), in the order the pair's spec takes them. Its rows that see no key give 0 (the merge gives them their global
+    value). A band written with a masking fill (Hugging Face's eager
     ``finfo.min`` masks) skips no pair: a query with no visible key is uniform over every key of the sequence."""
     causal = None
     padding = spec.key_padding() if spec.causal is None else None
@@ -152,8 +161,9 @@ def pair_spec(spec: AttentionSpec, q_start: int, q_size: int, kv_start: int, kv_
             return None
         if not (d >= kv_size - 1 and (window is None or q_size - 1 + d - window < 0)):
             causal = CausalMask(diagonal=d, alignment="top_left", window=window)
-    return dataclasses.replace(spec, causal=causal, score_mod=_at_global_positions(spec, q_start, kv_start, total),
-                               empty_rows="zero", q_len=q_size, kv_len=kv_size)
+    program, read = _decided_over_pair(_at_global_positions(spec, q_start, kv_start, total), q_size, kv_size)
+    return dataclasses.replace(spec, causal=causal, score_mod=program, score_tensors=tuple(
+        spec.score_tensors[i] for i in read), empty_rows="zero", q_len=q_size, kv_len=kv_size), read
 
 
 def _at_global_positions(spec: AttentionSpec, q_start: int, kv_start: int, total: int) -> tuple:
@@ -170,6 +180,92 @@ def _at_global_positions(spec: AttentionSpec, q_start: int, kv_start: int, total
         else:
             new.append(b.add(node.op, *(new[a] for a in node.args), value=node.value))
     return b.program(new[-1])
+
+
+def _decided_over_pair(program: tuple, q_size: int, kv_size: int) -> tuple[tuple, list[int]]:
+    """``program`` with its comparisons of positions settled where they can be for a pair of ``q_size`` queries and
+    ``kv_size`` keys, exactly (integer positions):
+
+    * a comparison of two offset positions, ``kv_idx + a <= q_idx + b``, is written ``kv_idx <= q_idx + (b - a)``;
+    * one that holds for every element of the pair, or for none, becomes True or False, and the ``where``,
+      ``&``, ``|`` and ``~`` it feeds are simplified.
+
+    So the pairs of the ring share a program -- and a spec, and so their compiled kernels and tuned configs --
+    wherever the band of a mask written into the program is wholly visible (full pairs), wholly hidden, or has the
+    same diagonal: three specs for a causal mask, where each pair's global offsets made one spec per pair.
+
+    Returns the program and the score tensors it still reads (their old indices, renumbered 0, 1, ... in it)."""
+    if not program:
+        return program, []
+    b = ScoreProgramBuilder()
+    new: list[int] = []
+    ranges: list[Optional[tuple[int, int]]] = []  # per node: the integer values it takes over the pair, if known
+    offset: list[Optional[tuple[int, int]]] = []  # per node: (new index of a position leaf, c) if it is leaf + c
+
+    def boolean(i: int) -> Optional[bool]:
+        node = b.nodes[i]
+        return node.value if node.op == "const" and type(node.value) is bool else None
+
+    for node in program:
+        args = [new[a] for a in node.args]
+        arg_ranges = [ranges[a] for a in node.args]
+        arg_offsets = [offset[a] for a in node.args]
+        value_range, at_offset, result = None, None, None
+        if node.op in ("q_idx", "kv_idx"):
+            result = b.add(node.op)
+            value_range, at_offset = (0, (q_size if node.op == "q_idx" else kv_size) - 1), (result, 0)
+        elif node.op == "const" and type(node.value) is int:
+            value_range = (node.value, node.value)
+        elif node.op in ("add", "sub") and None not in arg_ranges:
+            (a_lo, a_hi), (b_lo, b_hi) = arg_ranges
+            value_range = (a_lo + b_lo, a_hi + b_hi) if node.op == "add" else (a_lo - b_hi, a_hi - b_lo)
+            constant = arg_ranges[1][0] if arg_ranges[1][0] == arg_ranges[1][1] else None
+            if arg_offsets[0] is not None and constant is not None:
+                at_offset = (arg_offsets[0][0], arg_offsets[0][1] + (constant if node.op == "add" else -constant))
+        elif node.op in COMPARISON_OPS and None not in arg_ranges:
+            settled = _settled(node.op, *arg_ranges)
+            if settled is not None:
+                result = b.const(settled)
+            elif None not in arg_offsets:
+                (left, a), (right, c) = arg_offsets
+                result = b.add(node.op, left, right if c == a else b.add("add", right, b.const(c - a)))
+        elif node.op in ("logical_and", "logical_or"):
+            absorbing = node.op == "logical_or"  # True absorbs an or, False an and
+            known = [boolean(a) for a in args]
+            if absorbing in known:
+                result = b.const(absorbing)
+            elif (not absorbing) in known:
+                result = args[1] if known[0] is not None else args[0]
+        elif node.op == "logical_not" and boolean(args[0]) is not None:
+            result = b.const(not boolean(args[0]))
+        elif node.op == "where" and boolean(args[0]) is not None:
+            result = args[1] if boolean(args[0]) else args[2]
+        if result is None:
+            result = b.add(node.op, *args, value=node.value)
+        new.append(result)
+        ranges.append(value_range)
+        offset.append(at_offset)
+    settled = b.program(new[-1])
+    read = sorted({node.value for node in settled if node.op == "load"})
+    renumbered = {old: i for i, old in enumerate(read)}
+    return tuple(dataclasses.replace(node, value=renumbered[node.value]) if node.op == "load" else node
+                 for node in settled), read
+
+
+def _settled(op: str, left: tuple[int, int], right: tuple[int, int]) -> Optional[bool]:
+    """``left op right`` where the two sides take values in the ranges ``left`` and ``right``: True or False if it
+    is the same for every pair of values, else None."""
+    (a_lo, a_hi), (b_lo, b_hi) = left, right
+    if op in ("gt", "ge"):
+        return _settled("lt" if op == "gt" else "le", right, left)
+    if op == "lt":
+        return True if a_hi < b_lo else False if a_lo >= b_hi else None
+    if op == "le":
+        return True if a_hi <= b_lo else False if a_lo > b_hi else None
+    apart = a_hi < b_lo or b_hi < a_lo
+    same = a_lo == a_hi == b_lo == b_hi
+    equal = True if same else False if apart else None
+    return equal if op == "eq" or equal is None else not equal
 
 
 # ---- the ring ------------------------------------------------------------------------------------------------------
@@ -221,12 +317,14 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
         read = False
         for kv_local, kv_start, kv_size in pieces(local, source, world, load_balance):
             for (q_local, q_start, q_size), found in zip(q_pieces, partials):
-                pair = pair_spec(spec, q_start, q_size, kv_start, kv_size, total)
-                if pair is None:
+                found_pair = pair_and_tensors(spec, q_start, q_size, kv_start, kv_size, total)
+                if found_pair is None:
                     continue
+                pair, pair_reads = found_pair
                 read = True
                 tensors = [t.narrow(3, kv_local, kv_size) if kd else t for t, kd in zip(held_tensors, key_dim)]
                 tensors = [t.narrow(2, q_local, q_size) if qd else t for t, qd in zip(tensors, query_dim)]
+                tensors = [tensors[i] for i in pair_reads]
                 out, lse = flash_attention(q.narrow(2, q_local, q_size), held_k.narrow(2, kv_local, kv_size),
                                            held_v.narrow(2, kv_local, kv_size), pair, tensors, return_lse=True)
                 found.append((out, lse, _band_counts(pair, q_size, kv_size, q.device)))

@@ -1,10 +1,14 @@
 """Context parallelism's pieces without processes (the ring itself runs in tests/distributed_context_parallel.py):
 the shard layouts and the spec of each (query piece, key piece) pair."""
 
+import dataclasses
+
 import pytest
 import torch
 
-from fuse_attn.context_parallel import chunk_indices, pair_spec, pieces, unshardable_reason
+from fuse_attn.context_parallel import (_at_global_positions, chunk_indices, pair_and_tensors, pair_spec, pieces,
+                                        unshardable_reason)
+from fuse_attn.kernels.reference import _score_mod
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
 PADDING = ScoreTensor("mask", "bool", (False, True, True, False))
@@ -69,5 +73,55 @@ def test_a_band_in_the_program_skips_pairs_only_where_its_fill_is_minus_inf():
     # query with no visible key is uniform over every key of the sequence, so no pair may be skipped
     assert pair_spec(spec_of(form="-inf"), 0, 8, 8, 8, 32) is None
     past = pair_spec(spec_of(form="fill"), 0, 8, 8, 8, 32)
-    assert past is not None and past.key_padding().band == -8
-    assert pair_spec(spec_of(form="-inf"), 16, 8, 0, 8, 32).key_padding().band == 16
+    assert past is not None and past.describe().endswith("s - 3.40282e+38 empty rows 0")  # every key at the fill
+    assert not past.score_tensors  # the band is settled (hidden), so the padding is no longer read
+    before = pair_spec(spec_of(form="-inf"), 16, 8, 0, 8, 32).key_padding()
+    assert before.tensor == 0 and before.band is None  # the band is settled (visible): only the padding masks
+
+
+@pytest.mark.parametrize("form", ["fill", "-inf"])
+def test_the_pairs_of_a_ring_share_three_specs(form):
+    """2 ranks, load-balanced: of the 16 (query chunk, key chunk) pairs, the four on the diagonal share the band
+    kv_idx <= q_idx, the six before it read only the padding, the six after it are at the fill everywhere (or skipped:
+    -inf) -- so the ring compiles and tunes three sets of kernels, not one per pair."""
+    specs = {}
+    for rank in range(2):
+        for source in range(2):
+            for _, q_start, q_size in pieces(16, rank, 2, True):
+                for _, kv_start, kv_size in pieces(16, source, 2, True):
+                    found = pair_and_tensors(spec_of(form=form), q_start, q_size, kv_start, kv_size, 32)
+                    specs.setdefault(None if found is None else found[0], []).append((q_start, kv_start))
+    assert sorted(map(len, specs.values())) == [4, 6, 6]
+    assert [p for p, pairs in specs.items() if (0, 0) in pairs][0].describe().startswith(
+        "float32 D=8 M=8 N=8 scale=0.35 s -> " + ("s + where((kv_idx <= q_idx) & mask0" if form == "fill" else
+                                                  "where(logical_not((kv_idx <= q_idx) & mask0"))
+
+
+def window_spec() -> AttentionSpec:
+    """A window of 5 and an ALiBi-like distance, written with offsets on both sides of the comparison."""
+    b = ScoreProgramBuilder()
+    q, kv = b.add("q_idx"), b.add("kv_idx")
+    inside = b.add("logical_and", b.add("le", b.add("add", kv, b.const(2)), b.add("add", q, b.const(2))),
+                   b.add("lt", b.add("sub", q, kv), b.const(5)))
+    distance = b.add("mul", b.add("to_float", b.add("sub", kv, q)), b.const(0.5))
+    root = b.add("where", inside, b.add("add", b.add("score"), distance), b.const(float("-inf")))
+    return AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_mod=b.program(root))
+
+
+@pytest.mark.parametrize("spec", [spec_of(form="fill"), spec_of(form="-inf"), window_spec()], ids=["fill", "-inf", "window"])
+@pytest.mark.parametrize("q_start, kv_start", [(8, 8), (16, 0), (0, 8), (16, 8), (8, 4), (4, 9), (14, 8), (15, 8), (1, 8)])
+def test_a_pair_program_computes_what_the_global_program_does(spec, q_start, kv_start):
+    """The settled program of a pair, on the pair's tensors, equals the program at global positions element for
+    element (the settling is exact, not an approximation)."""
+    found = pair_and_tensors(spec, q_start, 8, kv_start, 8, 32)
+    if found is None:
+        return
+    pair, read = found
+    g = torch.Generator().manual_seed(q_start * 32 + kv_start)
+    s = torch.randn(2, 1, 8, 8, generator=g)
+    padding = [torch.rand(2, 1, 1, 8, generator=g) < 0.7] if spec.score_tensors else []
+    at_global = dataclasses.replace(pair, score_mod=_at_global_positions(spec, q_start, kv_start, 32),
+                                    score_tensors=spec.score_tensors)
+    expected = _score_mod(s, padding, at_global, 0, 8, 8)[-1]
+    settled = _score_mod(s, [padding[i] for i in read], pair, 0, 8, 8)[-1]
+    assert torch.equal(settled, expected)

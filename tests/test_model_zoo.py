@@ -20,6 +20,8 @@ import os
 FLOOR = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 INTERPRETER_SESSION = os.environ.get("TRITON_INTERPRET") == "1"  # see conftest.py
 HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
+# bf16 draws of the weights per model (the test's docstring says why)
+BF16_SEEDS = 4
 
 
 def ids(batch=2, seq=SEQ):
@@ -125,9 +127,18 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     bf16 through the Triton kernels. ``attention``: the model's attention implementation, written out ("eager") or
     Hugging Face's default, a ``scaled_dot_product_attention`` call with the mask it builds ("sdpa").
 
-    In bf16 the rest of the model is compiled by Inductor, whose own rounding differs from eager's by more than 2x
-    on some models (T5 on an H200: the embedding gradient of ``torch.compile`` default is 0.415 off fp64 where
-    eager's is 0.063), so there the same-dtype baseline is the worse of eager and ``torch.compile`` default.
+    In bf16 the rest of the model is compiled by Inductor, which by default keeps fp32 intermediates where eager
+    rounds to bf16. That alone moves gradients by more than 2x eager's error on some models (T5: ``torch.compile``
+    default's embedding gradient 0.415 off fp64 where eager's is 0.063; with the sdpa attention, the last FFN
+    weight's 2.27 against eager's 0.19, on the CPU through the interpreter), so in bf16 the fused model and the
+    ``torch.compile`` baseline are compiled with Inductor's ``emulate_precision_casts``: Inductor then rounds as
+    eager does, and what is left of the difference is the attention. The same-dtype baseline is the worse of eager
+    and ``torch.compile`` default.
+
+    One draw of bf16 weights gives a noisy max error: on T5 through the interpreter, the worst parameter's error
+    over its bound ranged from 0.62 to 2.26 across six weight seeds, with our errors summed over all parameters at
+    0.67-1.40x eager's. So in bf16 the errors compared are means over ``BF16_SEEDS`` draws of the weights and of the
+    output's gradient weights (the compiled models are reused: new weights, no recompile); fp32 takes one draw.
     """
     if device == "cuda" and (not torch.cuda.is_available() or INTERPRETER_SESSION):
         pytest.skip("needs a GPU and TRITON_INTERPRET=0")
@@ -138,47 +149,66 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model_cls, config, inputs, attention_layers = MODELS[name]()
     config._attn_implementation = attention
-    torch.manual_seed(0)
+    seeds = range(BF16_SEEDS if dtype == torch.bfloat16 else 1)
+
+    def weights(seed):
+        torch.manual_seed(seed)
+        return model_cls(config).to(device, dtype).state_dict()
+
     try:
-        model = model_cls(config)
+        states = [weights(seed) for seed in seeds]
     except ValueError as e:  # transformers has no SDPA path for this family (Gemma-2, Bloom)
         pytest.skip(f"{name} has no {attention} attention in transformers {T.__version__}: {e}")
-    model = model.train(train).to(device, dtype)
+    torch.manual_seed(0)
+    model = model_cls(config).train(train).to(device, dtype)
     inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
     ref_model = copy.deepcopy(model).double()
-    eager_model = copy.deepcopy(model)
-    baselines = [eager_model] + ([copy.deepcopy(model)] if dtype != torch.float32 else [])
+    baselines = [copy.deepcopy(model) for _ in range(1 if dtype == torch.float32 else 2)]  # eager, torch.compile
 
-    def run(m, cast):
-        with torch.set_grad_enabled(train):
-            out = first_tensor(m(**{k: cast(v) for k, v in inputs.items()}))
-        if train:
-            grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(out.device)
-            (out * grad.to(out.dtype)).sum().backward()
-        return out
+    def run_seeds(module, call, cast):
+        """[(output, {parameter name: gradient})] of one step per seed, ``module`` holding that seed's weights."""
+        results = []
+        for seed, state in zip(seeds, states):
+            module.load_state_dict(state)
+            module.zero_grad(set_to_none=True)
+            with torch.set_grad_enabled(train):
+                out = first_tensor(call(**{k: cast(v) for k, v in inputs.items()}))
+            if train:
+                grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1 + seed), dtype=torch.float64)
+                (out * grad.to(out.device, out.dtype)).sum().backward()
+            results.append((out.detach(), {n: p.grad for n, p in module.named_parameters()}))
+        return results
 
+    same = lambda v: v  # noqa: E731
+    rounding_as_eager = torch._inductor.config.patch(emulate_precision_casts=dtype != torch.float32)
     torch._dynamo.reset()
-    with collect_reports() as reports:
-        ours = run(torch.compile(model, backend="fuse_attn"), lambda v: v)
+    with collect_reports() as reports, rounding_as_eager:
+        ours = run_seeds(model, torch.compile(model, backend="fuse_attn"), same)
     verdicts = [v for r in reports for v in r.verdicts]
     assert sum(v.fused for v in verdicts) == attention_layers, "\n".join(v.line() for v in verdicts)
-    ref = run(ref_model, lambda v: v.double() if v.is_floating_point() else v)
+    ref = run_seeds(ref_model, ref_model, lambda v: v.double() if v.is_floating_point() else v)
     torch._dynamo.reset()
-    same_dtype = [run(m if i == 0 else torch.compile(m), lambda v: v) for i, m in enumerate(baselines)]
+    with rounding_as_eager:
+        same_dtype = [run_seeds(m, m if i == 0 else torch.compile(m), same) for i, m in enumerate(baselines)]
 
-    pairs = [("output", ours, same_dtype, ref)]
-    for (pname, r), o, *others in zip(ref_model.named_parameters(), model.parameters(), *(m.parameters() for m in baselines)):
-        if r.grad is not None:
-            pairs.append((f"grad of {pname}", o.grad, [b.grad for b in others], r.grad))
+    def mean_error(results, what):
+        """Mean over the seeds of the max error against fp64 of the output (``what`` None) or a gradient."""
+        pick = (lambda res: res[0]) if what is None else (lambda res: res[1][what])
+        return sum(max_error(pick(a), pick(r)) for a, r in zip(results, ref)) / len(ref)
+
+    gradients = [n for n, g in ref[0][1].items() if g is not None]
     worst = ("", 0.0, 0.0)  # (what, our error, allowed) with the highest our/allowed ratio, printed for reports
-    for what, o, others, r in pairs:
-        assert o is not None, f"{what} is missing"
-        allowed = 2 * max(max_error(b, r) for b in others) + FLOOR[dtype]
-        assert max_error(o, r) <= allowed, f"{name} {what}: {max_error(o, r):.3g} > {allowed:.3g}"
-        if max_error(o, r) / allowed >= worst[1] / max(worst[2], 1e-30):
-            worst = (what, max_error(o, r), allowed)
+    for what in [None] + gradients:
+        label = "output" if what is None else f"grad of {what}"
+        assert what is None or all(res[1][what] is not None for res in ours), f"{label} is missing"
+        error = mean_error(ours, what)
+        allowed = 2 * max(mean_error(b, what) for b in same_dtype) + FLOOR[dtype]
+        assert error <= allowed, f"{name} {label}: {error:.3g} > {allowed:.3g}"
+        if error / allowed >= worst[1] / max(worst[2], 1e-30):
+            worst = (label, error, allowed)
     print(f"\nZOO {name} {device} {dtype} train={train}: fused {sum(v.fused for v in verdicts)}/{len(verdicts)} softmaxes; "
-          f"output error {max_error(ours, ref):.3g}; closest to its bound: {worst[0]} {worst[1]:.3g} <= {worst[2]:.3g}")
+          f"output error {mean_error(ours, None):.3g}; closest to its bound: {worst[0]} {worst[1]:.3g} <= {worst[2]:.3g}"
+          f" (means over {len(ref)} draw(s) of the weights)")
 
 
 def test_output_attentions_keeps_the_weights_path_and_stays_right():

@@ -4,6 +4,7 @@ in eager and with ``attn_implementation="sdpa"`` under ``torch.compile`` on the 
 
     torchrun --nproc-per-node 2 examples/train_distributed.py --engine fsdp2 [--model llama] [--steps 12]
     torchrun --nproc-per-node 2 examples/train_distributed.py --device cpu    # gloo, a tiny model, fp32
+    torchrun --nproc-per-node 2 examples/train_distributed.py --engine fsdp2 --profile  # and where a step's time goes
 
 Every variant starts from the same weights and sees the same batches (each rank its own). Rank 0 prints the
 attentions fuse_attn fused, the loss of every step for the three variants, checks fuse_attn's losses against
@@ -30,6 +31,7 @@ from fuse_attn.report import collect_reports  # noqa: E402
 # Floors of the loss check: fp32 on a CPU agrees to rounding; bf16 losses of two implementations drift apart by
 # about 1e-2 over a dozen AdamW steps (the kernels' rounding differs from eager's in every layer).
 LOSS_FLOOR = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+PROFILED_STEPS = 2  # --profile: steps profiled after the timed ones, per compiled variant
 # name -> (attention implementation, torch.compile backend or None for eager)
 VARIANTS = {"eager": ("eager", None), "fuse_attn": ("eager", "fuse_attn"), "sdpa+torch.compile": ("sdpa", "inductor")}
 
@@ -107,7 +109,33 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
         dist.all_reduce(loss)
         losses.append(loss.item() / dist.get_world_size())
     warm = times[args.warmup:]
-    return dict(losses=losses, fused=fused, layers=layers, ms=statistics.median(warm) if warm else None)
+    profiled = profile_steps(step, batches[-PROFILED_STEPS:], device) if args.profile and backend is not None else None
+    return dict(losses=losses, fused=fused, layers=layers, ms=statistics.median(warm) if warm else None,
+                profile=profiled)
+
+
+def profile_steps(step, batches: list, device: torch.device) -> dict:
+    """Where a step's time goes, from ``torch.profiler`` over a few more steps (after the timed ones): wall ms per
+    step, and per step the ms of the device's compute kernels and of its collectives (NCCL kernels, which run on
+    their own streams beside the compute), with the table of the ops that took the most device (on a CPU: host)
+    time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        for tokens in batches:
+            step(tokens)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - start) * 1e3 / len(batches)
+    events = prof.key_averages()
+    on_device = [e for e in events if e.self_device_time_total > 0]
+    collective = sum(e.self_device_time_total for e in on_device if "nccl" in e.key.lower()) / 1e3 / len(batches)
+    compute = sum(e.self_device_time_total for e in on_device) / 1e3 / len(batches) - collective
+    table = events.table(sort_by="self_device_time_total" if device.type == "cuda" else "self_cpu_time_total",
+                         row_limit=12, max_name_column_width=60)
+    return dict(wall_ms=wall, compute_ms=compute, collective_ms=collective, table=table)
 
 
 def init_distributed(device_type: str) -> tuple[torch.device, torch.dtype]:
@@ -128,6 +156,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the timing (compiling, tuning)")
+    parser.add_argument("--profile", action="store_true",
+                        help=f"then profile {PROFILED_STEPS} more steps of each compiled variant: where the step's time goes")
     args = parser.parse_args(argv)
     args.tiny = args.device == "cpu"
     args.length, batch = (16, 2) if args.tiny else (2048, 4)
@@ -170,6 +200,13 @@ def report(args, results: dict, dtype: torch.dtype) -> bool:
         ms = {v: results[v]["ms"] for v in VARIANTS}
         print("median step: " + ", ".join(f"{v} {t:.1f} ms" for v, t in ms.items())
               + f"; fuse_attn vs sdpa+torch.compile {ms['sdpa+torch.compile'] / ms['fuse_attn']:.2f}x")
+    for variant in VARIANTS:
+        profiled = results[variant]["profile"]
+        if profiled is not None:
+            on_device = (f", of which device compute kernels {profiled['compute_ms']:.1f} ms and collectives "
+                         f"{profiled['collective_ms']:.1f} ms (on their own streams)" if args.device == "cuda" else "")
+            print(f"profile of {variant} (rank 0, {PROFILED_STEPS} steps): {profiled['wall_ms']:.1f} ms a step{on_device}\n"
+                  f"{profiled['table']}")
     return ok and loss_ok
 
 

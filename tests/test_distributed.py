@@ -27,11 +27,14 @@ def torchrun(script: Path, *arguments: str, cache: Path, interpret: str = "1") -
 
 @pytest.mark.parametrize("engine, model", [("ddp", "gpt2"), ("fsdp2", "llama")])
 def test_train_distributed_on_two_cpu_processes(engine, model, tmp_path):
+    profile = ["--profile"] if engine == "fsdp2" else []
     run = torchrun(ROOT / "examples" / "train_distributed.py", "--device", "cpu", "--engine", engine, "--model", model,
-                   "--steps", "4", cache=tmp_path)
+                   "--steps", "4", *profile, cache=tmp_path)
     assert f"{model}, {engine} on 2 cpu processes" in run.stdout
     assert "not fused: 0" in run.stdout and "FAILED" not in run.stdout, run.stdout
     assert "loss vs eager: fuse_attn" in run.stdout
+    if profile:
+        assert "profile of fuse_attn" in run.stdout and "profile of sdpa+torch.compile" in run.stdout, run.stdout
 
 
 def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import heapq
+import operator
 import os
 from pathlib import Path
 from typing import Any, Optional
@@ -32,6 +34,7 @@ import torch.fx.traceback as fx_traceback
 from torch._inductor.custom_graph_pass import CustomGraphPass
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
+from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from .matching import MatchContext
 from .report import GraphReport, SoftmaxVerdict, log, publish
@@ -89,6 +92,9 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
                                      context_parallel=context_parallel)
     if not _mentions_softmax(gm):
         return None, None
+    if _on_distributed_tensors(gm):
+        return _analyze_plain_regions(gm, example_inputs, apply=apply, buffers=buffers,
+                                      context_parallel=context_parallel)
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
         return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested(),
@@ -167,6 +173,116 @@ def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, appl
     gm.recompile()
     after = gm.print_readable(print_output=False) if before is not None else None
     return gm, GraphReport(verdicts, before=before, after=after)
+
+
+def _is_distributed_value(value: Any) -> bool:
+    """A DTensor, or the device mesh (Dynamo hands it over as an opaque object) that DTensor code reads."""
+    from torch._library.fake_class_registry import FakeScriptObject
+
+    if isinstance(value, FakeScriptObject):
+        return True
+    if not torch.distributed.is_available():
+        return False
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(value, (DTensor, DeviceMesh))
+
+
+def _touches_distributed_values(node: fx.Node) -> bool:
+    """Whether the node takes or makes a DTensor or a device mesh (``from_local``, ``to_local``, ``redistribute``, an
+    op on DTensor parameters), by the example values Dynamo recorded."""
+    values = [node.meta.get("example_value")] + [a.meta.get("example_value") for a in node.all_input_nodes]
+    return any(_is_distributed_value(v) for v in pytree.tree_leaves(values))
+
+
+def _on_distributed_tensors(gm: fx.GraphModule) -> bool:
+    return any(_touches_distributed_values(n) for n in gm.graph.nodes if n.op == "placeholder")
+
+
+def _plain_regions(gm: fx.GraphModule) -> list[list[fx.Node]]:
+    """The graph's nodes that touch no DTensor, in convex regions: each node's level counts the changes between
+    DTensor and plain nodes on its longest path from the inputs, and the plain nodes of one level form a region --
+    a path that leaves a region through a DTensor node comes back at least two levels up, so no region depends on
+    itself through the rest of the graph. Under tensor parallelism (``parallelize_module``'s local outputs) the
+    attention between the projections' ``to_local`` and the output projection's ``from_local`` is one region."""
+    level: dict[fx.Node, int] = {}
+    distributed: dict[fx.Node, bool] = {}
+    regions: dict[int, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        distributed[node] = _touches_distributed_values(node)
+        level[node] = max((level[a] + (distributed[a] != distributed[node]) for a in node.all_input_nodes), default=0)
+        if not distributed[node] and node.op not in ("placeholder", "output"):
+            regions.setdefault(level[node], []).append(node)
+    return list(regions.values())
+
+
+def _analyze_plain_regions(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool, buffers: list[bool],
+                           context_parallel: Optional[Any]) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+    """A graph holding DTensors (tensor parallelism): ``make_fx(pre_dispatch=True)`` cannot trace DTensor code, so
+    each plain region with a softmax (:func:`_plain_regions`) is cut out as a graph of its own, rewritten like any
+    graph (its inputs are the values it reads: real where they are graph inputs, so buffers are read), and put back
+    as a call of the rewritten graph. The DTensor code around stays Dynamo's, which AOTAutograd traces as usual. A
+    softmax on DTensors (``parallelize_module`` with DTensor outputs) is reported and left alone."""
+    before = gm.print_readable(print_output=False) if _capture_requested() else None
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    real = dict(zip(placeholders, example_inputs))
+    outer_buffer = dict(zip(placeholders, buffers))
+    verdicts = [SoftmaxVerdict(n.name, False, reason="a softmax on DTensors: only attentions on local tensors are fused")
+                for n in gm.graph.nodes if _is_softmax_call(n) and _touches_distributed_values(n)]
+    rewritten_regions = []
+    for i, nodes in enumerate(_plain_regions(gm)):
+        if not any(_is_softmax_call(n) or (n.op == "call_function" and "attention" in str(n.target).lower())
+                   for n in nodes):
+            continue
+        region, inputs, outputs = fuse_as_graphmodule(gm, nodes, f"fuse_attn_plain_region_{i}", always_return_tuple=True)
+        region_inputs = [real[x] if x in real else x.meta.get("example_value") for x in inputs]
+        rewritten, report = analyze_graph(region, region_inputs, apply=apply,
+                                          buffers=[bool(outer_buffer.get(x, False)) for x in inputs],
+                                          context_parallel=context_parallel)
+        if report is not None:
+            verdicts += report.verdicts
+        if rewritten is not None and report.fused:
+            rewritten_regions.append((f"fuse_attn_plain_region_{i}", rewritten, nodes, inputs, outputs))
+    if not verdicts:
+        return None, None
+    if not (apply and rewritten_regions):
+        return None, GraphReport(verdicts, rewritten=False)
+    for name, rewritten, nodes, inputs, outputs in rewritten_regions:
+        gm.add_submodule(name, rewritten)
+        with gm.graph.inserting_after(nodes[-1]):
+            call = gm.graph.call_module(name, args=tuple(inputs))
+        with gm.graph.inserting_after(call):
+            for j, out in enumerate(outputs):
+                out.replace_all_uses_with(gm.graph.call_function(operator.getitem, (call, j)), propagate_meta=True)
+        for node in reversed(nodes):
+            gm.graph.erase_node(node)
+    _sort_topologically(gm.graph)
+    gm.graph.lint()
+    gm.recompile()
+    after = gm.print_readable(print_output=False) if before is not None else None
+    return gm, GraphReport(verdicts, before=before, after=after)
+
+
+def _sort_topologically(graph: fx.Graph) -> None:
+    """Reorders the graph's nodes so that each comes after its inputs, keeping the given order where it can (the
+    earliest ready node first). In place: torch's ``stable_topological_sort`` copies the nodes, which drops the
+    ``_dynamo_source`` that AOTAutograd reads from Dynamo's placeholders."""
+    nodes = list(graph.nodes)
+    position = {node: i for i, node in enumerate(nodes)}
+    waiting = {node: len(set(node.all_input_nodes)) for node in nodes}
+    ready = [(position[n], n) for n in nodes if waiting[n] == 0]
+    heapq.heapify(ready)
+    previous = None
+    while ready:
+        _, node = heapq.heappop(ready)
+        if previous is not None and previous.next is not node:
+            previous.append(node)
+        previous = node
+        for user in node.users:
+            waiting[user] -= 1
+            if waiting[user] == 0:
+                heapq.heappush(ready, (position[user], user))
 
 
 def _buffer_flags(gm: fx.GraphModule) -> list[bool]:

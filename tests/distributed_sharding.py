@@ -1,7 +1,10 @@
 """(Run by tests/test_distributed.py under torchrun, 2 CPU processes, gloo.) The fused op on DTensors: q, k, v sharded
 on heads (GQA 4 query heads over 2 kv heads, so each rank keeps one whole group) or on the batch, a learned
 [1, H, M, N] bias, causal; output and the gradients of q, k, v and the bias equal to the unsharded op's, eagerly
-and compiled; heads that do not divide over the ranks run replicated. Prints one line per case; exits 1 on a
+and compiled; heads that do not divide over the ranks run replicated. Then tensor parallelism of an unmodified
+Hugging Face LLaMA (eager attention, GQA 4/2) compiled with backend="fuse_attn": ``parallelize_module`` shards the
+q/k/v projections column-wise (each rank its heads) and the output projection row-wise; every attention fused, the
+loss and every parameter gradient equal to the unsharded model's. Prints one line per case; exits 1 on a
 mismatch."""
 
 import sys
@@ -58,8 +61,47 @@ def main() -> int:
                 print(f"{'compiled' if compiled else 'eager'} heads {heads}/{kv_heads} {placement} dropout {dropout_p}: "
                       f"out {placements[0]}, "
                       f"bias grad {placements[1]}, max error {max(errors):.2g}{'' if ok else ' FAILED'}")
+    failures += tensor_parallel_llama(mesh)
     dist.destroy_process_group()
     return 1 if failures else 0
+
+
+def tensor_parallel_llama(mesh) -> int:
+    """The tensor-parallel case of the module docstring; 1 on a mismatch."""
+    import transformers
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    from fuse_attn.report import collect_reports
+
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                      num_hidden_layers=2, vocab_size=64, use_cache=False)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config)
+    sharded = transformers.LlamaForCausalLM(config)
+    sharded.load_state_dict(model.state_dict())
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(0))
+    expected_loss = model(input_ids=ids, labels=ids).loss
+    expected_loss.backward()
+    plan = {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(), "v_proj": ColwiseParallel(),
+            "o_proj": RowwiseParallel()}
+    for layer in sharded.model.layers:
+        parallelize_module(layer.self_attn, mesh, plan)
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        loss = torch.compile(sharded, backend="fuse_attn")(input_ids=ids, labels=ids).loss
+    loss.backward()
+    fused = sum(v.fused for r in reports for v in r.verdicts)
+    errors = [float((loss - expected_loss).abs())]
+    for (name, p), (_, e) in zip(sharded.named_parameters(), model.named_parameters()):
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        errors.append(float((grad - e.grad).abs().max()))
+    ok = max(errors) < 1e-5 and fused == config.num_hidden_layers
+    if dist.get_rank() == 0:
+        print(f"tensor parallel llama (heads over {mesh.size()} ranks), compiled: fused {fused} of "
+              f"{config.num_hidden_layers} attentions, loss and gradients max error {max(errors):.2g}"
+              f"{'' if ok else ' FAILED'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Distributed runs under torchrun with 2 processes on the CPU (gloo), the kernels in the Triton interpreter:
 examples/train_distributed.py -- DDP with the GPT-2-shaped model and FSDP2 with the LLaMA-shaped one (GQA), tiny, fp32;
 the example checks that every attention was fused and that fuse_attn's losses stay within the 2x rule of eager's --
-tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch (fuse_attn/kernels/sharding.py) --
+tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch (fuse_attn/kernels/sharding.py) and
+a tensor-parallel Hugging Face LLaMA compiled with the backend --
 and tests/distributed_context_parallel.py, the sequence sharded over the ranks (fuse_attn/context_parallel.py)."""
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):
     run = torchrun(ROOT / "tests" / "distributed_sharding.py", cache=tmp_path)
     lines = [line for line in run.stdout.splitlines() if " heads " in line]
     assert len(lines) == 8 and not any("FAILED" in line for line in lines), run.stdout
+    assert "tensor parallel llama (heads over 2 ranks), compiled: fused 2 of 2 attentions" in run.stdout, run.stdout
+    assert "FAILED" not in run.stdout, run.stdout
 
 
 def test_context_parallel_on_two_cpu_processes(tmp_path):

@@ -1,12 +1,15 @@
-"""Train a Hugging Face decoder (GPT-2- or LLaMA-shaped, eager attention) data-parallel over several processes,
-under DDP or FSDP2 (``fully_shard`` per block), compiled with ``backend="fuse_attn"``, against the same training
-in eager and with ``attn_implementation="sdpa"`` under ``torch.compile`` on the same engine.
+"""Train a Hugging Face decoder (GPT-2- or LLaMA-shaped, eager attention) over several processes, data-parallel
+under DDP or FSDP2 (``fully_shard`` per block) or tensor-parallel (LLaMA: ``parallelize_module``), compiled with
+``backend="fuse_attn"``, against the same training in eager and with ``attn_implementation="sdpa"`` under
+``torch.compile`` on the same engine.
 
     torchrun --nproc-per-node 2 examples/train_distributed.py --engine fsdp2 [--model llama] [--steps 12]
     torchrun --nproc-per-node 2 examples/train_distributed.py --device cpu    # gloo, a tiny model, fp32
     torchrun --nproc-per-node 2 examples/train_distributed.py --engine fsdp2 --profile  # and where a step's time goes
+    torchrun --nproc-per-node 2 examples/train_distributed.py --engine tp --model llama
 
-Every variant starts from the same weights and sees the same batches (each rank its own). Rank 0 prints the
+Every variant starts from the same weights and sees the same batches (each rank its own; tensor parallel: every rank
+the same). Rank 0 prints the
 attentions fuse_attn fused, the loss of every step for the three variants, checks fuse_attn's losses against
 eager's (at most twice the distance of sdpa + torch.compile's from eager, plus a floor: the 2x rule on the loss
 curve), and on a GPU the median step time against sdpa + torch.compile.
@@ -64,6 +67,17 @@ def blocks(model) -> list:
 
 
 def wrap(model, engine: str, device: torch.device):
+    if engine == "tp":  # Megatron's plan: heads and the MLP's hidden units over the ranks, the rest replicated
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+        for block in blocks(model):
+            parallelize_module(block.self_attn, mesh, {"q_proj": ColwiseParallel(), "k_proj": ColwiseParallel(),
+                                                       "v_proj": ColwiseParallel(), "o_proj": RowwiseParallel()})
+            parallelize_module(block.mlp, mesh, {"gate_proj": ColwiseParallel(), "up_proj": ColwiseParallel(),
+                                                 "down_proj": RowwiseParallel()})
+        return model
     if engine == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -151,7 +165,8 @@ def init_distributed(device_type: str) -> tuple[torch.device, torch.dtype]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", choices=["ddp", "fsdp2"], default="fsdp2")
+    parser.add_argument("--engine", choices=["ddp", "fsdp2", "tp"], default="fsdp2",
+                        help="tp: tensor parallel (heads and MLP units over the ranks; --model llama)")
     parser.add_argument("--model", choices=["gpt2", "llama"], default="gpt2")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=12)
@@ -159,13 +174,16 @@ def main(argv=None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help=f"then profile {PROFILED_STEPS} more steps of each compiled variant: where the step's time goes")
     args = parser.parse_args(argv)
+    if args.engine == "tp" and args.model != "llama":
+        parser.error("--engine tp shards separate q/k/v projections: --model llama (GPT-2's are one fused c_attn)")
     args.tiny = args.device == "cpu"
     args.length, batch = (16, 2) if args.tiny else (2048, 4)
 
     device, dtype = init_distributed(args.device)
     rank = dist.get_rank()
     vocab = 64 if args.tiny else (50257 if args.model == "gpt2" else 32000)
-    generator = torch.Generator().manual_seed(1000 + rank)  # each rank its own data, the same for every variant
+    # each rank its own data (tensor parallel: the same on every rank), the same for every variant
+    generator = torch.Generator().manual_seed(1000 + (0 if args.engine == "tp" else rank))
     batches = [torch.randint(0, vocab, (batch, args.length), generator=generator).to(device) for _ in range(args.steps)]
 
     results = {variant: train(args, variant, device, dtype, batches) for variant in VARIANTS}

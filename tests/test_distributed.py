@@ -1,9 +1,9 @@
 """Distributed runs under torchrun with 2 processes on the CPU (gloo), the kernels in the Triton interpreter:
-examples/train_distributed.py -- DDP with the GPT-2-shaped model and FSDP2 with the LLaMA-shaped one (GQA), tiny, fp32;
-the example checks that every attention was fused and that fuse_attn's losses stay within the 2x rule of eager's --
-tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch (fuse_attn/kernels/sharding.py) and
-a tensor-parallel Hugging Face LLaMA compiled with the backend --
-and tests/distributed_context_parallel.py, the sequence sharded over the ranks (fuse_attn/context_parallel.py)."""
+examples/train_distributed.py -- DDP with the GPT-2-shaped model, FSDP2 and tensor parallel with the LLaMA-shaped one
+(GQA), tiny, fp32; the example checks that every attention was fused and that fuse_attn's losses stay within the 2x
+rule of eager's -- tests/distributed_sharding.py, the fused op on DTensors sharded on heads or batch
+(fuse_attn/kernels/sharding.py) and a tensor-parallel Hugging Face LLaMA compiled with the backend -- and
+tests/distributed_context_parallel.py, the sequence sharded over the ranks (fuse_attn/context_parallel.py)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def torchrun(script: Path, *arguments: str, cache: Path, interpret: str = "1") -
     return run
 
 
-@pytest.mark.parametrize("engine, model", [("ddp", "gpt2"), ("fsdp2", "llama")])
+@pytest.mark.parametrize("engine, model", [("ddp", "gpt2"), ("fsdp2", "llama"), ("tp", "llama")])
 def test_train_distributed_on_two_cpu_processes(engine, model, tmp_path):
     profile = ["--profile"] if engine == "fsdp2" else []
     run = torchrun(ROOT / "examples" / "train_distributed.py", "--device", "cpu", "--engine", engine, "--model", model,

@@ -183,16 +183,19 @@ def _at_global_positions(spec: AttentionSpec, q_start: int, kv_start: int, total
 
 
 def _decided_over_pair(program: tuple, q_size: int, kv_size: int) -> tuple[tuple, list[int]]:
-    """``program`` with its comparisons of positions settled where they can be for a pair of ``q_size`` queries and
-    ``kv_size`` keys, exactly (integer positions):
+    """``program`` with its integer arithmetic of positions in a normal form and its comparisons settled where they
+    can be, for a pair of ``q_size`` queries and ``kv_size`` keys -- exactly (integer positions):
 
-    * a comparison of two offset positions, ``kv_idx + a <= q_idx + b``, is written ``kv_idx <= q_idx + (b - a)``;
-    * one that holds for every element of the pair, or for none, becomes True or False, and the ``where``,
+    * a sum or difference of offset positions is written as the positions' own sum or difference plus one constant:
+      ``(kv_idx + a) - (q_idx + b)`` reads ``(kv_idx - q_idx) + (a - b)``, and a comparison moves the constants to
+      its right side: ``kv_idx + a <= q_idx + b`` reads ``kv_idx <= q_idx + (b - a)``;
+    * a comparison that holds for every element of the pair, or for none, becomes True or False, and the ``where``,
       ``&``, ``|`` and ``~`` it feeds are simplified.
 
-    So the pairs of the ring share a program -- and a spec, and so their compiled kernels and tuned configs --
-    wherever the band of a mask written into the program is wholly visible (full pairs), wholly hidden, or has the
-    same diagonal: three specs for a causal mask, where each pair's global offsets made one spec per pair.
+    So the pairs of the ring share a program -- and a spec, and so their compiled kernels and tuned configs -- where
+    their offsets differ by the same amount (an ALiBi distance: one spec per diagonal instead of one per pair), and
+    where the band of a mask written into the program is wholly visible (full pairs), wholly hidden, or has the same
+    diagonal (three specs for a causal mask).
 
     Returns the program and the score tensors it still reads (their old indices, renumbered 0, 1, ... in it)."""
     if not program:
@@ -200,35 +203,49 @@ def _decided_over_pair(program: tuple, q_size: int, kv_size: int) -> tuple[tuple
     b = ScoreProgramBuilder()
     new: list[int] = []
     ranges: list[Optional[tuple[int, int]]] = []  # per node: the integer values it takes over the pair, if known
-    offset: list[Optional[tuple[int, int]]] = []  # per node: (new index of a position leaf, c) if it is leaf + c
+    # per integer node: (base, c) with the node = base + c, base a new node of positions (None: the constant c)
+    affine: list[Optional[tuple[Optional[int], int]]] = []
 
     def boolean(i: int) -> Optional[bool]:
         node = b.nodes[i]
         return node.value if node.op == "const" and type(node.value) is bool else None
 
+    def plus(base: Optional[int], c: int) -> int:
+        """The node base + c."""
+        return b.const(c) if base is None else base if c == 0 else b.add("add", base, b.const(c))
+
+    def combined(op: str, left: Optional[int], right: Optional[int]) -> Optional[int]:
+        """The node left op right of two bases (None: 0)."""
+        if right is None:
+            return left
+        if left is None:
+            return right if op == "add" else b.add("neg", right)
+        return b.add(op, left, right)
+
     for node in program:
         args = [new[a] for a in node.args]
         arg_ranges = [ranges[a] for a in node.args]
-        arg_offsets = [offset[a] for a in node.args]
-        value_range, at_offset, result = None, None, None
+        arg_affine = [affine[a] for a in node.args]
+        value_range, form, result = None, None, None
         if node.op in ("q_idx", "kv_idx"):
             result = b.add(node.op)
-            value_range, at_offset = (0, (q_size if node.op == "q_idx" else kv_size) - 1), (result, 0)
+            value_range, form = (0, (q_size if node.op == "q_idx" else kv_size) - 1), (result, 0)
         elif node.op == "const" and type(node.value) is int:
-            value_range = (node.value, node.value)
-        elif node.op in ("add", "sub") and None not in arg_ranges:
+            value_range, form = (node.value, node.value), (None, node.value)
+        elif node.op in ("add", "sub") and None not in arg_ranges and None not in arg_affine:
             (a_lo, a_hi), (b_lo, b_hi) = arg_ranges
             value_range = (a_lo + b_lo, a_hi + b_hi) if node.op == "add" else (a_lo - b_hi, a_hi - b_lo)
-            constant = arg_ranges[1][0] if arg_ranges[1][0] == arg_ranges[1][1] else None
-            if arg_offsets[0] is not None and constant is not None:
-                at_offset = (arg_offsets[0][0], arg_offsets[0][1] + (constant if node.op == "add" else -constant))
+            (left, a), (right, c) = arg_affine
+            form = (combined(node.op, left, right), a + c if node.op == "add" else a - c)
+            result = plus(*form)
         elif node.op in COMPARISON_OPS and None not in arg_ranges:
             settled = _settled(node.op, *arg_ranges)
             if settled is not None:
                 result = b.const(settled)
-            elif None not in arg_offsets:
-                (left, a), (right, c) = arg_offsets
-                result = b.add(node.op, left, right if c == a else b.add("add", right, b.const(c - a)))
+            elif None not in arg_affine:
+                (left, a), (right, c) = arg_affine
+                result = (b.add(node.op, left, plus(right, c - a)) if left is not None else
+                          b.add(node.op, b.const(a - c), right))
         elif node.op in ("logical_and", "logical_or"):
             absorbing = node.op == "logical_or"  # True absorbs an or, False an and
             known = [boolean(a) for a in args]
@@ -244,12 +261,31 @@ def _decided_over_pair(program: tuple, q_size: int, kv_size: int) -> tuple[tuple
             result = b.add(node.op, *args, value=node.value)
         new.append(result)
         ranges.append(value_range)
-        offset.append(at_offset)
-    settled = b.program(new[-1])
+        affine.append(form)
+    settled = _in_canonical_order(b.program(new[-1]))
     read = sorted({node.value for node in settled if node.op == "load"})
     renumbered = {old: i for i, old in enumerate(read)}
     return tuple(dataclasses.replace(node, value=renumbered[node.value]) if node.op == "load" else node
                  for node in settled), read
+
+
+def _in_canonical_order(program: tuple) -> tuple:
+    """The program's nodes in the post-order of a walk from its result, arguments left to right: two programs of
+    one expression get one node order (a builder numbers nodes in the order they were made, which differs between
+    pairs whose offsets made different intermediate nodes)."""
+    position: dict[int, int] = {}
+    order: list[int] = []
+
+    def visit(i: int) -> None:
+        if i not in position:
+            for a in program[i].args:
+                visit(a)
+            position[i] = len(order)
+            order.append(i)
+
+    if program:
+        visit(len(program) - 1)
+    return tuple(dataclasses.replace(program[i], args=tuple(position[a] for a in program[i].args)) for i in order)
 
 
 def _settled(op: str, left: tuple[int, int], right: tuple[int, int]) -> Optional[bool]:

@@ -65,7 +65,10 @@ def test_positions_in_the_program_become_global():
     root = b.add("add", b.add("score"), b.add("to_float", b.add("sub", b.add("kv_idx"), b.add("q_idx"))))
     spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_mod=b.program(root))
     pair = pair_spec(spec, 16, 8, 8, 8, 32)
-    assert "(kv_idx + 8) - (q_idx + 16)" in pair.describe()
+    assert "to_float((kv_idx - q_idx) - 8)" in pair.describe()  # (kv_idx + 8) - (q_idx + 16), constants gathered
+    # an ALiBi distance: the pairs of a 2-rank load-balanced ring share one spec per diagonal of the chunk grid
+    specs = {pair_spec(spec, q_start, 8, kv_start, 8, 32) for q_start in range(0, 32, 8) for kv_start in range(0, 32, 8)}
+    assert len(specs) == 7
 
 
 def test_a_band_in_the_program_skips_pairs_only_where_its_fill_is_minus_inf():

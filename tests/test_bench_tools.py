@@ -1,5 +1,5 @@
-"""Smoke tests of the benchmark tools on a CPU (tools/bench_attention.py needs CUDA and has none), and the variant
-modules of tools/bench_variants.py: each one fused and equal to eager."""
+"""Smoke tests of the benchmark and diagnostic tools on a CPU (tools/bench_attention.py needs CUDA and has none), and
+the variant modules of tools/bench_variants.py: each one fused and equal to eager."""
 
 from __future__ import annotations
 
@@ -95,3 +95,20 @@ def test_bench_variants_module_is_fused_and_matches_eager(name):
     if name not in DENSE_BY_DESIGN:  # masks built from indices or a padding vector: nothing [.., M, N] is loaded
         assert not any("M,N]" in verdict for verdict in result.verdicts), "\n".join(result.verdicts)
     assert result.ok, "; ".join(result.comparisons)
+
+
+def test_attention_precision_compares_each_captured_call_on_cpu():
+    pytest.importorskip("transformers")
+    # fuse_attn's kernels in the interpreter on the CPU (the tool sets it where no GPU is)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    command = [sys.executable, os.path.join(ROOT, "tools", "attention_precision.py"), "--device", "cpu",
+               "--model", "t5-relative-bias", "--seeds", "3"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table_rows(done.stdout)
+    # T5's two encoder attentions, each by our kernels, the eager math and SDPA's CPU kernels
+    assert sorted((row["call"], row["implementation"]) for row in rows) == sorted(
+        (call, label) for call in ("0", "1") for label in ("fuse_attn", "eager math", "sdpa (cpu default)", "sdpa math"))
+    for row in rows:  # every gradient there (the mask is T5's learned position bias), each a bf16-sized error
+        assert all(0 < float(row[column]) < 0.1 for column in ("out", "dq", "dk", "dv", "dmask")), done.stdout

@@ -75,8 +75,8 @@ def train(args, device, dtype, tokens, cp) -> dict:
         times.append((time.perf_counter() - start) * 1e3)
         losses.append(loss.item() / count)
         if dist.get_rank() == 0:  # progress as it goes: the first steps compile and tune for minutes at 32k
-            print(f"  {'whole sequence' if cp is None else 'context parallel'} step {step}: loss {losses[-1]:.5f}, "
-                  f"{times[-1]:.0f} ms", file=sys.stderr, flush=True)
+            variant = "whole sequence" if cp is None else "context parallel"
+            print(f"  {variant} step {step}: loss {losses[-1]:.5f}, {times[-1]:.0f} ms", file=sys.stderr, flush=True)
     warm = times[args.warmup:]
     memory = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
     return dict(losses=losses, rings=rings, layers=layers, ms=statistics.median(warm) if warm else None,

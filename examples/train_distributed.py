@@ -123,7 +123,9 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
         dist.all_reduce(loss)
         losses.append(loss.item() / dist.get_world_size())
     warm = times[args.warmup:]
-    profiled = profile_steps(step, batches[-PROFILED_STEPS:], device) if args.profile and backend is not None else None
+    profiled = None
+    if args.profile and backend is not None:
+        profiled = profile_steps(step, batches[-PROFILED_STEPS:], device)
     return dict(losses=losses, fused=fused, layers=layers, ms=statistics.median(warm) if warm else None,
                 profile=profiled)
 
@@ -172,7 +174,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the timing (compiling, tuning)")
     parser.add_argument("--profile", action="store_true",
-                        help=f"then profile {PROFILED_STEPS} more steps of each compiled variant: where the step's time goes")
+                        help=f"then profile {PROFILED_STEPS} more steps of each compiled variant: where a step's time "
+                             "goes")
     args = parser.parse_args(argv)
     if args.engine == "tp" and args.model != "llama":
         parser.error("--engine tp shards separate q/k/v projections: --model llama (GPT-2's are one fused c_attn)")
@@ -223,8 +226,8 @@ def report(args, results: dict, dtype: torch.dtype) -> bool:
         if profiled is not None:
             on_device = (f", of which device compute kernels {profiled['compute_ms']:.1f} ms and collectives "
                          f"{profiled['collective_ms']:.1f} ms (on their own streams)" if args.device == "cuda" else "")
-            print(f"profile of {variant} (rank 0, {PROFILED_STEPS} steps): {profiled['wall_ms']:.1f} ms a step{on_device}\n"
-                  f"{profiled['table']}")
+            print(f"profile of {variant} (rank 0, {PROFILED_STEPS} steps): {profiled['wall_ms']:.1f} ms a step"
+                  f"{on_device}\n{profiled['table']}")
     return ok and loss_ok
 
 

@@ -211,7 +211,8 @@ def _plain_regions(gm: fx.GraphModule) -> list[list[fx.Node]]:
     regions: dict[int, list[fx.Node]] = {}
     for node in gm.graph.nodes:
         distributed[node] = _touches_distributed_values(node)
-        level[node] = max((level[a] + (distributed[a] != distributed[node]) for a in node.all_input_nodes), default=0)
+        level[node] = max((level[a] + (distributed[a] != distributed[node]) for a in node.all_input_nodes),
+                          default=0)
         if not distributed[node] and node.op not in ("placeholder", "output"):
             regions.setdefault(level[node], []).append(node)
     return list(regions.values())
@@ -228,14 +229,15 @@ def _analyze_plain_regions(gm: fx.GraphModule, example_inputs: list[Any], *, app
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, example_inputs))
     outer_buffer = dict(zip(placeholders, buffers))
-    verdicts = [SoftmaxVerdict(n.name, False, reason="a softmax on DTensors: only attentions on local tensors are fused")
+    on_dtensors = "a softmax on DTensors: only attentions on local tensors are fused"
+    verdicts = [SoftmaxVerdict(n.name, False, reason=on_dtensors)
                 for n in gm.graph.nodes if _is_softmax_call(n) and _touches_distributed_values(n)]
     rewritten_regions = []
     for i, nodes in enumerate(_plain_regions(gm)):
-        if not any(_is_softmax_call(n) or (n.op == "call_function" and "attention" in str(n.target).lower())
-                   for n in nodes):
+        if not _any_attention_candidate(nodes):
             continue
-        region, inputs, outputs = fuse_as_graphmodule(gm, nodes, f"fuse_attn_plain_region_{i}", always_return_tuple=True)
+        region, inputs, outputs = fuse_as_graphmodule(gm, nodes, f"fuse_attn_plain_region_{i}",
+                                                      always_return_tuple=True)
         region_inputs = [real[x] if x in real else x.meta.get("example_value") for x in inputs]
         rewritten, report = analyze_graph(region, region_inputs, apply=apply,
                                           buffers=[bool(outer_buffer.get(x, False)) for x in inputs],
@@ -303,10 +305,15 @@ def _is_softmax_call(node: fx.Node) -> bool:
 
 
 def _mentions_softmax(gm: fx.GraphModule) -> bool:
-    """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse. Dynamo keeps some functions
-    whole (``F.multi_head_attention_forward``), so a call named after attention counts too."""
+    """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse."""
+    return _any_attention_candidate(gm.graph.nodes)
+
+
+def _any_attention_candidate(nodes) -> bool:
+    """Whether a softmax is among Dynamo's ``nodes``. Dynamo keeps some functions whole
+    (``F.multi_head_attention_forward``), so a call named after attention counts too."""
     return any(_is_softmax_call(node) or (node.op == "call_function" and "attention" in str(node.target).lower())
-               for node in gm.graph.nodes)
+               for node in nodes)
 
 
 class _KeepAutogradFunctions(fx.Interpreter):

@@ -79,10 +79,14 @@ def eager_math(q, k, v, attn_mask=None, scale=None, is_causal=False, dropout_p=0
     return torch.softmax(s.float(), -1).to(q.dtype) @ v
 
 
+def _differentiable(call: dict) -> list[str]:
+    """The captured inputs that get a gradient: q, k, v, and a float mask (a bool one has none)."""
+    return ["q", "k", "v"] + (["mask"] if call["mask"] is not None and call["mask"].is_floating_point() else [])
+
+
 def errors(call: dict, attention, dtype: torch.dtype, reference: list) -> list:
     """Max errors of the output and the gradients of ``attention`` on the call's inputs in ``dtype``."""
-    names = ["q", "k", "v"] + (["mask"] if call["mask"] is not None and call["mask"].is_floating_point() else [])
-    inputs = {n: call[n].clone().to(dtype).requires_grad_() for n in names}
+    inputs = {n: call[n].clone().to(dtype).requires_grad_() for n in _differentiable(call)}
     mask = inputs.get("mask", call["mask"])
     out = attention(inputs["q"], inputs["k"], inputs["v"], attn_mask=mask, **call["kwargs"])
     out.backward(call["dout"].to(dtype))
@@ -103,8 +107,7 @@ def main(argv=None) -> int:
     rows = []
     for seed in args.seeds:
         for index, call in enumerate(captured_calls(args.model, seed, args.device)):
-            names = ["q", "k", "v"] + (["mask"] if call["mask"] is not None and call["mask"].is_floating_point() else [])
-            ins = {n: call[n].clone().requires_grad_() for n in names}
+            ins = {n: call[n].clone().requires_grad_() for n in _differentiable(call)}
             out = F.scaled_dot_product_attention(ins["q"], ins["k"], ins["v"], attn_mask=ins.get("mask", call["mask"]),
                                                  **call["kwargs"])
             out.backward(call["dout"])

@@ -4,8 +4,8 @@ on heads (GQA 4 query heads over 2 kv heads, so each rank keeps one whole group)
 and compiled; heads that do not divide over the ranks run replicated. Then tensor parallelism of an unmodified
 Hugging Face LLaMA (eager attention, GQA 4/2) compiled with backend="fuse_attn": ``parallelize_module`` shards the
 q/k/v projections column-wise (each rank its heads) and the output projection row-wise; every attention fused, the
-loss and every parameter gradient equal to the unsharded model's. Prints one line per case; exits 1 on a
-mismatch."""
+loss and every parameter gradient equal to the unsharded model's; and an attention written on DTensors, which is
+left unfused with its reason. Prints one line per case; exits 1 on a mismatch."""
 
 import sys
 
@@ -62,6 +62,7 @@ def main() -> int:
                       f"out {placements[0]}, "
                       f"bias grad {placements[1]}, max error {max(errors):.2g}{'' if ok else ' FAILED'}")
     failures += tensor_parallel_llama(mesh)
+    failures += softmax_on_dtensors(mesh)
     dist.destroy_process_group()
     return 1 if failures else 0
 
@@ -100,6 +101,28 @@ def tensor_parallel_llama(mesh) -> int:
     if dist.get_rank() == 0:
         print(f"tensor parallel llama (heads over {mesh.size()} ranks), compiled: fused {fused} of "
               f"{config.num_hidden_layers} attentions, loss and gradients max error {max(errors):.2g}"
+              f"{'' if ok else ' FAILED'}")
+    return 0 if ok else 1
+
+
+def softmax_on_dtensors(mesh) -> int:
+    """An attention written out on DTensors (heads sharded) compiled with the backend: not fused -- only attentions
+    on local tensors are -- with that reason in the report, and the result still the unsharded one. 1 on a mismatch."""
+    from fuse_attn.report import collect_reports
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 6, 8, generator=g) for _ in range(3))
+    expected = torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v
+    sharded = [distribute_tensor(t, mesh, [Shard(1)]) for t in (q, k, v)]
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(lambda q, k, v: torch.softmax(q @ k.transpose(-1, -2) * 0.3, -1) @ v,
+                            backend="fuse_attn")(*sharded)
+    verdicts = [v for r in reports for v in r.verdicts]
+    error = float((out.full_tensor() - expected).abs().max())
+    ok = (len(verdicts) == 1 and not verdicts[0].fused and "on DTensors" in verdicts[0].reason and error < 1e-5)
+    if dist.get_rank() == 0:
+        print(f"softmax on DTensors, compiled: {'; '.join(v.line() for v in verdicts)}; max error {error:.2g}"
               f"{'' if ok else ' FAILED'}")
     return 0 if ok else 1
 

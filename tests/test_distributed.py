@@ -43,6 +43,7 @@ def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):
     lines = [line for line in run.stdout.splitlines() if " heads " in line]
     assert len(lines) == 8 and not any("FAILED" in line for line in lines), run.stdout
     assert "tensor parallel llama (heads over 2 ranks), compiled: fused 2 of 2 attentions" in run.stdout, run.stdout
+    assert "softmax on DTensors, compiled: " in run.stdout, run.stdout
     assert "FAILED" not in run.stdout, run.stdout
 
 

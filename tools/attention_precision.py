@@ -32,7 +32,10 @@ os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from fuse_attn.backend import fuse_attn_backend  # noqa: E402
+from interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
 from test_model_zoo import MODELS, first_tensor  # noqa: E402
+
+round_bf16_to_nearest_even()  # on a CPU: the interpreter's bf16 rounding as the GPU's (tests/interpreter_rounding.py)
 
 GRADIENTS = ["dq", "dk", "dv", "dmask"]
 SDPA_BACKENDS = {"sdpa math": SDPBackend.MATH, "sdpa efficient": SDPBackend.EFFICIENT_ATTENTION,

@@ -145,31 +145,51 @@ def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, appl
     the call's arguments) and put back in place, so the fused op is recomputed in the backward like the rest of
     the region. The graph around the regions stays Dynamo's: ``make_fx`` cannot re-trace the checkpoint call, so a
     softmax outside every region is reported and left alone."""
-    before = gm.print_readable(print_output=False) if _capture_requested() else None
+    regions = _checkpoint_regions(gm)
+    verdicts, rewritten = _analyze_parts(gm, example_inputs, buffers,
+                                         [(getattr(gm, r.args[0].target), r.args[1:]) for r in regions],
+                                         apply=apply, context_parallel=context_parallel)
+    reason = "outside the activation-checkpointed regions of its graph: only softmaxes inside them are fused"
+    verdicts += [SoftmaxVerdict(n.name, False, reason=reason) for n in gm.graph.nodes if _is_softmax_call(n)]
+
+    def put_back():
+        for i, body in rewritten.items():
+            setattr(gm, regions[i].args[0].target, body)
+
+    return _with_parts_put_back(gm, verdicts, bool(rewritten), put_back, apply=apply)
+
+
+def _analyze_parts(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bool], parts: list, *, apply: bool,
+                   context_parallel: Optional[Any]) -> tuple[list[SoftmaxVerdict], dict[int, fx.GraphModule]]:
+    """Each part of ``gm`` -- (a graph of its own, the nodes of ``gm`` its placeholders take) -- analyzed like any
+    graph: a part's input is real where it is a graph input of ``gm`` (buffers' values are read), fake elsewhere.
+    Returns the parts' verdicts and, by the part's index, the rewritten graph of each part that fused something."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, example_inputs))
     outer_buffer = dict(zip(placeholders, buffers))
     verdicts: list[SoftmaxVerdict] = []
-    bodies: dict[str, fx.GraphModule] = {}
-    for region in _checkpoint_regions(gm):
-        body_name, args = region.args[0].target, region.args[1:]
-        # A region's argument is real where it is a graph input (buffers' values are read), fake elsewhere.
-        body_inputs = [real[a] if a in real else a.meta.get("example_value") for a in args]
-        body_buffers = [bool(outer_buffer.get(a, False)) for a in args]
-        rewritten, report = analyze_graph(getattr(gm, body_name), body_inputs, apply=apply, buffers=body_buffers,
+    rewritten_parts: dict[int, fx.GraphModule] = {}
+    for i, (part, args) in enumerate(parts):
+        rewritten, report = analyze_graph(part, [real[a] if a in real else a.meta.get("example_value") for a in args],
+                                          apply=apply, buffers=[bool(outer_buffer.get(a, False)) for a in args],
                                           context_parallel=context_parallel)
         if report is not None:
             verdicts += report.verdicts
         if rewritten is not None and report.fused:
-            bodies[body_name] = rewritten
-    reason = "outside the activation-checkpointed regions of its graph: only softmaxes inside them are fused"
-    verdicts += [SoftmaxVerdict(n.name, False, reason=reason) for n in gm.graph.nodes if _is_softmax_call(n)]
+            rewritten_parts[i] = rewritten
+    return verdicts, rewritten_parts
+
+
+def _with_parts_put_back(gm: fx.GraphModule, verdicts: list[SoftmaxVerdict], fused: bool, put_back, *, apply: bool,
+                         ) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+    """``gm`` with its rewritten parts put back (``put_back()``, when ``apply`` and a part ``fused``) and the report
+    of ``verdicts`` -- or None where nothing was looked at or changed."""
     if not verdicts:
         return None, None
-    if not (apply and bodies):
+    if not (apply and fused):
         return None, GraphReport(verdicts, rewritten=False)
-    for body_name, body in bodies.items():
-        setattr(gm, body_name, body)
+    before = gm.print_readable(print_output=False) if _capture_requested() else None
+    put_back()
     gm.recompile()
     after = gm.print_readable(print_output=False) if before is not None else None
     return gm, GraphReport(verdicts, before=before, after=after)
@@ -222,48 +242,36 @@ def _analyze_plain_regions(gm: fx.GraphModule, example_inputs: list[Any], *, app
                            context_parallel: Optional[Any]) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
     """A graph holding DTensors (tensor parallelism): ``make_fx(pre_dispatch=True)`` cannot trace DTensor code, so
     each plain region with a softmax (:func:`_plain_regions`) is cut out as a graph of its own, rewritten like any
-    graph (its inputs are the values it reads: real where they are graph inputs, so buffers are read), and put back
-    as a call of the rewritten graph. The DTensor code around stays Dynamo's, which AOTAutograd traces as usual. A
-    softmax on DTensors (``parallelize_module`` with DTensor outputs) is reported and left alone."""
-    before = gm.print_readable(print_output=False) if _capture_requested() else None
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    real = dict(zip(placeholders, example_inputs))
-    outer_buffer = dict(zip(placeholders, buffers))
+    graph (:func:`_analyze_parts`), and put back as a call of the rewritten graph. The DTensor code around stays
+    Dynamo's, which AOTAutograd traces as usual. A softmax on DTensors (``parallelize_module`` with DTensor outputs)
+    is reported and left alone."""
     on_dtensors = "a softmax on DTensors: only attentions on local tensors are fused"
     verdicts = [SoftmaxVerdict(n.name, False, reason=on_dtensors)
                 for n in gm.graph.nodes if _is_softmax_call(n) and _touches_distributed_values(n)]
-    rewritten_regions = []
+    regions = []  # (its name, its nodes, the region cut out as a graph, the nodes it reads, the nodes read of it)
     for i, nodes in enumerate(_plain_regions(gm)):
-        if not _any_attention_candidate(nodes):
-            continue
-        region, inputs, outputs = fuse_as_graphmodule(gm, nodes, f"fuse_attn_plain_region_{i}",
-                                                      always_return_tuple=True)
-        region_inputs = [real[x] if x in real else x.meta.get("example_value") for x in inputs]
-        rewritten, report = analyze_graph(region, region_inputs, apply=apply,
-                                          buffers=[bool(outer_buffer.get(x, False)) for x in inputs],
-                                          context_parallel=context_parallel)
-        if report is not None:
-            verdicts += report.verdicts
-        if rewritten is not None and report.fused:
-            rewritten_regions.append((f"fuse_attn_plain_region_{i}", rewritten, nodes, inputs, outputs))
-    if not verdicts:
-        return None, None
-    if not (apply and rewritten_regions):
-        return None, GraphReport(verdicts, rewritten=False)
-    for name, rewritten, nodes, inputs, outputs in rewritten_regions:
-        gm.add_submodule(name, rewritten)
-        with gm.graph.inserting_after(nodes[-1]):
-            call = gm.graph.call_module(name, args=tuple(inputs))
-        with gm.graph.inserting_after(call):
-            for j, out in enumerate(outputs):
-                out.replace_all_uses_with(gm.graph.call_function(operator.getitem, (call, j)), propagate_meta=True)
-        for node in reversed(nodes):
-            gm.graph.erase_node(node)
-    _sort_topologically(gm.graph)
-    gm.graph.lint()
-    gm.recompile()
-    after = gm.print_readable(print_output=False) if before is not None else None
-    return gm, GraphReport(verdicts, before=before, after=after)
+        if _any_attention_candidate(nodes):
+            name = f"fuse_attn_plain_region_{i}"
+            regions.append((name, nodes, *fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)))
+    part_verdicts, rewritten = _analyze_parts(gm, example_inputs, buffers,
+                                              [(region, inputs) for _, _, region, inputs, _ in regions],
+                                              apply=apply, context_parallel=context_parallel)
+
+    def put_back():
+        for i, body in rewritten.items():
+            name, nodes, _, inputs, outputs = regions[i]
+            gm.add_submodule(name, body)
+            with gm.graph.inserting_after(nodes[-1]):
+                call = gm.graph.call_module(name, args=tuple(inputs))
+            with gm.graph.inserting_after(call):
+                for j, out in enumerate(outputs):
+                    out.replace_all_uses_with(gm.graph.call_function(operator.getitem, (call, j)), propagate_meta=True)
+            for node in reversed(nodes):
+                gm.graph.erase_node(node)
+        _sort_topologically(gm.graph)
+        gm.graph.lint()
+
+    return _with_parts_put_back(gm, verdicts + part_verdicts, bool(rewritten), put_back, apply=apply)
 
 
 def _sort_topologically(graph: fx.Graph) -> None:

@@ -87,15 +87,19 @@ def _differentiable(call: dict) -> list[str]:
     return ["q", "k", "v"] + (["mask"] if call["mask"] is not None and call["mask"].is_floating_point() else [])
 
 
+def output_and_gradients(call: dict, attention, dtype: torch.dtype) -> list:
+    """``attention`` on the call's inputs in ``dtype``: its output and the gradients of q, k, v and the mask (None
+    where it has none) from the call's output gradient."""
+    inputs = {n: call[n].clone().to(dtype).requires_grad_() for n in _differentiable(call)}
+    out = attention(inputs["q"], inputs["k"], inputs["v"], attn_mask=inputs.get("mask", call["mask"]), **call["kwargs"])
+    out.backward(call["dout"].to(dtype))
+    return [out.detach()] + [inputs[n].grad if n in inputs else None for n in ["q", "k", "v", "mask"]]
+
+
 def errors(call: dict, attention, dtype: torch.dtype, reference: list) -> list:
     """Max errors of the output and the gradients of ``attention`` on the call's inputs in ``dtype``."""
-    inputs = {n: call[n].clone().to(dtype).requires_grad_() for n in _differentiable(call)}
-    mask = inputs.get("mask", call["mask"])
-    out = attention(inputs["q"], inputs["k"], inputs["v"], attn_mask=mask, **call["kwargs"])
-    out.backward(call["dout"].to(dtype))
-    found = [out] + [inputs[n].grad if n in inputs else None for n in ["q", "k", "v", "mask"]]
-    return [None if a is None or r is None else float((a.detach().double() - r).abs().max())
-            for a, r in zip(found, reference)]
+    return [None if a is None or r is None else float((a.double() - r).abs().max())
+            for a, r in zip(output_and_gradients(call, attention, dtype), reference)]
 
 
 def main(argv=None) -> int:
@@ -110,11 +114,7 @@ def main(argv=None) -> int:
     rows = []
     for seed in args.seeds:
         for index, call in enumerate(captured_calls(args.model, seed, args.device)):
-            ins = {n: call[n].clone().requires_grad_() for n in _differentiable(call)}
-            out = F.scaled_dot_product_attention(ins["q"], ins["k"], ins["v"], attn_mask=ins.get("mask", call["mask"]),
-                                                 **call["kwargs"])
-            out.backward(call["dout"])
-            reference = [out.detach()] + [ins[n].grad if n in ins else None for n in ["q", "k", "v", "mask"]]
+            reference = output_and_gradients(call, F.scaled_dot_product_attention, torch.float64)
             implementations = {"fuse_attn": fused, "eager math": eager_math}
             if args.device == "cpu":
                 implementations["sdpa (cpu default)"] = F.scaled_dot_product_attention

@@ -129,12 +129,8 @@ def model_and_config(name, attention, tiny, length):
                      num_hidden_layers=16))
         config = T.LlamaConfig(**size, max_position_embeddings=length, attention_dropout=0.0, use_cache=False)
         model_cls = T.LlamaForCausalLM
-    elif name == "mistral-window":  # the "llama" sizes below, each query seeing its last N/4 keys (Mistral's window)
-        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                     num_hidden_layers=2, vocab_size=64) if tiny else
-                dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8,
-                     num_hidden_layers=4))
-        config = T.MistralConfig(**size, max_position_embeddings=length, sliding_window=length // 4,
+    elif name == "mistral-window":  # the "llama" sizes, each query seeing its last N/4 keys (Mistral's window)
+        config = T.MistralConfig(**_llama_sizes(tiny), max_position_embeddings=length, sliding_window=length // 4,
                                  attention_dropout=0.0, use_cache=False)
         model_cls = T.MistralForCausalLM
     elif name == "gpt2":
@@ -143,14 +139,20 @@ def model_and_config(name, attention, tiny, length):
                               use_cache=False)
         model_cls = T.GPT2LMHeadModel
     else:
-        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-                     num_hidden_layers=2, vocab_size=64) if tiny else
-                dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8,
-                     num_hidden_layers=4))
-        config = T.LlamaConfig(**size, max_position_embeddings=length, attention_dropout=0.0, use_cache=False)
+        config = T.LlamaConfig(**_llama_sizes(tiny), max_position_embeddings=length, attention_dropout=0.0,
+                               use_cache=False)
         model_cls = T.LlamaForCausalLM
     config._attn_implementation = attention
     return model_cls, config
+
+
+def _llama_sizes(tiny) -> dict:
+    """The ``llama`` decoder's sizes (``model_and_config``'s docstring), or the tiny ones."""
+    if tiny:
+        return dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                    num_hidden_layers=2, vocab_size=64)
+    return dict(hidden_size=2048, intermediate_size=5632, num_attention_heads=16, num_key_value_heads=8,
+                num_hidden_layers=4)
 
 
 def build(name, attention, tiny, length, device, dtype, train):

@@ -1,7 +1,7 @@
 """What the tuner saw and what limits each kernel: per candidate config its time, registers, spills, shared memory
 and the occupancy those allow, for the forward, dK/dV and dQ kernels of one attention shape.
 
-    PYTHONPATH=. python3 tools/profile_kernels.py [--shape 4,16,4096,128] [--causal] [--dtype bfloat16]
+    PYTHONPATH=. python3 tools/profile_kernels.py [--shape 4,16,4096,128] [--kv-heads H_KV] [--causal] [--dtype bfloat16]
 
 Runs one forward+backward of the fused op on random inputs with an empty tuning cache (a temporary
 FUSE_ATTN_CACHE_DIR), so every candidate is compiled and timed; the times are the tuner's own
@@ -63,10 +63,14 @@ def occupancy(compiled, props) -> tuple[int, int]:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="4,16,4096,128", help="B,H,N,D")
+    ap.add_argument("--kv-heads", type=int, default=None, help="key/value heads (GQA); default H")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     args = ap.parse_args(argv)
     B, H, N, D = map(int, args.shape.split(","))
+    H_KV = args.kv_heads or H
+    if H % H_KV:
+        ap.error(f"--kv-heads {H_KV} does not divide the {H} query heads")
     dtype = getattr(torch, args.dtype)
 
     with tempfile.TemporaryDirectory(prefix="profile_kernels_") as cache:
@@ -82,14 +86,15 @@ def main(argv=None):
         progress.setLevel(logging.INFO)  # the tuner's progress lines: candidates, compile and tuning wall times
         logger.addHandler(progress)
         spec = AttentionSpec(dtype=args.dtype, head_dim=D, head_dim_v=D, scale=D ** -0.5,
-                             causal=CausalMask() if args.causal else None)
-        q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+                             causal=CausalMask() if args.causal else None, gqa_group=H // H_KV)
+        q = torch.randn(B, H, N, D, device="cuda", dtype=dtype, requires_grad=True)
+        k, v = (torch.randn(B, H_KV, N, D, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2))
         flash_attention(q, k, v, spec).backward(torch.randn(B, H, N, D, device="cuda", dtype=dtype))
         torch.cuda.synchronize()
 
         mod = codegen.load_module(spec)
         props = torch.cuda.get_device_properties(q.device)
-        print(f"{props.name}, torch {torch.__version__}, shape B,H,N,D={args.shape} {args.dtype}"
+        print(f"{props.name}, torch {torch.__version__}, shape B,H,N,D={args.shape} kv heads {H_KV} {args.dtype}"
               f"{' causal' if args.causal else ''}; {props.regs_per_multiprocessor} registers and "
               f"{props.shared_memory_per_multiprocessor // 1024} KiB shared memory per SM")
         rows = []

@@ -18,6 +18,7 @@ curve), and on a GPU the median step time against sdpa + torch.compile.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import statistics
 import sys
@@ -97,7 +98,9 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
     torch._dynamo.reset()
     model, layers = build_model(args.model, args.tiny, attention, args.length)
     model = wrap(model.to(device=device, dtype=dtype), args.engine, device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    # Under tp only the planned layers hold DTensors; AdamW's multi-tensor (foreach) step, CUDA's default, refuses a
+    # mix of DTensors and plain tensors, so tp steps one parameter at a time.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=False if args.engine == "tp" else None)
     run = model if backend is None else torch.compile(model, backend=backend)
 
     def step(tokens):
@@ -114,7 +117,8 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
             with collect_reports() as reports:
                 loss = step(tokens)
             fused = dict(fused=sum(len(r.fused) for r in reports), graphs=len(reports),
-                         not_fused=[v.line() for r in reports for v in r.not_fused])
+                         not_fused=[v.line() for r in reports for v in r.not_fused],
+                         runs=collections.Counter(v.runs or "runs triton" for r in reports for v in r.fused))
         else:
             loss = step(tokens)
         if device.type == "cuda":
@@ -135,6 +139,7 @@ def profile_steps(step, batches: list, device: torch.device) -> dict:
     step, and per step the ms of the device's compute kernels and of its collectives (NCCL kernels, which run on
     their own streams beside the compute), with the table of the ops that took the most device (on a CPU: host)
     time."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -146,9 +151,11 @@ def profile_steps(step, batches: list, device: torch.device) -> dict:
             torch.cuda.synchronize()
         wall = (time.perf_counter() - start) * 1e3 / len(batches)
     events = prof.key_averages()
-    on_device = [e for e in events if e.self_device_time_total > 0]
-    collective = sum(e.self_device_time_total for e in on_device if "nccl" in e.key.lower()) / 1e3 / len(batches)
-    compute = sum(e.self_device_time_total for e in on_device) / 1e3 / len(batches) - collective
+    # the kernels themselves: an op or a record_function range (Inductor names one after each kernel it launches)
+    # reports its kernels' time as its own too, so summing every event would count each kernel twice
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    collective = sum(e.self_device_time_total for e in kernels if "nccl" in e.key.lower()) / 1e3 / len(batches)
+    compute = sum(e.self_device_time_total for e in kernels) / 1e3 / len(batches) - collective
     table = events.table(sort_by="self_device_time_total" if device.type == "cuda" else "self_cpu_time_total",
                          row_limit=12, max_name_column_width=60)
     return dict(wall_ms=wall, compute_ms=compute, collective_ms=collective, table=table)
@@ -207,6 +214,8 @@ def report(args, results: dict, dtype: torch.dtype) -> bool:
           f"model; not fused: {len(fused['not_fused'])}{'' if ok else ' -- FAILED: expected every attention fused'}")
     for line in fused["not_fused"]:
         print("  " + line)
+    for runs, count in fused["runs"].items():  # the implementation each fused attention runs, and how it was chosen
+        print(f"  {count} {runs}")
     print("step | " + " | ".join(VARIANTS))
     for i in range(args.steps):
         print(f"{i:4d} | " + " | ".join(f"{results[v]['losses'][i]:.5f}" for v in VARIANTS))

@@ -185,7 +185,7 @@ class TritonOps:
             return v.expr
         if unit == "nat":
             return f"({v.expr} * LN2)"
-        return f"({v.expr} * LOG2E)" if _fits_log2(v.bound) else f"_to_log2({v.expr})"
+        return f"({v.expr} * LOG2E)" if _fits_log2(v.bound) else f"_to_log2({v.expr}, INTERPRETED)"
 
     def _nat(self, v: TVal) -> str:
         return self._as(v, "nat")

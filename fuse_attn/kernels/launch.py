@@ -155,7 +155,7 @@ def _common(q, k, v, spec) -> dict:
         D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
         GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
         WINDOW=spec.causal.window if spec.causal is not None and spec.causal.window is not None else 0,
-        PRECISION=_precision(q.dtype), UPCAST=_interpret(),
+        PRECISION=_precision(q.dtype), INTERPRETED=_interpret(),
         # qk_scale and dropout_p are constexprs: both are fixed by the spec (and head dim), which the generated module is
         # already specific to; as run-time floats, Inductor would pass them as fp64.
         DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,

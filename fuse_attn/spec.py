@@ -344,6 +344,30 @@ class AttentionSpec:
                         return KeyPadding(i, hidden, "masking", masking_band)
         return None
 
+    @functools.lru_cache(maxsize=1024)
+    def mask_blocks(self) -> Optional[int]:
+        """The score tensor whose values decide, per call, which tiles the kernels skip or visit without the score
+        program, or None. It is an additive mask over query and key positions shared by the heads
+        (``[Z or 1, 1, M, N]``, role "bias"), the whole program is ``s + mask``, and nothing else masks (no
+        ``causal``): such a mask arrives as a graph input of unknown values -- built before a graph break, e.g. at
+        the blocks that FSDP2's hooks or DDP's buckets cut into graphs of their own -- so nothing at compile time
+        says where it hides keys. The launcher summarizes it on the device (``launch._mask_block_args``), per tile
+        of each kernel: "full" where it is 0 everywhere (the program is ``s`` there), "empty" where every entry is
+        at or below :data:`MASKING_FILL_LIMIT` (-inf included) and every query row of the tile keeps a visible key
+        somewhere (a hidden key's probability is then exactly 0, as for :meth:`key_padding`'s "masking" kind;
+        scores are taken to be finite and far above the fill), partial otherwise. Empty tiles are skipped, full
+        ones run without the program; the results are those of the whole computation. The backward uses it only
+        where the mask needs no gradient (a full tile still has one)."""
+        program = self.score_mod
+        if self.causal is not None or len(program) != 3 or program[2].op != "add":
+            return None
+        leaves = {program[a].op: program[a] for a in program[2].args}
+        if set(leaves) != {"score", "load"}:
+            return None
+        i = leaves["load"].value
+        t = self.score_tensors[i]
+        return i if t.role == "bias" and t.broadcast[1:] == (True, False, False) else None
+
     def scale_for(self, head_dim: int) -> float:
         """The score scale for q's actual head dim."""
         return self.scale * head_dim**self.scale_head_dim_power if self.scale_head_dim_power else self.scale

@@ -52,6 +52,13 @@ def _padding_and_causal_in_one_mask_spec():
     return dict(score_mod=b.program(masked), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),))
 
 
+def _mask_summarized_spec():
+    """A mask of unknown values added to the scores (``spec.mask_blocks``): block lists in all three kernels."""
+    b = ScoreProgramBuilder()
+    added = b.add("add", b.add("score"), b.add("load", value=0))
+    return dict(score_mod=b.program(added), score_tensors=(ScoreTensor("bias", "bfloat16", (False, True, False, False)),))
+
+
 # Spec fields beyond bf16, head dim 64 and scale 0.125
 SPECS = {
     "causal": dict(causal=CausalMask()),
@@ -61,6 +68,7 @@ SPECS = {
     "key padding + causal": dict(**_key_padding_spec(), causal=CausalMask()),
     "padding and causal in one finfo.min mask": _padding_and_causal_in_one_mask_spec(),
     "sliding window": dict(causal=CausalMask(window=64)),
+    "a mask summarized per call": _mask_summarized_spec(),
 }
 
 
@@ -68,8 +76,8 @@ def _tensors(spec: AttentionSpec, Z=2, H=8, L=256):
     dtype = getattr(torch, spec.dtype)
     q = torch.randn(Z, H, L, spec.head_dim, dtype=dtype)
     k = torch.randn(Z, H // spec.gqa_group, L, spec.head_dim, dtype=dtype)
-    scores = [torch.randn(1, H, L, L, dtype=getattr(torch, t.dtype)) if t.role == "bias" else torch.rand(Z, 1, 1, L) < 0.9
-              for t in spec.score_tensors]
+    scores = [torch.randn(*(1 if b else n for b, n in zip(t.broadcast, (Z, H, L, L))), dtype=getattr(torch, t.dtype))
+              if t.role == "bias" else torch.rand(Z, 1, 1, L) < 0.9 for t in spec.score_tensors]
     seed = torch.tensor(7) if spec.dropout_p else None
     return q, k, k.clone(), scores, seed
 
@@ -80,7 +88,8 @@ def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
     q, k, v, scores, seed = _tensors(spec)
     launch.triton_forward(q, k, v, scores, spec, seed)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
-    needs = [t.role == "bias" for t in spec.score_tensors]
+    # a bias gets a gradient, except a summarized mask (whose backward would then not use the summaries)
+    needs = [t.role == "bias" and spec.mask_blocks() != i for i, t in enumerate(spec.score_tensors)]
     launch.triton_backward(torch.randn_like(q), q, k, v, scores, out, lse, spec, needs, seed)
     return launches
 
@@ -119,6 +128,8 @@ def compile_spec(name: str, target: str) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         launches = _captured_launches(spec, monkeypatch)
     assert {kernel.fn.__name__ for kernel, _ in launches} >= {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"}
+    if spec.mask_blocks() is not None:  # the block-list code paths are the ones compiled
+        assert all(args["MASK_BLOCKS"] for kernel, args in launches if "MASK_BLOCKS" in args)
     for kernel, args in launches:
         for cfg in _configs(kernel.fn.__name__, spec, smem):
             bound = dict(args) if cfg is None else dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)

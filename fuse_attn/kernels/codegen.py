@@ -541,6 +541,8 @@ def generate_source(spec: AttentionSpec) -> str:
         "SCORE_MOD_KEY_MAJOR": code.forward_key_major,
         "SCORE_MOD_BWD_AND_DSCORE_KEY_MAJOR": code.backward_and_dscore_key_major,
     }
+    # each block is the body of an `if APPLY_MOD:` in the template: an empty program still needs a statement there
+    blocks = {name: lines or ["pass  # no score program"] for name, lines in blocks.items()}
     score_params = _score_params(key)
     inline = {
         "SPEC_DIGEST": key.digest,

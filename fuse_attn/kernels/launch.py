@@ -195,6 +195,49 @@ def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, 
     return dict(KeyRange=torch.stack([first, end], -1).expand(Z, 2).contiguous(), KEY_RANGE=True, KEY_BAND=band)
 
 
+def mask_blocks_enabled() -> bool:
+    """``FUSE_ATTN_MASK_BLOCKS=0`` turns the per-call tile summaries of :meth:`AttentionSpec.mask_blocks` off: every
+    tile then loads the mask and runs the score program (the same results; for measuring what the summaries save)."""
+    return os.environ.get("FUSE_ATTN_MASK_BLOCKS", "1") != "0"
+
+
+# tile classes of a mask summary, in the order the block lists hold them
+_FULL, _PARTIAL, _EMPTY = 0, 1, 2
+
+
+def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, rows: int, cols: int,
+                     key_major: bool, placeholder: Tensor, use: bool = True) -> dict:
+    """``BlockList``, ``BlockCounts``, their batch strides and ``MASK_BLOCKS`` of a kernel whose tiles are ``rows``
+    queries by ``cols`` keys. With a mask of :meth:`AttentionSpec.mask_blocks` (and ``use``): each tile classified
+    from the mask's values on the device -- traced into the graph under torch.compile, like the key range -- full (0
+    everywhere), empty (every entry hidden, at or below the fill limit, and every row of its query block keeping a
+    visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
+    lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, ``[Zm, R, C]``,
+    and the counts of full and partial ones, ``[Zm, R, 2]`` (``Zm``: the mask's batch, 1 or Z; stride 0 when 1). A
+    tile with positions past M or N is never full (its predicate must run) and is empty when its real part is."""
+    index = spec.mask_blocks() if use and mask_blocks_enabled() else None
+    if index is None:
+        return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
+                    MASK_BLOCKS=False)
+    mask = score_tensors[index][:, 0]  # [Zm, M, N]
+    row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
+    pad = (0, col_blocks * cols - N, 0, row_blocks * rows - M)
+    hidden = mask <= MASKING_FILL_LIMIT
+    keeps_visible = torch.nn.functional.pad((~hidden).any(-1), pad[2:], value=True)  # [Zm, rows padded]
+    tiles = (mask.shape[0], row_blocks, rows, col_blocks, cols)
+    empty = torch.nn.functional.pad(hidden, pad, value=True).view(tiles).all(4).all(2)
+    empty &= keeps_visible.view(tiles[:3]).all(2)[:, :, None]
+    full = torch.nn.functional.pad(mask == 0, pad, value=False).view(tiles).all(4).all(2)
+    classes = torch.where(full, _FULL, torch.where(empty, _EMPTY, _PARTIAL)).to(torch.int32)
+    if key_major:
+        classes = classes.transpose(1, 2)
+    lists = torch.argsort(classes, dim=-1, stable=True).to(torch.int32).contiguous()
+    counts = torch.stack([(classes == _FULL).sum(-1), (classes == _PARTIAL).sum(-1)], -1).to(torch.int32).contiguous()
+    batched = mask.shape[0] != 1
+    return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
+                stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
+
+
 def _blocks(cfg: autotune.KernelConfig) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
 
@@ -413,12 +456,13 @@ def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range, warmup=False) -> None:
+def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range, spec,
+                    warmup=False) -> None:
     """``common`` and ``key_range``: ``_common`` and ``_key_range_args`` of these tensors (computed once by the
     caller: a tuner launches many times on one set)."""
     Z, H, M, _ = q.shape
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
-                **key_range,
+                **key_range, **_mask_block_args(spec, score_tensors, M, k.shape[2], cfg.block_m, cfg.block_n, False, lse),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
     launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m), Z * H), args, cfg, warmup)
@@ -436,7 +480,8 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
         rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
         out, lse = _empty_outputs(rq, rv)
         real, key_range = _common(rq, rk, rv, spec), _key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
-        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range, warmup)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range, spec,
+                                                   warmup)
 
     return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind,
                    **_tuning_lengths(common, lengths))
@@ -453,7 +498,7 @@ def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=Non
     def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
         out, lse = _empty_outputs(q, v)
         _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse,
-                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse))
+                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse), spec)
         return out, lse
 
     Z, H, M, _ = q.shape
@@ -526,15 +571,22 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
+    # a mask that needs a gradient has one in its full tiles too: no summary then
+    mask = spec.mask_blocks()
+    summarize = mask is None or mask not in bufs.dbias
+
     def dq():
         cfg = cfgs["bwd_dq"]
+        blocks = _mask_block_args(spec, score_tensors, M, N, cfg.block_m, cfg.block_n, False, lse, summarize)
         launch(mod._attn_bwd_dq, (triton_cdiv(M, cfg.block_m), Z * H),
-               dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **_strides("dq", bufs.dq), **_blocks(cfg)), cfg, warmup)
+               dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
+                    **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
+        blocks = _mask_block_args(spec, score_tensors, M, N, cfg.block_m, cfg.block_n, True, lse, summarize)
         launch(mod._attn_bwd_dkdv, (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)),
-               dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs,
+               dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
 

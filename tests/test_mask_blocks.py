@@ -1,0 +1,202 @@
+"""Tiles classified per call from a mask tensor of unknown values (``AttentionSpec.mask_blocks``,
+``launch._mask_block_args``): empty tiles skipped, full ones run without the score program, in the forward, dQ and
+dK/dV kernels, with the results of the whole computation. Kernels through the Triton interpreter; the interpreter
+configs' tiles are 32 x 16 (forward, dQ) and 16 query x 32 key rows (dK/dV)."""
+
+import os
+
+import pytest
+import torch
+
+from fuse_attn.kernels import flash_attention, launch
+from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from test_kernels import make_case, run_and_check
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                         "ignore:divide by zero encountered:RuntimeWarning",
+                                         "ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs a TRITON_INTERPRET=1 session")]
+
+FMIN = torch.finfo(torch.float32).min
+
+
+def additive(b, s, loads):
+    return b.add("add", s, loads[0])
+
+
+def mask_case(mask: torch.Tensor, Z=2, H=2, D=16, dtype=torch.float32, gqa=1, dropout_p=0.0, seed=0):
+    """q, k, v and the spec of ``s + mask`` for a ``[Z or 1, 1, M, N]`` mask (no gradient), the mask in ``dtype``."""
+    M, N = mask.shape[-2:]
+    q, k, v, _, spec = make_case(Z=Z, H=H, M=M, N=N, D=D, dtype=dtype, bias=(mask.shape[0], 1, M, N), gqa=gqa,
+                                 program=additive, seed=seed, dropout_p=dropout_p)
+    assert spec.mask_blocks() == 0
+    # Hugging Face fills with the model dtype's finfo.min (fp32's would round to -inf in bf16)
+    mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
+    return q, k, v, [mask], spec
+
+
+def causal_fill(M, N, fill=FMIN, Z=1):
+    i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
+    return torch.where(j <= i, 0.0, fill).expand(Z, 1, M, N).clone()
+
+
+def padded_causal(M, N, lengths, fill=FMIN):
+    """Hugging Face's padding + causal mask: key j of batch row z visible iff j <= i and j < lengths[z]."""
+    mask = causal_fill(M, N, fill, Z=len(lengths))
+    for z, n in enumerate(lengths):
+        mask[z, :, :, n:] = fill
+    return mask
+
+
+def random_holes(Z, M, N, hidden_row):
+    mask = torch.where(torch.rand(Z, 1, M, N, generator=torch.Generator().manual_seed(3)) < 0.6, 0.0, FMIN)
+    mask[:, :, hidden_row] = FMIN  # uniform over every key in eager: its query block must not skip any
+    return mask
+
+
+def classify(mask, rows, cols):
+    """Each tile's class by brute force: 0 full, 1 partial, 2 empty (launch's order)."""
+    Z, _, M, N = mask.shape
+    hidden = mask[:, 0] <= MASKING_FILL_LIMIT
+    keeps = (~hidden).any(-1)  # [Z, M]
+    out = torch.empty(Z, -(-M // rows), -(-N // cols), dtype=torch.int32)
+    for z in range(Z):
+        for r in range(out.shape[1]):
+            for c in range(out.shape[2]):
+                tile = mask[z, 0, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
+                inside = tile.shape == (rows, cols)
+                if inside and bool((tile == 0).all()):
+                    out[z, r, c] = 0
+                elif bool((tile <= MASKING_FILL_LIMIT).all()) and bool(keeps[z, r * rows:(r + 1) * rows].all()):
+                    out[z, r, c] = 2
+                else:
+                    out[z, r, c] = 1
+    return out
+
+
+@pytest.mark.parametrize("key_major", [False, True])
+def test_block_lists_match_a_brute_force_classification(key_major):
+    mask = padded_causal(45, 53, [53, 20, 0])
+    mask[1, :, 7, :] = FMIN  # a row that keeps no visible key: its query block is never skipped
+    mask[0, :, 40:45, 0:16] = 3.0  # a partial block below the diagonal
+    q, k, v, tensors, spec = mask_case(mask, Z=3)
+    args = launch._mask_block_args(spec, tensors, 45, 53, 16, 16, key_major, q)
+    assert args["MASK_BLOCKS"] and args["stride_blist_z"] > 0
+    classes = classify(mask, 16, 16)
+    if key_major:
+        classes = classes.transpose(1, 2)
+    lists, counts = args["BlockList"], args["BlockCounts"]
+    for z in range(3):
+        for r in range(classes.shape[1]):
+            n_full, n_partial = counts[z, r].tolist()
+            row = classes[z, r]
+            assert n_full == int((row == 0).sum()) and n_partial == int((row == 1).sum())
+            listed = lists[z, r].tolist()
+            assert sorted(listed) == list(range(len(row)))
+            assert [int(row[c]) for c in listed] == sorted(row.tolist())  # full, then partial, then empty
+    # the fully padded batch row (length 0) keeps no visible key anywhere: nothing of it is skipped
+    assert int((classes[2] == 2).sum()) == 0
+
+
+def test_a_mask_shared_by_the_batch_has_stride_zero():
+    q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
+    args = launch._mask_block_args(spec, tensors, 40, 40, 32, 16, False, q)
+    assert args["BlockList"].shape == (1, 2, 3) and args["stride_blist_z"] == 0 and args["stride_bcount_z"] == 0
+
+
+@pytest.mark.parametrize("name, mask", [
+    ("causal, finfo.min", causal_fill(97, 97)),
+    ("causal, -inf", causal_fill(64, 80, float("-inf"))),
+    ("padding + causal", padded_causal(70, 70, [70, 33])),
+    ("padding + causal, a batch row of no visible key (uniform rows)", padded_causal(70, 70, [70, 0])),
+    ("all zero: every tile full", torch.zeros(2, 1, 33, 47)),
+    ("random holes, one row hidden whole", random_holes(2, 50, 61, hidden_row=9)),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_results_are_those_of_the_whole_computation(name, mask, dtype, monkeypatch):
+    if dtype != torch.float32 and bool((mask <= MASKING_FILL_LIMIT).all(-1).any()):
+        # rows hidden whole in bf16 need the exact delta's backward, summaries or not (TESTING.md, known
+        # differences: "Rows masked entirely with finfo.min"); this also runs the listed row-statistics pass
+        monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+    q, k, v, tensors, spec = mask_case(mask, Z=mask.shape[0] if mask.shape[0] > 1 else 2, dtype=dtype)
+    run_and_check(q, k, v, tensors, spec, dtype)
+
+
+def test_gqa_and_dropout():
+    q, k, v, tensors, spec = mask_case(padded_causal(48, 48, [48, 30]), H=4, gqa=2, dropout_p=0.2)
+    run_and_check(q, k, v, tensors, spec, torch.float32, dropout_seed=torch.tensor(1234))
+
+
+def test_a_row_of_only_minus_inf_stays_nan():
+    mask = causal_fill(40, 40, float("-inf"), Z=2)
+    mask[1, :, 5, :] = float("-inf")  # eager softmax: NaN for that row; not skipped, so computed as NaN
+    q, k, v, tensors, spec = mask_case(mask)
+    out = flash_attention(q, k, v, spec, tensors)
+    assert out[1, :, 5].isnan().all() and not out[0].isnan().any() and not out[1, :, 6:].isnan().any()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_empty_tiles_are_not_read(enabled, monkeypatch):
+    # Keys 32..63 are hidden from query block 0 (rows 0..31) by the causal mask, whole tiles of it: skipped, their
+    # NaN values never reach that block's rows. The summaries switched off, those tiles are computed, and 0 * NaN
+    # turns the rows NaN -- so the test can tell a skipped tile from a computed one.
+    monkeypatch.setenv("FUSE_ATTN_MASK_BLOCKS", "1" if enabled else "0")
+    q, k, v, tensors, spec = mask_case(causal_fill(64, 64))
+    v = v.clone()
+    v[:, :, 48:] = float("nan")
+    out = flash_attention(q, k, v, spec, tensors)
+    assert out[:, :, :32].isnan().any() != enabled
+
+
+def test_gradients_of_skipped_tiles(monkeypatch):
+    # dK / dV of keys that every query hides are 0 whether their tiles are skipped or computed
+    mask = causal_fill(64, 64)
+    results = []
+    for enabled in ("1", "0"):
+        monkeypatch.setenv("FUSE_ATTN_MASK_BLOCKS", enabled)
+        q, k, v, tensors, spec = mask_case(mask)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = flash_attention(q, k, v, spec, tensors)
+        results.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_which_specs_are_summarized():
+    b = ScoreProgramBuilder()
+    plain = b.program(b.add("add", b.add("score"), b.add("load", value=0)))
+
+    def spec(program=plain, broadcast=(False, True, False, False), causal=None, role="bias"):
+        return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_mod=program,
+                             score_tensors=(ScoreTensor(role, "float32", broadcast),))
+
+    assert spec().mask_blocks() == 0
+    assert spec(broadcast=(True, True, False, False)).mask_blocks() == 0
+    assert spec(broadcast=(False, False, False, False)).mask_blocks() is None  # per head: one summary per head
+    assert spec(broadcast=(False, True, True, False)).mask_blocks() is None  # a key padding vector (key_padding)
+    assert spec(causal=CausalMask()).mask_blocks() is None  # the band already skips blocks, at compile time
+    b = ScoreProgramBuilder()
+    softcapped = b.program(b.add("tanh", b.add("add", b.add("score"), b.add("load", value=0))))
+    assert spec(program=softcapped).mask_blocks() is None  # where the mask is 0 the program is not s itself
+
+
+def test_no_summary_for_a_mask_that_needs_a_gradient():
+    q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
+    tensors = [tensors[0].clone().requires_grad_()]
+    run_and_check(q, k, v, tensors, spec, torch.float32)
+
+
+def test_the_summary_compiles_with_symbolic_lengths():
+    # Under torch.compile on a GPU the launcher's summary is traced into the graph with symbolic lengths and
+    # compiled by Inductor, as the key range is; the same here with Inductor's CPU code.
+    spec = mask_case(causal_fill(40, 40))[4]
+
+    def summary(mask):
+        args = launch._mask_block_args(spec, [mask], mask.shape[2], mask.shape[3], 32, 16, True, mask)
+        return args["BlockList"], args["BlockCounts"]
+
+    compiled = torch.compile(summary, dynamic=True, fullgraph=True)
+    for M, N in ((40, 40), (57, 70)):
+        mask = padded_causal(M, N, [N, N // 2])
+        for a, b in zip(compiled(mask), summary(mask)):
+            assert torch.equal(a, b)

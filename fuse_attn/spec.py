@@ -72,6 +72,13 @@ class KeyPadding(NamedTuple):
     band: Optional[int] = None
 
 
+class MaskBlocks(NamedTuple):
+    """A mask whose tiles are classified per call (:meth:`AttentionSpec.mask_blocks`)."""
+
+    tensor: int  # the score tensor holding it
+    hidden: str  # where it hides a score: "fill" (a bias at or below the fill limit), "false" / "true" (a bool mask)
+
+
 class _Hidden(NamedTuple):
     """Where keys are hidden: by score tensor ``tensor`` where its value is ``hidden`` (see :class:`KeyPadding`), or
     -- ``tensor`` None -- past the causal band ``kv_idx <= q_idx + band``."""
@@ -345,28 +352,41 @@ class AttentionSpec:
         return None
 
     @functools.lru_cache(maxsize=1024)
-    def mask_blocks(self) -> Optional[int]:
-        """The score tensor whose values decide, per call, which tiles the kernels skip or visit without the score
-        program, or None. It is an additive mask over query and key positions shared by the heads
-        (``[Z or 1, 1, M, N]``, role "bias"), the whole program is ``s + mask``, and nothing else masks (no
-        ``causal``): such a mask arrives as a graph input of unknown values -- built before a graph break, e.g. at
-        the blocks that FSDP2's hooks or DDP's buckets cut into graphs of their own -- so nothing at compile time
-        says where it hides keys. The launcher summarizes it on the device (``launch._mask_block_args``), per tile
-        of each kernel: "full" where it is 0 everywhere (the program is ``s`` there), "empty" where every entry is
-        at or below :data:`MASKING_FILL_LIMIT` (-inf included) and every query row of the tile keeps a visible key
-        somewhere (a hidden key's probability is then exactly 0, as for :meth:`key_padding`'s "masking" kind;
-        scores are taken to be finite and far above the fill), partial otherwise. Empty tiles are skipped, full
-        ones run without the program; the results are those of the whole computation. The backward uses it only
-        where the mask needs no gradient (a full tile still has one)."""
+    def mask_blocks(self) -> Optional[MaskBlocks]:
+        """The mask whose values decide, per call, which tiles the kernels skip or visit without the score program,
+        or None. It is a mask over query and key positions shared by the heads (``[Z or 1, 1, M, N]``) that is the
+        whole program -- ``s + mask`` (a bias; it hides at or below :data:`MASKING_FILL_LIMIT`, -inf included),
+        ``where(mask, s, fill)`` or ``where(mask, fill, s)`` (a bool mask; ``fill`` at or below the limit) -- and
+        nothing else masks (no ``causal``). Such a mask arrives as a graph input of unknown values -- built before a
+        graph break, e.g. at the blocks that FSDP2's hooks or DDP's buckets cut into graphs of their own -- so
+        nothing at compile time says where it hides keys. The launcher summarizes it on the device
+        (``launch._mask_block_args``), per tile of each kernel: "full" where it hides nothing and the program is
+        ``s`` (a bias of 0 everywhere, a bool mask all visible), "empty" where it hides every entry and every query
+        row of the tile keeps a visible key somewhere (a hidden key's probability is then exactly 0, as for
+        :meth:`key_padding`'s "masking" kind; scores are taken to be finite and far above the fill), partial
+        otherwise. Empty tiles are skipped, full ones run without the program; the results are those of the whole
+        computation. The backward uses it only where the mask needs no gradient (a full tile still has one)."""
         program = self.score_mod
-        if self.causal is not None or len(program) != 3 or program[2].op != "add":
+        if self.causal is not None or not program:
             return None
-        leaves = {program[a].op: program[a] for a in program[2].args}
-        if set(leaves) != {"score", "load"}:
+        root = program[-1]
+        ops = sorted(program[a].op for a in root.args)
+        if root.op == "add" and len(program) == 3 and ops == ["load", "score"]:
+            index = next(program[a].value for a in root.args if program[a].op == "load")
+            role, hidden = "bias", "fill"
+        elif root.op == "where" and len(program) == 4 and program[root.args[0]].op == "load":
+            index = program[root.args[0]].value
+            keep, drop = (program[a] for a in root.args[1:])
+            if keep.op == "score" and drop.op == "const" and drop.value <= MASKING_FILL_LIMIT:
+                role, hidden = "mask", "false"
+            elif drop.op == "score" and keep.op == "const" and keep.value <= MASKING_FILL_LIMIT:
+                role, hidden = "mask", "true"
+            else:
+                return None
+        else:
             return None
-        i = leaves["load"].value
-        t = self.score_tensors[i]
-        return i if t.role == "bias" and t.broadcast[1:] == (True, False, False) else None
+        t = self.score_tensors[index]
+        return MaskBlocks(index, hidden) if t.role == role and t.broadcast[1:] == (True, False, False) else None
 
     def scale_for(self, head_dim: int) -> float:
         """The score scale for q's actual head dim."""
@@ -422,6 +442,9 @@ class AttentionSpec:
         if padding is not None:
             band = "" if padding.band is None else " and past the causal band"
             parts.append(f"padded keys{band} skipped ({self.score_tensors[padding.tensor].role}{padding.tensor})")
+        summarized = self.mask_blocks()
+        if summarized is not None:
+            parts.append(f"tiles classified per call ({self.score_tensors[summarized.tensor].role}{summarized.tensor})")
         return " ".join(parts)
 
 

@@ -89,7 +89,8 @@ def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
     launch.triton_forward(q, k, v, scores, spec, seed)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
     # a bias gets a gradient, except a summarized mask (whose backward would then not use the summaries)
-    needs = [t.role == "bias" and spec.mask_blocks() != i for i, t in enumerate(spec.score_tensors)]
+    summarized = spec.mask_blocks()
+    needs = [t.role == "bias" and (summarized is None or summarized.tensor != i) for i, t in enumerate(spec.score_tensors)]
     launch.triton_backward(torch.randn_like(q), q, k, v, scores, out, lse, spec, needs, seed)
     return launches
 

@@ -7,9 +7,11 @@ import os
 
 import pytest
 import torch
+from expecttest import TestCase
 
 from fuse_attn.kernels import flash_attention, launch
 from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from graph_capture import rewrite_reports, verdict_lines
 from test_kernels import make_case, run_and_check
 
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
@@ -29,10 +31,17 @@ def mask_case(mask: torch.Tensor, Z=2, H=2, D=16, dtype=torch.float32, gqa=1, dr
     M, N = mask.shape[-2:]
     q, k, v, _, spec = make_case(Z=Z, H=H, M=M, N=N, D=D, dtype=dtype, bias=(mask.shape[0], 1, M, N), gqa=gqa,
                                  program=additive, seed=seed, dropout_p=dropout_p)
-    assert spec.mask_blocks() == 0
+    assert spec.mask_blocks() == (0, "fill")
     # Hugging Face fills with the model dtype's finfo.min (fp32's would round to -inf in bf16)
     mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
     return q, k, v, [mask], spec
+
+
+def bool_program(hidden: str, fill: float):
+    """``where(mask, s, fill)`` (hidden where False) or ``where(mask, fill, s)`` (hidden where True)."""
+    b = ScoreProgramBuilder()
+    s, mask, c = b.add("score"), b.add("load", value=0), b.const(fill)
+    return b.program(b.add("where", mask, s, c) if hidden == "false" else b.add("where", mask, c, s))
 
 
 def causal_fill(M, N, fill=FMIN, Z=1):
@@ -122,6 +131,24 @@ def test_results_are_those_of_the_whole_computation(name, mask, dtype, monkeypat
     run_and_check(q, k, v, tensors, spec, dtype)
 
 
+@pytest.mark.parametrize("hidden", ["false", "true"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("empty_rows", ["nan", "zero"])
+def test_bool_masks(hidden, dtype, empty_rows):
+    # SDPA's convention (True: visible) and masked_fill's (True: hidden), -inf fill; batch row 1 padded to 30 keys
+    # and one of its rows hidden whole (NaN in eager, 0 in SDPA: that query block visits every tile)
+    M = N = 70
+    visible = padded_causal(M, N, [N, 30]) == 0
+    visible[1, :, 12] = False
+    mask = visible if hidden == "false" else ~visible
+    q, k, v, _, _ = make_case(Z=2, H=2, M=M, N=N, D=16, dtype=dtype)
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
+                         score_mod=bool_program(hidden, float("-inf")),
+                         score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),), empty_rows=empty_rows)
+    assert spec.mask_blocks() == (0, hidden)
+    run_and_check(q, k, v, [mask], spec, dtype)
+
+
 def test_gqa_and_dropout():
     q, k, v, tensors, spec = mask_case(padded_causal(48, 48, [48, 30]), H=4, gqa=2, dropout_p=0.2)
     run_and_check(q, k, v, tensors, spec, torch.float32, dropout_seed=torch.tensor(1234))
@@ -170,14 +197,17 @@ def test_which_specs_are_summarized():
         return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_mod=program,
                              score_tensors=(ScoreTensor(role, "float32", broadcast),))
 
-    assert spec().mask_blocks() == 0
-    assert spec(broadcast=(True, True, False, False)).mask_blocks() == 0
+    assert spec().mask_blocks() == (0, "fill")
+    assert spec(broadcast=(True, True, False, False)).mask_blocks() == (0, "fill")
     assert spec(broadcast=(False, False, False, False)).mask_blocks() is None  # per head: one summary per head
     assert spec(broadcast=(False, True, True, False)).mask_blocks() is None  # a key padding vector (key_padding)
     assert spec(causal=CausalMask()).mask_blocks() is None  # the band already skips blocks, at compile time
     b = ScoreProgramBuilder()
     softcapped = b.program(b.add("tanh", b.add("add", b.add("score"), b.add("load", value=0))))
     assert spec(program=softcapped).mask_blocks() is None  # where the mask is 0 the program is not s itself
+    for fill, kept in ((float("-inf"), True), (FMIN, True), (-1e4, False)):  # -1e4 hides less than the limit
+        assert spec(program=bool_program("false", fill), role="mask").mask_blocks() == ((0, "false") if kept else None)
+        assert spec(program=bool_program("true", fill), role="mask").mask_blocks() == ((0, "true") if kept else None)
 
 
 def test_no_summary_for_a_mask_that_needs_a_gradient():
@@ -200,3 +230,26 @@ def test_the_summary_compiles_with_symbolic_lengths():
         mask = padded_causal(M, N, [N, N // 2])
         for a, b in zip(compiled(mask), summary(mask)):
             assert torch.equal(a, b)
+
+
+class TestVerdicts(TestCase):
+    def test_a_mask_from_a_graph_input_is_classified_per_call(self):
+        def additive(q, k, v, mask):
+            return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, -1) @ v
+
+        def bool_visible(q, k, v, keep):
+            return torch.softmax((q @ k.transpose(-1, -2) * 0.25).masked_fill(~keep, float("-inf")), -1) @ v
+
+        q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+        mask = padded_causal(24, 24, [24, 10])
+        self.assertExpectedInline(verdict_lines(rewrite_reports(additive, q, k, v, mask)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> s + bias0[Z,1,M,N] tiles classified per call (bias0)""")
+        self.assertExpectedInline(verdict_lines(rewrite_reports(bool_visible, q, k, v, mask == 0)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> where(mask0[Z,1,M,N], -inf, s) tiles classified per call (mask0)""")
+
+    def test_a_mask_built_in_the_graph_is_read_at_compile_time_instead(self):
+        def causal(q, k, v):
+            n = q.shape[-2]
+            mask = torch.full((n, n), float("-inf")).triu(1)
+            return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, -1) @ v
+
+        q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+        self.assertExpectedInline(verdict_lines(rewrite_reports(causal, q, k, v)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 causal(top_left, diagonal=0)""")

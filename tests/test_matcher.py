@@ -446,9 +446,9 @@ class TestScorePrograms(TestCase):
         self.assertExpectedInline(describe(Sliced(window)), """causal(top_left, diagonal=0, window=3)""")
         not_a_band = ones.tril()
         not_a_band[9, 2] = 0
-        self.assertExpectedInline(describe(Sliced(not_a_band)), """s -> where(mask0[1,1,M,N], -inf, s)""")
+        self.assertExpectedInline(describe(Sliced(not_a_band)), """s -> where(mask0[1,1,M,N], -inf, s) tiles classified per call (mask0)""")
         # 5 queries, 7 keys: the rows start at N - M, a symbolic offset
-        self.assertExpectedInline(describe(Sliced(ones.tril(), offset=True), k_length=7), """s -> where(mask0[1,1,M,N], -inf, s)""")
+        self.assertExpectedInline(describe(Sliced(ones.tril(), offset=True), k_length=7), """s -> where(mask0[1,1,M,N], -inf, s) tiles classified per call (mask0)""")
 
 
 class TestNotRewritten(TestCase):
@@ -522,7 +522,7 @@ class TestNotRewritten(TestCase):
             return torch.softmax(w, -1) @ v
 
         reports = rewrite_reports(fn, *qkv(), torch.ones(5, 5, dtype=torch.bool).tril())
-        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> where(mask0[1,1,M,N], -inf, s)""")
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> where(mask0[1,1,M,N], -inf, s) tiles classified per call (mask0)""")
 
     def test_verdicts_name_the_users_source_line(self):
         def fn(q, k, v):

@@ -141,7 +141,7 @@ class TestMaskForms(TestCase):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
         mask = torch.rand(2, 1, 6, 6, generator=torch.Generator().manual_seed(1)) > 0.3
-        self.assertExpectedInline(fused_specs(fn, *qkv(), mask), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,M,N], -inf, s) empty rows 0""")
+        self.assertExpectedInline(fused_specs(fn, *qkv(), mask), """float32 D=8 M=6 N=6 scale=0.353553 s -> where(mask0[Z,1,M,N], -inf, s) empty rows 0 tiles classified per call (mask0)""")
 
 
 class TestLeftAsSdpa(TestCase):

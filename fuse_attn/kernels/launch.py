@@ -215,19 +215,21 @@ def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N,
     lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, ``[Zm, R, C]``,
     and the counts of full and partial ones, ``[Zm, R, 2]`` (``Zm``: the mask's batch, 1 or Z; stride 0 when 1). A
     tile with positions past M or N is never full (its predicate must run) and is empty when its real part is."""
-    index = spec.mask_blocks() if use and mask_blocks_enabled() else None
-    if index is None:
+    summarized = spec.mask_blocks() if use and mask_blocks_enabled() else None
+    if summarized is None:
         return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
                     MASK_BLOCKS=False)
-    mask = score_tensors[index][:, 0]  # [Zm, M, N]
+    mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
     row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
     pad = (0, col_blocks * cols - N, 0, row_blocks * rows - M)
-    hidden = mask <= MASKING_FILL_LIMIT
+    hidden = {"fill": lambda: mask <= MASKING_FILL_LIMIT, "false": lambda: ~mask, "true": lambda: mask}[summarized.hidden]()
+    # where the program is s itself: a bias of 0, a bool mask's visible value
+    unchanged = {"fill": lambda: mask == 0, "false": lambda: mask, "true": lambda: ~mask}[summarized.hidden]()
     keeps_visible = torch.nn.functional.pad((~hidden).any(-1), pad[2:], value=True)  # [Zm, rows padded]
     tiles = (mask.shape[0], row_blocks, rows, col_blocks, cols)
     empty = torch.nn.functional.pad(hidden, pad, value=True).view(tiles).all(4).all(2)
     empty &= keeps_visible.view(tiles[:3]).all(2)[:, :, None]
-    full = torch.nn.functional.pad(mask == 0, pad, value=False).view(tiles).all(4).all(2)
+    full = torch.nn.functional.pad(unchanged, pad, value=False).view(tiles).all(4).all(2)
     classes = torch.where(full, _FULL, torch.where(empty, _EMPTY, _PARTIAL)).to(torch.int32)
     if key_major:
         classes = classes.transpose(1, 2)
@@ -572,8 +574,8 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
     # a mask that needs a gradient has one in its full tiles too: no summary then
-    mask = spec.mask_blocks()
-    summarize = mask is None or mask not in bufs.dbias
+    summarized = spec.mask_blocks()
+    summarize = summarized is None or summarized.tensor not in bufs.dbias
 
     def dq():
         cfg = cfgs["bwd_dq"]

@@ -92,7 +92,9 @@ def test_bench_variants_module_is_fused_and_matches_eager(name):
     head_dim = 16 if variant.default.head_dim == DEFAULT_SIZE.head_dim else variant.default.head_dim
     result = check_variant(variant, small_size(variant.default, 64, head_dim), "cpu")
     assert result.fused >= 1, "\n".join(result.verdicts)
-    if name not in DENSE_BY_DESIGN:  # masks built from indices or a padding vector: nothing [.., M, N] is loaded
+    if name == "padding_causal_mask_input":  # a mask of unknown values: its tiles classified per call
+        assert all("tiles classified per call" in verdict for verdict in result.verdicts), "\n".join(result.verdicts)
+    elif name not in DENSE_BY_DESIGN:  # masks built from indices or a padding vector: nothing [.., M, N] is loaded
         assert not any("M,N]" in verdict for verdict in result.verdicts), "\n".join(result.verdicts)
     assert result.ok, "; ".join(result.comparisons)
 

@@ -19,6 +19,9 @@ in eager PyTorch as models do (``q @ k.transpose(-2, -1) * scale``, the variant'
 * ``dense_bias``: a learned [1, H, N, N] bias (an ``nn.Parameter``: fwd+bwd computes its gradient), no mask;
 * ``padding_causal``: a [B, N] ``attention_mask`` input (lengths N, 3N/4, N/2, N/3), turned into Hugging Face's
   additive ``finfo.min`` padding + causal mask in the graph.
+* ``padding_causal_mask_input``: the same mask built outside and passed in as a [B, 1, N, N] bf16 tensor, as each
+  block's graph receives it under FSDP2 or DDP (its tiles classified per call; ``FUSE_ATTN_MASK_BLOCKS=0`` for the
+  dense path).
 
 Methods: ``fuse_attn`` (``torch.compile(module, backend="fuse_attn")``, the generated kernels only:
 ``FUSE_ATTN_CANDIDATES=triton``; the row says how many attentions were fused), ``flex`` (compiled
@@ -297,6 +300,30 @@ class PaddingCausal(VariantAttention):
         return {"attn_mask": causal_keep(self.size.seq, device) & extra[0].bool()[:, None, None, :]}
 
 
+class PaddingCausalMaskInput(PaddingCausal):
+    """The same padding + causal mask, built outside and passed in as a [B, 1, N, N] ``finfo.min`` tensor: what each
+    transformer block's graph receives when a graph break (FSDP2's per-block hooks, DDP's buckets) separates it from
+    the mask's construction. Its values are unknown at compile time: fuse_attn classifies its tiles per call."""
+
+    def extra_inputs(self, device) -> tuple:
+        (attention_mask,) = super().extra_inputs(device)
+        keep = causal_keep(self.size.seq, device) & attention_mask.bool()[:, None, None, :]
+        return (torch.zeros(keep.shape, dtype=DTYPE, device=device).masked_fill(~keep, torch.finfo(DTYPE).min),)
+
+    def forward(self, q, k, v, mask):
+        return attend(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5 + mask, v)
+
+    def flex_mods(self, device, extra):
+        lengths = (extra[0][:, 0, -1] == 0).sum(-1)  # the last query row sees every unpadded key
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (kv_idx <= q_idx) & (kv_idx < lengths[b])
+        return None, mask_mod
+
+    def sdpa_arguments(self, device, extra):
+        return {"attn_mask": extra[0] == 0}
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     module: Callable[[Size], VariantAttention]
@@ -315,6 +342,7 @@ VARIANTS = {
     "alibi_from_slopes": Variant(AlibiFromSlopes, DEFAULT_SIZE),
     "dense_bias": Variant(DenseBias, DEFAULT_SIZE),
     "padding_causal": Variant(PaddingCausal, DEFAULT_SIZE),
+    "padding_causal_mask_input": Variant(PaddingCausalMaskInput, DEFAULT_SIZE),
 }
 
 

@@ -118,7 +118,8 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
                 loss = step(tokens)
             fused = dict(fused=sum(len(r.fused) for r in reports), graphs=len(reports),
                          not_fused=[v.line() for r in reports for v in r.not_fused],
-                         runs=collections.Counter(v.runs or "runs triton" for r in reports for v in r.fused))
+                         runs=collections.Counter(f"{v.spec.describe()}; {v.runs or 'runs triton'}"
+                                                  for r in reports for v in r.fused))
         else:
             loss = step(tokens)
         if device.type == "cuda":
@@ -214,8 +215,8 @@ def report(args, results: dict, dtype: torch.dtype) -> bool:
           f"model; not fused: {len(fused['not_fused'])}{'' if ok else ' -- FAILED: expected every attention fused'}")
     for line in fused["not_fused"]:
         print("  " + line)
-    for runs, count in fused["runs"].items():  # the implementation each fused attention runs, and how it was chosen
-        print(f"  {count} {runs}")
+    for runs, count in fused["runs"].items():  # each fused attention's spec and the implementation it runs
+        print(f"  {count} x {runs}")
     print("step | " + " | ".join(VARIANTS))
     for i in range(args.steps):
         print(f"{i:4d} | " + " | ".join(f"{results[v]['losses'][i]:.5f}" for v in VARIANTS))

@@ -10,7 +10,7 @@ under DDP or FSDP2 (``fully_shard`` per block) or tensor-parallel (LLaMA: ``para
 
 Every variant starts from the same weights and sees the same batches (each rank its own; tensor parallel: every rank
 the same). Rank 0 prints the
-attentions fuse_attn fused, the loss of every step for the three variants, checks fuse_attn's losses against
+attentions fuse_attn fused (each one's spec and the implementation it runs), the loss of every step for the three variants, checks fuse_attn's losses against
 eager's (at most twice the distance of sdpa + torch.compile's from eager, plus a floor: the 2x rule on the loss
 curve), and on a GPU the median step time against sdpa + torch.compile.
 """

@@ -209,9 +209,9 @@ def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N,
                      key_major: bool, placeholder: Tensor, use: bool = True) -> dict:
     """``BlockList``, ``BlockCounts``, their batch strides and ``MASK_BLOCKS`` of a kernel whose tiles are ``rows``
     queries by ``cols`` keys. With a mask of :meth:`AttentionSpec.mask_blocks` (and ``use``): each tile classified
-    from the mask's values on the device -- traced into the graph under torch.compile, like the key range -- full (0
-    everywhere), empty (every entry hidden, at or below the fill limit, and every row of its query block keeping a
-    visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
+    from the mask's values on the device -- traced into the graph under torch.compile, like the key range -- full
+    (nothing hidden: a bias of 0, a bool mask all visible), empty (every entry hidden -- a bias at or below the fill
+    limit -- and every row of its query block keeping a visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
     lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, ``[Zm, R, C]``,
     and the counts of full and partial ones, ``[Zm, R, 2]`` (``Zm``: the mask's batch, 1 or Z; stride 0 when 1). A
     tile with positions past M or N is never full (its predicate must run) and is empty when its real part is."""

@@ -77,6 +77,7 @@ class MaskBlocks(NamedTuple):
 
     tensor: int  # the score tensor holding it
     hidden: str  # where it hides a score: "fill" (a bias at or below the fill limit), "false" / "true" (a bool mask)
+    unmasked: int  # the program node that is the result where the mask hides nothing (the score itself for s + mask)
 
 
 class _Hidden(NamedTuple):
@@ -370,23 +371,35 @@ class AttentionSpec:
         if self.causal is not None or not program:
             return None
         root = program[-1]
-        ops = sorted(program[a].op for a in root.args)
-        if root.op == "add" and len(program) == 3 and ops == ["load", "score"]:
-            index = next(program[a].value for a in root.args if program[a].op == "load")
-            role, hidden = "bias", "fill"
-        elif root.op == "where" and len(program) == 4 and program[root.args[0]].op == "load":
-            index = program[root.args[0]].value
-            keep, drop = (program[a] for a in root.args[1:])
-            if keep.op == "score" and drop.op == "const" and drop.value <= MASKING_FILL_LIMIT:
-                role, hidden = "mask", "false"
-            elif drop.op == "score" and keep.op == "const" and keep.value <= MASKING_FILL_LIMIT:
-                role, hidden = "mask", "true"
+        if root.op == "add":
+            loads = [a for a in root.args if program[a].op == "load"]
+            if len(loads) != 1:
+                return None
+            index, role, hidden = program[loads[0]].value, "bias", "fill"
+            unmasked = next(a for a in root.args if a != loads[0])
+        elif root.op == "where" and program[root.args[0]].op == "load":
+            index, role = program[root.args[0]].value, "mask"
+            keep, drop = root.args[1:]
+            if program[drop].op == "const" and program[drop].value <= MASKING_FILL_LIMIT:
+                hidden, unmasked = "false", keep
+            elif program[keep].op == "const" and program[keep].value <= MASKING_FILL_LIMIT:
+                hidden, unmasked = "true", drop
             else:
                 return None
         else:
             return None
         t = self.score_tensors[index]
-        return MaskBlocks(index, hidden) if t.role == role and t.broadcast[1:] == (True, False, False) else None
+        if t.role != role or t.broadcast[1:] != (True, False, False) or not _cannot_mask(program, unmasked):
+            return None
+        return MaskBlocks(index, hidden, unmasked)
+
+    def unmasked_spec(self) -> Optional["AttentionSpec"]:
+        """With :meth:`mask_blocks`: this spec with the score program where the mask hides nothing (the subprogram of
+        its ``unmasked`` node, no score tensors) -- what a full tile computes. None otherwise."""
+        summarized = self.mask_blocks()
+        if summarized is None:
+            return None
+        return dataclasses.replace(self, score_mod=subprogram(self.score_mod, summarized.unmasked), score_tensors=())
 
     def scale_for(self, head_dim: int) -> float:
         """The score scale for q's actual head dim."""
@@ -446,6 +459,31 @@ class AttentionSpec:
         if summarized is not None:
             parts.append(f"tiles classified per call ({self.score_tensors[summarized.tensor].role}{summarized.tensor})")
         return " ".join(parts)
+
+
+def _cannot_mask(program: tuple[ScoreNode, ...], index: int) -> bool:
+    """Whether node ``index`` is arithmetic of the score, indices and constants above the fill limit: it reads no
+    tensor and holds no comparison, ``where`` or masking constant, so (scores being finite and far above the fill) it
+    hides no key itself -- the mask added to it, or choosing it, does all the hiding."""
+    node = program[index]
+    if node.op in ("load", "where", "logical_not", "logical_and", "logical_or") or node.op in COMPARISON_OPS:
+        return False
+    if node.op == "const":
+        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool) and node.value > MASKING_FILL_LIMIT
+    return all(_cannot_mask(program, a) for a in node.args)
+
+
+def subprogram(program: tuple[ScoreNode, ...], index: int) -> tuple[ScoreNode, ...]:
+    """The nodes that node ``index`` depends on, in order, renumbered, ``index`` last (its result)."""
+    keep, stack = set(), [index]
+    while stack:
+        i = stack.pop()
+        if i not in keep:
+            keep.add(i)
+            stack.extend(program[i].args)
+    order = sorted(keep)
+    new_index = {old: new for new, old in enumerate(order)}
+    return tuple(dataclasses.replace(program[i], args=tuple(new_index[a] for a in program[i].args)) for i in order)
 
 
 def _masked_when(program: tuple[ScoreNode, ...], index: int, where: _Hidden, fill_limit: float) -> bool:

@@ -10,7 +10,7 @@ import torch
 from expecttest import TestCase
 
 from fuse_attn.kernels import flash_attention, launch
-from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, program_text
 from graph_capture import rewrite_reports, verdict_lines
 from test_kernels import make_case, run_and_check
 
@@ -31,7 +31,7 @@ def mask_case(mask: torch.Tensor, Z=2, H=2, D=16, dtype=torch.float32, gqa=1, dr
     M, N = mask.shape[-2:]
     q, k, v, _, spec = make_case(Z=Z, H=H, M=M, N=N, D=D, dtype=dtype, bias=(mask.shape[0], 1, M, N), gqa=gqa,
                                  program=additive, seed=seed, dropout_p=dropout_p)
-    assert spec.mask_blocks() == (0, "fill")
+    assert spec.mask_blocks()[:2] == (0, "fill")
     # Hugging Face fills with the model dtype's finfo.min (fp32's would round to -inf in bf16)
     mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
     return q, k, v, [mask], spec
@@ -42,6 +42,12 @@ def bool_program(hidden: str, fill: float):
     b = ScoreProgramBuilder()
     s, mask, c = b.add("score"), b.add("load", value=0), b.const(fill)
     return b.program(b.add("where", mask, s, c) if hidden == "false" else b.add("where", mask, c, s))
+
+
+def softcap_plus_mask():
+    b = ScoreProgramBuilder()
+    capped = b.add("mul", b.add("tanh", b.add("div", b.add("score"), b.const(50.0))), b.const(50.0))
+    return b.program(b.add("add", capped, b.add("load", value=0)))
 
 
 def causal_fill(M, N, fill=FMIN, Z=1):
@@ -145,7 +151,21 @@ def test_bool_masks(hidden, dtype, empty_rows):
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
                          score_mod=bool_program(hidden, float("-inf")),
                          score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),), empty_rows=empty_rows)
-    assert spec.mask_blocks() == (0, hidden)
+    assert spec.mask_blocks()[:2] == (0, hidden)
+    run_and_check(q, k, v, [mask], spec, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_program_before_the_mask(dtype):
+    # Gemma-2's eager order, tanh(s / 50) * 50 + mask: full tiles run the softcap alone, empty ones are skipped
+    mask = padded_causal(70, 70, [70, 40])
+    q, k, v, _, _ = make_case(Z=2, H=2, M=70, N=70, D=16, dtype=dtype)
+    q = q * 8  # scores past the softcap's linear range
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
+                         score_mod=softcap_plus_mask(),
+                         score_tensors=(ScoreTensor("bias", str(dtype).split(".")[1], (False, True, False, False)),))
+    assert spec.mask_blocks()[:2] == (0, "fill")
+    mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
     run_and_check(q, k, v, [mask], spec, dtype)
 
 
@@ -197,8 +217,8 @@ def test_which_specs_are_summarized():
         return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_mod=program,
                              score_tensors=(ScoreTensor(role, "float32", broadcast),))
 
-    assert spec().mask_blocks() == (0, "fill")
-    assert spec(broadcast=(True, True, False, False)).mask_blocks() == (0, "fill")
+    assert spec().mask_blocks() == (0, "fill", 0)
+    assert spec(broadcast=(True, True, False, False)).mask_blocks() == (0, "fill", 0)
     assert spec(broadcast=(False, False, False, False)).mask_blocks() is None  # per head: one summary per head
     assert spec(broadcast=(False, True, True, False)).mask_blocks() is None  # a key padding vector (key_padding)
     assert spec(causal=CausalMask()).mask_blocks() is None  # the band already skips blocks, at compile time
@@ -206,8 +226,15 @@ def test_which_specs_are_summarized():
     softcapped = b.program(b.add("tanh", b.add("add", b.add("score"), b.add("load", value=0))))
     assert spec(program=softcapped).mask_blocks() is None  # where the mask is 0 the program is not s itself
     for fill, kept in ((float("-inf"), True), (FMIN, True), (-1e4, False)):  # -1e4 hides less than the limit
-        assert spec(program=bool_program("false", fill), role="mask").mask_blocks() == ((0, "false") if kept else None)
-        assert spec(program=bool_program("true", fill), role="mask").mask_blocks() == ((0, "true") if kept else None)
+        assert spec(program=bool_program("false", fill), role="mask").mask_blocks() == ((0, "false", 0) if kept else None)
+        assert spec(program=bool_program("true", fill), role="mask").mask_blocks() == ((0, "true", 0) if kept else None)
+    capped = spec(program=softcap_plus_mask())  # Gemma-2's eager order: the softcap, then the mask
+    assert capped.mask_blocks()[:2] == (0, "fill")
+    assert program_text(capped.unmasked_spec().score_mod, ()) == "tanh(s / 50) * 50"
+    b = ScoreProgramBuilder()
+    s = b.add("score")
+    banded = b.add("where", b.add("le", b.add("kv_idx"), b.add("q_idx")), s, b.const(float("-inf")))
+    assert spec(program=b.program(b.add("add", banded, b.add("load", value=0)))).mask_blocks() is None  # masks itself
 
 
 def test_no_summary_for_a_mask_that_needs_a_gradient():

@@ -535,14 +535,21 @@ def generate_source(spec: AttentionSpec) -> str:
     key = spec.kernel_key()
     template = (TEMPLATE_DIR / TEMPLATE_NAME).read_text()
     code = _score_code(key)
+    # full tiles of a mask classified per call (spec.mask_blocks): the program where the mask hides nothing
+    unmasked = key.unmasked_spec()
+    full = _score_code(unmasked) if unmasked is not None and len(unmasked.score_mod) > 1 else _ScoreCode([], [], [], [])
     blocks = {
         "SCORE_MOD": code.forward,
         "SCORE_MOD_BWD_AND_DSCORE": code.backward_and_dscore,
         "SCORE_MOD_KEY_MAJOR": code.forward_key_major,
         "SCORE_MOD_BWD_AND_DSCORE_KEY_MAJOR": code.backward_and_dscore_key_major,
+        "SCORE_MOD_FULL": full.forward,
+        "SCORE_MOD_BWD_FULL": full.backward_and_dscore,
+        "SCORE_MOD_KEY_MAJOR_FULL": full.forward_key_major,
+        "SCORE_MOD_BWD_KEY_MAJOR_FULL": full.backward_and_dscore_key_major,
     }
-    # each block is the body of an `if APPLY_MOD:` in the template: an empty program still needs a statement there
-    blocks = {name: lines or ["pass  # no score program"] for name, lines in blocks.items()}
+    # each block is the body of an `if APPLY_MOD:` / `else:` in the template: an empty one still needs a statement
+    blocks = {name: lines or ["pass  # s itself"] for name, lines in blocks.items()}
     score_params = _score_params(key)
     inline = {
         "SPEC_DIGEST": key.digest,

@@ -323,6 +323,7 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
     problem = unshardable_reason(q.shape[2], [t.shape for t in score_tensors], load_balance)
     if problem is not None:
         raise UnsupportedSpec(f"context parallel: {problem}")
+    _assert_equal_shards(q, group_name)
     reason = _gather_reason(spec, q, k, score_tensors)
     if reason is not None:
         _log_gathered(spec.describe(), reason)
@@ -455,6 +456,20 @@ def _gather_reason(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Seq
     if k.shape[2] != local:
         return f"queries ({local}) and keys ({k.shape[2]}) of different lengths: not one sharded sequence"
     return None
+
+
+def _assert_equal_shards(q: Tensor, group_name: str) -> None:
+    """Every rank must hold a shard of this rank's length: the ring and the gathered fallback take it for every rank's
+    (``shard_sequence`` cuts them so). Shards cut unevenly by other means would exchange rows that do not line up
+    (a wrong result or a stalled collective), so their lengths are compared on the device first: one all-gather of
+    an int per call and an asynchronous assert (no host sync), which stops the run with this message."""
+    from torch.distributed import _functional_collectives as collectives
+
+    local = torch.full((1,), q.shape[2], dtype=torch.int64, device=q.device)
+    lengths = collectives.all_gather_tensor(local, 0, group_name)
+    torch._assert_async(torch.all(lengths == local),
+                        "fuse_attn context parallel: the ranks hold sequence shards of different lengths; shard the "
+                        "sequence evenly (fuse_attn.context_parallel.shard_sequence)")
 
 
 def _gather_score_tensor(t: Tensor, gather) -> Tensor:

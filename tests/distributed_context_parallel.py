@@ -7,6 +7,7 @@
   per-head slopes, GQA, a finfo.min key padding vector (travelling with K/V; a batch row with every key padded),
   SDPA's bool padding + causal mask (the band in the score program: the pairs past it skipped), and dropout (run on the gathered sequence: the unsharded keep-mask).
 * A causal attention compiled with dynamic=True (a symbolic length: run on the gathered sequence).
+* Shards of different lengths on the ranks: refused by the ring's guard, not computed.
 * An unmodified Hugging Face LLaMA (eager attention, and its default SDPA calls; GQA), compiled with backend="fuse_attn" and the context_parallel
   option, on its sequence sharded: every attention fused as a ring; its loss and parameter gradients equal to the
   unsharded model's.
@@ -178,6 +179,25 @@ def check_llama(cp: ContextParallel, attention: str) -> bool:
     return ok
 
 
+def check_uneven_shards(cp: ContextParallel) -> bool:
+    """Shards of different lengths on the ranks (cut by hand, not by shard_sequence): refused with the guard's message,
+    not computed."""
+    rank = dist.get_rank()
+    g = torch.Generator().manual_seed(0)
+    local = 8 if rank == 0 else 6
+    q, k, v = (torch.randn(1, 2, local, 8, generator=g) for _ in range(3))
+    spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.3, causal=CausalMask())
+    try:
+        ring_attention(q, k, v, spec, cp=cp)
+    except RuntimeError as e:
+        refused = "shards of different lengths" in str(e)
+    else:
+        refused = False
+    if rank == 0:
+        print(f"op uneven shards: {'refused' if refused else 'computed FAILED'}")
+    return refused
+
+
 def main() -> int:
     dist.init_process_group("gloo")
     cp_group = dist.new_group(list(range(dist.get_world_size())))  # not the default group: the group is carried
@@ -188,6 +208,7 @@ def main() -> int:
                                           ("dropout", True)]]
     results.append(check_dynamic(ContextParallel()))
     results += [check_llama(ContextParallel(), attention) for attention in ("eager", "sdpa")]
+    results.append(check_uneven_shards(ContextParallel(load_balance=False)))
     dist.destroy_process_group()
     return 0 if all(results) else 1
 

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .spec import COMPARISON_OPS, AttentionSpec, CausalMask, ScoreProgramBuilder, UnsupportedSpec
+from .spec import COMPARISON_OPS, AttentionSpec, CausalMask, ScoreProgramBuilder, UnsupportedSpec, subprogram
 
 log = logging.getLogger("fuse_attn")
 
@@ -262,30 +262,12 @@ def _decided_over_pair(program: tuple, q_size: int, kv_size: int) -> tuple[tuple
         new.append(result)
         ranges.append(value_range)
         affine.append(form)
-    settled = _in_canonical_order(b.program(new[-1]))
+    built = b.program(new[-1])
+    settled = subprogram(built, len(built) - 1)  # one node order per expression, whichever pair built it
     read = sorted({node.value for node in settled if node.op == "load"})
     renumbered = {old: i for i, old in enumerate(read)}
     return tuple(dataclasses.replace(node, value=renumbered[node.value]) if node.op == "load" else node
                  for node in settled), read
-
-
-def _in_canonical_order(program: tuple) -> tuple:
-    """The program's nodes in the post-order of a walk from its result, arguments left to right: two programs of
-    one expression get one node order (a builder numbers nodes in the order they were made, which differs between
-    pairs whose offsets made different intermediate nodes)."""
-    position: dict[int, int] = {}
-    order: list[int] = []
-
-    def visit(i: int) -> None:
-        if i not in position:
-            for a in program[i].args:
-                visit(a)
-            position[i] = len(order)
-            order.append(i)
-
-    if program:
-        visit(len(program) - 1)
-    return tuple(dataclasses.replace(program[i], args=tuple(position[a] for a in program[i].args)) for i in order)
 
 
 def _settled(op: str, left: tuple[int, int], right: tuple[int, int]) -> Optional[bool]:

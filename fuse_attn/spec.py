@@ -355,18 +355,20 @@ class AttentionSpec:
     @functools.lru_cache(maxsize=1024)
     def mask_blocks(self) -> Optional[MaskBlocks]:
         """The mask whose values decide, per call, which tiles the kernels skip or visit without the score program,
-        or None. It is a mask over query and key positions shared by the heads (``[Z or 1, 1, M, N]``) that is the
-        whole program -- ``s + mask`` (a bias; it hides at or below :data:`MASKING_FILL_LIMIT`, -inf included),
-        ``where(mask, s, fill)`` or ``where(mask, fill, s)`` (a bool mask; ``fill`` at or below the limit) -- and
-        nothing else masks (no ``causal``). Such a mask arrives as a graph input of unknown values -- built before a
+        or None. It is a mask over query and key positions shared by the heads (``[Z or 1, 1, M, N]``) that ends the
+        program -- ``g(s) + mask`` (a bias; it hides at or below :data:`MASKING_FILL_LIMIT`, -inf included),
+        ``where(mask, g(s), fill)`` or ``where(mask, fill, g(s))`` (a bool mask; ``fill`` at or below the limit),
+        ``g`` the score or arithmetic that hides nothing itself (``_cannot_mask``: Gemma-2's softcap) -- and nothing
+        else masks (no ``causal``). Such a mask arrives as a graph input of unknown values -- built before a
         graph break, e.g. at the blocks that FSDP2's hooks or DDP's buckets cut into graphs of their own -- so
         nothing at compile time says where it hides keys. The launcher summarizes it on the device
         (``launch._mask_block_args``), per tile of each kernel: "full" where it hides nothing and the program is
-        ``s`` (a bias of 0 everywhere, a bool mask all visible), "empty" where it hides every entry and every query
+        ``g(s)`` (a bias of 0 everywhere, a bool mask all visible), "empty" where it hides every entry and every query
         row of the tile keeps a visible key somewhere (a hidden key's probability is then exactly 0, as for
         :meth:`key_padding`'s "masking" kind; scores are taken to be finite and far above the fill), partial
-        otherwise. Empty tiles are skipped, full ones run without the program; the results are those of the whole
-        computation. The backward uses it only where the mask needs no gradient (a full tile still has one)."""
+        otherwise. Empty tiles are skipped, full ones run ``g`` alone (:meth:`unmasked_spec`); the results are those of
+        the whole computation. The backward uses it only where the mask needs no gradient (a full tile still has
+        one)."""
         program = self.score_mod
         if self.causal is not None or not program:
             return None
@@ -469,21 +471,27 @@ def _cannot_mask(program: tuple[ScoreNode, ...], index: int) -> bool:
     if node.op in ("load", "where", "logical_not", "logical_and", "logical_or") or node.op in COMPARISON_OPS:
         return False
     if node.op == "const":
-        return isinstance(node.value, (int, float)) and not isinstance(node.value, bool) and node.value > MASKING_FILL_LIMIT
+        number = isinstance(node.value, (int, float)) and not isinstance(node.value, bool)
+        return number and node.value > MASKING_FILL_LIMIT
     return all(_cannot_mask(program, a) for a in node.args)
 
 
 def subprogram(program: tuple[ScoreNode, ...], index: int) -> tuple[ScoreNode, ...]:
-    """The nodes that node ``index`` depends on, in order, renumbered, ``index`` last (its result)."""
-    keep, stack = set(), [index]
-    while stack:
-        i = stack.pop()
-        if i not in keep:
-            keep.add(i)
-            stack.extend(program[i].args)
-    order = sorted(keep)
-    new_index = {old: new for new, old in enumerate(order)}
-    return tuple(dataclasses.replace(program[i], args=tuple(new_index[a] for a in program[i].args)) for i in order)
+    """The nodes that node ``index`` depends on, ``index`` last (its result), renumbered in the post-order of a walk
+    from it, arguments left to right: one expression gets one node order whatever order a builder made its nodes in
+    (so equal programs compare equal and share a spec)."""
+    position: dict[int, int] = {}
+    order: list[int] = []
+
+    def visit(i: int) -> None:
+        if i not in position:
+            for a in program[i].args:
+                visit(a)
+            position[i] = len(order)
+            order.append(i)
+
+    visit(index)
+    return tuple(dataclasses.replace(program[i], args=tuple(position[a] for a in program[i].args)) for i in order)
 
 
 def _masked_when(program: tuple[ScoreNode, ...], index: int, where: _Hidden, fill_limit: float) -> bool:

@@ -548,7 +548,7 @@ def generate_source(spec: AttentionSpec) -> str:
         "SCORE_MOD_KEY_MAJOR_FULL": full.forward_key_major,
         "SCORE_MOD_BWD_KEY_MAJOR_FULL": full.backward_and_dscore_key_major,
     }
-    # each block is the body of an `if APPLY_MOD:` / `else:` in the template: an empty one still needs a statement
+    # each block is the body of an `if` / `else:` in the template's loops: an empty one still needs a statement
     blocks = {name: lines or ["pass  # s itself"] for name, lines in blocks.items()}
     score_params = _score_params(key)
     inline = {

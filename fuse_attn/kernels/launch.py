@@ -211,10 +211,11 @@ def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N,
     queries by ``cols`` keys. With a mask of :meth:`AttentionSpec.mask_blocks` (and ``use``): each tile classified
     from the mask's values on the device -- traced into the graph under torch.compile, like the key range -- full
     (nothing hidden: a bias of 0, a bool mask all visible), empty (every entry hidden -- a bias at or below the fill
-    limit -- and every row of its query block keeping a visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
-    lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, ``[Zm, R, C]``,
-    and the counts of full and partial ones, ``[Zm, R, 2]`` (``Zm``: the mask's batch, 1 or Z; stride 0 when 1). A
-    tile with positions past M or N is never full (its predicate must run) and is empty when its real part is."""
+    limit -- and every row of its query block keeping a visible key) or partial; then, per query block (key block
+    when ``key_major``, the dK/dV kernel's loop), int32 lists of the other axis's blocks, full ones first, then
+    partial ones, then the skipped empty ones, ``[Zm, R, C]``, and the counts of full and partial ones, ``[Zm, R, 2]``
+    (``Zm``: the mask's batch, 1 or Z; stride 0 when 1). A tile with positions past M or N is never full (its
+    predicate must run) and is empty when its real part is."""
     summarized = spec.mask_blocks() if use and mask_blocks_enabled() else None
     if summarized is None:
         return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
@@ -222,9 +223,12 @@ def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N,
     mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
     row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
     pad = (0, col_blocks * cols - N, 0, row_blocks * rows - M)
-    hidden = {"fill": lambda: mask <= MASKING_FILL_LIMIT, "false": lambda: ~mask, "true": lambda: mask}[summarized.hidden]()
-    # where the program is s itself: a bias of 0, a bool mask's visible value
-    unchanged = {"fill": lambda: mask == 0, "false": lambda: mask, "true": lambda: ~mask}[summarized.hidden]()
+    # hidden, and unchanged (where the program is g(s)); a NaN in a bias is neither, so its tile stays partial
+    if summarized.hidden == "fill":
+        hidden, unchanged = mask <= MASKING_FILL_LIMIT, mask == 0
+    else:
+        hidden = mask if summarized.hidden == "true" else ~mask
+        unchanged = ~hidden
     keeps_visible = torch.nn.functional.pad((~hidden).any(-1), pad[2:], value=True)  # [Zm, rows padded]
     tiles = (mask.shape[0], row_blocks, rows, col_blocks, cols)
     empty = torch.nn.functional.pad(hidden, pad, value=True).view(tiles).all(4).all(2)

@@ -11,11 +11,13 @@ Pipeline for each graph Dynamo hands over:
    registered autograd formula puts our backward kernel into it -- then Inductor partitions, fuses and compiles
    everything else.
 
-The fused op is opaque to Inductor (a plain custom op called from the compiled code), so cached code calls the op
-and the op runs the kernels of the installed version. The rewrite runs before Inductor's cache lookup, so a changed
-matcher changes the graph and the key. What is left -- the autograd wiring AOTAutograd traces into a cached backward
-graph -- is covered by :class:`SourceVersionKey`: a no-op post-grad pass whose ``uuid`` is a digest of this
-package's sources, which Inductor's FX graph cache and AOTAutograd's cache put into their keys.
+On CUDA tensors AOTAutograd and Inductor trace into the fused ops (``torch.library.triton_op``, see
+``fuse_attn.kernels.ops``): the generated kernels, their tuned configs and any per-call tile summaries become part
+of the compiled code that Inductor's FX graph cache and AOTAutograd's cache keep. The rewrite runs before Inductor's
+cache lookup, so a changed matcher changes the graph and the key. What is left -- kernel templates, launch code,
+the autograd wiring and the ``FUSE_ATTN_*`` environment settings, which change what the ops trace but not the
+rewritten graph -- is covered by :class:`SourceVersionKey`: a no-op post-grad pass whose ``uuid`` digests this
+package's sources and those settings, which both caches put into their keys.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ OPTION_LOG_ONLY = "fuse_attn.log_only"  # True: match and log, but compile the g
 OPTION_CONTEXT_PARALLEL = "fuse_attn.context_parallel"
 # Environment switch for bisecting: FUSE_ATTN_DISABLE=1 turns every rewrite off.
 ENV_DISABLE = "FUSE_ATTN_DISABLE"
+SETTINGS_PREFIX = "FUSE_ATTN_"  # every environment setting of the package starts with it
 
 
 def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
@@ -360,14 +363,22 @@ def source_digest() -> str:
     return digest.hexdigest()
 
 
+def settings_digest() -> str:
+    """sha256 of every ``FUSE_ATTN_*`` environment setting: under torch.compile the ops' bodies run while tracing, so
+    these settings (tile summaries, candidates, exact delta, specialization, tuning) shape the compiled code."""
+    settings = sorted((name, value) for name, value in os.environ.items() if name.startswith(SETTINGS_PREFIX))
+    return hashlib.sha256(repr(settings).encode()).hexdigest()
+
+
 class SourceVersionKey(CustomGraphPass):
-    """Changes nothing; its uuid puts the package's source digest into Inductor's and AOTAutograd's cache keys."""
+    """Changes nothing; its uuid puts the package's source digest and its environment settings into Inductor's and
+    AOTAutograd's cache keys."""
 
     def __call__(self, graph: fx.Graph) -> None:
         return None
 
     def uuid(self) -> str:
-        return source_digest()
+        return f"{source_digest()}:{settings_digest()}"
 
 
 def _inductor_mode_options(mode: Any) -> dict:

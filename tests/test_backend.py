@@ -355,6 +355,29 @@ def test_changed_sources_miss_the_fx_graph_cache(monkeypatch):
         assert compile_once() == (0, 1)
 
 
+def test_changed_settings_miss_the_fx_graph_cache(monkeypatch):
+    # FUSE_ATTN_* settings change what the ops trace on CUDA (here: the per-call tile summaries of a mask), not the
+    # rewritten graph; a graph compiled under other settings must not be served from the cache
+    from torch._dynamo.utils import counters
+
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+
+    def compile_once():
+        torch._dynamo.reset()
+        counters.clear()
+        torch.compile(CausalTril(), backend="fuse_attn")(q, k, v)
+        return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+    monkeypatch.delenv("FUSE_ATTN_MASK_BLOCKS", raising=False)
+    with fresh_cache():
+        assert compile_once() == (0, 1)
+        monkeypatch.setenv("FUSE_ATTN_MASK_BLOCKS", "0")
+        assert compile_once() == (0, 1)
+        assert compile_once() == (1, 0)
+        monkeypatch.delenv("FUSE_ATTN_MASK_BLOCKS")
+        assert compile_once() == (1, 0)
+
+
 def run_fresh_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/").stdout
 

@@ -90,14 +90,18 @@ def classify(mask, rows, cols):
 
 
 @pytest.mark.parametrize("key_major", [False, True])
-def test_block_lists_match_a_brute_force_classification(key_major):
+@pytest.mark.parametrize("rows, cols, granule", [(16, 16, 16), (16, 32, 16), (32, 16, 8)])
+def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, granule):
+    # granule < cols: the tiles of a kernel whose key block spans several granules (the backward reads the mask
+    # once, at a granule that divides both of its kernels' key blocks)
     mask = padded_causal(45, 53, [53, 20, 0])
     mask[1, :, 7, :] = FMIN  # a row that keeps no visible key: its query block is never skipped
     mask[0, :, 40:45, 0:16] = 3.0  # a partial block below the diagonal
+    mask[0, :, 20:24, 40:41] = 0.0  # a single visible key past the diagonal (1 of a 32-key block's granules)
     q, k, v, tensors, spec = mask_case(mask, Z=3)
-    args = launch._mask_block_args(spec, tensors, 45, 53, 16, 16, key_major, q)
+    args = launch._mask_block_args(launch._mask_granules(spec, tensors, 53, granule), 45, 53, rows, cols, key_major, q)
     assert args["MASK_BLOCKS"] and args["stride_blist_z"] > 0
-    classes = classify(mask, 16, 16)
+    classes = classify(mask, rows, cols)
     if key_major:
         classes = classes.transpose(1, 2)
     lists, counts = args["BlockList"], args["BlockCounts"]
@@ -115,7 +119,7 @@ def test_block_lists_match_a_brute_force_classification(key_major):
 
 def test_a_mask_shared_by_the_batch_has_stride_zero():
     q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
-    args = launch._mask_block_args(spec, tensors, 40, 40, 32, 16, False, q)
+    args = launch._mask_block_args(launch._mask_granules(spec, tensors, 40, 16), 40, 40, 32, 16, False, q)
     assert args["BlockList"].shape == (1, 2, 3) and args["stride_blist_z"] == 0 and args["stride_bcount_z"] == 0
 
 
@@ -249,7 +253,8 @@ def test_the_summary_compiles_with_symbolic_lengths():
     spec = mask_case(causal_fill(40, 40))[4]
 
     def summary(mask):
-        args = launch._mask_block_args(spec, [mask], mask.shape[2], mask.shape[3], 32, 16, True, mask)
+        granules = launch._mask_granules(spec, [mask], mask.shape[3], 8)
+        args = launch._mask_block_args(granules, mask.shape[2], mask.shape[3], 32, 16, True, mask)
         return args["BlockList"], args["BlockCounts"]
 
     compiled = torch.compile(summary, dynamic=True, fullgraph=True)

@@ -23,7 +23,7 @@ import logging
 import math
 import os
 import types
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 import torch.utils._pytree as pytree
@@ -205,32 +205,58 @@ def mask_blocks_enabled() -> bool:
 _FULL, _PARTIAL, _EMPTY = 0, 1, 2
 
 
-def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, rows: int, cols: int,
-                     key_major: bool, placeholder: Tensor, use: bool = True) -> dict:
-    """``BlockList``, ``BlockCounts``, their batch strides and ``MASK_BLOCKS`` of a kernel whose tiles are ``rows``
-    queries by ``cols`` keys. With a mask of :meth:`AttentionSpec.mask_blocks` (and ``use``): each tile classified
-    from the mask's values on the device -- traced into the graph under torch.compile, like the key range -- full
-    (nothing hidden: a bias of 0, a bool mask all visible), empty (every entry hidden -- a bias at or below the fill
-    limit -- and every row of its query block keeping a visible key) or partial; then, per query block (key block
-    when ``key_major``, the dK/dV kernel's loop), int32 lists of the other axis's blocks, full ones first, then
-    partial ones, then the skipped empty ones, ``[Zm, R, C]``, and the counts of full and partial ones, ``[Zm, R, 2]``
-    (``Zm``: the mask's batch, 1 or Z; stride 0 when 1). A tile with positions past M or N is never full (its
-    predicate must run) and is empty when its real part is."""
+class _MaskGranules(NamedTuple):
+    """A summarized mask (:meth:`AttentionSpec.mask_blocks`) read once: per query row and per granule of
+    ``granule`` consecutive keys, whether the mask hides every entry (``hidden``) and whether it changes none
+    (``unchanged``: a bias of 0, a bool mask all visible), ``[Zm, M, ceil(N / granule)]`` (``Zm``: the mask's batch,
+    1 or Z). Keys past N count as hidden and changed. Every kernel of one op call (forward; dQ and dK/dV) derives its
+    tile classes from these small tensors -- its key blocks are whole granules -- so an op call reads the mask once.
+    A NaN in a bias is neither hidden nor unchanged, so its tiles stay partial (and eager's NaN comes through)."""
+    hidden: Tensor
+    unchanged: Tensor
+    granule: int
+
+
+def _mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int,
+                   use: bool = True) -> Optional[_MaskGranules]:
+    """The granules of ``spec``'s summarized mask (None where it has none, ``use`` is off or
+    ``FUSE_ATTN_MASK_BLOCKS=0``), computed on the device -- traced into the graph under torch.compile, like the key
+    range."""
     summarized = spec.mask_blocks() if use and mask_blocks_enabled() else None
     if summarized is None:
-        return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
-                    MASK_BLOCKS=False)
+        return None
     mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
-    row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
-    pad = (0, col_blocks * cols - N, 0, row_blocks * rows - M)
-    # hidden, and unchanged (where the program is g(s)); a NaN in a bias is neither, so its tile stays partial
     if summarized.hidden == "fill":
         hidden, unchanged = mask <= MASKING_FILL_LIMIT, mask == 0
     else:
         hidden = mask if summarized.hidden == "true" else ~mask
         unchanged = ~hidden
-    keeps_visible = torch.nn.functional.pad((~hidden).any(-1), pad[2:], value=True)  # [Zm, rows padded]
-    tiles = (mask.shape[0], row_blocks, rows, col_blocks, cols)
+    granules = triton_cdiv(N, granule)
+    pad = (0, granules * granule - N)
+    shape = (mask.shape[0], mask.shape[1], granules, granule)
+    return _MaskGranules(torch.nn.functional.pad(hidden, pad, value=True).view(shape).all(3),
+                         torch.nn.functional.pad(unchanged, pad, value=False).view(shape).all(3), granule)
+
+
+def _mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: int, key_major: bool,
+                     placeholder: Tensor) -> dict:
+    """``BlockList``, ``BlockCounts``, their batch strides and ``MASK_BLOCKS`` of a kernel whose tiles are ``rows``
+    queries by ``cols`` keys (a multiple of the granule), from a mask's granules (None: no block lists). Each tile is
+    full (nothing hidden, nothing changed), empty (every entry hidden, and every row of its query block keeping a
+    visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
+    lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones,
+    ``[Zm, R, C]``, and the counts of full and partial ones, ``[Zm, R, 2]`` (stride 0 on ``Zm`` when 1). A tile with
+    positions past M or N is never full (its predicate must run) and is empty when its real part is."""
+    if granules is None:
+        return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
+                    MASK_BLOCKS=False)
+    assert cols % granules.granule == 0, (cols, granules.granule)
+    per_tile = cols // granules.granule
+    hidden, unchanged = granules.hidden, granules.unchanged
+    row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
+    pad = (0, col_blocks * per_tile - hidden.shape[2], 0, row_blocks * rows - M)
+    keeps_visible = torch.nn.functional.pad(~hidden.all(-1), pad[2:], value=True)  # [Zm, rows padded]
+    tiles = (hidden.shape[0], row_blocks, rows, col_blocks, per_tile)
     empty = torch.nn.functional.pad(hidden, pad, value=True).view(tiles).all(4).all(2)
     empty &= keeps_visible.view(tiles[:3]).all(2)[:, :, None]
     full = torch.nn.functional.pad(unchanged, pad, value=False).view(tiles).all(4).all(2)
@@ -239,7 +265,7 @@ def _mask_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N,
         classes = classes.transpose(1, 2)
     lists = torch.argsort(classes, dim=-1, stable=True).to(torch.int32).contiguous()
     counts = torch.stack([(classes == _FULL).sum(-1), (classes == _PARTIAL).sum(-1)], -1).to(torch.int32).contiguous()
-    batched = mask.shape[0] != 1
+    batched = hidden.shape[0] != 1
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
@@ -468,7 +494,8 @@ def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out,
     caller: a tuner launches many times on one set)."""
     Z, H, M, _ = q.shape
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
-                **key_range, **_mask_block_args(spec, score_tensors, M, k.shape[2], cfg.block_m, cfg.block_n, False, lse),
+                **key_range, **_mask_block_args(_mask_granules(spec, score_tensors, k.shape[2], cfg.block_n), M, k.shape[2],
+                                                  cfg.block_m, cfg.block_n, False, lse),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
     launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m), Z * H), args, cfg, warmup)
@@ -577,20 +604,25 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
-    # a mask that needs a gradient has one in its full tiles too: no summary then
+    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"] if exact_delta else ["preprocess", "bwd_dkdv", "bwd_dq"]
+    # the mask read once for both kernels, at a granule that divides both key blocks; a mask that needs a gradient
+    # has one in its full tiles too: no summary then
     summarized = spec.mask_blocks()
-    summarize = summarized is None or summarized.tensor not in bufs.dbias
+    granule = math.gcd(*(cfgs[step].block_n for step in order if step != "preprocess"))
+    granules = None
+    if granule and (summarized is None or summarized.tensor not in bufs.dbias):
+        granules = _mask_granules(spec, score_tensors, N, granule)
 
     def dq():
         cfg = cfgs["bwd_dq"]
-        blocks = _mask_block_args(spec, score_tensors, M, N, cfg.block_m, cfg.block_n, False, lse, summarize)
+        blocks = _mask_block_args(granules, M, N, cfg.block_m, cfg.block_n, False, lse)
         launch(mod._attn_bwd_dq, (triton_cdiv(M, cfg.block_m), Z * H),
                dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
                     **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
-        blocks = _mask_block_args(spec, score_tensors, M, N, cfg.block_m, cfg.block_n, True, lse, summarize)
+        blocks = _mask_block_args(granules, M, N, cfg.block_m, cfg.block_n, True, lse)
         launch(mod._attn_bwd_dkdv, (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)),
                dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
@@ -602,7 +634,6 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                     DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
 
     steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}
-    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"] if exact_delta else ["preprocess", "bwd_dkdv", "bwd_dq"]
     for step in order:
         steps[step]()
 

@@ -356,7 +356,8 @@ class AttentionSpec:
     def mask_blocks(self) -> Optional[MaskBlocks]:
         """The mask whose values decide, per call, which tiles the kernels skip or visit without the score program,
         or None. It is a mask over query and key positions shared by the heads (``[Z or 1, 1, M, N]``) that ends the
-        program -- ``g(s) + mask`` (a bias; it hides at or below :data:`MASKING_FILL_LIMIT`, -inf included),
+        program -- ``g(s) + mask`` (a bias; it hides at or below :data:`MASKING_FILL_LIMIT`, -inf included; also
+        floored, ``maximum(g(s) + mask, c)`` with ``c`` at or below the limit),
         ``where(mask, g(s), fill)`` or ``where(mask, fill, g(s))`` (a bool mask; ``fill`` at or below the limit),
         ``g`` the score or arithmetic that hides nothing itself (``_cannot_mask``: Gemma-2's softcap) -- and nothing
         else masks (no ``causal``). Such a mask arrives as a graph input of unknown values -- built before a
@@ -373,6 +374,14 @@ class AttentionSpec:
         if self.causal is not None or not program:
             return None
         root = program[-1]
+        if root.op in ("maximum", "clamp_min"):
+            # a floor at or below the limit after the mask, ``maximum(g(s) + mask, finfo.min)`` (as fsmt and
+            # grounding-dino clamp): where the mask is 0 it leaves g(s), and what the mask hides stays hidden
+            floors = [a for a in root.args if program[a].op == "const" and program[a].value <= MASKING_FILL_LIMIT]
+            rest = [a for a in root.args if a not in floors]
+            if len(floors) != 1 or len(rest) != 1 or program[rest[0]].op != "add":
+                return None
+            root = program[rest[0]]
         if root.op == "add":
             loads = [a for a in root.args if program[a].op == "load"]
             if len(loads) != 1:

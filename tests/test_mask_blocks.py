@@ -50,6 +50,11 @@ def softcap_plus_mask():
     return b.program(b.add("add", capped, b.add("load", value=0)))
 
 
+def floored(b, s, loads):
+    """``maximum(s + mask, finfo.min)``: fsmt's and grounding-dino's clamp after the mask."""
+    return b.add("maximum", b.add("add", s, loads[0]), b.const(FMIN))
+
+
 def causal_fill(M, N, fill=FMIN, Z=1):
     i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
     return torch.where(j <= i, 0.0, fill).expand(Z, 1, M, N).clone()
@@ -173,6 +178,16 @@ def test_a_program_before_the_mask(dtype):
     run_and_check(q, k, v, [mask], spec, dtype)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_floor_after_the_mask(dtype):
+    # maximum(s + mask, finfo.min): an -inf in the mask becomes finfo.min, still hidden; full tiles run s alone
+    mask = padded_causal(70, 70, [70, 40], fill=float("-inf"))
+    q, k, v, _, spec = make_case(Z=2, H=2, M=70, N=70, D=16, dtype=dtype, bias=(2, 1, 70, 70), program=floored)
+    assert spec.mask_blocks()[:2] == (0, "fill")
+    assert program_text(spec.unmasked_spec().score_mod, ()) == "s"
+    run_and_check(q, k, v, [mask.to(dtype)], spec, dtype)
+
+
 def test_gqa_and_dropout():
     q, k, v, tensors, spec = mask_case(padded_causal(48, 48, [48, 30]), H=4, gqa=2, dropout_p=0.2)
     run_and_check(q, k, v, tensors, spec, torch.float32, dropout_seed=torch.tensor(1234))
@@ -232,6 +247,11 @@ def test_which_specs_are_summarized():
     for fill, kept in ((float("-inf"), True), (FMIN, True), (-1e4, False)):  # -1e4 hides less than the limit
         assert spec(program=bool_program("false", fill), role="mask").mask_blocks() == ((0, "false", 0) if kept else None)
         assert spec(program=bool_program("true", fill), role="mask").mask_blocks() == ((0, "true", 0) if kept else None)
+    for floor, kept in ((FMIN, True), (-1e4, False)):  # a floor above the limit would hide nothing
+        for op in ("maximum", "clamp_min"):
+            b = ScoreProgramBuilder()
+            program = b.program(b.add(op, b.add("add", b.add("score"), b.add("load", value=0)), b.const(floor)))
+            assert spec(program=program).mask_blocks() == ((0, "fill", 0) if kept else None)
     capped = spec(program=softcap_plus_mask())  # Gemma-2's eager order: the softcap, then the mask
     assert capped.mask_blocks()[:2] == (0, "fill")
     assert program_text(capped.unmasked_spec().score_mod, ()) == "tanh(s / 50) * 50"
@@ -276,6 +296,17 @@ class TestVerdicts(TestCase):
         mask = padded_causal(24, 24, [24, 10])
         self.assertExpectedInline(verdict_lines(rewrite_reports(additive, q, k, v, mask)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> s + bias0[Z,1,M,N] tiles classified per call (bias0)""")
         self.assertExpectedInline(verdict_lines(rewrite_reports(bool_visible, q, k, v, mask == 0)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> where(mask0[Z,1,M,N], -inf, s) tiles classified per call (mask0)""")
+
+    def test_a_floored_mask_from_a_graph_input(self):
+        # fsmt's eager attention: the mask added, then torch.max with finfo.min
+        def floored(q, k, v, mask):
+            w = q @ k.transpose(-1, -2) * 0.25 + mask
+            w = torch.max(w, torch.tensor(torch.finfo(w.dtype).min))
+            return torch.softmax(w, -1) @ v
+
+        q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+        mask = padded_causal(24, 24, [24, 10])
+        self.assertExpectedInline(verdict_lines(rewrite_reports(floored, q, k, v, mask)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> maximum(s + bias0[Z,1,M,N], -3.40282e+38) tiles classified per call (bias0)""")
 
     def test_a_mask_built_in_the_graph_is_read_at_compile_time_instead(self):
         def causal(q, k, v):

@@ -348,7 +348,7 @@ class TestScorePrograms(TestCase):
             return torch.softmax(torch.max(w, torch.tensor(torch.finfo(q.dtype).min)), -1) @ v
 
         mask = torch.randn(2, 1, 5, 5)
-        self.assertExpectedInline(self.describe(fn, *qkv(), mask), """float32 D=8 M=5 N=5 scale=1 s -> maximum(s + bias0[Z,1,M,N], -3.40282e+38)""")
+        self.assertExpectedInline(self.describe(fn, *qkv(), mask), """float32 D=8 M=5 N=5 scale=1 s -> maximum(s + bias0[Z,1,M,N], -3.40282e+38) tiles classified per call (bias0)""")
         self.assert_compiled_equals_eager(fn, *qkv(), mask)
 
     def test_hf_packed_sequence_causal_mask_with_a_tensor_fill_is_a_band(self):

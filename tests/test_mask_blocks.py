@@ -267,6 +267,26 @@ def test_no_summary_for_a_mask_that_needs_a_gradient():
     run_and_check(q, k, v, tensors, spec, torch.float32)
 
 
+@pytest.mark.parametrize("hidden", ["fill", "false", "true"])
+def test_the_tuner_times_a_causal_mask(hidden):
+    # the tuner's random copy of the mask would leave every tile partial; it gets a causal one of the mask's layout
+    if hidden == "fill":
+        spec = mask_case(causal_fill(6, 9))[4]
+        tuning = torch.randn(1, 1, 6, 9, dtype=torch.bfloat16).expand(3, 1, 6, 9)  # a batch-broadcast mask
+    else:
+        spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=bool_program(hidden, FMIN),
+                             score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),))
+        tuning = torch.rand(3, 1, 6, 9) < 0.5
+    launch._causal_tuning_mask(spec, [tuning])
+    i, j = torch.arange(6)[:, None], torch.arange(9)[None, :]
+    visible = (j <= i + 3).expand(3, 1, 6, 9)  # bottom-right aligned, as a KV cache's queries see their keys
+    expected = {"fill": torch.where(visible, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16),
+                "false": visible, "true": ~visible}[hidden]
+    assert torch.equal(tuning, expected)
+    granules = launch._mask_granules(spec, [tuning], 9, 3)
+    assert granules.hidden.any() and granules.unchanged.any()  # full and empty tiles to time, not only partial ones
+
+
 def test_the_summary_compiles_with_symbolic_lengths():
     # Under torch.compile on a GPU the launcher's summary is traced into the graph with symbolic lengths and
     # compiled by Inductor, as the key range is; the same here with Inductor's CPU code.

@@ -310,6 +310,28 @@ def _random_values(count: int, t: Tensor) -> Tensor:
     return torch.randn(count, dtype=t.dtype, device=t.device)
 
 
+def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
+    """Overwrite the tuner's random copy of a summarized mask (:meth:`AttentionSpec.mask_blocks`) with a causal one
+    (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
+    partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
+    block's graph -- are mostly full and empty tiles: the configs are timed on the loops those run."""
+    summarized = spec.mask_blocks()
+    if summarized is None:
+        return
+    t = tuning_tensors[summarized.tensor]
+    M, N = t.shape[-2:]
+    keep = torch.ones(M, N, dtype=torch.bool, device=t.device).tril(N - M)
+    if summarized.hidden == "fill":
+        pattern = torch.zeros(M, N, dtype=t.dtype, device=t.device).masked_fill(~keep, torch.finfo(t.dtype).min)
+    else:
+        pattern = keep if summarized.hidden == "false" else ~keep
+    stored = t
+    for dim, stride in enumerate(t.stride()):  # write each stored element once (broadcast dims have stride 0)
+        if stride == 0:
+            stored = stored.narrow(dim, 0, 1)
+    stored.copy_(pattern.expand(stored.shape))
+
+
 class _RealInputs:
     """Context: every dispatch mode off (fake, functional, proxy), no autograd -- so that the tuner makes real
     tensors and launches kernels directly, also in the middle of a trace."""
@@ -511,6 +533,7 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
     """``lengths``: see :meth:`_LengthBuckets.run`."""
     def bind():
         rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
+        _causal_tuning_mask(spec, rs)
         out, lse = _empty_outputs(rq, rv)
         real, key_range = _common(rq, rk, rv, spec), _key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
         return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range, spec,
@@ -647,6 +670,7 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
         def bound():
             # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
             rq, rk, rv, rdo, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
+            _causal_tuning_mask(spec, rs)
             out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
             real = _common(rq, rk, rv, spec)
             bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)

@@ -267,6 +267,19 @@ def test_no_summary_for_a_mask_that_needs_a_gradient():
     run_and_check(q, k, v, tensors, spec, torch.float32)
 
 
+def test_an_op_call_reads_the_mask_once(monkeypatch):
+    # one summary per op call: the forward's kernel, and the backward's two kernels from one granule read
+    reads = []
+    summarize = launch._mask_granules
+    monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+    q, k, v, tensors, spec = mask_case(padded_causal(40, 40, [40, 20]))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attention(q, k, v, spec, tensors)
+    assert len(reads) == 1
+    out.sum().backward()
+    assert len(reads) == 2 and reads[1] == 16  # the gcd of the dQ kernel's 16 and the dK/dV kernel's 32 keys
+
+
 @pytest.mark.parametrize("hidden", ["fill", "false", "true"])
 def test_the_tuner_times_a_causal_mask(hidden):
     # the tuner's random copy of the mask would leave every tile partial; it gets a causal one of the mask's layout

@@ -217,12 +217,10 @@ class _MaskGranules(NamedTuple):
     granule: int
 
 
-def _mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int,
-                   use: bool = True) -> Optional[_MaskGranules]:
-    """The granules of ``spec``'s summarized mask (None where it has none, ``use`` is off or
-    ``FUSE_ATTN_MASK_BLOCKS=0``), computed on the device -- traced into the graph under torch.compile, like the key
-    range."""
-    summarized = spec.mask_blocks() if use and mask_blocks_enabled() else None
+def _mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int) -> Optional[_MaskGranules]:
+    """The granules of ``spec``'s summarized mask (None where it has none or ``FUSE_ATTN_MASK_BLOCKS=0``), computed
+    on the device -- traced into the graph under torch.compile, like the key range."""
+    summarized = spec.mask_blocks() if mask_blocks_enabled() else None
     if summarized is None:
         return None
     mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]

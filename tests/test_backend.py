@@ -335,18 +335,19 @@ def test_fx_graph_cache_hit_still_calls_the_op():
             torch.testing.assert_close(out, CausalTril()(q, k, v))
 
 
-def test_changed_sources_miss_the_fx_graph_cache(monkeypatch):
+def compile_once() -> tuple[int, int]:
+    """Compile a causal attention afresh: (FX graph cache hits, misses)."""
     from torch._dynamo.utils import counters
 
-    import fuse_attn.backend
-
     q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    torch._dynamo.reset()
+    counters.clear()
+    torch.compile(CausalTril(), backend="fuse_attn")(q, k, v)
+    return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
 
-    def compile_once():
-        torch._dynamo.reset()
-        counters.clear()
-        torch.compile(CausalTril(), backend="fuse_attn")(q, k, v)
-        return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
+
+def test_changed_sources_miss_the_fx_graph_cache(monkeypatch):
+    import fuse_attn.backend
 
     with fresh_cache():
         assert compile_once() == (0, 1)
@@ -358,16 +359,6 @@ def test_changed_sources_miss_the_fx_graph_cache(monkeypatch):
 def test_changed_settings_miss_the_fx_graph_cache(monkeypatch):
     # FUSE_ATTN_* settings change what the ops trace on CUDA (here: the per-call tile summaries of a mask), not the
     # rewritten graph; a graph compiled under other settings must not be served from the cache
-    from torch._dynamo.utils import counters
-
-    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
-
-    def compile_once():
-        torch._dynamo.reset()
-        counters.clear()
-        torch.compile(CausalTril(), backend="fuse_attn")(q, k, v)
-        return counters["inductor"]["fxgraph_cache_hit"], counters["inductor"]["fxgraph_cache_miss"]
-
     monkeypatch.delenv("FUSE_ATTN_MASK_BLOCKS", raising=False)
     with fresh_cache():
         assert compile_once() == (0, 1)

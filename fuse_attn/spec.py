@@ -362,8 +362,8 @@ class AttentionSpec:
         ``g`` the score or arithmetic that hides nothing itself (``_cannot_mask``: Gemma-2's softcap) -- and nothing
         else masks (no ``causal``). Such a mask arrives as a graph input of unknown values -- built before a
         graph break, e.g. at the blocks that FSDP2's hooks or DDP's buckets cut into graphs of their own -- so
-        nothing at compile time says where it hides keys. The launcher summarizes it on the device
-        (``launch._mask_block_args``), per tile of each kernel: "full" where it hides nothing and the program is
+        nothing at compile time says where it hides keys. The launcher summarizes it on the device, once per op
+        call (``launch._mask_granules``), and classifies each kernel's tiles from that (``launch._mask_block_args``): "full" where it hides nothing and the program is
         ``g(s)`` (a bias of 0 everywhere, a bool mask all visible), "empty" where it hides every entry and every query
         row of the tile keeps a visible key somewhere (a hidden key's probability is then exactly 0, as for
         :meth:`key_padding`'s "masking" kind; scores are taken to be finite and far above the fill), partial

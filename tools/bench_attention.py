@@ -32,6 +32,7 @@ import os
 import sys
 import time
 import traceback
+from unittest import mock
 
 import torch
 import triton
@@ -129,8 +130,8 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
     return ok, spec.describe(), "; ".join(worst)
 
 
+@mock.patch.dict(os.environ, {"FUSE_ATTN_AUTOTUNE": "0"})  # one config per kernel: the sweep checks numerics, not speed
 def correctness_sweep():
-    os.environ["FUSE_ATTN_AUTOTUNE"] = "0"  # one config per kernel: the sweep checks numerics, not speed
     # Seeded so that a failure can be rerun. One sample per case: the ALiBi slope gradient is a sum over the whole
     # score matrix with heavy cancellation, and across 9 seeds on an H200 (2026-11-22) our error / eager's ranged
     # 0.5-2.4 (eager's own error 6-30), so that entry can fail the 2x rule by chance on some seeds.
@@ -165,7 +166,6 @@ def correctness_sweep():
         rows.append(["PASS" if ok else "FAIL", desc, shape, detail, f"{time.time() - t0:.1f}s"])
         print(rows[-1], flush=True)
     print(tabulate(rows, headers=["", "spec", "shape", "max err ours/eager vs fp64", "time"]), flush=True)
-    del os.environ["FUSE_ATTN_AUTOTUNE"]
     return all_ok
 
 

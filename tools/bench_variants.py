@@ -49,6 +49,7 @@ import datetime
 import os
 import sys
 from typing import Callable
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -377,16 +378,8 @@ def check_variant(variant: Variant, size: Size, device) -> Check:
     eager = run(torch.float32, lambda model: model)
     # one config per kernel: the check is of numerics, and tuning every fp32 candidate of the backward at head dim
     # 128 compiles for minutes (over 5 on an H200's host, 2026-11-26)
-    previous = os.environ.get("FUSE_ATTN_AUTOTUNE")
-    os.environ["FUSE_ATTN_AUTOTUNE"] = "0"
-    try:
-        with collect_reports() as reports:
-            ours = run(torch.float32, lambda model: torch.compile(model, backend="fuse_attn"))
-    finally:
-        if previous is None:
-            del os.environ["FUSE_ATTN_AUTOTUNE"]
-        else:
-            os.environ["FUSE_ATTN_AUTOTUNE"] = previous
+    with mock.patch.dict(os.environ, {"FUSE_ATTN_AUTOTUNE": "0"}), collect_reports() as reports:
+        ours = run(torch.float32, lambda model: torch.compile(model, backend="fuse_attn"))
     names = ["out", "dq", "dk", "dv"] + [f"d{name}" for name, _ in module.named_parameters()]
     comparisons, ok = [], True
     for name, a, e, r in zip(names, ours, eager, reference):

@@ -122,17 +122,13 @@ def _compile(kernel, args: dict, cfg, capability: int):
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
-def compile_spec(name: str, target: str, dq_plan: str = "kernel") -> None:
-    """(In the subprocess.) Compile every kernel launch of spec ``name`` for ``target``, the backward computing dQ
-    the ``dq_plan`` way (launch.DQ_PLANS); raise on any failure."""
+def compile_spec(name: str, target: str) -> None:
+    """(In the subprocess.) Compile every kernel launch of spec ``name`` for ``target``; raise on any failure."""
     spec = AttentionSpec(**{"dtype": "bfloat16", "head_dim": 64, "head_dim_v": 64, "scale": 0.125, **SPECS[name]})
     capability, smem = TARGETS[target]
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setenv("FUSE_ATTN_DQ", dq_plan)
         launches = _captured_launches(spec, monkeypatch)
-    kernels = {kernel.fn.__name__ for kernel, _ in launches}
-    assert kernels >= {"_attn_fwd", "_attn_bwd_dkdv"} and ("_attn_bwd_dq" in kernels) == (dq_plan == "kernel")
-    assert all(args["ATOMIC_DQ"] == (dq_plan == "atomics") for kernel, args in launches if "ATOMIC_DQ" in args)
+    assert {kernel.fn.__name__ for kernel, _ in launches} >= {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"}
     if spec.mask_blocks() is not None:  # the block-list code paths are the ones compiled
         assert all(args["MASK_BLOCKS"] for kernel, args in launches if "MASK_BLOCKS" in args)
     for kernel, args in launches:
@@ -144,16 +140,14 @@ def compile_spec(name: str, target: str, dq_plan: str = "kernel") -> None:
             print(f"{name} {target} {kernel.fn.__name__} {cfg}: {compiled.metadata.shared} bytes of shared memory")
 
 
-# Every spec for the GPU the project is tuned on; the A100's target for one spec (compiles cost CI minutes); dQ by
-# atomics for the specs whose dK/dV kernels differ most (GQA, dropout and a bias gradient; a summarized mask)
-CASES = ([(name, "sm90", "kernel") for name in SPECS] + [("causal", "sm80", "kernel")]
-         + [(name, "sm90", "atomics") for name in ("causal", "softcap + bias, GQA 4, dropout", "a mask summarized per call")])
+# Every spec for the GPU the project is tuned on; the A100's target for one spec (compiles cost CI minutes)
+CASES = [(name, "sm90") for name in SPECS] + [("causal", "sm80")]
 
 
-@pytest.mark.parametrize("name, target, dq_plan", CASES)
-def test_forward_and_backward_kernels_compile_for_the_gpu(name, target, dq_plan):
+@pytest.mark.parametrize("name, target", CASES)
+def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
     env = dict(os.environ, TRITON_INTERPRET="0")
-    code = f"import test_gpu_compile as t; t.compile_spec({name!r}, {target!r}, {dq_plan!r})"
+    code = f"import test_gpu_compile as t; t.compile_spec({name!r}, {target!r})"
     tests = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run([sys.executable, "-c", code], cwd=tests, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

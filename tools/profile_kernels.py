@@ -1,6 +1,5 @@
 """What the tuner saw and what limits each kernel: per candidate config its time, registers, spills, shared memory
-and the occupancy those allow, for the forward, dK/dV and dQ kernels of one attention shape (and the dK/dV kernel
-that adds dQ with atomics, with the whole backward timed both ways: launch.DQ_PLANS).
+and the occupancy those allow, for the forward, dK/dV and dQ kernels of one attention shape.
 
     PYTHONPATH=. python3 tools/profile_kernels.py [--shape 4,16,4096,128] [--kv-heads H_KV] [--causal] [--dtype bfloat16]
 
@@ -24,8 +23,6 @@ from tabulate import tabulate
 
 LOGGER = "fuse_attn.kernels.autotune"
 KERNELS = {"fwd": "_attn_fwd", "bwd_dkdv": "_attn_bwd_dkdv", "bwd_dq": "_attn_bwd_dq"}
-# the dK/dV kernel compiled with ATOMIC_DQ (adding dQ with atomics) is tuned as its own kind
-ATOMIC_DQ_KIND = "bwd_dkdv_dq"
 
 
 class TimingLog(logging.Handler):
@@ -42,8 +39,7 @@ class TimingLog(logging.Handler):
 
 
 def compiled_variants(kernel, device_index: int):
-    """(config text, compiled kernel, its constexprs) of every variant of a @triton.jit kernel compiled on the
-    device."""
+    """(config text, compiled kernel) of every variant of a @triton.jit kernel compiled on the device."""
     kernel_cache = kernel.device_caches[device_index][0]
     for compiled in kernel_cache.values():
         src = getattr(compiled, "src", None)
@@ -52,7 +48,7 @@ def compiled_variants(kernel, device_index: int):
         meta = compiled.metadata
         text = (f"BLOCK_M={constants['BLOCK_M']} BLOCK_N={constants['BLOCK_N']} "
                 f"warps={meta.num_warps} stages={meta.num_stages}")
-        yield text, compiled, constants
+        yield text, compiled
 
 
 def occupancy(compiled, props) -> tuple[int, int]:
@@ -103,19 +99,14 @@ def main(argv=None):
               f"{props.shared_memory_per_multiprocessor // 1024} KiB shared memory per SM")
         rows = []
         for kind, name in KERNELS.items():
-            for text, compiled, constants in compiled_variants(getattr(mod, name), q.device.index):
+            for text, compiled in compiled_variants(getattr(mod, name), q.device.index):
                 blocks, warps = occupancy(compiled, props)
-                kind_of_variant = ATOMIC_DQ_KIND if constants.get("ATOMIC_DQ") else kind
-                ms = timings.ms.get((kind_of_variant, text))
-                rows.append([kind_of_variant, text, f"{ms:.3f}" if ms is not None else "-", compiled.n_regs, compiled.n_spills,
+                ms = timings.ms.get((kind, text))
+                rows.append([kind, text, f"{ms:.3f}" if ms is not None else "-", compiled.n_regs, compiled.n_spills,
                              compiled.metadata.shared // 1024, blocks, warps])
         rows.sort(key=lambda r: (r[0], float(r[2]) if r[2] != "-" else float("inf")))
         print(tabulate(rows, headers=["kernel", "config", "ms", "regs/thread", "spills", "smem KiB", "blocks/SM",
                                       "warps/SM"]))
-        plans = {cfg: ms for (kind, cfg), ms in timings.ms.items() if kind == "bwd_dq_plan"}
-        if plans:  # the whole backward per way to dQ (FUSE_ATTN_DQ unset: both timed)
-            print("backward (preprocess, kernels, dq cast) by way to dQ: "
-                  + ", ".join(f"{plan} {ms:.3f} ms" for plan, ms in sorted(plans.items(), key=lambda x: x[1])))
 
 
 if __name__ == "__main__":

@@ -97,7 +97,6 @@ INTERPRETER_CONFIGS = {
     "fwd": KernelConfig(32, 16, 4, 1),
     "bwd_dq": KernelConfig(32, 16, 4, 1),
     "bwd_dkdv": KernelConfig(16, 32, 4, 1),  # (query rows, key rows) per step of the dK/dV loop
-    "bwd_dkdv_dq": KernelConfig(16, 32, 4, 1),  # the same kernel adding dQ with atomics (FUSE_ATTN_DQ=atomics)
     # split-K decode (flash_decoding.py): block_m is the packed-row tile, set by the launcher from the rows
     "decode": KernelConfig(16, 16, 4, 1),
 }
@@ -226,9 +225,8 @@ class TuningKey(NamedTuple):
     capability: str  # compute capability, "major.minor"
     triton_version: str
     torch_version: str
-    # "fwd", "bwd_dkdv", "bwd_dq", "bwd_dkdv_dq" (dK/dV adding dQ with atomics) or "decode" (m: the split-K
-    # kernel's packed rows); "impl_fwd" / "impl_train": the implementation of an attention, timed forward only or
-    # forward+backward; "bwd_dq_plan": the backward's way to dQ (launch.DQ_PLANS), timed as a whole backward
+    # "fwd", "bwd_dkdv", "bwd_dq" or "decode" (m: the split-K kernel's packed rows); "impl_fwd" / "impl_train":
+    # the implementation of an attention, timed forward only or forward+backward
     kind: str
     kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew; for "impl_*"
     # the spec digest and the batch and head counts

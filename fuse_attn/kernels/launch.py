@@ -567,30 +567,6 @@ def exact_delta_forced() -> bool:
     return os.environ.get("FUSE_ATTN_EXACT_DELTA", "0") == "1"
 
 
-def dq_plan_forced() -> Optional[str]:
-    """``FUSE_ATTN_DQ``: how the backward computes dQ -- "kernel" (a dQ kernel of its own, recomputing the scores
-    per query block) or "atomics" (the dK/dV kernel adds each tile's dS K into an fp32 buffer); unset or "tuned":
-    the tuner times both (the interpreter takes "kernel"). Neither applies with the exact delta (dQ kernel) or under
-    ``torch.use_deterministic_algorithms`` (no atomics)."""
-    plan = os.environ.get("FUSE_ATTN_DQ", "tuned")
-    if plan not in DQ_PLANS + ("tuned",):
-        raise ValueError(f"FUSE_ATTN_DQ={plan!r}: expected one of {', '.join(DQ_PLANS + ('tuned',))}")
-    return None if plan == "tuned" else plan
-
-
-# The backward's two ways to dQ (dq_plan_forced); their names are the candidates of the "bwd_dq_plan" tuning key.
-DQ_PLANS = ("kernel", "atomics")
-
-
-def _dq_plans(q: Tensor, exact_delta: bool) -> tuple[str, ...]:
-    if exact_delta or torch.are_deterministic_algorithms_enabled():
-        return ("kernel",)
-    forced = dq_plan_forced()
-    if forced is not None:
-        return (forced,)
-    return ("kernel",) if _interpret() or not q.is_cuda else DQ_PLANS
-
-
 def _uses_exact_delta(q: Tensor) -> bool:
     # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel recomputes each row's softmax
     # statistics (row max, 1 / row sum) and delta = rowsum(P * dP) itself (one more pass over K and V)
@@ -602,15 +578,12 @@ def _uses_exact_delta(q: Tensor) -> bool:
 
 
 class _BackwardBuffers:
-    """The backward's outputs and scratch for one set of inputs: dq (or, with dQ by atomics, its fp32 accumulator:
-    :meth:`dq_out` gives dq), dk, dv, delta, the row statistics of the exact delta, the fp32 gradient buffers of the
-    bias tensors that need one (accumulated with atomics), and the kernels' key range arguments (computed once: the
-    tuner launches many times on one set)."""
+    """The backward's outputs and scratch for one set of inputs: dq, dk, dv, delta, the row statistics of the
+    exact delta, the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics), and the
+    kernels' key range arguments (computed once: the tuner launches many times on one set)."""
 
-    def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool, dq_atomics: bool = False):
-        # the accumulator is zeroed by the preprocess kernel (its rows), not by a launch of its own
-        self.dq_acc = torch.empty(q.shape, dtype=torch.float32, device=q.device) if dq_atomics else None
-        self.dq = None if dq_atomics else torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool):
+        self.dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
         self.dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
         self.delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
@@ -622,21 +595,14 @@ class _BackwardBuffers:
                       if st.role == "bias" and need}
         self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse)
 
-    def dq_out(self, q: Tensor, sm_scale: float) -> Tensor:
-        """dq in q's dtype. From the accumulator: scaled and cast by torch ops, which Inductor fuses into one
-        pointwise kernel (or into what reads dq next) in a compiled graph."""
-        return self.dq if self.dq_acc is None else (self.dq_acc * sm_scale).to(q.dtype)
-
 
 def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
                      bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False,
                      dlse: Optional[Tensor] = None):
     """The backward's launches in order (the preprocess without the exact delta, then dK/dV and dQ; with it, dQ
-    first: it writes delta and the row statistics that dK/dV reads; with dQ by atomics -- ``cfgs`` holding
-    "bwd_dkdv_dq" -- the preprocess, then the dK/dV kernel adding dQ into ``bufs.dq_acc``). ``only``: launch just
-    that step ("preprocess", "bwd_dq", "bwd_dkdv" or "bwd_dkdv_dq"; the tuner's). ``common``: ``_common`` of these
-    q, k, v. ``dlse``: the gradient of the forward's lse (None: zero), taken off delta by whichever kernel writes
-    delta."""
+    first: it writes delta and the row statistics that dK/dV reads). ``only``: launch just that step
+    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the
+    gradient of the forward's lse (None: zero), taken off delta by whichever kernel writes delta."""
     Z, H, M, _ = q.shape
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
@@ -659,12 +625,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
-    if only is not None:
-        order = [only]
-    elif exact_delta:
-        order = ["bwd_dq", "bwd_dkdv"]
-    else:
-        order = ["preprocess", "bwd_dkdv_dq"] if "bwd_dkdv_dq" in cfgs else ["preprocess", "bwd_dkdv", "bwd_dq"]
+    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"] if exact_delta else ["preprocess", "bwd_dkdv", "bwd_dq"]
     # the mask read once for both kernels, at a granule that divides both key blocks; a mask that needs a gradient
     # has one in its full tiles too: no summary then
     summarized = spec.mask_blocks()
@@ -680,53 +641,38 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
                     **_blocks(cfg)), cfg, warmup)
 
-    # dQ's fp32 accumulator with dQ by atomics (any pointer and stride 0 otherwise: not read)
-    dq_acc = dict(DQAcc=bufs.dq_acc if bufs.dq_acc is not None else lse,
-                  **{f"stride_dqa{d}": 0 if bufs.dq_acc is None else s
-                     for d, s in zip("zhmd", bufs.dq_acc.stride() if bufs.dq_acc is not None else (0,) * 4)})
-
-    def dkdv(kind):
-        cfg = cfgs[kind]
+    def dkdv():
+        cfg = cfgs["bwd_dkdv"]
         blocks = _mask_block_args(granules, M, N, cfg.block_m, cfg.block_n, True, lse)
         launch(mod._attn_bwd_dkdv, (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)),
-               dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks, **dq_acc,
-                    ATOMIC_DQ=kind == "bwd_dkdv_dq",
+               dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
 
-    def preprocess():  # delta = rowsum(dO * O); with dQ by atomics, the accumulator zeroed
+    def preprocess():  # delta = rowsum(dO * O)
         launch(mod._attn_bwd_preprocess, (triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H),
-               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **dq_acc, **_strides("o", out),
-                    **_strides("do", dout), H=H, M=M, D=common["D"], DV=common["DV"],
-                    BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_D=common["BLOCK_D"], BLOCK_DV=common["BLOCK_DV"],
-                    ATOMIC_DQ=bufs.dq_acc is not None))
+               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), H=H, M=M,
+                    DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
 
-    steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": lambda: dkdv("bwd_dkdv"),
-             "bwd_dkdv_dq": lambda: dkdv("bwd_dkdv_dq")}
+    steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}
     for step in order:
         steps[step]()
 
 
 def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
                       exact_delta, lengths=None) -> dict:
-    """The configs of one backward plan: {"bwd_dq": .., "bwd_dkdv": ..} (a dQ kernel) or {"bwd_dkdv_dq": ..} (dQ by
-    atomics in the dK/dV kernel), whichever ran faster (:func:`_dq_plans` says when both are timed). ``lengths``:
-    see :meth:`_LengthBuckets.run`."""
+    """``lengths``: see :meth:`_LengthBuckets.run`."""
     tuned = {}
-    plans = _dq_plans(q, exact_delta)
-
-    def random_inputs():
-        # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
-        rq, rk, rv, rdo, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
-        _causal_tuning_mask(spec, rs)
-        out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
-        return _common(rq, rk, rv, spec), rdo, rq, rk, rv, rs, out, lse, seed
 
     def bind(kind):
         def bound():
-            real, rdo, rq, rk, rv, rs, out, lse, seed = random_inputs()
-            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, kind == "bwd_dkdv_dq")
-            if not exact_delta:  # delta from the preprocess, once (and the dQ accumulator zeroed)
+            # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
+            rq, rk, rv, rdo, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
+            _causal_tuning_mask(spec, rs)
+            out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
+            real = _common(rq, rk, rv, spec)
+            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
+            if not exact_delta:  # delta from the preprocess, once
                 _launch_backward(mod, {}, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, False,
                                  only="preprocess")
             elif kind == "bwd_dkdv":  # delta and the row statistics from the dQ kernel, once
@@ -735,32 +681,11 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
                                                          lse, spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
         return bound
 
-    def plan_configs(plan: str) -> dict:
-        return {kind: tuned[kind] for kind in (("bwd_dkdv_dq",) if plan == "atomics" else ("bwd_dq", "bwd_dkdv"))}
-
-    def bind_plans():  # each plan's whole backward (the preprocess, its kernels, dq in q's dtype)
-        real, rdo, rq, rk, rv, rs, out, lse, seed = random_inputs()
-        sm_scale = spec.scale_for(real["D"])
-        bufs = {plan: _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, False, plan == "atomics") for plan in plans}
-
-        def run(choice, warmup):
-            if not warmup:  # (every kernel is compiled: the configs were tuned)
-                _launch_backward(mod, plan_configs(choice.name), real, rdo, rq, rk, rv, rs, out, lse, spec, seed,
-                                 bufs[choice.name], False)
-                bufs[choice.name].dq_out(rq, sm_scale)
-        return run
-
     # with the exact delta, dQ is tuned first: the dK/dV kernel's inputs come from it
-    kinds = ((("bwd_dq", autotune.dq_candidates), ("bwd_dkdv", autotune.dkdv_candidates)) if "kernel" in plans else ())
-    kinds += (("bwd_dkdv_dq", autotune.dkdv_candidates),) if "atomics" in plans else ()
-    for kind, candidates in kinds:
+    for kind, candidates in (("bwd_dq", autotune.dq_candidates), ("bwd_dkdv", autotune.dkdv_candidates)):
         tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
                               **_tuning_lengths(common, lengths))
-    if len(plans) == 1:
-        return plan_configs(plans[0])
-    plan = _choose("bwd_dq_plan", q, kernel_id, common, lambda: [autotune.Implementation(p) for p in plans],
-                   bind_plans, **_tuning_lengths(common, lengths))
-    return plan_configs(plan.name)
+    return tuned
 
 
 def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec, needs_grad, dropout_seed=None,
@@ -778,11 +703,10 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
                                  exact_delta, lengths)
 
     def launch_with(cfgs, q, k, dout, v, score_tensors, out, lse, dropout_seed, dlse):
-        bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta, "bwd_dkdv_dq" in cfgs)
+        bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
         _launch_backward(mod, cfgs, _common(q, k, v, spec), dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
                          bufs, exact_delta, dlse=dlse)
-        return (bufs.dq_out(q, spec.scale_for(common["D"])), bufs.dk, bufs.dv,
-                *(bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)))
+        return (bufs.dq, bufs.dk, bufs.dv, *(bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)))
 
     dq, dk, dv, *dscores = _LengthBuckets(q, k, backward=True).run(
         configs_at, launch_with, (q, k, dout, v, list(score_tensors), out, lse, dropout_seed, dlse),

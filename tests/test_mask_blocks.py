@@ -9,7 +9,7 @@ import pytest
 import torch
 from expecttest import TestCase
 
-from fuse_attn.kernels import flash_attention, launch
+from fuse_attn.kernels import autotune, flash_attention, launch
 from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, program_text
 from graph_capture import rewrite_reports, verdict_lines
 from test_kernels import make_case, run_and_check
@@ -349,3 +349,28 @@ class TestVerdicts(TestCase):
 
         q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
         self.assertExpectedInline(verdict_lines(rewrite_reports(causal, q, k, v)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 causal(top_left, diagonal=0)""")
+
+
+def test_the_tuner_reads_the_mask_once_per_set_of_tuning_tensors(monkeypatch):
+    # the tuner times many configs on one set of tensors: the summary and block lists come from its first launch,
+    # not from each timed one (their eager torch ops would be timed as host time, alike for every candidate)
+    reads, repeated = [], []
+    summarize = launch._mask_granules
+    monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+
+    def tuner(kind, q, kernel_id, common, candidates, bind, m=None, n=None):
+        cfg = autotune.INTERPRETER_CONFIGS[kind]
+        run = bind()
+        run(cfg, False)
+        first = len(reads)
+        for _ in range(3):  # timed launches of the same config
+            run(cfg, False)
+        repeated.append((kind, len(reads) - first))
+        return cfg
+
+    monkeypatch.setattr(launch, "_choose", tuner)
+    q, k, v, tensors, spec = mask_case(padded_causal(40, 40, [40, 20]))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    flash_attention(q, k, v, spec, tensors).sum().backward()
+    assert {kind for kind, _ in repeated} == {"fwd", "bwd_dq", "bwd_dkdv"}
+    assert all(count == 0 for _, count in repeated), repeated

@@ -268,6 +268,33 @@ def _mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: i
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
 
+class _MaskBlocks:
+    """The block lists of one set of tensors' summarized mask, each computed once per granule and tile shape: an op
+    call computes what its kernels use, and the tuner, which launches many configs on one set of tuning tensors,
+    computes them once, outside the timed launches. (Inside them, the summary's eager torch ops took more host time
+    per launch than a short kernel's GPU time, so every candidate timed alike and the choice was noise: on an H200, a
+    causal mask input at B4 H16 N2048 D64 tuned a 4-warp dK/dV config that ran at 1.5 ms.) ``summarize``: False for
+    none (a mask that needs a gradient has one in its full tiles too)."""
+
+    def __init__(self, spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, placeholder: Tensor,
+                 summarize: bool = True):
+        self.spec, self.score_tensors, self.M, self.N, self.placeholder = spec, score_tensors, M, N, placeholder
+        self.summarize = summarize
+        self._granules: dict[int, Optional[_MaskGranules]] = {}
+        self._args: dict[tuple, dict] = {}
+
+    def args(self, granule: int, rows: int, cols: int, key_major: bool) -> dict:
+        """``_mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys."""
+        key = (granule, rows, cols, key_major)
+        if key not in self._args:
+            if granule not in self._granules:
+                self._granules[granule] = (_mask_granules(self.spec, self.score_tensors, self.N, granule)
+                                           if self.summarize else None)
+            self._args[key] = _mask_block_args(self._granules[granule], self.M, self.N, rows, cols, key_major,
+                                               self.placeholder)
+        return self._args[key]
+
+
 def _blocks(cfg: autotune.KernelConfig) -> dict:
     return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
 
@@ -508,14 +535,13 @@ def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------
-def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range, spec,
-                    warmup=False) -> None:
-    """``common`` and ``key_range``: ``_common`` and ``_key_range_args`` of these tensors (computed once by the
-    caller: a tuner launches many times on one set)."""
+def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range,
+                    mask_blocks: _MaskBlocks, warmup=False) -> None:
+    """``common``, ``key_range`` and ``mask_blocks``: ``_common``, ``_key_range_args`` and the ``_MaskBlocks`` of
+    these tensors (made once by the caller: a tuner launches many times on one set)."""
     Z, H, M, _ = q.shape
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
-                **key_range, **_mask_block_args(_mask_granules(spec, score_tensors, k.shape[2], cfg.block_n), M, k.shape[2],
-                                                  cfg.block_m, cfg.block_n, False, lse),
+                **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
     launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m), Z * H), args, cfg, warmup)
@@ -534,8 +560,9 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
         _causal_tuning_mask(spec, rs)
         out, lse = _empty_outputs(rq, rv)
         real, key_range = _common(rq, rk, rv, spec), _key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
-        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range, spec,
-                                                   warmup)
+        mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range,
+                                                   mask_blocks, warmup)
 
     return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(autotune.forward_candidates, q, common), bind,
                    **_tuning_lengths(common, lengths))
@@ -552,7 +579,8 @@ def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=Non
     def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
         out, lse = _empty_outputs(q, v)
         _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse,
-                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse), spec)
+                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse),
+                        _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse))
         return out, lse
 
     Z, H, M, _ = q.shape
@@ -580,7 +608,7 @@ def _uses_exact_delta(q: Tensor) -> bool:
 class _BackwardBuffers:
     """The backward's outputs and scratch for one set of inputs: dq, dk, dv, delta, the row statistics of the
     exact delta, the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics), and the
-    kernels' key range arguments (computed once: the tuner launches many times on one set)."""
+    kernels' key range arguments and mask block lists (computed once: the tuner launches many times on one set)."""
 
     def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool):
         self.dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -594,6 +622,10 @@ class _BackwardBuffers:
                       for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
                       if st.role == "bias" and need}
         self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse)
+        # a mask that needs a gradient has one in its full tiles too: no summary then
+        summarized = spec.mask_blocks()
+        self.mask_blocks = _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse,
+                                       summarize=summarized is None or summarized.tensor not in self.dbias)
 
 
 def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
@@ -626,24 +658,19 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
     order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"] if exact_delta else ["preprocess", "bwd_dkdv", "bwd_dq"]
-    # the mask read once for both kernels, at a granule that divides both key blocks; a mask that needs a gradient
-    # has one in its full tiles too: no summary then
-    summarized = spec.mask_blocks()
+    # the mask read once for both kernels, at a granule that divides both key blocks
     granule = math.gcd(*(cfgs[step].block_n for step in order if step != "preprocess"))
-    granules = None
-    if granule and (summarized is None or summarized.tensor not in bufs.dbias):
-        granules = _mask_granules(spec, score_tensors, N, granule)
 
     def dq():
         cfg = cfgs["bwd_dq"]
-        blocks = _mask_block_args(granules, M, N, cfg.block_m, cfg.block_n, False, lse)
+        blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
         launch(mod._attn_bwd_dq, (triton_cdiv(M, cfg.block_m), Z * H),
                dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
                     **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
-        blocks = _mask_block_args(granules, M, N, cfg.block_m, cfg.block_n, True, lse)
+        blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
         launch(mod._attn_bwd_dkdv, (triton_cdiv(N, cfg.block_n), Z * (H // spec.gqa_group)),
                dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},

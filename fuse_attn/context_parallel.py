@@ -27,8 +27,14 @@ A score tensor with a key dim (a padding vector ``[Z, 1, 1, N]``) travels with t
 sliced with the queries. One with both (a materialized ``[.., M, N]`` mask or bias) cannot be sharded: built from
 the rank's own positions it describes only the diagonal block of the global matrix. Such an attention, or a
 load-balanced shard of odd length, raises :class:`~fuse_attn.spec.UnsupportedSpec` (the backend leaves it unfused,
-with the reason: :func:`unshardable_reason`). Every rank's shard must have the same length (``shard_sequence``
-refuses a sequence that does not divide).
+with the reason: :func:`unshardable_reason`).
+
+**Uneven sequences.** A sequence that does not cut into the layout's equal chunks (W, or 2W load-balanced) is
+sharded only where ``ContextParallel.sequence_length`` names its length: ``shard_sequence`` then cuts it as
+``torch.tensor_split`` does (the first chunks one longer), and every attention over it runs on the gathered sequence
+(padded to the longest shard for the all-gather), with the reason logged -- the ring's pairs need equal shards. Shards
+of other lengths (cut by other means) are refused before anything is computed: an assert on the device compares every
+rank's length with the layout's.
 
 Inputs and positions: shard every sequence-dimensioned input with :func:`shard_sequence` (token ids, labels, and the
 position ids -- models derive positions from them, e.g. RoPE), and gather outputs with :func:`gather_sequence`.
@@ -53,10 +59,13 @@ log = logging.getLogger("fuse_attn")
 @dataclasses.dataclass(frozen=True)
 class ContextParallel:
     """How the sequence is sharded: over ``group`` (None: the default process group), rank r holding positions
-    ``[r L, (r + 1) L)`` of a sequence of ``W L``, or with ``load_balance`` chunks r and 2W-1-r of 2W chunks."""
+    ``[r L, (r + 1) L)`` of a sequence of ``W L``, or with ``load_balance`` chunks r and 2W-1-r of 2W chunks.
+    ``sequence_length``: the whole sequence's length where it does not cut into those equal chunks (the module
+    docstring's "Uneven sequences"); None where it does."""
 
     group: Optional[dist.ProcessGroup] = None
     load_balance: bool = True
+    sequence_length: Optional[int] = None
 
     @property
     def group_name(self) -> str:
@@ -81,39 +90,80 @@ def pieces(local_len, rank: int, world: int, load_balance: bool) -> list[tuple]:
     return [(i * size, chunk * size, size) for i, chunk in enumerate(chunks)]
 
 
+def is_uneven(total: int, world: int, load_balance: bool) -> bool:
+    """Whether a sequence of ``total`` does not cut into the layout's equal chunks (W, or 2W load-balanced)."""
+    return total % (2 * world if load_balance else world) != 0
+
+
+def uneven_pieces(total: int, rank: int, world: int, load_balance: bool) -> list[tuple]:
+    """:func:`pieces` of a sequence of ``total`` cut as ``torch.tensor_split`` cuts it into the layout's chunks (the
+    first ``total % chunks`` one longer): what ``rank`` holds, (local start, global start, length)."""
+    count = 2 * world if load_balance else world
+    sizes = [total // count + (1 if c < total % count else 0) for c in range(count)]
+    starts = [sum(sizes[:c]) for c in range(count)]
+    held, local = [], 0
+    for chunk in chunk_indices(rank, world, load_balance):
+        held.append((local, starts[chunk], sizes[chunk]))
+        local += sizes[chunk]
+    return held
+
+
+def _layouts(local, world: int, load_balance: bool, total: Optional[int]) -> list[list[tuple]]:
+    """Every rank's pieces: of equal shards of ``local`` (``total`` None), else of an uneven sequence of ``total``."""
+    if total is None:
+        return [pieces(local, r, world, load_balance) for r in range(world)]
+    return [uneven_pieces(total, r, world, load_balance) for r in range(world)]
+
+
 def shard_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
     """This rank's shard of ``tensor`` (the whole sequence on every rank) along ``dim``, in the layout of ``cp``."""
     rank, world = cp.rank_and_size()
     total = tensor.shape[dim]
-    if total % world:
-        raise ValueError(f"a sequence of {total} does not divide over {world} ranks")
-    return _sharded(tensor, dim, rank, world, cp.load_balance)
+    if not is_uneven(total, world, cp.load_balance):
+        return _sharded(tensor, dim, rank, world, cp.load_balance)
+    if cp.sequence_length != total:
+        chunks = f"{2 * world} chunks" if cp.load_balance else f"{world} shards"
+        raise ValueError(f"a sequence of {total} does not cut into {chunks} of equal length over {world} ranks; "
+                         f"ContextParallel(sequence_length={total}) shards it unevenly, its attentions then running on "
+                         "the gathered sequence")
+    return _sharded(tensor, dim, rank, world, cp.load_balance, total)
 
 
-def _sharded(tensor: Tensor, dim: int, rank: int, world: int, load_balance: bool) -> Tensor:
-    """The pieces of the whole sequence ``tensor`` (along ``dim``) that ``rank`` holds, in its local order."""
-    local = tensor.shape[dim] // world
-    return torch.cat([tensor.narrow(dim, start, size) for _, start, size in pieces(local, rank, world, load_balance)],
-                     dim)
+def _sharded(tensor: Tensor, dim: int, rank: int, world: int, load_balance: bool,
+             total: Optional[int] = None) -> Tensor:
+    """The pieces of the whole sequence ``tensor`` (along ``dim``) that ``rank`` holds, in its local order; ``total``:
+    that of an uneven sequence (None: equal shards)."""
+    held = _layouts(tensor.shape[dim] // world, world, load_balance, total)[rank]
+    return torch.cat([tensor.narrow(dim, start, size) for _, start, size in held], dim)
 
 
 def gather_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
     """The whole sequence from every rank's shard along ``dim`` (differentiable; the inverse of :func:`shard_sequence`)."""
-    return _gathered(tensor, dim, cp.group_name, *cp.rank_and_size(), cp.load_balance)
+    rank, world = cp.rank_and_size()
+    total = cp.sequence_length if cp.sequence_length is not None and is_uneven(cp.sequence_length, world,
+                                                                                 cp.load_balance) else None
+    return _gathered(tensor, dim, cp.group_name, rank, world, cp.load_balance, total)
 
 
-def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, load_balance: bool) -> Tensor:
+def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, load_balance: bool,
+              total: Optional[int] = None) -> Tensor:
+    """The whole sequence from every rank's shard along ``dim``; ``total``: that of an uneven sequence (each shard is
+    then padded to the longest for the all-gather)."""
     from torch.distributed import _functional_collectives as collectives
 
     # all_gather_single_autograd since torch 2.13, which deprecates the older name
     gather = getattr(collectives, "all_gather_single_autograd", None) or collectives.all_gather_tensor_autograd
-    local = tensor.shape[dim]
-    stacked = gather(tensor.movedim(dim, 0).contiguous(), 0, group_name)  # rank-major
+    layouts = _layouts(tensor.shape[dim], world, load_balance, total)
+    rows = tensor.movedim(dim, 0)
+    longest = tensor.shape[dim]
+    if total is not None:
+        longest = max(sum(size for _, _, size in held) for held in layouts)
+        rows = torch.cat([rows, rows.new_zeros((longest - rows.shape[0], *rows.shape[1:]))], 0)
+    stacked = gather(rows.contiguous(), 0, group_name)  # rank-major
     placed = {}  # chunk index -> its rows (the chunk indices are ints, also where the length is symbolic)
-    for r in range(world):
-        layout = zip(chunk_indices(r, world, load_balance), pieces(local, r, world, load_balance))
-        for chunk, (local_start, _, size) in layout:
-            placed[chunk] = stacked.narrow(0, r * local + local_start, size)
+    for r, held in enumerate(layouts):
+        for chunk, (local_start, _, size) in zip(chunk_indices(r, world, load_balance), held):
+            placed[chunk] = stacked.narrow(0, r * longest + local_start, size)
     return torch.cat([placed[chunk] for chunk in sorted(placed)], 0).movedim(0, dim)
 
 
@@ -293,26 +343,34 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, score_t
     ``cp`` says) -- this rank's rows of the output. Differentiable; traceable by torch.compile."""
     rank, world = cp.rank_and_size()
     return ring_attention_call(q, k, v, list(score_tensors), dropout_seed, spec.to_json(), cp.group_name, rank, world,
-                               cp.load_balance)
+                               cp.load_balance, cp.sequence_length)
 
 
 def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dropout_seed: Optional[Tensor],
-                        spec_json: str, group_name: str, rank: int, world: int, load_balance: bool) -> Tensor:
+                        spec_json: str, group_name: str, rank: int, world: int, load_balance: bool,
+                        sequence_length: Optional[int] = None) -> Tensor:
     """:func:`ring_attention` with plain arguments: what the backend's rewritten graph calls."""
     from .kernels import flash_attention
 
     spec = AttentionSpec.from_json(spec_json)
-    problem = unshardable_reason(q.shape[2], [t.shape for t in score_tensors], load_balance)
+    uneven = sequence_length if sequence_length is not None and is_uneven(sequence_length, world, load_balance) else None
+    problem = unshardable_reason(q.shape[2], [t.shape for t in score_tensors], load_balance, uneven)
     if problem is not None:
         raise UnsupportedSpec(f"context parallel: {problem}")
-    _assert_equal_shards(q, group_name)
-    reason = _gather_reason(spec, q, k, score_tensors)
+    if uneven is None:
+        _assert_shard_lengths(q, group_name, None)
+        reason = _gather_reason(spec, q, k, score_tensors)
+    else:
+        _assert_shard_lengths(q, group_name, [sum(size for _, _, size in held)
+                                              for held in _layouts(None, world, load_balance, uneven)])
+        reason = f"a sequence of {uneven} sharded unevenly over {world} ranks: the ring's pairs need equal shards"
     if reason is not None:
         _log_gathered(spec.describe(), reason)
-        gather = functools.partial(_gathered, group_name=group_name, rank=rank, world=world, load_balance=load_balance)
+        gather = functools.partial(_gathered, group_name=group_name, rank=rank, world=world, load_balance=load_balance,
+                                   total=uneven)
         tensors = [_gather_score_tensor(t, gather) for t in score_tensors]
         out = flash_attention(gather(q, 2), gather(k, 2), gather(v, 2), spec, tensors, dropout_seed=dropout_seed)
-        return _sharded(out, 2, rank, world, load_balance)
+        return _sharded(out, 2, rank, world, load_balance, uneven)
 
     local = q.shape[2]
     total = local * world
@@ -415,13 +473,15 @@ def _merged(found: list, spec: AttentionSpec, q: Tensor, v: Tensor) -> Tensor:
     return merged.to(q.dtype)
 
 
-def unshardable_reason(q_len, score_tensor_shapes: Sequence, load_balance: bool) -> Optional[str]:
-    """Why an attention cannot run on a sharded sequence at all -- not even gathered -- or None."""
+def unshardable_reason(q_len, score_tensor_shapes: Sequence, load_balance: bool,
+                       uneven_length: Optional[int] = None) -> Optional[str]:
+    """Why an attention cannot run on a sharded sequence at all -- not even gathered -- or None. ``uneven_length``:
+    the length of a sequence sharded unevenly (its shards need not cut into two equal chunks)."""
     for i, shape in enumerate(score_tensor_shapes):
         if len(shape) == 4 and shape[2] != 1 and shape[3] != 1:
             return (f"score tensor {i} {tuple(shape)} spans query and key positions; built from a rank's own shard it "
                     "holds only the diagonal block of the global matrix")
-    if load_balance and isinstance(q_len, int) and q_len % 2:
+    if load_balance and uneven_length is None and isinstance(q_len, int) and q_len % 2:
         return f"a shard of odd length {q_len} is no load-balanced layout (two chunks of equal length)"
     return None
 
@@ -440,18 +500,21 @@ def _gather_reason(spec: AttentionSpec, q: Tensor, k: Tensor, score_tensors: Seq
     return None
 
 
-def _assert_equal_shards(q: Tensor, group_name: str) -> None:
-    """Every rank must hold a shard of this rank's length: the ring and the gathered fallback take it for every rank's
-    (``shard_sequence`` cuts them so). Shards cut unevenly by other means would exchange rows that do not line up
-    (a wrong result or a stalled collective), so their lengths are compared on the device first: one all-gather of
-    an int per call and an asynchronous assert (no host sync), which stops the run with this message."""
+def _assert_shard_lengths(q: Tensor, group_name: str, expected: Optional[list]) -> None:
+    """Every rank must hold a shard of the layout's length: this rank's (``expected`` None: equal shards), or
+    ``expected[r]`` for rank r of an uneven sequence -- as ``shard_sequence`` cuts them. Shards cut by other means
+    would exchange rows that do not line up (a wrong result or a stalled collective), so their lengths are compared
+    on the device first: one all-gather of an int per call and an asynchronous assert (no host sync), which stops
+    the run with this message."""
     from torch.distributed import _functional_collectives as collectives
 
     local = torch.full((1,), q.shape[2], dtype=torch.int64, device=q.device)
     lengths = collectives.all_gather_tensor(local, 0, group_name)
-    torch._assert_async(torch.all(lengths == local),
-                        "fuse_attn context parallel: the ranks hold sequence shards of different lengths; shard the "
-                        "sequence evenly (fuse_attn.context_parallel.shard_sequence)")
+    wanted = local if expected is None else torch.tensor(expected, dtype=torch.int64, device=q.device)
+    torch._assert_async(torch.all(lengths == wanted),
+                        "fuse_attn context parallel: the ranks hold sequence shards of different lengths from the "
+                        "layout's; shard the sequence with fuse_attn.context_parallel.shard_sequence (one of uneven "
+                        "length with ContextParallel(sequence_length=...))")
 
 
 def _gather_score_tensor(t: Tensor, gather) -> Tensor:

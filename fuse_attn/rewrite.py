@@ -20,7 +20,7 @@ from torch._guards import detect_fake_mode
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
-from .context_parallel import ContextParallel, ring_attention_call, unshardable_reason
+from .context_parallel import ContextParallel, is_uneven, ring_attention_call, unshardable_reason
 from .kernels import implementations
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -146,15 +146,19 @@ def _dropout_seed(match: AttentionMatch, emit: _Emitter, q4: fx.Node) -> Optiona
 def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
                cp: ContextParallel) -> tuple[fx.Node, implementations.Choice]:
     """The attention over the sequence sharded as ``cp`` says (:func:`fuse_attn.context_parallel.ring_attention`)."""
-    problem = unshardable_reason(val(q4).shape[2], [val(t).shape for t in tensors], cp.load_balance)
+    rank, world = cp.rank_and_size()
+    uneven = (cp.sequence_length if cp.sequence_length is not None and is_uneven(cp.sequence_length, world, cp.load_balance)
+              else None)
+    problem = unshardable_reason(val(q4).shape[2], [val(t).shape for t in tensors], cp.load_balance, uneven)
     if problem is not None:
         raise NotFused(f"context parallel: {problem}; the attention cannot run on the sharded sequence")
-    rank, world = cp.rank_and_size()
     out = emit(ring_attention_call, q4, k4, v4, tensors, _dropout_seed(match, emit, q4), match.spec.to_json(),
-               cp.group_name, rank, world, cp.load_balance)
-    layout = "load-balanced" if cp.load_balance else "contiguous"
+               cp.group_name, rank, world, cp.load_balance, cp.sequence_length)
+    shards = f"{'load-balanced' if cp.load_balance else 'contiguous'} shards"
+    if uneven is not None:
+        shards += f" of an uneven sequence of {uneven}, run gathered"
     return _restored_output(match, emit, out), implementations.Choice(
-        implementations.TRITON, f"context parallel over {world} ranks ({layout} shards)")
+        implementations.TRITON, f"context parallel over {world} ranks ({shards})")
 
 
 def _restored_output(match: AttentionMatch, emit: _Emitter, out: fx.Node) -> fx.Node:

@@ -7,7 +7,10 @@
   per-head slopes, GQA, a finfo.min key padding vector (travelling with K/V; a batch row with every key padded),
   SDPA's bool padding + causal mask (the band in the score program: the pairs past it skipped), and dropout (run on the gathered sequence: the unsharded keep-mask).
 * A causal attention compiled with dynamic=True (a symbolic length: run on the gathered sequence).
-* Shards of different lengths on the ranks: refused by the ring's guard, not computed.
+* An uneven sequence (23 positions over 2 ranks, ContextParallel(sequence_length=23)): shard_sequence cuts it as
+  tensor_split does, the op and a compiled attention run on the gathered sequence; without sequence_length,
+  shard_sequence refuses it.
+* Shards of different lengths on the ranks (cut by hand): refused by the ring's guard, not computed.
 * An unmodified Hugging Face LLaMA (eager attention, and its default SDPA calls; GQA), compiled with backend="fuse_attn" and the context_parallel
   option, on its sequence sharded: every attention fused as a ring; its loss and parameter gradients equal to the
   unsharded model's.
@@ -198,6 +201,47 @@ def check_uneven_shards(cp: ContextParallel) -> bool:
     return refused
 
 
+def check_uneven_sequence(load_balance: bool, cp_group) -> bool:
+    """A causal attention over 23 positions on 2 ranks (ContextParallel(sequence_length=23)): the op and the same
+    attention written out and compiled, each rank's output rows and the gradients equal to the unsharded ones."""
+    rank = dist.get_rank()
+    n = 23
+    cp = ContextParallel(group=cp_group, load_balance=load_balance, sequence_length=n)
+    g = torch.Generator().manual_seed(3)
+    q, k, v, dout = (torch.randn(2, 4, n, 8, generator=g) for _ in range(4))
+    spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, causal=CausalMask())
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = flash_attention(*whole, spec)
+    expected_grads = torch.autograd.grad(expected, whole, dout)
+
+    def attention(q, k, v):
+        s = (q @ k.transpose(-2, -1)) * 0.35
+        positions = torch.arange(q.shape[-2])
+        return torch.softmax(s.masked_fill(positions[None, :] > positions[:, None], float("-inf")), -1) @ v
+
+    compiled = torch.compile(attention, backend="fuse_attn", options={"fuse_attn.context_parallel": cp})
+    errors, fused = [], 0
+    for run in (lambda *t: ring_attention(*t, spec, cp=cp), compiled):
+        local = [shard_sequence(t, 2, cp).detach().requires_grad_() for t in (q, k, v)]
+        with collect_reports() as reports:
+            out = run(*local)
+        fused += sum(len(r.fused) for r in reports)
+        grads = torch.autograd.grad(out, local, shard_sequence(dout, 2, cp))
+        errors.append(float((gather_sequence(out.detach(), 2, cp) - expected.detach()).abs().max()))
+        errors += [float((gather_sequence(grad, 2, cp) - e).abs().max()) for grad, e in zip(grads, expected_grads)]
+    try:
+        shard_sequence(q, 2, ContextParallel(group=cp_group, load_balance=load_balance))
+        refused = False
+    except ValueError as e:
+        refused = "sequence_length=23" in str(e)
+    ok = max(errors) < TOLERANCE and fused == 1 and refused
+    if rank == 0:
+        layout = "load-balanced" if load_balance else "contiguous"
+        print(f"uneven sequence of {n}, {layout}: op and compiled ({fused} fused) max error {max(errors):.2g}; "
+              f"without sequence_length {'refused' if refused else 'sharded'}{'' if ok else ' FAILED'}")
+    return ok
+
+
 def main() -> int:
     dist.init_process_group("gloo")
     cp_group = dist.new_group(list(range(dist.get_world_size())))  # not the default group: the group is carried
@@ -208,6 +252,7 @@ def main() -> int:
                                           ("dropout", True)]]
     results.append(check_dynamic(ContextParallel()))
     results += [check_llama(ContextParallel(), attention) for attention in ("eager", "sdpa")]
+    results += [check_uneven_sequence(load_balance, cp_group) for load_balance in (True, False)]
     results.append(check_uneven_shards(ContextParallel(load_balance=False)))
     dist.destroy_process_group()
     return 0 if all(results) else 1

@@ -6,8 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from fuse_attn.context_parallel import (_at_global_positions, chunk_indices, pair_and_tensors, pair_spec, pieces,
-                                        unshardable_reason)
+from fuse_attn.context_parallel import (_at_global_positions, _sharded, chunk_indices, is_uneven, pair_and_tensors,
+                                        pair_spec, pieces, uneven_pieces, unshardable_reason)
 from fuse_attn.kernels.reference import _score_mod
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
@@ -36,6 +36,24 @@ def test_load_balanced_shards_hold_a_chunk_from_each_end():
     assert unshardable_reason(7, [], True) is not None and unshardable_reason(7, [], False) is None
     assert "spans query and key positions" in unshardable_reason(8, [(1, 1, 8, 8)], True)
     assert unshardable_reason(8, [(2, 1, 1, 8), (1, 4, 1, 1)], True) is None
+
+
+@pytest.mark.parametrize("load_balance", [True, False])
+def test_an_uneven_sequence_is_cut_as_tensor_split_cuts_it(load_balance):
+    # 23 positions over 2 ranks: chunks of 6, 6, 6, 5 (load-balanced) or 12, 11; every position held once, in order
+    assert is_uneven(23, 2, load_balance) and is_uneven(22, 2, True) and not is_uneven(22, 2, False)
+    count = 4 if load_balance else 2
+    sizes = [len(c) for c in torch.arange(23).tensor_split(count)]
+    held = [uneven_pieces(23, rank, 2, load_balance) for rank in range(2)]
+    by_chunk = {chunk: piece for rank in range(2) for chunk, piece in zip(chunk_indices(rank, 2, load_balance), held[rank])}
+    assert [by_chunk[c][2] for c in range(count)] == sizes
+    assert [by_chunk[c][1] for c in range(count)] == [sum(sizes[:c]) for c in range(count)]
+    positions = torch.arange(23)[None]
+    shards = [_sharded(positions, 1, rank, 2, load_balance, total=23) for rank in range(2)]
+    assert [s.shape[1] for s in shards] == [sum(p[2] for p in h) for h in held]
+    assert sorted(torch.cat(shards, 1)[0].tolist()) == list(range(23))
+    # a shard of odd length is fine there: the uneven sequence runs gathered, not as two chunks of a ring
+    assert unshardable_reason(11, [], True, uneven_length=23) is None
 
 
 @pytest.mark.parametrize("q_start, kv_start, expected", [

@@ -53,8 +53,8 @@ def test_context_parallel_on_two_cpu_processes(tmp_path):
     # The ring's pairs each get their own spec (so their own kernels): the interpreter would compile a dozen kernels
     # per case; the op runs its blockwise path here (the lse gradient of every path: test_kernels.py).
     run = torchrun(ROOT / "tests" / "distributed_context_parallel.py", cache=tmp_path, interpret="0")
-    lines = [line for line in run.stdout.splitlines() if line.startswith(("op ", "compiled ", "llama "))]
-    assert len(lines) == 14 and not any("FAILED" in line for line in lines), run.stdout
+    lines = [line for line in run.stdout.splitlines() if line.startswith(("op ", "compiled ", "llama ", "uneven "))]
+    assert len(lines) == 16 and not any("FAILED" in line for line in lines), run.stdout
 
 
 def test_train_context_parallel_example_on_two_cpu_processes(tmp_path):

@@ -95,6 +95,12 @@ def is_uneven(total: int, world: int, load_balance: bool) -> bool:
     return total % (2 * world if load_balance else world) != 0
 
 
+def uneven_total(sequence_length: Optional[int], world: int, load_balance: bool) -> Optional[int]:
+    """``ContextParallel.sequence_length`` where it names an uneven sequence (:func:`is_uneven`), else None: the
+    ``total`` of :func:`_layouts`, ``_sharded`` and ``_gathered``."""
+    return sequence_length if sequence_length is not None and is_uneven(sequence_length, world, load_balance) else None
+
+
 def uneven_pieces(total: int, rank: int, world: int, load_balance: bool) -> list[tuple]:
     """:func:`pieces` of a sequence of ``total`` cut as ``torch.tensor_split`` cuts it into the layout's chunks (the
     first ``total % chunks`` one longer): what ``rank`` holds, (local start, global start, length)."""
@@ -113,6 +119,11 @@ def _layouts(local, world: int, load_balance: bool, total: Optional[int]) -> lis
     if total is None:
         return [pieces(local, r, world, load_balance) for r in range(world)]
     return [uneven_pieces(total, r, world, load_balance) for r in range(world)]
+
+
+def _shard_length(held: list[tuple]) -> int:
+    """The length of a rank's shard from its pieces."""
+    return sum(size for _, _, size in held)
 
 
 def shard_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
@@ -140,9 +151,8 @@ def _sharded(tensor: Tensor, dim: int, rank: int, world: int, load_balance: bool
 def gather_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParallel()) -> Tensor:
     """The whole sequence from every rank's shard along ``dim`` (differentiable; the inverse of :func:`shard_sequence`)."""
     rank, world = cp.rank_and_size()
-    total = cp.sequence_length if cp.sequence_length is not None and is_uneven(cp.sequence_length, world,
-                                                                                 cp.load_balance) else None
-    return _gathered(tensor, dim, cp.group_name, rank, world, cp.load_balance, total)
+    return _gathered(tensor, dim, cp.group_name, rank, world, cp.load_balance,
+                     uneven_total(cp.sequence_length, world, cp.load_balance))
 
 
 def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, load_balance: bool,
@@ -157,7 +167,7 @@ def _gathered(tensor: Tensor, dim: int, group_name: str, rank: int, world: int, 
     rows = tensor.movedim(dim, 0)
     longest = tensor.shape[dim]
     if total is not None:
-        longest = max(sum(size for _, _, size in held) for held in layouts)
+        longest = max(_shard_length(held) for held in layouts)
         rows = torch.cat([rows, rows.new_zeros((longest - rows.shape[0], *rows.shape[1:]))], 0)
     stacked = gather(rows.contiguous(), 0, group_name)  # rank-major
     placed = {}  # chunk index -> its rows (the chunk indices are ints, also where the length is symbolic)
@@ -353,7 +363,7 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
     from .kernels import flash_attention
 
     spec = AttentionSpec.from_json(spec_json)
-    uneven = sequence_length if sequence_length is not None and is_uneven(sequence_length, world, load_balance) else None
+    uneven = uneven_total(sequence_length, world, load_balance)
     problem = unshardable_reason(q.shape[2], [t.shape for t in score_tensors], load_balance, uneven)
     if problem is not None:
         raise UnsupportedSpec(f"context parallel: {problem}")
@@ -361,8 +371,8 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
         _assert_shard_lengths(q, group_name, None)
         reason = _gather_reason(spec, q, k, score_tensors)
     else:
-        _assert_shard_lengths(q, group_name, [sum(size for _, _, size in held)
-                                              for held in _layouts(None, world, load_balance, uneven)])
+        lengths = [_shard_length(held) for held in _layouts(None, world, load_balance, uneven)]
+        _assert_shard_lengths(q, group_name, lengths)
         reason = f"a sequence of {uneven} sharded unevenly over {world} ranks: the ring's pairs need equal shards"
     if reason is not None:
         _log_gathered(spec.describe(), reason)

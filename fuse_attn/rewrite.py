@@ -20,7 +20,7 @@ from torch._guards import detect_fake_mode
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
-from .context_parallel import ContextParallel, is_uneven, ring_attention_call, unshardable_reason
+from .context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
 from .kernels import implementations
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -147,8 +147,7 @@ def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
                cp: ContextParallel) -> tuple[fx.Node, implementations.Choice]:
     """The attention over the sequence sharded as ``cp`` says (:func:`fuse_attn.context_parallel.ring_attention`)."""
     rank, world = cp.rank_and_size()
-    uneven = (cp.sequence_length if cp.sequence_length is not None and is_uneven(cp.sequence_length, world, cp.load_balance)
-              else None)
+    uneven = uneven_total(cp.sequence_length, world, cp.load_balance)
     problem = unshardable_reason(val(q4).shape[2], [val(t).shape for t in tensors], cp.load_balance, uneven)
     if problem is not None:
         raise NotFused(f"context parallel: {problem}; the attention cannot run on the sharded sequence")

@@ -267,11 +267,18 @@ def test_no_summary_for_a_mask_that_needs_a_gradient():
     run_and_check(q, k, v, tensors, spec, torch.float32)
 
 
-def test_an_op_call_reads_the_mask_once(monkeypatch):
-    # one summary per op call: the forward's kernel, and the backward's two kernels from one granule read
+@pytest.fixture
+def mask_reads(monkeypatch) -> list:
+    """The granule of every summary of a mask (every read of it) the launcher makes, in order."""
     reads = []
     summarize = launch._mask_granules
     monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+    return reads
+
+
+def test_an_op_call_reads_the_mask_once(mask_reads):
+    # one summary per op call: the forward's kernel, and the backward's two kernels from one granule read
+    reads = mask_reads
     q, k, v, tensors, spec = mask_case(padded_causal(40, 40, [40, 20]))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = flash_attention(q, k, v, spec, tensors)
@@ -351,12 +358,10 @@ class TestVerdicts(TestCase):
         self.assertExpectedInline(verdict_lines(rewrite_reports(causal, q, k, v)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 causal(top_left, diagonal=0)""")
 
 
-def test_the_tuner_reads_the_mask_once_per_set_of_tuning_tensors(monkeypatch):
+def test_the_tuner_reads_the_mask_once_per_set_of_tuning_tensors(mask_reads, monkeypatch):
     # the tuner times many configs on one set of tensors: the summary and block lists come from its first launch,
     # not from each timed one (their eager torch ops would be timed as host time, alike for every candidate)
-    reads, repeated = [], []
-    summarize = launch._mask_granules
-    monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+    reads, repeated = mask_reads, []
 
     def tuner(kind, q, kernel_id, common, candidates, bind, m=None, n=None):
         cfg = autotune.INTERPRETER_CONFIGS[kind]

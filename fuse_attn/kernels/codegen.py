@@ -558,6 +558,8 @@ def generate_source(spec: AttentionSpec) -> str:
         "SCORE_ARGS": score_params,
         "DSCORE_PARAMS": _dscore_params(key, annotate=True),
         "DSCORE_ARGS": _dscore_params(key, annotate=False),
+        "SCORE_IS_SCALED_DOT": str(not code.forward),
+        "FULL_SCORE_IS_SCALED_DOT": str(not full.forward),
     }
     return _fill(template, blocks, inline)
 

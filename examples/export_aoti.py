@@ -6,14 +6,19 @@ kernels, then load the package and run it without re-tracing.
     python examples/export_aoti.py --device cpu    # CPU: a tiny GPT-2, fp32: the fused program, saved and loaded
 
 Prints what was fused, checks the package's (on a CPU: the saved and reloaded program's) logits against eager (2x
-rule against fp64), and on a GPU times the package against the package of the unfused program.
+rule against fp64), and on a GPU checks that the package's code launches the generated kernels (where the
+attentions run them) and times the package against the package of the unfused program. If loading a package
+segfaults in ``std::regex`` (a system g++ other than torch's own), compile with ``-fvisibility-inlines-hidden``
+through ``CXX``: see the README, "Exported and AOT-compiled models".
 """
 
 from __future__ import annotations
 
 import copy
+import re
 import sys
 import tempfile
+import zipfile
 from pathlib import Path
 
 import torch
@@ -56,7 +61,15 @@ def main(argv=None) -> int:
         if setup.cuda:
             from torch._inductor import aoti_compile_and_package, aoti_load_package
 
-            package = aoti_load_package(aoti_compile_and_package(fused, package_path=f"{folder}/fused.pt2"))
+            path = aoti_compile_and_package(fused, package_path=f"{folder}/fused.pt2")
+            on_generated = sum(v.fused and (v.runs is None or v.runs.startswith("runs triton"))
+                               for r in reports for v in r.verdicts)
+            kernels = generated_kernels(path)
+            print(f"package: {on_generated} attention(s) run the generated kernels; its code launches "
+                  f"{', '.join(kernels) or 'none of them'}")
+            if on_generated and not kernels:
+                checks.fail("the package's code launches none of the generated kernels")
+            package = aoti_load_package(path)
             unfused = aoti_load_package(aoti_compile_and_package(plain, package_path=f"{folder}/plain.pt2"))
             checks.close("AOTInductor package logits", logits(package), [eager], reference)
             ours, theirs = (median_ms(lambda run=run: logits(run)) for run in (package, unfused))
@@ -71,6 +84,13 @@ def main(argv=None) -> int:
                 checks.fail(f"the reloaded program calls the fused op {calls} times, expected {config.n_layer}")
             checks.close("saved and reloaded program logits", logits(loaded.module()), [eager], reference)
     return checks.exit_code()
+
+
+def generated_kernels(package_path: str) -> list[str]:
+    """The generated forward kernels (``_attn_fwd`` of the template) that an AOTInductor package's C++ code names."""
+    with zipfile.ZipFile(package_path) as archive:
+        code = " ".join(archive.read(name).decode(errors="replace") for name in archive.namelist() if name.endswith(".cpp"))
+    return sorted(set(re.findall(r"\b_attn_fwd\w*", code)))
 
 
 if __name__ == "__main__":

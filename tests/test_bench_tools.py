@@ -1,5 +1,6 @@
-"""Smoke tests of the benchmark and diagnostic tools on a CPU (tools/bench_attention.py needs CUDA and has none), and
-the variant modules of tools/bench_variants.py: each one fused and equal to eager."""
+"""Smoke tests of the benchmark and diagnostic tools on a CPU (tools/bench_attention.py measures only on CUDA;
+its --plot of an earlier CSV runs here), and the variant modules of tools/bench_variants.py: each one fused and equal
+to eager."""
 
 from __future__ import annotations
 
@@ -114,3 +115,15 @@ def test_attention_precision_compares_each_captured_call_on_cpu():
         (call, label) for call in ("0", "1") for label in ("fuse_attn", "eager math", "sdpa (cpu default)", "sdpa math"))
     for row in rows:  # every gradient there (the mask is T5's learned position bias), each a bf16-sized error
         assert all(0 < float(row[column]) < 0.1 for column in ("out", "dq", "dk", "dv", "dmask")), done.stdout
+
+
+def test_bench_attention_plots_a_csv_without_a_gpu(tmp_path):
+    """`--skip-check --skip-speed --plot` only draws the CSV of earlier runs: it must not need CUDA."""
+    pytest.importorskip("matplotlib")
+    import shutil
+
+    shutil.copy(os.path.join(ROOT, "benchmarks", "2026-11-26-forward-fma", "plain_n4096", "bench_attention.csv"), tmp_path)
+    result = subprocess.run([sys.executable, "tools/bench_attention.py", "--out", str(tmp_path), "--skip-check",
+                             "--skip-speed", "--plot"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert os.path.getsize(tmp_path / "bench_attention.png") > 0

@@ -439,8 +439,9 @@ def main(argv=None):
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # said before measuring, not after
         print('matplotlib is not installed: no plot will be written (pip install -e ".[bench]")', flush=True)
         args.plot = False
-    props = torch.cuda.get_device_properties(0)
-    print(f"device: {props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
+    if not (args.skip_check and args.skip_speed) or args.check_backward_configs:  # else only --plot: no GPU needed
+        props = torch.cuda.get_device_properties(0)
+        print(f"device: {props.name} (sm_{props.major}{props.minor}), torch {torch.__version__}, triton {triton.__version__}", flush=True)
     ok = True
     if not args.skip_check:
         t0 = time.time()

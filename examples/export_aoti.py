@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fuse_attn  # noqa: E402
+from fuse_attn.kernels import implementations  # noqa: E402
 from examples.common import Checks, median_ms, parse_setup  # noqa: E402
 
 
@@ -62,7 +63,7 @@ def main(argv=None) -> int:
             from torch._inductor import aoti_compile_and_package, aoti_load_package
 
             path = aoti_compile_and_package(fused, package_path=f"{folder}/fused.pt2")
-            on_generated = sum(v.fused and (v.runs is None or v.runs.startswith("runs triton"))
+            on_generated = sum(v.fused and (v.runs is None or v.runs.startswith(f"runs {implementations.TRITON}:"))
                                for r in reports for v in r.verdicts)
             kernels = generated_kernels(path)
             print(f"package: {on_generated} attention(s) run the generated kernels; its code launches "
@@ -89,7 +90,8 @@ def main(argv=None) -> int:
 def generated_kernels(package_path: str) -> list[str]:
     """The generated forward kernels (``_attn_fwd`` of the template) that an AOTInductor package's C++ code names."""
     with zipfile.ZipFile(package_path) as archive:
-        code = " ".join(archive.read(name).decode(errors="replace") for name in archive.namelist() if name.endswith(".cpp"))
+        sources = [name for name in archive.namelist() if name.endswith(".cpp")]
+        code = " ".join(archive.read(name).decode(errors="replace") for name in sources)
     return sorted(set(re.findall(r"\b_attn_fwd\w*", code)))
 
 

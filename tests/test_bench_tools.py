@@ -4,7 +4,9 @@ to eager."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import shutil
 import subprocess
 import sys
 from unittest import mock
@@ -118,12 +120,10 @@ def test_attention_precision_compares_each_captured_call_on_cpu():
 
 
 def test_bench_attention_plots_a_csv_without_a_gpu(tmp_path):
-    """`--skip-check --skip-speed --plot` only draws the CSV of earlier runs: it must not need CUDA (without matplotlib,
-as in CI, it says so and exits 0)."""
-    import importlib.util
-    import shutil
-
-    shutil.copy(os.path.join(ROOT, "benchmarks", "2026-11-26-forward-fma", "plain_n4096", "bench_attention.csv"), tmp_path)
+    """`--skip-check --skip-speed --plot` only draws the CSV of earlier runs: it must not need CUDA (without
+    matplotlib, as in CI, it says so and exits 0)."""
+    earlier_run = os.path.join(ROOT, "benchmarks", "2026-11-26-forward-fma", "plain_n4096", "bench_attention.csv")
+    shutil.copy(earlier_run, tmp_path)
     result = subprocess.run([sys.executable, "tools/bench_attention.py", "--out", str(tmp_path), "--skip-check",
                              "--skip-speed", "--plot"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr

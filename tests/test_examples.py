@@ -4,6 +4,7 @@ attention fused, results equal to eager under the 2x rule (generated tokens iden
 from __future__ import annotations
 
 import importlib
+import zipfile
 
 import pytest
 
@@ -35,8 +36,6 @@ def test_example_runs_on_cpu_and_passes_its_checks(name, monkeypatch, capsys):
 def test_export_aoti_finds_the_generated_kernels_a_package_launches(tmp_path):
     """On a GPU, export_aoti fails unless the package's C++ code names the generated forward kernel (where the
     attentions run it); the names are read from the package's .cpp sources only."""
-    import zipfile
-
     from examples.export_aoti import generated_kernels
 
     package = tmp_path / "fused.pt2"
@@ -46,5 +45,6 @@ def test_export_aoti_finds_the_generated_kernels_a_package_launches(tmp_path):
         archive.writestr("fused/data/aotinductor/model/c1.wrapper_metadata.json", '{"_attn_fwd_7": 1}')
     assert generated_kernels(str(package)) == ["_attn_fwd_0"]
     with zipfile.ZipFile(package, "w") as archive:
-        archive.writestr("fused/data/aotinductor/model/c1.wrapper.cpp", 'kernels_.get_kernel("triton_poi_fused_add_1");')
+        archive.writestr("fused/data/aotinductor/model/c1.wrapper.cpp",
+                         'kernels_.get_kernel("triton_poi_fused_add_1");')
     assert generated_kernels(str(package)) == []

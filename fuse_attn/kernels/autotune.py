@@ -112,8 +112,16 @@ _WARPS = (4, 8)
 _STAGES = (2, 3)
 # Backward, dK/dV kernel: the key block stays resident (k, v, dk, dv), the query block streams; Triton's
 # tutorial uses (BLOCK_M, BLOCK_N) = (32, 128) there and (128, 32) for dQ (the resident side is the large one).
-_DKDV_SHAPES = ((32, 128), (64, 128), (32, 64))
-_DQ_SHAPES = ((128, 32), (128, 64), (64, 32))
+_DKDV_SHAPES = ((32, 128), (64, 128))
+_DQ_SHAPES = ((128, 32), (128, 64))
+# Heads wider than 128 (Gemma-2's 256): a resident fp32 accumulator is 256 columns wide, so the resident side
+# shrinks to 32-64 rows and 8 warps may share 64 of them (FA2's head-dim-256 backward: 64 x 64 tiles, 8 warps).
+# ptxas for sm90 (Triton 3.6), softcap + causal at D256: dK/dV 32 x 64 with 4 warps spilled 4.4-5.1 KB a
+# thread, 8 warps 0.3 KB, 16 x 64 with 8 warps 64 B, 16 x 32 with 4 warps none; dQ 64 x 32 with 4 warps
+# 136 B, with 8 warps none.
+_WIDE_DKDV_SHAPES = ((16, 32), (32, 32), (16, 64), (32, 64))
+_WIDE_DQ_SHAPES = ((32, 32), (64, 16), (64, 32), (32, 64))
+_WIDE_HEAD = 128  # head dims above this take the _WIDE_ shapes
 # dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
 # errors 4-50x eager's on an H200 with Triton 3.6 (2026-11-21). The key-major kernel (k @ q^T, no register
 # transposes) has none: `tools/bench_attention.py --check-backward-configs` ran 125 config runs over 7 shapes
@@ -162,17 +170,15 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
     return out or [KernelConfig(64, 32, 4, 1)]
 
 
-def _backward_candidates(shapes, block_d, block_dv, elem, smem_limit, resident_is_n: bool, stages_axis=_STAGES) -> list[KernelConfig]:
+def _backward_candidates(shapes, wide_shapes, block_d, block_dv, elem, smem_limit, resident_is_n: bool,
+                         stages_axis=_STAGES) -> list[KernelConfig]:
     out = []
-    for bm, bn in shapes:
+    wide = max(block_d, block_dv) > _WIDE_HEAD
+    for bm, bn in wide_shapes if wide else shapes:
         resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
-        if max(block_d, block_dv) > 128 and resident > 64:
-            continue  # head dim 256: two resident fp32 accumulators of 128 x 256 exceed the register file
-        if max(block_d, block_dv) <= 128 and resident < 128:
-            continue  # the 64-row resident shapes are the fallback for 256-wide heads only
         for warps in _WARPS:
-            if warps == 8 and resident < 128:
-                continue  # as in the forward: >= 16 resident rows per warp
+            if warps == 8 and resident < (64 if wide else 128):
+                continue  # as in the forward: >= 16 resident rows per warp, except to halve a wide accumulator
             for stages in stages_axis:
                 if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
                     out.append(KernelConfig(bm, bn, warps, stages))
@@ -180,11 +186,12 @@ def _backward_candidates(shapes, block_d, block_dv, elem, smem_limit, resident_i
 
 
 def dkdv_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DKDV_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=True, stages_axis=_DKDV_STAGES)
+    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=True,
+                                stages_axis=_DKDV_STAGES)
 
 
 def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DQ_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
 
 
 # Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from

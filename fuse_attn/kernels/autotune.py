@@ -115,13 +115,13 @@ _STAGES = (2, 3)
 _DKDV_SHAPES = ((32, 128), (64, 128))
 _DQ_SHAPES = ((128, 32), (128, 64))
 # Heads wider than 128 (Gemma-2's 256): a resident fp32 accumulator is 256 columns wide, so the resident side
-# shrinks to 32-64 rows and 8 warps may share 64 of them (FA2's head-dim-256 backward: 64 x 64 tiles, 8 warps).
-# ptxas for sm90 (Triton 3.6), softcap + causal at D256: dK/dV 32 x 64 with 4 warps spilled 4.4-5.1 KB a
-# thread, 8 warps 0.3 KB, 16 x 64 with 8 warps 64 B, 16 x 32 with 4 warps none; dQ 64 x 32 with 4 warps
-# 136 B, with 8 warps none.
-_WIDE_DKDV_SHAPES = ((16, 32), (32, 32), (16, 64), (32, 64))
-_WIDE_DQ_SHAPES = ((32, 32), (64, 16), (64, 32), (32, 64))
-_WIDE_HEAD = 128  # head dims above this take the _WIDE_ shapes
+# shrinks to 32-64 rows, given as (BLOCK_M, BLOCK_N, warps). From a sweep of 30 configs (H200, Triton 3.6, softcap
+# + causal, B4 H8 N4096 D256, 2026-11-26; benchmarks/2026-11-26-wide-heads): dK/dV with 64 resident rows needs 8
+# warps (4 warps spilled 258-410 registers and ran 2-3x slower; 8 warps hold the two 64 x 256 accumulators in
+# 128 registers a thread, as FA2's 8-warp head-dim-256 backward does); dQ ran fastest on 4 warps.
+_WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4))
+_WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4))
+_WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
 # dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
 # errors 4-50x eager's on an H200 with Triton 3.6 (2026-11-21). The key-major kernel (k @ q^T, no register
 # transposes) has none: `tools/bench_attention.py --check-backward-configs` ran 125 config runs over 7 shapes
@@ -170,28 +170,28 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
     return out or [KernelConfig(64, 32, 4, 1)]
 
 
-def _backward_candidates(shapes, wide_shapes, block_d, block_dv, elem, smem_limit, resident_is_n: bool,
+def _backward_candidates(shapes, wide_configs, block_d, block_dv, elem, smem_limit, resident_is_n: bool,
                          stages_axis=_STAGES) -> list[KernelConfig]:
+    if max(block_d, block_dv) > _WIDE_HEAD:
+        tiles = [(bm, bn, warps) for bm, bn, warps in wide_configs]
+    else:  # as in the forward: >= 16 resident rows per warp
+        tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
     out = []
-    wide = max(block_d, block_dv) > _WIDE_HEAD
-    for bm, bn in wide_shapes if wide else shapes:
+    for bm, bn, warps in tiles:
         resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
-        for warps in _WARPS:
-            if warps == 8 and resident < (64 if wide else 128):
-                continue  # as in the forward: >= 16 resident rows per warp, except to halve a wide accumulator
-            for stages in stages_axis:
-                if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
-                    out.append(KernelConfig(bm, bn, warps, stages))
+        for stages in stages_axis:
+            if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
+                out.append(KernelConfig(bm, bn, warps, stages))
     return out or [KernelConfig(32, 32, 4, 1)]
 
 
 def dkdv_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=True,
+    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, block_d, block_dv, elem, smem_limit, resident_is_n=True,
                                 stages_axis=_DKDV_STAGES)
 
 
 def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ_SHAPES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, block_d, block_dv, elem, smem_limit, resident_is_n=False)
 
 
 # Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from

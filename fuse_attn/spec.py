@@ -162,6 +162,34 @@ class ScoreProgramBuilder:
     def const(self, value: Union[float, int, bool]) -> int:
         return self.add("const", value=value)
 
+    def add_folded(self, op: str, *args: int) -> int:
+        """``add(op, *args)``, folding what is known: ``x + 0``, ``x & True``, ``q_idx >= 0`` (indices are never
+        negative) and ops on constants only (what Hugging Face's mask builders leave once inlined)."""
+        nodes = self.nodes
+        consts = [nodes[a].value if nodes[a].op == "const" else None for a in args]
+        if op in _NEUTRAL and consts[1] is not None and consts[1] == _NEUTRAL[op] and not isinstance(consts[1], bool):
+            if isinstance(consts[1], int) or _is_float(nodes, args[0]):
+                return args[0]
+        if op in ("add", "mul") and consts[0] is not None and consts[0] == _NEUTRAL[op] and not isinstance(consts[0], bool):
+            if isinstance(consts[0], int) or _is_float(nodes, args[1]):
+                return args[1]
+        if op in ("logical_and", "logical_or"):
+            absorbing = op == "logical_or"  # x & False == False, x | True == True
+            for i, c in enumerate(consts):
+                if c is not None:
+                    return args[i] if c == absorbing else args[1 - i]
+        if op in ("ge", "lt") and consts[1] is not None and not isinstance(consts[1], bool) and consts[1] <= 0 \
+                and nodes[args[0]].op in _INDEX_LEAVES:
+            return self.const(op == "ge")
+        if op == "where" and all(isinstance(c, bool) for c in consts[1:]) and consts[1] != consts[2]:
+            # where(c, True, False) is c (a bool triangle, ``tril(full(True))``); where(c, False, True) is not c
+            return args[0] if consts[1] else self.add("logical_not", args[0])
+        if op not in ("where",) and all(c is not None for c in consts):
+            folded = _fold(op, consts)
+            if folded is not None:
+                return self.const(folded)
+        return self.add(op, *args)
+
     def program(self, result: int) -> tuple[ScoreNode, ...]:
         """The nodes ``result`` depends on, renumbered, ending in ``result``; () if that is the bare score."""
         if self.nodes[result].op == "score":
@@ -176,6 +204,31 @@ class ScoreProgramBuilder:
         renumber = {old: new for new, old in enumerate(order)}
         return tuple(ScoreNode(self.nodes[i].op, tuple(renumber[a] for a in self.nodes[i].args), self.nodes[i].value)
                      for i in order)
+
+
+_NEUTRAL = {"add": 0, "sub": 0, "mul": 1, "div": 1}  # x op c == x (for the right operand c)
+_INDEX_LEAVES = ("q_idx", "kv_idx", "batch_idx", "head_idx")
+
+
+def _is_float(nodes, i: int) -> bool:
+    return nodes[i].op in ("score", "load") or (nodes[i].op == "const" and isinstance(nodes[i].value, float))
+
+
+def _fold(op: str, values: list) -> Optional[Union[bool, int, float]]:
+    """An op on Python numbers with torch's result (scalar tensors carry its type promotion)."""
+    import torch
+
+    try:
+        tensors = [torch.tensor(v) for v in values]
+        result = {
+            "neg": lambda a: -a, "abs": torch.abs, "logical_not": torch.logical_not, "add": torch.add, "sub": torch.sub,
+            "mul": torch.mul, "div": torch.div, "lt": torch.lt, "le": torch.le, "gt": torch.gt, "ge": torch.ge,
+            "eq": torch.eq, "ne": torch.ne, "logical_and": torch.logical_and, "logical_or": torch.logical_or,
+            "maximum": torch.maximum, "minimum": torch.minimum, "to_float": lambda a: a.float(),
+        }[op](*tensors)
+    except (KeyError, RuntimeError):
+        return None  # not worth folding (exp, log, ... of a constant stay in the program)
+    return result.item()
 
 
 def program_text(program: tuple[ScoreNode, ...], tensors: tuple["ScoreTensor", ...] = ()) -> str:
@@ -411,6 +464,37 @@ class AttentionSpec:
         if summarized is None:
             return None
         return dataclasses.replace(self, score_mod=subprogram(self.score_mod, summarized.unmasked), score_tensors=())
+
+    def visible_spec(self) -> Optional["AttentionSpec"]:
+        """With :meth:`key_padding` (and no :meth:`mask_blocks`): this spec with the score program where the padding
+        vector keeps the key -- a bool vector at its visible value, a bias at exactly 0 -- and, with a band, where the
+        band keeps it: what a tile computes that lies wholly inside both (``s`` itself for Hugging Face's
+        ``s + where(mask | past the band, fill, 0)``), if that reads no score tensor; None otherwise. The kernels run
+        it, without loading the vector, on the tiles inside the band and inside the run of visible keys that the
+        launcher proves per call (``launch._key_range_args``: no hole in it, a bias exactly 0 there)."""
+        padding = self.key_padding()
+        if padding is None or self.mask_blocks() is not None:
+            return None
+        program = self.score_mod
+        visible = {"false": True, "true": False}.get(padding.hidden, 0.0)  # a bool mask's keeping value, a bias's 0
+        b = ScoreProgramBuilder()
+        new: list[int] = []
+        for i, node in enumerate(program):
+            band = _band_of(program, i) if padding.band is not None else None
+            if node.op == "load" and node.value == padding.tensor:
+                new.append(b.const(visible))
+            elif band is not None and band[0] == padding.band:
+                new.append(b.const(band[1]))  # the comparison's value inside the band
+            elif node.op == "where" and b.nodes[new[node.args[0]]].op == "const":
+                new.append(new[node.args[1]] if b.nodes[new[node.args[0]]].value else new[node.args[2]])
+            elif node.op in LEAF_OPS:
+                new.append(b.add(node.op, value=node.value))
+            else:
+                new.append(b.add_folded(node.op, *(new[a] for a in node.args)))
+        folded = b.program(new[-1])
+        if any(node.op == "load" for node in folded):
+            return None
+        return dataclasses.replace(self, score_mod=folded, score_tensors=())
 
     def scale_for(self, head_dim: int) -> float:
         """The score scale for q's actual head dim."""

@@ -864,6 +864,130 @@ def test_key_padding_with_a_causal_band_in_the_program_skips_blocks_past_it(form
         assert (out[3] == 0).all()
 
 
+@pytest.mark.parametrize("form", ["keep", "fill"])
+def test_key_padding_under_a_causal_mask_where_query_blocks_see_only_padding(form, monkeypatch):
+    """Causal (top-left) with left padding past the first query blocks' band: their key range starts past their last
+    key, so they visit no block (the -inf form: rows of no key give 0) or every key from 0 (the fill form), and none of
+    the proven run's full tiles -- which lie past their band -- may run for them. Against SDPA in fp64 (2x rule)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    Z, H, M, N, D = 2, 2, 97, 97, 16
+    spec = _padding_spec(form, causal=CausalMask())
+    keys = torch.stack([torch.arange(N) >= 70, torch.arange(N) >= 40])
+    fill = torch.finfo(torch.float16).min
+    vector = keys if form == "keep" else torch.zeros(Z, N).masked_fill(~keys, fill)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(Z, H, L, D, generator=g) for L in (M, N, N))
+    allowed = torch.ones(M, N, dtype=torch.bool).tril()
+
+    def sdpa(q, k, v):
+        if form == "fill":
+            mask = vector[:, None, None, :].to(q.dtype).masked_fill(~allowed, float("-inf"))
+        else:
+            mask = keys[:, None, None, :] & allowed
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    _check_against_sdpa(lambda q, k, v: flash_attention(q, k, v, spec, [vector[:, None, None, :]]), sdpa, (q, k, v),
+                        torch.float32)
+
+
+def _hf_padding_causal_spec(dtype=torch.float32, bias=False) -> AttentionSpec:
+    """Hugging Face's eager padding + causal mask as one program: s + where(past band | padding, fill, 0) on a bool
+    vector, or s + where(past band, fill, 0) + vector on an additive one (bias)."""
+    fill = torch.finfo(torch.float16).min  # -65504, the "masking" kind's limit (see the tests above)
+    b = ScoreProgramBuilder()
+    pad, s = b.add("load", value=0), b.add("score")
+    past = b.add("ge", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(1)))
+    if bias:
+        root = b.add("add", b.add("add", s, b.add("where", past, b.const(fill), b.const(0.0))), pad)
+        tensor = ScoreTensor("bias", DTYPE_NAME[dtype], (False, True, True, False))
+    else:
+        root = b.add("add", s, b.add("where", b.add("logical_or", pad, past), b.const(fill), b.const(0.0)))
+        tensor = ScoreTensor("mask", "bool", (False, True, True, False))
+    return AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
+                         score_tensors=(tensor,))
+
+
+def test_visible_program_of_a_key_padding_vector():
+    """spec.visible_spec: the program where the vector and its band keep the key -- the score alone for the padding
+    forms above and Hugging Face's -- and None where it still reads a score tensor (a bias beside the padding)."""
+    for form in ("keep", "hide", "bias", "fill"):
+        assert _padding_spec(form).visible_spec().score_mod == ()
+    for bias in (False, True):
+        spec = _hf_padding_causal_spec(bias=bias)
+        assert spec.key_padding() == (0, "true" if not bias else "fill", "masking", 0)
+        assert spec.visible_spec().score_mod == () and spec.visible_spec().score_tensors == ()
+    b = ScoreProgramBuilder()
+    s = b.add("add", b.add("score"), b.add("load", value=1))
+    root = b.add("where", b.add("logical_not", b.add("load", value=0)), b.const(float("-inf")), s)
+    with_bias = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
+                              score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),
+                                             ScoreTensor("bias", "float32", (True, False, False, False))),
+                              empty_rows="zero")
+    assert with_bias.key_padding() is not None and with_bias.visible_spec() is None
+    assert _padding_spec("keep").mask_blocks() is None and codegen.generate_source(_padding_spec("keep"))
+
+
+def test_the_proven_run_of_visible_keys():
+    """launch._key_range_args' columns 2-3: the first visible key .. one past the last where no key between is
+    hidden and a bias is exactly 0 there (what the full-tile program takes it to be); else empty."""
+    from fuse_attn.kernels.launch import _key_range_args
+
+    N = 97
+    keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # right, left, one key, no key, holes
+    proven = [[0, 40], [70, 97], [50, 51], [0, 0], [0, 0]]
+    mask_spec, bias_spec = _hf_padding_causal_spec(), _hf_padding_causal_spec(bias=True)
+    args = _key_range_args(mask_spec, [~keys[:, None, None, :]], len(keys), N, torch.empty(0))
+    assert args["KEY_FULL"] and args["KEY_BAND"] == 2 and args["KeyRange"][:, 2:].tolist() == proven
+    fill = torch.finfo(torch.float16).min
+    zeros = torch.zeros(keys.shape).masked_fill(~keys, fill)
+    args = _key_range_args(bias_spec, [zeros[:, None, None, :]], len(keys), N, torch.empty(0))
+    assert args["KeyRange"][:, 2:].tolist() == proven
+    # a visible key whose bias is not 0: the run is not proven (the whole program runs on every tile of the row)
+    nonzero = zeros.clone()
+    nonzero[0, 5] = 0.5
+    args = _key_range_args(bias_spec, [nonzero[:, None, None, :]], len(keys), N, torch.empty(0))
+    assert args["KeyRange"][:, 2:].tolist() == [[0, 0]] + proven[1:]
+    assert not _key_range_args(bias_spec, [zeros[:, None, None, :]], len(keys), N, torch.empty(0),
+                               full_tiles=False)["KEY_FULL"]
+
+
+@pytest.mark.parametrize("values", ["zero", "not zero"])
+def test_key_padding_bias_with_any_visible_values_gives_eager(values, monkeypatch):
+    """Hugging Face's padding + causal mask with the padding as an additive vector, whose visible keys hold 0 (the
+    full tiles run the score alone) or other values (no run proven: every tile runs the whole program); both against
+    eager's softmax of the same scores in fp64 (2x rule), the vector's gradient too (it needs one here, so the
+    kernels run no full-tile program in the backward)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    # key 0 visible in every row, so every query keeps a visible key: a query that keeps none adds -65504 to all of
+    # its scores, which leaves its gradients to rounding (the tests above compare those against SDPA's own rounding)
+    rows = [torch.arange(97) < 40, torch.ones(97, dtype=torch.bool), torch.arange(97) < 1,
+            (torch.arange(97) < 90) & (torch.arange(97) % 3 != 1)]
+    Z, H, M, N, D = len(rows), 2, 61, 97, 16
+    spec = _hf_padding_causal_spec(bias=True)
+    keys = torch.stack(rows)
+    g = torch.Generator().manual_seed(0)
+    visible_values = torch.zeros(Z, N) if values == "zero" else torch.randn(Z, N, generator=g)
+    vector = visible_values.masked_fill(~keys, torch.finfo(torch.float16).min)[:, None, None, :]
+    q = torch.randn(Z, H, M, D, generator=g)
+    k, v = (torch.randn(Z, H, N, D, generator=g) for _ in range(2))
+    band = torch.zeros(M, N).masked_fill(~torch.ones(M, N, dtype=torch.bool).tril(), torch.finfo(torch.float16).min)
+
+    def eager(q, k, v, vector):
+        return torch.softmax(q @ k.transpose(-2, -1) * 0.25 + band.to(q.dtype) + vector, -1) @ v
+
+    inputs = [q, k, v, vector]
+    ours_in = [t.clone().requires_grad_() for t in inputs]
+    ref_in = [t.double().requires_grad_() for t in inputs]
+    eag_in = [t.clone().requires_grad_() for t in inputs]
+    out = flash_attention(*ours_in[:3], spec, [ours_in[3]])
+    ref, eag = eager(*ref_in), eager(*eag_in)
+    assert_close_2x("out", out, ref, eag, torch.float32)
+    dout = torch.randn(out.shape, generator=g)
+    for name, a, b, c in zip(("dq", "dk", "dv", "dvector"), torch.autograd.grad(out, ours_in, dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eag, eag_in, dout)):
+        assert_close_2x(name, a, b, c, torch.float32)
+
+
 @pytest.mark.parametrize("form, padding, nan_rows_padding", [
     ("where(~pad, -inf, s)", (0, "false", "-inf", None), (0, "false", "masking", None)),
     ("where(pad, -inf, s)", (0, "true", "-inf", None), (0, "true", "masking", None)),

@@ -535,8 +535,9 @@ def generate_source(spec: AttentionSpec) -> str:
     key = spec.kernel_key()
     template = (TEMPLATE_DIR / TEMPLATE_NAME).read_text()
     code = _score_code(key)
-    # full tiles of a mask classified per call (spec.mask_blocks): the program where the mask hides nothing
-    unmasked = key.unmasked_spec()
+    # full tiles: of a mask classified per call (spec.mask_blocks), the program where the mask hides nothing; of a key
+    # padding vector, the program where the vector and its band keep the key (spec.visible_spec)
+    unmasked = key.unmasked_spec() or key.visible_spec()
     full = _score_code(unmasked) if unmasked is not None and len(unmasked.score_mod) > 1 else _ScoreCode([], [], [], [])
     blocks = {
         "SCORE_MOD": code.forward,

@@ -168,18 +168,26 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
     return placeholder if dropout_seed is None else dropout_seed
 
 
-def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor) -> dict:
-    """``KeyRange``, ``KEY_RANGE`` and ``KEY_BAND`` of the forward, dQ and dK/dV kernels. With a key padding vector
-    (``spec.key_padding``): int32 ``[Z, 2]``, each batch row's range of keys to visit, computed on the device from the
-    vector -- traced into the graph under torch.compile, where Inductor fuses it into one small reduction -- so the
-    kernels skip the key blocks outside. -inf kinds: first visible key .. one past the last (0, 0 for a row with
-    none); the "masking" kind: the same, but from key 0 under a causal mask, and every key for a row with none
-    visible. With a band in the program (``KEY_BAND`` 1 for the -inf kind, 2 for the masking kind) the range is the
-    visible keys' for both, and the kernels narrow it per query block (the band's end; the masking kind only where
-    every row of the block keeps a visible key). Else any tensor fills the parameter (not read)."""
+def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor,
+                    full_tiles: bool = True) -> dict:
+    """``KeyRange``, ``KEY_RANGE``, ``KEY_BAND`` and ``KEY_FULL`` of the forward, dQ and dK/dV kernels. With a key
+    padding vector (``spec.key_padding``): int32 ``[Z, 4]``, per batch row the range of keys to visit and the run of
+    keys proven visible, computed on the device from the vector -- traced into the graph under torch.compile, where
+    Inductor fuses it into one small reduction -- so the kernels skip the key blocks outside the first and run the
+    program of visible keys (``spec.visible_spec``, ``KEY_FULL``) without loading the vector on the tiles inside the
+    second.
+
+    The range: -inf kinds: first visible key .. one past the last (0, 0 for a row with none); the "masking" kind: the
+    same, but from key 0 under a causal mask, and every key for a row with none visible. With a band in the program
+    (``KEY_BAND`` 1 for the -inf kind, 2 for the masking kind) the range is the visible keys' for both, and the
+    kernels narrow it per query block (the band's end; the masking kind only where every row of the block keeps a
+    visible key). The proven run: first visible key .. one past the last where every key between them is visible (no
+    hole) and, for a bias, exactly 0 there (what the visible program takes it to be); else empty, and every tile runs
+    the whole program. ``full_tiles``: False where the vector needs a gradient (it has one in the full tiles too).
+    Without a padding vector any tensor fills the parameter (not read)."""
     padding = spec.key_padding()
     if padding is None:
-        return dict(KeyRange=placeholder, KEY_RANGE=False, KEY_BAND=0)
+        return dict(KeyRange=placeholder, KEY_RANGE=False, KEY_BAND=0, KEY_FULL=False)
     keys = score_tensors[padding.tensor][:, 0, 0, :]  # [Z or 1, N]
     visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf"),
                "fill": lambda: keys > MASKING_FILL_LIMIT}[padding.hidden]()
@@ -187,12 +195,17 @@ def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, 
     positions = torch.arange(1, N + 1, device=keys.device, dtype=torch.int32)
     end = (visible * positions).amax(-1)  # 0 for a row with none
     first = torch.minimum(torch.argmax(visible, -1).to(torch.int32), end)  # argmax: the first maximum; [0, 0) if none
+    exact = visible if keys.dtype == torch.bool else (keys == 0).to(torch.int32)  # where the visible program holds
+    proven = exact.sum(-1, dtype=torch.int32) == end - first
+    full_first, full_end = torch.where(proven, first, 0), torch.where(proven, end, 0)
     band = 0 if padding.band is None else 1 if padding.kind == "-inf" else 2
     if padding.kind == "masking" and not band:
         none_visible = end == 0
         first = torch.zeros_like(first) if spec.causal is not None else torch.where(none_visible, 0, first)
         end = torch.where(none_visible, positions[-1], end)  # N, not as a scalar operand (it may be symbolic)
-    return dict(KeyRange=torch.stack([first, end], -1).expand(Z, 2).contiguous(), KEY_RANGE=True, KEY_BAND=band)
+    key_range = torch.stack([first, end, full_first, full_end], -1).expand(Z, 4).contiguous()
+    return dict(KeyRange=key_range, KEY_RANGE=True, KEY_BAND=band,
+                KEY_FULL=full_tiles and spec.visible_spec() is not None)
 
 
 def mask_blocks_enabled() -> bool:
@@ -621,8 +634,10 @@ class _BackwardBuffers:
         self.dbias = {i: torch.zeros(t.shape, dtype=torch.float32, device=q.device)
                       for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
                       if st.role == "bias" and need}
-        self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse)
-        # a mask that needs a gradient has one in its full tiles too: no summary then
+        # a mask that needs a gradient has one in its full tiles too: no visible program, no summary then
+        padding = spec.key_padding()
+        self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse,
+                                         full_tiles=padding is None or padding.tensor not in self.dbias)
         summarized = spec.mask_blocks()
         self.mask_blocks = _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse,
                                        summarize=summarized is None or summarized.tensor not in self.dbias)

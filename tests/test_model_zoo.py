@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+import fuse_attn
 from fuse_attn.report import collect_reports
 
 transformers = pytest.importorskip("transformers")
@@ -229,3 +230,28 @@ def test_output_attentions_keeps_the_weights_path_and_stays_right():
     torch.testing.assert_close(out.last_hidden_state, expected.last_hidden_state)
     for got, want in zip(out.attentions, expected.attentions):
         torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("attention", ["eager", "sdpa"])
+@pytest.mark.parametrize("name", ["bert-padding", "llama-padding"])
+def test_padding_masks_run_the_bare_score_on_full_tiles(name, attention):
+    """Hugging Face's padding masks, as BERT (padding alone) and LLaMA (padding + causal in one mask) build them with
+    either attention: every attention's spec names the padding vector, and its program where the vector (and the
+    band) keep the key is the score alone -- what the kernels run, without loading the vector, on the tiles inside
+    a batch row's run of visible keys (``spec.visible_spec``)."""
+    if name == "bert-padding":
+        model_cls, config, inputs, layers = bert()
+    else:
+        config = decoder(T.LlamaConfig, num_key_value_heads=2)
+        padding = torch.ones(2, SEQ, dtype=torch.long)
+        padding[1, 6:] = 0
+        model_cls, inputs, layers = T.LlamaModel, dict(input_ids=ids(), attention_mask=padding), LAYERS
+    config._attn_implementation = attention
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    with torch.no_grad():
+        report = fuse_attn.explain(model_cls(config).eval(), **inputs)
+    assert len(report.fused) == layers, str(report)
+    for verdict in report.fused:
+        assert verdict.spec.key_padding() is not None, verdict.line()
+        assert verdict.spec.visible_spec().score_mod == (), verdict.line()

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fuse_attn.kernels import codegen, flash_attention, flash_decoding, reference_attention
-from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
 from test_kernels import DTYPE_NAME, alibi, assert_close_2x, index_leaves, make_case
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
@@ -145,6 +145,53 @@ def test_padding_mask_empties_whole_splits():
     split_out, split_lse, _, lse_part = flash_decoding.split_reference(q.double(), k.double(), v.double(), [mask], spec, bounds)
     assert torch.isneginf(lse_part[0, :, :, :2]).all() and not torch.isneginf(lse_part[1]).any()
     assert torch.allclose(split_out, ref) and torch.allclose(split_lse, ref_lse.double())
+
+
+@needs_interpreter
+@pytest.mark.parametrize("form", ["keep", "band + fill"])
+@pytest.mark.parametrize("M", [1, 2])
+def test_left_padded_cache_is_not_read(form, M):
+    """A KV cache of 97 keys whose batch rows are left-padded by 70, 40 and 0 keys, or hold one key (or none, for
+    SDPA's form): SDPA's bool padding (rows of no key give 0), or Hugging Face's eager padding + causal mask, the band
+    in the program at a finfo.min-style fill (-65504). K and V hold NaN in the 16-key blocks (the interpreter's BLOCK_N) before each
+    row's first visible key -- for the fill form only in rows whose queries all keep a visible key -- which a read
+    block would spread into the output: the result must be the fp64 reference's, output and lse (2x rule)."""
+    H, N, D, gqa = 4, 97, 16, 2
+    rows = [torch.arange(N) >= 70, torch.arange(N) >= 40, torch.ones(N, dtype=torch.bool), torch.arange(N) == 50]
+    if form == "keep":  # (the fill form's row of no key is uniform over -65504 + s, its result made by rounding)
+        rows.append(torch.zeros(N, dtype=torch.bool))
+    keys = torch.stack(rows)
+    Z = len(keys)
+    fill = torch.finfo(torch.float16).min
+    b = ScoreProgramBuilder()
+    pad, s = b.add("load", value=0), b.add("score")
+    if form == "keep":
+        root = b.add("where", pad, s, b.const(float("-inf")))
+    else:  # the last query sees every key: the band kv_idx <= q_idx + N - M
+        band = b.add("le", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(N - M)))
+        root = b.add("add", s, b.add("where", b.add("logical_and", band, pad), b.const(0.0), b.const(fill)))
+    spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_mod=b.program(root),
+                         score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),), gqa_group=gqa,
+                         empty_rows="zero" if form == "keep" else "nan")
+    assert spec.key_padding() is not None
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(Z, H, M, D, generator=g)
+    k, v = (torch.randn(Z, H // gqa, N, D, generator=g) for _ in range(2))
+    k_nan, v_nan = k.clone(), v.clone()
+    for z in range(Z):
+        hit = keys[z].nonzero()
+        if len(hit):  # every row keeps a visible key (the fill form's band reaches the first one from query 0)
+            unread = int(hit[0]) // 16 * 16
+            k_nan[z, :, :unread] = float("nan")
+            v_nan[z, :, :unread] = float("nan")
+    assert k_nan.isnan().any()
+    mask = keys[:, None, None, :]
+    out, lse = flash_decoding.triton_forward(q, k_nan, v_nan, [mask], spec, 4)
+    ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [mask], spec)
+    eager, eager_lse = reference_attention(q, k, v, [mask], spec)
+    assert not out.isnan().any()
+    assert_close_2x("out", out, ref, eager, torch.float32)
+    assert_lse_close(lse, ref_lse, eager_lse, torch.float32)
 
 
 # ---- the dispatch rule ---------------------------------------------------------------------------------------------

@@ -30,8 +30,8 @@ from torch import Tensor
 
 from ..spec import AttentionSpec
 from . import autotune, codegen
-from .launch import (_choose, _common, _pow2_at_least_16, _random_like, _score_kwargs, _strides, hint,
-                     launch, triton_cdiv)
+from .launch import (_choose, _common, _key_range_args, _pow2_at_least_16, _random_like, _score_kwargs, _strides,
+                     hint, launch, triton_cdiv)
 from .reference import _causal_visible, _score_mod
 
 log = logging.getLogger("fuse_attn.kernels.flash_decoding")
@@ -153,9 +153,12 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
     out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((Z * H * M, launched), dtype=torch.float32, device=q.device)
+    # a key padding vector's range per batch row (the split kernel runs the whole program on every tile it reads)
+    key_range = {name: value for name, value in _key_range_args(spec, score_tensors, Z, N, lse_part).items()
+                 if name != "KEY_FULL"}
     args = dict(Q=q, K=k, V=v, OutPart=out_part, LsePart=lse_part, **_score_kwargs(score_tensors), **_strides("q", q),
                 **_strides("k", k), **_strides("v", v), kv_lo=lo, kv_hi=kv_hi, chunk=chunk, num_splits=launched,
-                **common, BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n)
+                **key_range, **common, BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n)
     launch(mod._decode_split, (launched, Z * (H // spec.gqa_group)), args, cfg, warmup)
     return out_part, lse_part
 

@@ -465,6 +465,8 @@ class AttentionSpec:
             return None
         return dataclasses.replace(self, score_mod=subprogram(self.score_mod, summarized.unmasked), score_tensors=())
 
+    # memoized: the launchers read it for every launch (launch._key_range_args)
+    @functools.lru_cache(maxsize=1024)
     def visible_spec(self) -> Optional["AttentionSpec"]:
         """With :meth:`key_padding` (and no :meth:`mask_blocks`): this spec with the score program where the padding
         vector keeps the key -- a bool vector at its visible value, a bias at exactly 0 -- and, with a band, where the

@@ -173,7 +173,7 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
 def _backward_candidates(shapes, wide_configs, block_d, block_dv, elem, smem_limit, resident_is_n: bool,
                          stages_axis=_STAGES) -> list[KernelConfig]:
     if max(block_d, block_dv) > _WIDE_HEAD:
-        tiles = [(bm, bn, warps) for bm, bn, warps in wide_configs]
+        tiles = wide_configs
     else:  # as in the forward: >= 16 resident rows per warp
         tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
     out = []

@@ -6,6 +6,7 @@ eager_same_dtype is the naive reference run in the input dtype. The Triton kerne
 """
 
 import dataclasses
+import functools
 import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere (as conftest.py does)
@@ -188,6 +189,8 @@ CASES = {
     "m130_n130_causal_d128": dict(M=130, N=130, D=128, H=1, causal=CausalMask()),
     "bias_1HMN": dict(M=33, N=47, D=16, bias=(1, 2, 33, 47)),
     "bias_Z11N_causal": dict(Z=2, M=40, N=40, D=16, bias=(2, 1, 1, 40), causal=CausalMask()),
+    # a learned bias shared by the batch rows: their programs are launched side by side (BATCH_INNER)
+    "bias_1HMN_z3_causal": dict(Z=3, M=50, N=50, D=16, bias=(1, 2, 50, 50), causal=CausalMask()),
     "mask_and_bias_gqa2": dict(H=4, M=29, N=37, D=16, gqa=2, bias=(1, 4, 1, 37), mask=(2, 1, 29, 37), Z=2),
     "gqa2_causal_dv_differs": dict(H=4, M=23, N=31, D=16, DV=32, gqa=2, causal=CausalMask(2, "bottom_right")),
     "scale_mod_bias_M1": dict(M=19, N=21, D=16, scale_op=0.5, bias=(1, 1, 19, 1)),
@@ -557,6 +560,17 @@ def test_generated_fast_paths():
     assert "tl.where(tile_mask, ds, 0.0)" not in capped  # no padding guard: every derivative is finite there
     unread = generated_source(make_case(biases=((1, 2, 17, 17),), program=lambda b, s, t: t[0])[4])
     assert "ds = tl.zeros_like(ds)" in unread
+
+
+def test_batch_rows_side_by_side_only_for_tensors_the_batch_shares():
+    # BATCH_INNER orders the grid so the batch rows' programs read a shared [.., M, N] tile together; a tensor
+    # per batch row, or one without a query and a key extent, keeps each head's blocks together
+    from fuse_attn.kernels.launch import _common
+    for shapes, expected in ((((1, 2, 17, 17),), True), (((1, 1, 17, 17),), True), (((3, 2, 17, 17),), False),
+                             (((3, 1, 1, 17),), False), (((1, 2, 1, 1), (1, 2, 17, 1)), False), ((), False)):
+        q, k, v, _, spec = make_case(Z=3, biases=shapes, program=lambda b, s, t: functools.reduce(
+            lambda x, load: b.add("add", x, load), t, s))
+        assert _common(q, k, v, spec)["BATCH_INNER"] is expected, shapes
 
 
 def test_padding_guard_for_unbounded_derivatives():

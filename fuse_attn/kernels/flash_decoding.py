@@ -147,8 +147,10 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     ``_common`` of these q, k, v."""
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
-    # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf)
-    common = {name: value for name, value in common.items() if name not in ("DROPOUT", "dropout_p", "ZERO_EMPTY_ROWS")}
+    # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf); the
+    # split grid is its own (splits, batch x kv heads)
+    common = {name: value for name, value in common.items()
+              if name not in ("DROPOUT", "dropout_p", "ZERO_EMPTY_ROWS", "Z", "BATCH_INNER")}
     kv_lo, kv_hi = visible_key_range(spec, M, N)
     lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
     out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)

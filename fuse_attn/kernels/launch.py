@@ -148,7 +148,7 @@ def _common(q, k, v, spec) -> dict:
     padding = spec.key_padding()
     return dict(
         Z=Z, H=H, M=M, N=N,
-        # (the template's _block_and_batch) a score tensor read per (query, key) pair that is the same for every
+        # (the template's _block_batch_head) a score tensor read per (query, key) pair that is the same for every
         # batch row: its tile is read by the batch rows' programs side by side
         BATCH_INNER=any(t.broadcast[0] and not t.broadcast[2] and not t.broadcast[3] for t in spec.score_tensors),
         # the causal band's offset: the spec's, or that of a band written into the program with a key padding vector
@@ -164,6 +164,11 @@ def _common(q, k, v, spec) -> dict:
         DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,
         ZERO_EMPTY_ROWS=spec.empty_rows == "zero",
     )
+
+
+def _grid(blocks, Z, heads, common: dict) -> tuple:
+    """The kernels' grid over (blocks, batch rows, heads), in the order the template's _block_batch_head reads."""
+    return (blocks * Z, heads) if common["BATCH_INNER"] else (blocks, Z * heads)
 
 
 def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
@@ -560,7 +565,7 @@ def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out,
                 **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
-    launch(mod._attn_fwd, (triton_cdiv(M, cfg.block_m) * Z, H), args, cfg, warmup)
+    launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H, common), args, cfg, warmup)
 
 
 def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -682,21 +687,21 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     def dq():
         cfg = cfgs["bwd_dq"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
-        launch(mod._attn_bwd_dq, (triton_cdiv(M, cfg.block_m) * Z, H),
+        launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H, common),
                dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
                     **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
-        launch(mod._attn_bwd_dkdv, (triton_cdiv(N, cfg.block_n) * Z, H // spec.gqa_group),
+        launch(mod._attn_bwd_dkdv, _grid(triton_cdiv(N, cfg.block_n), Z, H // spec.gqa_group, common),
                dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
 
     def preprocess():  # delta = rowsum(dO * O)
-        launch(mod._attn_bwd_preprocess, (triton_cdiv(M, autotune.PREPROCESS_BLOCK_M) * Z, H),
-               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), Z=Z, H=H, M=M,
+        launch(mod._attn_bwd_preprocess, (triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H),
+               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), H=H, M=M,
                     DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
 
     steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}

@@ -1,8 +1,9 @@
 """Model-level benchmark: Hugging Face models built from configs (random weights), a training step and an inference
 forward, with the attention compiled five ways. Models: ``gpt2`` and ``llama`` (4-layer decoders, below),
 ``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3),
-``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4) and ``mistral-window`` (the ``llama`` decoder's
-sizes as a Mistral with a sliding window of N/4).
+``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4), ``mistral-window`` (the ``llama`` decoder's
+sizes as a Mistral with a sliding window of N/4) and ``t5`` (T5-small's encoder-decoder, whose relative position bias
+is one learned ``[1, H, N, N]`` tensor shared by the batch; input ids also as decoder input ids).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -93,7 +94,7 @@ FUSED_VARIANTS = [name for name, (_, backend, _) in VARIANTS.items() if backend 
 # (ours, the other): the speed-up columns of the table
 RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
           ("sdpa+fuse_attn:triton", "sdpa+inductor")]
-MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window"]
+MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window", "t5"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
@@ -103,7 +104,7 @@ COMPILE_COLUMNS = ["model", "B", "N", "variant", "caches", "first_step_s", "fuse
 
 
 def model_and_config(name, attention, tiny, length):
-    """A decoder of ``name`` with ``attention`` ("eager" / "sdpa"), random weights, dropout off, no KV cache.
+    """A model of ``name`` with ``attention`` ("eager" / "sdpa"), random weights, dropout off, no KV cache.
 
     GPT-2: GPT-2 medium's width (1024, 16 heads of 64) with 4 layers. LLaMA: TinyLlama-1.1B's hidden and MLP
     sizes (2048, 5632) with LLaMA's head dim (16 heads of 128), 8 kv heads (GQA 2), 4 layers. Tiny: the model-zoo
@@ -133,6 +134,11 @@ def model_and_config(name, attention, tiny, length):
         config = T.MistralConfig(**_llama_sizes(tiny), max_position_embeddings=length, sliding_window=length // 4,
                                  attention_dropout=0.0, use_cache=False)
         model_cls = T.MistralForCausalLM
+    elif name == "t5":  # T5-small: width 512, 8 heads of 64, 6 encoder and 6 decoder layers
+        size = (dict(d_model=32, d_kv=8, d_ff=64, num_heads=4, num_layers=2, vocab_size=64) if tiny else
+                dict(d_model=512, d_kv=64, d_ff=2048, num_heads=8, num_layers=6))
+        config = T.T5Config(**size, dropout_rate=0.0, use_cache=False)
+        model_cls = T.T5ForConditionalGeneration
     elif name == "gpt2":
         size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=1024, n_head=16, n_layer=4)
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
@@ -165,10 +171,13 @@ def build(name, attention, tiny, length, device, dtype, train):
 
 
 def make_inputs(name, vocab, batch, length, device) -> dict:
-    """Random input ids; for "bert-padded" also the attention mask of a padded batch: the sequences' lengths
-    cycle through N, 3N/4, N/2, N/3 (the padding the model's mask utilities turn into an additive mask)."""
+    """Random input ids (for "t5" also as the decoder's); for "bert-padded" also the attention mask of a padded batch:
+    the sequences' lengths cycle through N, 3N/4, N/2, N/3 (the padding the model's mask utilities turn into an
+    additive mask)."""
     gen = torch.Generator(device).manual_seed(0)
     inputs = {"input_ids": torch.randint(0, vocab, (batch, length), device=device, generator=gen)}
+    if name == "t5":  # an encoder-decoder: the decoder reads the same ids (teacher forcing on the labels)
+        inputs["decoder_input_ids"] = inputs["input_ids"]
     if name == "bert-padded":
         lengths = torch.tensor([(length, 3 * length // 4, length // 2, length // 3)[i % 4] for i in range(batch)],
                                device=device)

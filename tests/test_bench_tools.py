@@ -45,19 +45,23 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
     # TRITON_INTERPRET=0: the fused op takes its plain-PyTorch CPU path (the interpreter would be far slower)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gpt2", "bert-padded", "mistral-window", "--modes", "infer", "--variants", "fuse_attn", "sdpa+fuse_attn",
+               "--models", "gpt2", "bert-padded", "mistral-window", "t5", "--modes", "infer", "--variants", "fuse_attn",
+               "sdpa+fuse_attn",
                "--out", str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table_rows(done.stdout)
     assert [(row["model"], row["mode"]) for row in rows] == [("gpt2", "infer"), ("bert-padded", "infer"),
-                                                                ("mistral-window", "infer")], done.stdout
+                                                                ("mistral-window", "infer"), ("t5", "infer")], done.stdout
     # bert-padded: its padding mask, built in the graph from the attention mask input, fused too; mistral-window:
-    # the sliding-window mask the model builds for SDPA
+    # the sliding-window mask the model builds for SDPA; t5: three attentions a layer (the encoder's, and the
+    # decoder's self- and cross-attention), the self-attentions with the position bias
+    per_layer = {"t5": 3}
     for row in rows:
-        assert int(row["fused"]) == int(row["sdpa fused"]) == int(row["layers"]) > 0, done.stdout
+        expected = per_layer.get(row["model"], 1) * int(row["layers"])
+        assert int(row["fused"]) == int(row["sdpa fused"]) == expected > 0, done.stdout
         assert float(row["fuse_attn tok/s"].replace(",", "")) > 0 and float(row["sdpa+fuse_attn tok/s"].replace(",", "")) > 0
-    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 7  # header and the six cells
+    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 9  # header and the eight cells
 
 
 def test_bench_decode_tiny_on_cpu(tmp_path):

@@ -280,3 +280,38 @@ def test_padded_keys_are_skipped_under_dynamic_lengths(target, form):
     assert counter.frame_count == 1
     fused_once(reports)
     assert "padded keys skipped" in reports[0].verdicts[0].line(), reports[0].verdicts[0].line()
+
+
+class LearnedBiasAttention(torch.nn.Module):
+    """Self-attention with a learned [1, heads, length, length] bias that every batch row shares (T5's and Swin's
+    position biases are such tensors)."""
+
+    def __init__(self, width=32, heads=2, length=17):
+        super().__init__()
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.bias = torch.nn.Parameter(torch.randn(1, heads, length, length))
+        self.heads = heads
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in self.qkv(x).split(C, 2))
+        w = q @ k.transpose(-1, -2) * (C // self.heads) ** -0.5 + self.bias
+        return (torch.softmax(w, -1) @ v).transpose(1, 2).reshape(B, T, C)
+
+
+def test_a_bias_the_batch_shares_under_a_symbolic_batch(target):
+    """A learned bias broadcast over the batch runs the grid with the batch rows side by side (BATCH_INNER), whose
+    program ids divide by the batch size: with a symbolic batch, one compile serves batches 2, 3 and 5, output and
+    gradients (the bias's accumulated over the batch) right under the 2x rule."""
+    device, dtype = target
+    torch.manual_seed(7)
+    models = Models(LearnedBiasAttention(), device, dtype)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("fuse_attn")
+    compiled = torch.compile(models.ours, backend=counter)
+    with collect_reports() as reports:
+        for batch in (2, 3, 5):
+            models.check(compiled, torch.randn(batch, 17, 32), train=True, mark_dims=(0,), what=f"at batch {batch}")
+    assert counter.frame_count == 1
+    fused_once(reports)
+    assert [t.broadcast for t in reports[0].verdicts[0].spec.score_tensors] == [(True, False, False, False)]

@@ -573,6 +573,27 @@ def test_batch_rows_side_by_side_only_for_tensors_the_batch_shares():
         assert _common(q, k, v, spec)["BATCH_INNER"] is expected, shapes
 
 
+@pytest.mark.parametrize("bias", [None, (1, 16, 16, 16)], ids=["plain", "batch-shared bias"])
+def test_grids_past_65535_batch_rows_times_heads(bias, monkeypatch):
+    # CUDA's second and third grid dimensions stop at 65535: the kernels' grids are one dimension over blocks, batch
+    # rows and heads, so 4400 batch rows of 16 heads (70,400 pairs: short sequences served in a large batch) launch
+    from fuse_attn.kernels import launch
+    Z, H, L = 4400, 16, 16
+    # fp16: the backward with the preprocess (fp32 takes the exact delta in the dQ kernel instead)
+    q, k, v, tensors, spec = make_case(Z=Z, H=H, M=L, N=L, D=16, bias=bias, causal=CausalMask(), dtype=torch.float16)
+    grids = []
+    monkeypatch.setattr(launch, "launch", lambda kernel, grid, args, cfg=None, warmup=False: grids.append(
+        (kernel.fn.__name__, grid, args)))
+    launch.triton_forward(q, k, v, tensors, spec, None)
+    launch.triton_backward(torch.randn_like(q), q, k, v, tensors, torch.empty_like(q), torch.empty(q.shape[:3]), spec,
+                           [t.requires_grad for t in tensors], None)
+    assert {name for name, _, _ in grids} == {"_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dq", "_attn_bwd_dkdv"}
+    for name, grid, args in grids:
+        block = args["BLOCK_N"] if name == "_attn_bwd_dkdv" else args["BLOCK_M"]
+        assert grid == (math.ceil(L / block) * Z * H,), (name, grid)
+        assert args.get("BATCH_INNER", False) is (bias is not None and name != "_attn_bwd_preprocess")
+
+
 def test_padding_guard_for_unbounded_derivatives():
     # log / sqrt / division by a loaded value: their derivatives are infinite on out-of-bounds elements (loads
     # give 0 there), so masked tiles zero the adjoints outside the tensor before dk / dq / d(bias) sum them.

@@ -148,7 +148,7 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
     # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf); the
-    # split grid is its own (splits, batch x kv heads)
+    # split grid is its own (splits x batch x kv heads)
     common = {name: value for name, value in common.items()
               if name not in ("DROPOUT", "dropout_p", "ZERO_EMPTY_ROWS", "Z", "BATCH_INNER")}
     kv_lo, kv_hi = visible_key_range(spec, M, N)
@@ -161,7 +161,7 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     args = dict(Q=q, K=k, V=v, OutPart=out_part, LsePart=lse_part, **_score_kwargs(score_tensors), **_strides("q", q),
                 **_strides("k", k), **_strides("v", v), kv_lo=lo, kv_hi=kv_hi, chunk=chunk, num_splits=launched,
                 **key_range, **common, BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n)
-    launch(mod._decode_split, (launched, Z * (H // spec.gqa_group)), args, cfg, warmup)
+    launch(mod._decode_split, (launched * Z * (H // spec.gqa_group),), args, cfg, warmup)
     return out_part, lse_part
 
 

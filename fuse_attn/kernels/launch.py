@@ -166,9 +166,10 @@ def _common(q, k, v, spec) -> dict:
     )
 
 
-def _grid(blocks, Z, heads, common: dict) -> tuple:
-    """The kernels' grid over (blocks, batch rows, heads), in the order the template's _block_batch_head reads."""
-    return (blocks * Z, heads) if common["BATCH_INNER"] else (blocks, Z * heads)
+def _grid(blocks, Z, heads) -> tuple:
+    """The kernels' grid: one dimension over (blocks, batch rows, heads), which the template's _block_batch_head
+    reads in the order its BATCH_INNER says."""
+    return (blocks * Z * heads,)
 
 
 def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
@@ -565,7 +566,7 @@ def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out,
                 **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
                 **_blocks(cfg))
-    launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H, common), args, cfg, warmup)
+    launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H), args, cfg, warmup)
 
 
 def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -687,21 +688,21 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     def dq():
         cfg = cfgs["bwd_dq"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
-        launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H, common),
+        launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
                dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
                     **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
-        launch(mod._attn_bwd_dkdv, _grid(triton_cdiv(N, cfg.block_n), Z, H // spec.gqa_group, common),
+        launch(mod._attn_bwd_dkdv, _grid(triton_cdiv(N, cfg.block_n), Z, H // spec.gqa_group),
                dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
 
     def preprocess():  # delta = rowsum(dO * O)
-        launch(mod._attn_bwd_preprocess, (triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z * H),
-               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), H=H, M=M,
+        launch(mod._attn_bwd_preprocess, _grid(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z, H),
+               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), Z=Z, H=H, M=M,
                     DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
 
     steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}

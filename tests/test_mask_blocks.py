@@ -112,12 +112,19 @@ def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, g
     lists, counts = args["BlockList"], args["BlockCounts"]
     for z in range(3):
         for r in range(classes.shape[1]):
-            n_full, n_partial = counts[z, r].tolist()
+            n_run, n_rest = counts[z, r].tolist()
             row = classes[z, r]
-            assert n_full == int((row == 0).sum()) and n_partial == int((row == 1).sum())
+            n_full, n_partial = int((row == 0).sum()), int((row == 1).sum())
             listed = lists[z, r].tolist()
             assert sorted(listed) == list(range(len(row)))
             assert [int(row[c]) for c in listed] == sorted(row.tolist())  # full, then partial, then empty
+            # the kernels visit the first run of consecutive full blocks as a range, the other full blocks with the
+            # partial ones: the run is the longest prefix of the (ascending) full entries without a gap
+            full = listed[:n_full]
+            assert full == sorted(full) and n_run + n_rest == n_full + n_partial
+            assert full[:n_run] == list(range(full[0], full[0] + n_run)) if n_full else n_run == 0
+            assert n_run == n_full or full[n_run] != full[0] + n_run
+
     # the fully padded batch row (length 0) keeps no visible key anywhere: nothing of it is skipped
     assert int((classes[2] == 2).sum()) == 0
 
@@ -143,6 +150,23 @@ def test_results_are_those_of_the_whole_computation(name, mask, dtype, monkeypat
         # differences: "Rows masked entirely with finfo.min"); this also runs the listed row-statistics pass
         monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
     q, k, v, tensors, spec = mask_case(mask, Z=mask.shape[0] if mask.shape[0] > 1 else 2, dtype=dtype)
+    run_and_check(q, k, v, tensors, spec, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_tiles_after_a_gap_run_with_the_predicate(dtype):
+    # hidden keys 40-42 split every query block's full tiles (and a bias patch a key block's full query blocks): the
+    # first run of full tiles is visited as a range of blocks, the full tiles after the gap through the list, with
+    # the predicate, as partial ones are
+    mask = torch.zeros(2, 1, 70, 97)
+    mask[:, :, :, 40:43] = FMIN
+    mask[1, :, 20:26, 70:75] = 2.0
+    q, k, v, tensors, spec = mask_case(mask, dtype=dtype)
+    for rows, cols, key_major in ((32, 16, False), (16, 32, True)):  # the interpreter's forward / dQ and dK/dV tiles
+        args = launch._mask_block_args(launch._mask_granules(spec, tensors, 97, 16), 70, 97, rows, cols, key_major, q)
+        classes = classify(mask, rows, cols)
+        n_full = (classes.transpose(1, 2) if key_major else classes).eq(0).sum(-1)
+        assert int(args["BlockCounts"][..., 0].sum()) < int(n_full.sum()), (rows, cols)
     run_and_check(q, k, v, tensors, spec, dtype)
 
 

@@ -264,9 +264,13 @@ def _mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: i
     queries by ``cols`` keys (a multiple of the granule), from a mask's granules (None: no block lists). Each tile is
     full (nothing hidden, nothing changed), empty (every entry hidden, and every row of its query block keeping a
     visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
-    lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones,
-    ``[Zm, R, C]``, and the counts of full and partial ones, ``[Zm, R, 2]`` (stride 0 on ``Zm`` when 1). A tile with
-    positions past M or N is never full (its predicate must run) and is empty when its real part is."""
+    lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, each class in
+    ascending order, ``[Zm, R, C]``; and ``[Zm, R, 2]`` counts (stride 0 on ``Zm`` when 1): the first run of
+    consecutive full blocks, which the kernels visit as a range of blocks (the next tile's address is then no load:
+    with the index read from the list per tile, 3 pipeline stages slowed the forward 1.6x on an H100, BENCHMARKS.md
+    2026-11-26 fifth session), and the entries after it that are not empty -- the other full blocks, run with the
+    predicate like the partial ones. A tile with positions past M or N is never full (its predicate must run) and is
+    empty when its real part is."""
     if granules is None:
         return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
                     MASK_BLOCKS=False)
@@ -284,7 +288,11 @@ def _mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: i
     if key_major:
         classes = classes.transpose(1, 2)
     lists = torch.argsort(classes, dim=-1, stable=True).to(torch.int32).contiguous()
-    counts = torch.stack([(classes == _FULL).sum(-1), (classes == _PARTIAL).sum(-1)], -1).to(torch.int32).contiguous()
+    n_full, n_partial = (classes == _FULL).sum(-1), (classes == _PARTIAL).sum(-1)
+    # the full entries ascend without repeats, so entry p is in the first run iff it is the run's start + p
+    step = torch.arange(lists.shape[-1], device=lists.device, dtype=torch.int32)
+    n_run = ((lists - step == lists[..., :1]) & (step < n_full[..., None])).sum(-1)
+    counts = torch.stack([n_run, n_full - n_run + n_partial], -1).to(torch.int32).contiguous()
     batched = hidden.shape[0] != 1
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)

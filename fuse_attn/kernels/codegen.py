@@ -65,7 +65,7 @@ TEMPLATE_NAME = "flash_attention.py.tmpl"
 # The split-K decode kernels (fuse_attn/kernels/flash_decoding.py), and the definitions of the forward template
 # they share (copied into their source, so that one generated module holds everything its kernels call).
 DECODING_TEMPLATE_NAME = "flash_decoding.py.tmpl"
-DECODING_SHARED = ("LOG2E", "LN2", "FLT_MAX", "_dot", "_to_log2", "_key_range", "_full_key_range",
+DECODING_SHARED = ("LOG2E", "LN2", "FLT_MAX", "_dot", "_to_log2", "_block_batch_head", "_key_range", "_full_key_range",
                    "_clamp_to_key_range", "_visible_tile", "_mask_tile")
 _DIMS = ("z", "h", "m", "n")
 LOG2E = math.log2(math.e)

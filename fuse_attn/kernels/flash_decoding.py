@@ -30,8 +30,8 @@ from torch import Tensor
 
 from ..spec import AttentionSpec
 from . import autotune, codegen
-from .launch import (_choose, _common, _key_range_args, _pow2_at_least_16, _random_like, _score_kwargs, _strides,
-                     hint, launch, triton_cdiv)
+from .launch import (_choose, _common, _grid, _key_range_args, _pow2_at_least_16, _random_like, _score_kwargs,
+                     _strides, hint, launch, triton_cdiv)
 from .reference import _causal_visible, _score_mod
 
 log = logging.getLogger("fuse_attn.kernels.flash_decoding")
@@ -147,10 +147,10 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     ``_common`` of these q, k, v."""
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
-    # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf); the
-    # split grid is its own (splits x batch x kv heads)
+    # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf); no
+    # score tile is shared by the batch rows' splits
     common = {name: value for name, value in common.items()
-              if name not in ("DROPOUT", "dropout_p", "ZERO_EMPTY_ROWS", "Z", "BATCH_INNER")}
+              if name not in ("DROPOUT", "dropout_p", "ZERO_EMPTY_ROWS", "BATCH_INNER")}
     kv_lo, kv_hi = visible_key_range(spec, M, N)
     lo, chunk, launched = _split_range(kv_lo, kv_hi, splits, cfg.block_n)
     out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
@@ -161,7 +161,7 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     args = dict(Q=q, K=k, V=v, OutPart=out_part, LsePart=lse_part, **_score_kwargs(score_tensors), **_strides("q", q),
                 **_strides("k", k), **_strides("v", v), kv_lo=lo, kv_hi=kv_hi, chunk=chunk, num_splits=launched,
                 **key_range, **common, BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n)
-    launch(mod._decode_split, (launched * Z * (H // spec.gqa_group),), args, cfg, warmup)
+    launch(mod._decode_split, _grid(launched, Z, H // spec.gqa_group), args, cfg, warmup)
     return out_part, lse_part
 
 

@@ -635,6 +635,9 @@ def _uses_exact_delta(q: Tensor) -> bool:
     return q.dtype == torch.float32 or exact_delta_forced()
 
 
+_MIN_ROW_BLOCK = 16
+
+
 class _BackwardBuffers:
     """The backward's outputs and scratch for one set of inputs: dq, dk, dv, delta, the row statistics of the
     exact delta, the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics), and the
@@ -645,6 +648,10 @@ class _BackwardBuffers:
         self.dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
         self.dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
         self.delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        # one int32 flag per block of forward rows whose lse is not finite, written by the backward's first kernel
+        # for the dK/dV kernel; sized for blocks of 16 rows, the smallest row block of any kernel (tl.dot's minimum)
+        self.lse_flags = torch.empty(lse.shape[0] * lse.shape[1] * triton_cdiv(lse.shape[2], _MIN_ROW_BLOCK),
+                                     dtype=torch.int32, device=q.device)
         # the row statistics the dQ kernel stores for the dK/dV kernel (log2-unit row max, 1 / row sum); not read
         # without the exact delta, when any pointer fills the parameters
         self.row_max, self.row_scale = (torch.empty_like(lse), torch.empty_like(lse)) if exact_delta else (lse, lse)
@@ -670,6 +677,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     Z, H, M, _ = q.shape
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
+                LseFlags=bufs.lse_flags,
                 EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **bufs.key_range,
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
@@ -702,16 +710,19 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
+        # the lse flags' rows per block: the preprocess's, or with the exact delta the dQ kernel's (launched first)
+        flag_rows = cfgs["bwd_dq"].block_m if exact_delta else autotune.PREPROCESS_BLOCK_M
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
         launch(mod._attn_bwd_dkdv, _grid(triton_cdiv(N, cfg.block_n), Z, H // spec.gqa_group),
-               dict(base, DK=bufs.dk, DVout=bufs.dv, **dscore, **kv_needs, **blocks,
+               dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
 
     def preprocess():  # delta = rowsum(dO * O)
         launch(mod._attn_bwd_preprocess, _grid(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z, H),
-               dict(Out=out, DO=dout, Delta=bufs.delta, **lse_grad, **_strides("o", out), **_strides("do", dout), Z=Z, H=H, M=M,
-                    DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M, BLOCK_DV=common["BLOCK_DV"]))
+               dict(Out=out, DO=dout, Delta=bufs.delta, Lse=lse, LseFlags=bufs.lse_flags, **lse_grad, **_strides("o", out),
+                    **_strides("do", dout), Z=Z, H=H, M=M, DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M,
+                    BLOCK_DV=common["BLOCK_DV"], ZERO_EMPTY_ROWS=common["ZERO_EMPTY_ROWS"]))
 
     steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}
     for step in order:

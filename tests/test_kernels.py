@@ -594,6 +594,43 @@ def test_grids_past_65535_batch_rows_times_heads(bias, monkeypatch):
         assert args.get("BATCH_INNER", False) is (bias is not None and name != "_attn_bwd_preprocess")
 
 
+# the generated module's _block_batch_head, for _program_order (the interpreter resolves globals at call time)
+_block_batch_head = None
+
+
+@triton.jit
+def _program_order(Out, blocks, H, Z, head_group, REVERSED: tl.constexpr, BATCH_INNER: tl.constexpr):
+    block, off_z, off_h = _block_batch_head(blocks, H, Z, REVERSED, BATCH_INNER, head_group)
+    pid = tl.program_id(0)
+    tl.store(Out + pid * 3, block)
+    tl.store(Out + pid * 3 + 1, off_z.to(tl.int32))
+    tl.store(Out + pid * 3 + 2, off_h.to(tl.int32))
+
+
+@pytest.mark.parametrize("blocks, Z, H, head_group", [(5, 3, 2, 4), (3, 2, 7, 4), (4, 1, 3, 8), (2, 3, 2, 1), (6, 2, 3, 6)])
+@pytest.mark.parametrize("reversed_, batch_inner", [(False, False), (True, False), (False, True)])
+def test_program_order_visits_every_block_batch_row_and_head_once(blocks, Z, H, head_group, reversed_, batch_inner,
+                                                                  monkeypatch):
+    # _block_batch_head maps the one-dimensional grid onto (block, batch row, head): every triple exactly once, for
+    # groups of (batch row, head) pairs that do not divide Z * H too; a group's programs run block by block (the
+    # heaviest blocks of every pair of the group before the next block), REVERSED flips the block order
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25)
+    monkeypatch.setitem(globals(), "_block_batch_head", codegen.load_module(spec)._block_batch_head)
+    programs = blocks * Z * H
+    out = torch.full((programs, 3), -1, dtype=torch.int32)
+    _program_order[(programs,)](out, blocks, H, Z, head_group, reversed_, batch_inner)
+    triples = [tuple(row) for row in out.tolist()]
+    assert sorted(triples) == [(b, z, h) for b in range(blocks) for z in range(Z) for h in range(H)]
+    if not batch_inner:
+        pairs = Z * H
+        for first in range(0, pairs, head_group):  # each group: its pairs' blocks in order, the pairs side by side
+            size = min(head_group, pairs - first)
+            group = triples[first * blocks:(first + size) * blocks]
+            steps = [b if not reversed_ else blocks - 1 - b for b, _, _ in group]
+            assert steps == [i // size for i in range(size * blocks)]
+            assert {z * H + h for _, z, h in group} == set(range(first, first + size))
+
+
 def test_padding_guard_for_unbounded_derivatives():
     # log / sqrt / division by a loaded value: their derivatives are infinite on out-of-bounds elements (loads
     # give 0 there), so masked tiles zero the adjoints outside the tensor before dk / dq / d(bias) sum them.

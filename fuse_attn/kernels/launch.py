@@ -172,6 +172,21 @@ def _grid(blocks, Z, heads) -> tuple:
     return (blocks * Z * heads,)
 
 
+# Programs of one config resident on an SM at once, by its warps: the 8-warp configs the tuner picks on an H100 hold
+# one program per SM (shared memory), the 4-warp ones two. What the launch order is sized by (_head_group).
+_PROGRAMS_PER_SM = {4: 2, 8: 1}
+
+
+def _head_group(q: Tensor, blocks, cfg: autotune.KernelConfig):
+    """The template's ``head_group`` (_block_batch_head): how many (batch row, head) pairs run their blocks side by
+    side, about one wave of programs -- the best of 1, 4 and 8 pairs on every shape measured (H100: 4 where 32
+    blocks of an 8-warp config fill the 132 SMs, 8 where 4-warp configs or 16 blocks do; BENCHMARKS.md, 2026-11-26
+    sixth session)."""
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132  # (an H100's)
+    wave = sms * _PROGRAMS_PER_SM.get(cfg.num_warps, 1)
+    return torch.sym_max(1, (wave + blocks // 2) // blocks)
+
+
 def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
     # Without dropout the kernels never read Seed (DROPOUT is a constexpr); any pointer fills the parameter.
     return placeholder if dropout_seed is None else dropout_seed
@@ -573,7 +588,7 @@ def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out,
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
-                **_blocks(cfg))
+                head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg))
     launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H), args, cfg, warmup)
 
 
@@ -706,7 +721,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
         launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
                dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
-                    **_blocks(cfg)), cfg, warmup)
+                    head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
@@ -716,7 +731,8 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         launch(mod._attn_bwd_dkdv, _grid(triton_cdiv(N, cfg.block_n), Z, H // spec.gqa_group),
                dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **dscore, **kv_needs, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
-                    **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())}, **_blocks(cfg)), cfg, warmup)
+                    **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())},
+                    head_group=_head_group(q, triton_cdiv(N, cfg.block_n), cfg), **_blocks(cfg)), cfg, warmup)
 
     def preprocess():  # delta = rowsum(dO * O)
         launch(mod._attn_bwd_preprocess, _grid(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z, H),

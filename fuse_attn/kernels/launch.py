@@ -179,9 +179,11 @@ _PROGRAMS_PER_SM = {4: 2, 8: 1}
 
 def _head_group(q: Tensor, blocks, cfg: autotune.KernelConfig):
     """The template's ``head_group`` (_block_batch_head): how many (batch row, head) pairs run their blocks side by
-    side, about one wave of programs -- the best of 1, 4 and 8 pairs on every shape measured (H100: 4 where 32
-    blocks of an 8-warp config fill the 132 SMs, 8 where 4-warp configs or 16 blocks do; BENCHMARKS.md, 2026-11-26
-    sixth session)."""
+    side, about one wave of programs. Measured at 1 (the old order), 4 and 8 pairs on 21 tuned kernels (H100,
+    BENCHMARKS.md, 2026-11-26 sixth session): 4 won where 32 blocks of an 8-warp config fill the 132 SMs, 8 where
+    4-warp configs or 16 blocks do, as this rule picks: within 2% of the best on 19 of them. The D64 causal forward
+    (8 warps, but a small tile: two programs may fit an SM) ran 4.5% faster at 8 pairs than at the 4 picked here;
+    the D256 dK/dV kernel (64 blocks of 8 warps) gets 2, which was not measured (4 and 8 tied there)."""
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132  # (an H100's)
     wave = sms * _PROGRAMS_PER_SM.get(cfg.num_warps, 1)
     return torch.sym_max(1, (wave + blocks // 2) // blocks)

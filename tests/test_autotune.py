@@ -76,6 +76,20 @@ def read_cache(k):
         return json.load(f)
 
 
+def test_a_config_of_two_dkdv_launches_is_written_with_its_launches_and_read_back(machine, monkeypatch):
+    # the field is written only off its default: the other configs' entries read as before the field existed
+    split = KernelConfig(32, 128, 8, 3, dkdv_launches=2)
+    candidates = [CANDIDATES[0], split]
+    monkeypatch.setitem(TIMES_MS, split, 0.05)
+    k = autotune.tuning_key("bwd_dkdv", torch.device("cuda", 0), "spec0", torch.bfloat16, 256, 256, 1000, 1000)
+    assert autotune.choose(k, candidates, machine.launch) == split
+    assert read_cache(k)["entries"] == {k.entry_name(): {"block_m": 32, "block_n": 128, "num_warps": 8,
+                                                         "num_stages": 3, "dkdv_launches": 2, "ms": 0.05}}
+    new_process(monkeypatch)
+    assert autotune.choose(k, candidates, machine.launch) == split
+    assert machine.timed == candidates  # read back, not timed again
+
+
 def test_the_first_pass_fastest_are_timed_again_and_the_longer_timing_decides(machine, monkeypatch):
     monkeypatch.setattr(autotune, "_FINALISTS", 2)
     machine.second_pass_ms = {FASTEST: 0.15}  # the first pass's fastest (0.1 ms) is really 0.25 ms: a short-run fluke

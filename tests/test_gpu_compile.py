@@ -134,10 +134,20 @@ def compile_spec(name: str, target: str) -> None:
     for kernel, args in launches:
         for cfg in _configs(kernel.fn.__name__, spec, smem):
             bound = dict(args) if cfg is None else dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
-            compiled = _compile(kernel, bound, cfg, capability)
-            assert compiled.asm["cubin"], f"{kernel.fn.__name__} {cfg}"
-            assert compiled.metadata.shared <= smem, f"{kernel.fn.__name__} {cfg}: {compiled.metadata.shared} bytes"
-            print(f"{name} {target} {kernel.fn.__name__} {cfg}: {compiled.metadata.shared} bytes of shared memory")
+            for part in _launch_parts(cfg):
+                compiled = _compile(kernel, dict(bound, **part), cfg, capability)
+                what = f"{kernel.fn.__name__} {cfg}{part or ''}"
+                assert compiled.asm["cubin"], what
+                assert compiled.metadata.shared <= smem, f"{what}: {compiled.metadata.shared} bytes"
+                print(f"{name} {target} {what}: {compiled.metadata.shared} bytes of shared memory")
+
+
+def _launch_parts(cfg) -> list:
+    """The constexprs of each launch a config makes beyond the captured one's: a dK/dV config with
+    dkdv_launches=2 launches the kernel for dV and then for dK."""
+    if cfg is None or cfg.dkdv_launches == 1:
+        return [{}]
+    return [dict(COMPUTE_DK=False, COMPUTE_DV=True), dict(COMPUTE_DK=True, COMPUTE_DV=False)]
 
 
 # Every spec for the GPU the project is tuned on; the A100's target for one spec (compiles cost CI minutes)

@@ -232,6 +232,35 @@ def test_interpreter_fp16(name):
     run_and_check(*make_case(dtype=torch.float16, **CASES[name]), dtype=torch.float16)
 
 
+# dK and dV in two launches (a config's dkdv_launches=2, the wide heads' candidates): padded and unequal head dims,
+# bias gradients (from dS, in the dK launch; with fp32's exact delta in the dQ kernel), GQA, a mask, a window, and
+# dropout (both launches draw the same keep-mask).
+SPLIT_DKDV_CASES = {"m17_n97_d80": torch.float16, "mask_and_bias_gqa2": torch.float16,
+                    "gqa2_causal_dv_differs": torch.float32, "window9_softcap_bias_gqa2": torch.float32,
+                    "softcap50_bias_causal": torch.float16, "p10_bias_causal_br": torch.float16}
+
+
+@pytest.mark.parametrize("name", sorted(SPLIT_DKDV_CASES))
+def test_dk_and_dv_in_two_launches(name, monkeypatch):
+    from fuse_attn.kernels import autotune, launch
+
+    configs = dict(autotune.INTERPRETER_CONFIGS)
+    configs["bwd_dkdv"] = dataclasses.replace(configs["bwd_dkdv"], dkdv_launches=2)
+    monkeypatch.setattr(autotune, "INTERPRETER_CONFIGS", configs)
+    parts, launch_kernel = [], launch.launch
+
+    def record(kernel, grid, args, cfg=None, warmup=False):
+        if kernel.fn.__name__ == "_attn_bwd_dkdv":
+            parts.append((args["COMPUTE_DK"], args["COMPUTE_DV"]))
+        launch_kernel(kernel, grid, args, cfg, warmup)
+
+    monkeypatch.setattr(launch, "launch", record)
+    dtype = SPLIT_DKDV_CASES[name]
+    case = make_case(dtype=dtype, **{**CASES, **DROPOUT_CASES}[name])
+    run_and_check(*case, dtype=dtype, dropout_seed=_seed(11) if name in DROPOUT_CASES else None)
+    assert parts == [(False, True), (True, False)]
+
+
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m130_n130_causal_d128", "bias_Z11N_causal",
                                   "softcap50_bias_causal", "softcap2_bias_causal_mask", "alibi_causal", "clamp_bias",
                                   "bias_twice_sigmoid_causal", "div_sqrt_abs_log_exp", "index_leaves_logical_mask",

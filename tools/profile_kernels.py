@@ -39,7 +39,8 @@ class TimingLog(logging.Handler):
 
 
 def compiled_variants(kernel, device_index: int):
-    """(config text, compiled kernel) of every variant of a @triton.jit kernel compiled on the device."""
+    """(config text, part, compiled kernel) of every variant of a @triton.jit kernel compiled on the device. The
+    part is "dK" or "dV" for the two launches of a dK/dV config with dkdv_launches=2, else ""."""
     kernel_cache = kernel.device_caches[device_index][0]
     for compiled in kernel_cache.values():
         src = getattr(compiled, "src", None)
@@ -48,7 +49,9 @@ def compiled_variants(kernel, device_index: int):
         meta = compiled.metadata
         text = (f"BLOCK_M={constants['BLOCK_M']} BLOCK_N={constants['BLOCK_N']} "
                 f"warps={meta.num_warps} stages={meta.num_stages}")
-        yield text, compiled
+        both = constants.get("COMPUTE_DK", True) and constants.get("COMPUTE_DV", True)
+        part = "" if both else "dK" if constants["COMPUTE_DK"] else "dV"
+        yield text + ("" if both else " dkdv_launches=2"), part, compiled
 
 
 def occupancy(compiled, props) -> tuple[int, int]:
@@ -99,10 +102,13 @@ def main(argv=None):
               f"{props.shared_memory_per_multiprocessor // 1024} KiB shared memory per SM")
         rows = []
         for kind, name in KERNELS.items():
-            for text, compiled in compiled_variants(getattr(mod, name), q.device.index):
+            for text, part, compiled in compiled_variants(getattr(mod, name), q.device.index):
+                if getattr(compiled, "n_regs", None) is None:
+                    continue  # compiled but never loaded: it needs more shared memory than the device has (dropped)
                 blocks, warps = occupancy(compiled, props)
-                ms = timings.ms.get((kind, text))
-                rows.append([kind, text, f"{ms:.3f}" if ms is not None else "-", compiled.n_regs, compiled.n_spills,
+                ms = timings.ms.get((kind, text))  # (both launches of a split config)
+                rows.append([kind, f"{text} ({part})" if part else text, f"{ms:.3f}" if ms is not None else "-",
+                             compiled.n_regs, compiled.n_spills,
                              compiled.metadata.shared // 1024, blocks, warps])
         rows.sort(key=lambda r: (r[0], float(r[2]) if r[2] != "-" else float("inf")))
         print(tabulate(rows, headers=["kernel", "config", "ms", "regs/thread", "spills", "smem KiB", "blocks/SM",

@@ -72,9 +72,13 @@ class KernelConfig:
     block_n: int  # key columns per tile
     num_warps: int
     num_stages: int  # software-pipelining depth of the inner loop's loads
+    # dK/dV kernel only: 1, one launch computes dK and dV; 2, one launch computes dV and another dK (4 + 1 matmuls a
+    # tile instead of 4, for one fp32 accumulator per program instead of two: wide heads)
+    dkdv_launches: int = 1
 
     def __str__(self) -> str:
-        return f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} warps={self.num_warps} stages={self.num_stages}"
+        split = "" if self.dkdv_launches == 1 else f" dkdv_launches={self.dkdv_launches}"
+        return f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} warps={self.num_warps} stages={self.num_stages}{split}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,11 +119,15 @@ _STAGES = (2, 3)
 _DKDV_SHAPES = ((32, 128), (64, 128))
 _DQ_SHAPES = ((128, 32), (128, 64))
 # Heads wider than 128 (Gemma-2's 256): a resident fp32 accumulator is 256 columns wide, so the resident side
-# shrinks to 32-64 rows, given as (BLOCK_M, BLOCK_N, warps). From a sweep of 30 configs (H200, Triton 3.6, softcap
-# + causal, B4 H8 N4096 D256, 2026-11-26; benchmarks/2026-11-26-wide-heads): dK/dV with 64 resident rows needs 8
-# warps (4 warps spilled 258-410 registers and ran 2-3x slower; 8 warps hold the two 64 x 256 accumulators in
-# 128 registers a thread, as FA2's 8-warp head-dim-256 backward does); dQ ran fastest on 4 warps.
-_WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4))
+# shrinks to 32-64 rows, given as (BLOCK_M, BLOCK_N, warps[, dK/dV launches]). From a sweep of 30 configs (H200,
+# Triton 3.6, softcap + causal, B4 H8 N4096 D256, 2026-11-26; benchmarks/2026-11-26-wide-heads): dK/dV with 64
+# resident rows needs 8 warps (4 warps spilled 258-410 registers and ran 2-3x slower; 8 warps hold the two 64 x 256
+# accumulators in 128 registers a thread, as FA2's 8-warp head-dim-256 backward does); dQ ran fastest on 4 warps.
+# dK and dV in two launches (one accumulator each) hold 128 resident keys: in a sweep of 24 such configs (H100,
+# Triton 3.6, causal B4 H8 N4096 D256, MHA and GQA 2; benchmarks/2026-11-26-split-dkdv) 32 x 128 on 8 warps ran
+# the kernel in 1.56 / 1.63 ms against 2.70 / 2.45 ms for the fastest one-launch config, with no spills; 16 x 128
+# on 8 warps and 32 x 64 on 4 warps came next. With 64 query rows a step, or at head dim 128, it was slower.
+_WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 2))
 _WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4))
 _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
 # dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
@@ -177,11 +185,11 @@ def _backward_candidates(shapes, wide_configs, block_d, block_dv, elem, smem_lim
     else:  # as in the forward: >= 16 resident rows per warp
         tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
     out = []
-    for bm, bn, warps in tiles:
+    for bm, bn, warps, *launches in tiles:
         resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
         for stages in stages_axis:
             if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
-                out.append(KernelConfig(bm, bn, warps, stages))
+                out.append(KernelConfig(bm, bn, warps, stages, *launches))
     return out or [KernelConfig(32, 32, 4, 1)]
 
 
@@ -453,6 +461,19 @@ def _dropped(key: TuningKey, cand: Choice, error: Exception) -> str:
 
 # ---- disk cache ----------------------------------------------------------------------------------------------------
 _CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(KernelConfig))
+# the fields without a default; entries written before a defaulted field existed take its default
+_REQUIRED_CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(KernelConfig)
+                                if field.default is dataclasses.MISSING)
+
+
+def _entry_fields(cfg: Choice) -> dict:
+    """A choice as its cache entry's fields: a config's fields without those at their default (so an entry of a
+    config that does not use a newer field reads the same as before it existed)."""
+    if isinstance(cfg, Implementation):
+        return {"name": cfg.name}
+    defaults = {field.name: field.default for field in dataclasses.fields(KernelConfig)}
+    return {name: value for name, value in dataclasses.asdict(cfg).items()
+            if name in _REQUIRED_CONFIG_FIELDS or value != defaults[name]}
 
 
 def _entry_choice(value) -> Choice:
@@ -462,10 +483,12 @@ def _entry_choice(value) -> Choice:
         if not isinstance(value["name"], str) or not value["name"]:
             raise ValueError(f"implementation name {value['name']!r} is not a non-empty string")
         choice = Implementation(value["name"])
-    elif isinstance(value, dict) and set(value) == {*_CONFIG_FIELDS, "ms"}:
-        fields = {name: value[name] for name in _CONFIG_FIELDS}
+    elif isinstance(value, dict) and set(_REQUIRED_CONFIG_FIELDS) <= set(value) <= {*_CONFIG_FIELDS, "ms"} and "ms" in value:
+        fields = {name: value[name] for name in _CONFIG_FIELDS if name in value}
         if not all(type(v) is int and v > 0 for v in fields.values()):
             raise ValueError(f"config values must be positive integers, got {fields}")
+        if fields.get("dkdv_launches", 1) not in (1, 2):
+            raise ValueError(f"dkdv_launches must be 1 or 2, got {fields['dkdv_launches']}")
         choice = KernelConfig(**fields)
     else:
         raise ValueError(f"expected an object with keys {sorted({*_CONFIG_FIELDS, 'ms'})} or ['ms', 'name'], got {value!r}")
@@ -536,7 +559,7 @@ def _store(key: TuningKey, cfg: Choice, ms: float) -> None:
             # re-read under the lock: entries other processes wrote since our lookup stay; the lookup already
             # warned about anything this drops
             entries = _read_entries(path, key.file_identity(), level=logging.DEBUG)
-            entries[key.entry_name()] = {**dataclasses.asdict(cfg), "ms": ms}
+            entries[key.entry_name()] = {**_entry_fields(cfg), "ms": ms}
             _write_atomically(path, {"format": FORMAT_VERSION, **key.file_identity(), "entries": entries})
     except OSError as e:
         if directory not in _unwritable_dirs:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 
 from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
@@ -40,7 +41,10 @@ class _Emitter:
         self.inserted.append(node)
         if self.fake_mode is not None:
             fake_args, fake_kwargs = fx.node.map_arg((args, kwargs), val)
-            with self.fake_mode:
+            # the Python dispatcher runs composite ops (matmul) through their symbolic-shape-aware Python
+            # decompositions, as Dynamo's tracing does; without it torch 2.11's C++ matmul specialized every size of
+            # a dynamic shape (one compile per length)
+            with self.fake_mode, enable_python_dispatcher():
                 node.meta["val"] = target(*fake_args, **fake_kwargs)
         return node
 

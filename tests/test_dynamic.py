@@ -17,6 +17,7 @@ import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
+from fuse_attn.kernels import flash_decoding
 from fuse_attn.report import collect_reports
 from fuse_attn.spec import CausalMask
 
@@ -249,22 +250,31 @@ def test_padded_keys_are_skipped_under_dynamic_lengths(target, form):
     attention's additive finfo.min mask (a batch row of padding only is uniform). Each batch row's key range is
     computed in the graph from the symbolic length (the kernels skip the key blocks outside it; the verdict says
     so): one compile, every length right, output and gradient, with right padding, half padding, and a batch row of
-    one key (SDPA's form) or none (eager's)."""
+    one key (SDPA's form) or none (eager's).
+
+    On a GPU, a query length on each side of the split-K decode kernel's row bound (flash_decoding.MAX_ROWS) compiles
+    once more: the op chooses that kernel for short queries with a guard (``dispatch_splits``). And in bf16 the
+    gradient of eager's batch row of no key is the known difference of rows masked entirely with finfo.min
+    (TESTING.md; ``test_rows_masked_with_finfo_min_are_uniform_as_in_eager``), so only the other rows' is checked."""
     device, dtype = target
     torch.manual_seed(6)
+    lengths = (17, 37, 70)
+    known_difference = form == "eager finfo.min" and dtype == torch.bfloat16
+    checked_rows = slice(0, 2) if known_difference else slice(None)  # batch rows whose gradient is compared
 
     def attention(x, keep):
         q, k, v = x.unflatten(-1, (3, 16)).unbind(-2)
         if form == "sdpa bool mask":
             return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep[:, None, None, :])
-        s = q @ k.transpose(-1, -2) / 4 + torch.where(keep[:, None, None, :], 0.0, torch.finfo(dtype).min)
+        # (Hugging Face's form: the additive mask in the scores' dtype, or bf16 scores would be promoted to fp32)
+        s = q @ k.transpose(-1, -2) / 4 + torch.where(keep[:, None, None, :], 0.0, torch.finfo(dtype).min).to(dtype)
         return torch.softmax(s, -1) @ v
 
     torch._dynamo.reset()
     counter = CompileCounterWithBackend("fuse_attn")
     compiled = torch.compile(attention, backend=counter, dynamic=True)
     with collect_reports() as reports:
-        for length in (17, 37, 70):
+        for length in lengths:
             last = 1 if form == "sdpa bool mask" else 0
             keep = torch.arange(length)[None, :] < torch.tensor([length, length // 2, last])[:, None]
             x = torch.randn(3, 2, length, 48)
@@ -276,9 +286,13 @@ def test_padded_keys_are_skipped_under_dynamic_lengths(target, form):
                 results.append((out, grad))
             (ours, ours_grad), (eager, eager_grad), (ref, ref_grad) = results
             check_close(ours, eager, ref, dtype, f"output at length {length}")
-            check_close(ours_grad, eager_grad, ref_grad, dtype, f"gradient at length {length}")
-    assert counter.frame_count == 1
-    fused_once(reports)
+            check_close(ours_grad[checked_rows], eager_grad[checked_rows], ref_grad[checked_rows], dtype,
+                        f"gradient at length {length}")
+    sides_of_the_decode_bound = {length <= flash_decoding.MAX_ROWS for length in lengths}
+    assert counter.frame_count == (len(sides_of_the_decode_bound) if device == "cuda" else 1)
+    assert len(reports) == counter.frame_count
+    for report in reports:
+        fused_once([report])
     assert "padded keys skipped" in reports[0].verdicts[0].line(), reports[0].verdicts[0].line()
 
 

@@ -169,20 +169,29 @@ def correctness_sweep():
     return all_ok
 
 
-def backward_config_sweep():
-    """Every dK/dV and dQ candidate config on a few odd shapes, each held to the 2x rule (dq, dk, dv).
+# (head dim, M, N, causal, GQA group) of the backward config sweep: odd lengths, M != N, and at head dim 256 (whose
+# candidates include dK and dV in two launches) causal and GQA shapes too
+BACKWARD_CONFIG_SHAPES = [(64, 1000, 1000, True, 1), (64, 1000, 1000, False, 1), (128, 1000, 1000, True, 1),
+                          (64, 1024, 1024, True, 1), (64, 97, 1000, True, 1), (80, 333, 517, True, 1),
+                          (256, 300, 300, False, 1), (256, 333, 517, True, 1), (256, 300, 300, True, 2)]
+
+
+def backward_config_sweep(head_dims=None):
+    """Every dK/dV and dQ candidate config on a few odd shapes (of ``head_dims`` only, if given), each held to the
+    2x rule (dq, dk, dv).
 
     Guards the tuner's config space: a config that computes a wrong gradient must never be a candidate.
     """
     import importlib
 
     launcher = importlib.import_module("fuse_attn.kernels.launch")
-    shapes = [(64, 1000, 1000, True), (64, 1000, 1000, False), (128, 1000, 1000, True), (64, 1024, 1024, True),
-              (64, 97, 1000, True), (80, 333, 517, True), (256, 300, 300, False)]
+    shapes = [shape for shape in BACKWARD_CONFIG_SHAPES if head_dims is None or shape[0] in head_dims]
     failures, total = [], 0
-    for D, M, N, causal in shapes:
-        spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask() if causal else None)
-        q, k, v = (torch.randn(2, 4, L, D, device="cuda", dtype=torch.bfloat16) for L in (M, N, N))
+    for D, M, N, causal, group in shapes:
+        spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5,
+                             causal=CausalMask() if causal else None, gqa_group=group)
+        q = torch.randn(2, 4, M, D, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 4 // group, N, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
         dout = torch.randn(2, 4, M, D, device="cuda", dtype=torch.bfloat16)
 
         def grads(dtype, fn):
@@ -202,7 +211,7 @@ def backward_config_sweep():
                 total += 1
                 errors = [(_err(o, r), _err(e, r)) for o, e, r in zip(ours, eager, ref)]
                 if any(err > 2 * err_e + FLOOR[torch.bfloat16] for err, err_e in errors):
-                    failures.append([f"D={D} M={M} N={N} causal={causal}", kind, str(cfg),
+                    failures.append([f"D={D} M={M} N={N} causal={causal} GQA {group}", kind, str(cfg),
                                      "; ".join(f"{n} {a:.2e}/{b:.2e}" for n, (a, b) in zip(("dq", "dk", "dv"), errors))])
             autotune._chosen.pop(key, None)
     print(f"backward config sweep: {len(failures)} of {total} config runs broke the 2x rule", flush=True)
@@ -435,6 +444,8 @@ def main(argv=None):
     ap.add_argument("--skip-check", action="store_true")
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--check-backward-configs", action="store_true", help="run every backward candidate config on odd shapes")
+    ap.add_argument("--backward-config-head-dims", nargs="*", type=int, default=None,
+                    help="with --check-backward-configs: only the shapes of these head dims (default: all)")
     args = ap.parse_args(argv)
     if args.plot and importlib.util.find_spec("matplotlib") is None:  # said before measuring, not after
         print('matplotlib is not installed: no plot will be written (pip install -e ".[bench]")', flush=True)
@@ -448,7 +459,7 @@ def main(argv=None):
         ok = correctness_sweep()
         print(f"correctness sweep: {'PASS' if ok else 'FAIL'} in {time.time() - t0:.0f}s", flush=True)
     if args.check_backward_configs:
-        ok &= backward_config_sweep()
+        ok &= backward_config_sweep(args.backward_config_head_dims)
     path = os.path.join(args.out, "bench_attention.csv")
     if not args.skip_speed:
         if args.lengths:

@@ -72,7 +72,7 @@ class KernelConfig:
     block_n: int  # key columns per tile
     num_warps: int
     num_stages: int  # software-pipelining depth of the inner loop's loads
-    # dK/dV kernel only: 1, one launch computes dK and dV; 2, one launch computes dV and another dK (4 + 1 matmuls a
+    # dK/dV kernel only: 1, one launch computes dK and dV; 2, one launch computes dV and another dK (2 + 3 matmuls a
     # tile instead of 4, for one fp32 accumulator per program instead of two: wide heads)
     dkdv_launches: int = 1
 

@@ -127,8 +127,10 @@ _DQ_SHAPES = ((128, 32), (128, 64))
 # Triton 3.6, causal B4 H8 N4096 D256, MHA and GQA 2; benchmarks/2026-11-26-split-dkdv) 32 x 128 on 8 warps ran
 # the kernel in 1.56 / 1.63 ms against 2.70 / 2.45 ms for the fastest one-launch config, with no spills; 16 x 128
 # on 8 warps and 32 x 64 on 4 warps came next. With 64 query rows a step, or at head dim 128, it was slower.
+# dQ holds one such accumulator too: 128 resident rows on 8 warps (128 x 32, 3 stages) ran it in 0.75 ms against
+# 0.97 for 64 x 16 on 4 warps, no spills (same H100 sweep, dq_sweep_d256.log; 128 x 64 fit only unpipelined).
 _WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 2))
-_WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4))
+_WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4), (128, 32, 8))
 _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
 # dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
 # errors 4-50x eager's on an H200 with Triton 3.6 (2026-11-21). The key-major kernel (k @ q^T, no register

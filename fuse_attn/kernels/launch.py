@@ -730,16 +730,18 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         # the lse flags' rows per block: the preprocess's, or with the exact delta the dQ kernel's (launched first)
         flag_rows = cfgs["bwd_dq"].block_m if exact_delta else autotune.PREPROCESS_BLOCK_M
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
+        key_blocks = triton_cdiv(N, cfg.block_n)
+        grid = _grid(key_blocks, Z, H // spec.gqa_group)
         args = dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **dscore, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())},
-                    head_group=_head_group(q, triton_cdiv(N, cfg.block_n), cfg), **_blocks(cfg))
+                    head_group=_head_group(q, key_blocks, cfg), **_blocks(cfg))
         # one launch computing both, or dV and then dK (the bias gradients, from dS, with dK)
         parts = [(True, True)] if cfg.dkdv_launches == 1 else [(False, True), (True, False)]
         for compute_dk, compute_dv in parts:
             needs = kv_needs if compute_dk else {name: False for name in kv_needs}
-            launch(mod._attn_bwd_dkdv, _grid(triton_cdiv(N, cfg.block_n), Z, H // spec.gqa_group),
-                   dict(args, **needs, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv), cfg, warmup)
+            launch(mod._attn_bwd_dkdv, grid, dict(args, **needs, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv), cfg,
+                   warmup)
 
     def preprocess():  # delta = rowsum(dO * O)
         launch(mod._attn_bwd_preprocess, _grid(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z, H),

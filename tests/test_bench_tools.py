@@ -64,16 +64,21 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
     assert (tmp_path / "bench_models.csv").read_text().count("\n") == 9  # header and the eight cells
 
 
-def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):
-    # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only
+@pytest.mark.parametrize("model", ["gemma2", "phi3"])
+def test_bench_models_tiny_model_on_cpu_fuses_every_layer(model, tmp_path):
+    # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only;
+    # Phi-3 (head dim 96 at full size): both
     pytest.importorskip("transformers")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    variants = ["fuse_attn"] + (["sdpa+fuse_attn"] if model == "phi3" else [])
     command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gemma2", "--modes", "infer", "--variants", "fuse_attn", "--out", str(tmp_path)]
+               "--models", model, "--modes", "infer", "--variants", *variants, "--out", str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = table_rows(done.stdout)
-    assert row["model"] == "gemma2" and int(row["fused"]) == int(row["layers"]) > 0, done.stdout
+    assert row["model"] == model and int(row["fused"]) == int(row["layers"]) > 0, done.stdout
+    if model == "phi3":
+        assert int(row["sdpa fused"]) == int(row["layers"]), done.stdout
 
 
 def test_bench_decode_tiny_on_cpu(tmp_path):

@@ -63,6 +63,7 @@ def _mask_summarized_spec():
 SPECS = {
     "causal": dict(causal=CausalMask()),
     "head dim 256, fp16, causal": dict(causal=CausalMask(), dtype="float16", head_dim=256, head_dim_v=256),
+    "head dim 96 in two parts, GQA 2, causal": dict(causal=CausalMask(), head_dim=96, head_dim_v=96, gqa_group=2),
     "fp32 (the exact-delta backward)": dict(causal=CausalMask(), dtype="float32"),
     "softcap + bias, GQA 4, dropout": dict(**_softcap_bias_spec(), gqa_group=4, dropout_p=0.1),
     "key padding + causal": dict(**_key_padding_spec(), causal=CausalMask()),
@@ -102,7 +103,8 @@ def _configs(name: str, spec: AttentionSpec, smem: int) -> list:
     if generate is None:  # the preprocess: one fixed shape
         return [None]
     elem = getattr(torch, spec.dtype).itemsize
-    candidates = generate(spec.head_dim, spec.head_dim_v, elem, spec.causal is not None, smem)
+    block_d, block_dv = (launch._pow2_at_least_16(d) for d in (spec.head_dim, spec.head_dim_v))  # as the launcher
+    candidates = generate(block_d, block_dv, elem, spec.causal is not None, smem)
     size = lambda c: (c.block_m * c.block_n, c.num_warps, c.num_stages)  # noqa: E731
     return sorted({min(candidates, key=size), max(candidates, key=size)}, key=size)
 

@@ -193,6 +193,9 @@ CASES = {
     "bias_1HMN_z3_causal": dict(Z=3, M=50, N=50, D=16, bias=(1, 2, 50, 50), causal=CausalMask()),
     "mask_and_bias_gqa2": dict(H=4, M=29, N=37, D=16, gqa=2, bias=(1, 4, 1, 37), mask=(2, 1, 29, 37), Z=2),
     "gqa2_causal_dv_differs": dict(H=4, M=23, N=31, D=16, DV=32, gqa=2, causal=CausalMask(2, "bottom_right")),
+    # head dims in two column parts (launch._head_dim_parts): D 96 = 64 + 32, DV 48 = 32 + 16
+    "d96_dv48_gqa2_causal_mask": dict(H=4, M=37, N=45, D=96, DV=48, gqa=2, causal=CausalMask(0, "bottom_right"),
+                                      mask=(1, 4, 37, 45)),
     "scale_mod_bias_M1": dict(M=19, N=21, D=16, scale_op=0.5, bias=(1, 1, 19, 1)),
     # logit softcap after a bias, causal: cap 50 as Gemma-2 (scores scaled up so tanh is not ~linear), and
     # cap 2 with a broadcast bias so tanh saturates (|s / c| up to ~3).
@@ -227,7 +230,7 @@ def test_interpreter_fp32(name):
 
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m97_n17_causal_tl", "softcap50_bias_causal",
                                   "softcap2_bias_causal_mask", "alibi_causal", "div_sqrt_abs_log_exp",
-                                  "window20_br_m33_n97"])
+                                  "window20_br_m33_n97", "d96_dv48_gqa2_causal_mask"])
 def test_interpreter_fp16(name):
     run_and_check(*make_case(dtype=torch.float16, **CASES[name]), dtype=torch.float16)
 
@@ -236,6 +239,7 @@ def test_interpreter_fp16(name):
 # bias gradients (from dS, in the dK launch; with fp32's exact delta in the dQ kernel), GQA, a mask, a window, and
 # dropout (both launches draw the same keep-mask).
 SPLIT_DKDV_CASES = {"m17_n97_d80": torch.float16, "mask_and_bias_gqa2": torch.float16,
+                    "d96_dv48_gqa2_causal_mask": torch.float16, "p10_d80_dv48_causal": torch.float32,
                     "gqa2_causal_dv_differs": torch.float32, "window9_softcap_bias_gqa2": torch.float32,
                     "softcap50_bias_causal": torch.float16, "p10_bias_causal_br": torch.float16}
 
@@ -259,6 +263,25 @@ def test_dk_and_dv_in_two_launches(name, monkeypatch):
     case = make_case(dtype=dtype, **{**CASES, **DROPOUT_CASES}[name])
     run_and_check(*case, dtype=dtype, dropout_seed=_seed(11) if name in DROPOUT_CASES else None)
     assert parts == [(False, True), (True, False)]
+
+
+def test_head_dims_are_split_into_two_parts_where_that_pads_less(monkeypatch):
+    from fuse_attn.kernels import launch
+
+    dims = (1, 16, 24, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 200, 256)
+    assert {d: launch._head_dim_parts(d) for d in dims} == {
+        1: (16, 0), 16: (16, 0), 24: (32, 0), 40: (32, 16), 48: (32, 16), 64: (64, 0), 72: (64, 16), 80: (64, 16),
+        96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 200: (256, 0), 256: (256, 0)}
+    # every attention kernel gets the parts (fp32: the exact delta, no preprocess)
+    parts, launch_kernel = {}, launch.launch
+
+    def record(kernel, grid, args, cfg=None, warmup=False):
+        parts[kernel.fn.__name__] = tuple(args[n] for n in ("BLOCK_D", "BLOCK_D_TAIL", "BLOCK_DV", "BLOCK_DV_TAIL"))
+        launch_kernel(kernel, grid, args, cfg, warmup)
+
+    monkeypatch.setattr(launch, "launch", record)
+    run_and_check(*make_case(**CASES["d96_dv48_gqa2_causal_mask"]), dtype=torch.float32)
+    assert parts == {name: (64, 32, 32, 16) for name in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv")}
 
 
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m130_n130_causal_d128", "bias_Z11N_causal",
@@ -718,6 +741,7 @@ DROPOUT_CASES = {
     "p30": dict(M=17, N=97, D=16, dropout_p=0.3),
     "p10_bias_causal_br": dict(Z=2, M=29, N=37, D=16, bias=(2, 1, 29, 37), causal=CausalMask(0, "bottom_right"),
                                dropout_p=0.1),
+    "p10_d80_dv48_causal": dict(M=29, N=37, D=80, DV=48, causal=CausalMask(), dropout_p=0.1),
     "p50_gqa2_causal_dv_differs": dict(H=4, M=23, N=31, D=16, DV=32, gqa=2, causal=CausalMask(), mask=(1, 1, 23, 31),
                                        dropout_p=0.5),
 }

@@ -169,11 +169,12 @@ def correctness_sweep():
     return all_ok
 
 
-# (head dim, M, N, causal, GQA group) of the backward config sweep: odd lengths, M != N, and at head dim 256 (whose
-# candidates include dK and dV in two launches) causal and GQA shapes too
+# (head dim, M, N, causal, GQA group) of the backward config sweep: odd lengths, M != N, head dims in two column parts
+# (80, 96), and at head dim 256 (whose candidates include dK and dV in two launches) causal and GQA shapes too
 BACKWARD_CONFIG_SHAPES = [(64, 1000, 1000, True, 1), (64, 1000, 1000, False, 1), (128, 1000, 1000, True, 1),
                           (64, 1024, 1024, True, 1), (64, 97, 1000, True, 1), (80, 333, 517, True, 1),
-                          (256, 300, 300, False, 1), (256, 333, 517, True, 1), (256, 300, 300, True, 2)]
+                          (96, 300, 300, True, 2), (256, 300, 300, False, 1), (256, 333, 517, True, 1),
+                          (256, 300, 300, True, 2)]
 
 
 def backward_config_sweep(head_dims=None):

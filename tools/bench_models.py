@@ -3,8 +3,9 @@ forward, with the attention compiled five ways. Models: ``gpt2`` and ``llama`` (
 ``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3),
 ``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4), ``mistral-window`` (the ``llama`` decoder's
 sizes as a Mistral with a sliding window of N/4), ``t5`` (T5-small's encoder-decoder, whose relative position bias
-is one learned ``[1, H, N, N]`` tensor shared by the batch; input ids also as decoder input ids) and ``gemma2``
-(Gemma-2-2B's layers, 4 of them: head dim 256, a tanh softcap on the scores; eager attention only in transformers).
+is one learned ``[1, H, N, N]`` tensor shared by the batch; input ids also as decoder input ids), ``gemma2``
+(Gemma-2-2B's layers, 4 of them: head dim 256, a tanh softcap on the scores; eager attention only in transformers)
+and ``phi3`` (Phi-3-mini's layers, 4 of them: 32 heads of 96, a head dim the kernels take in two column parts).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -95,7 +96,7 @@ FUSED_VARIANTS = [name for name, (_, backend, _) in VARIANTS.items() if backend 
 # (ours, the other): the speed-up columns of the table
 RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
           ("sdpa+fuse_attn:triton", "sdpa+inductor")]
-MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window", "t5", "gemma2"]
+MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window", "t5", "gemma2", "phi3"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
@@ -149,6 +150,14 @@ def model_and_config(name, attention, tiny, length):
                      head_dim=256, num_hidden_layers=4, vocab_size=32000))
         config = T.Gemma2Config(**size, max_position_embeddings=length, attention_dropout=0.0, use_cache=False)
         model_cls = T.Gemma2ForCausalLM
+    elif name == "phi3":  # Phi-3-mini's layers (width 3072, 32 heads of 96, MLP 8192, vocabulary 32064), 4 of its 32
+        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=2,
+                     num_hidden_layers=2, vocab_size=64) if tiny else
+                dict(hidden_size=3072, intermediate_size=8192, num_attention_heads=32, num_key_value_heads=32,
+                     num_hidden_layers=4, vocab_size=32064))
+        config = T.Phi3Config(**size, max_position_embeddings=length, attention_dropout=0.0, resid_pdrop=0.0,
+                              embd_pdrop=0.0, use_cache=False, pad_token_id=0)
+        model_cls = T.Phi3ForCausalLM
     elif name == "gpt2":
         size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=1024, n_head=16, n_layer=4)
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,

@@ -44,6 +44,28 @@ def _pow2_at_least_16(n: int) -> int:
     return max(16, 1 << (n - 1).bit_length())
 
 
+def _head_dim_parts(d: int) -> tuple[int, int]:
+    """(first, tail): the column parts of head dim ``d`` in the attention kernels (the template's BLOCK_D and
+    BLOCK_D_TAIL). One power of two >= 16 covering it, (that, 0); or, where two pad it less, the power of two below it
+    and one >= 16 covering the rest: 80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16, 160 = 128 + 32 (112 stays 128:
+    64 + 64 pads as much). A pad column costs a whole column of every matmul over that dim."""
+    whole = _pow2_at_least_16(d)
+    first = whole // 2
+    if first >= 16 and d > first:
+        tail = _pow2_at_least_16(d - first)
+        if first + tail < whole:
+            return first, tail
+    return whole, 0
+
+
+def _with_head_dim_parts(common: dict) -> dict:
+    """``common`` for the attention kernels: their BLOCK_D / BLOCK_DV are a head dim's first part, BLOCK_D_TAIL /
+    BLOCK_DV_TAIL its second (0: none). Elsewhere (the tuner's candidates, the preprocess, decoding) BLOCK_D / BLOCK_DV
+    stay the head dims padded to one power of two."""
+    (block_d, block_d_tail), (block_dv, block_dv_tail) = _head_dim_parts(common["D"]), _head_dim_parts(common["DV"])
+    return dict(common, BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv, BLOCK_DV_TAIL=block_dv_tail)
+
+
 def triton_cdiv(a, b: int):
     """ceil(a / b); symbolic when ``a`` is (a grid over a symbolic length stays symbolic)."""
     return (a + b - 1) // b
@@ -589,8 +611,8 @@ def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out,
     Z, H, M, _ = q.shape
     args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
-                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out), **common,
-                head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg))
+                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out),
+                **_with_head_dim_parts(common), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg))
     launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H), args, cfg, warmup)
 
 
@@ -698,7 +720,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                 EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
                 **bufs.key_range,
                 **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
-                sm_scale=spec.scale_for(common["D"]), **common)
+                sm_scale=spec.scale_for(common["D"]), **_with_head_dim_parts(common))
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
     # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
     dscore, dq_needs, kv_needs = {}, {}, {}

@@ -116,7 +116,9 @@ _WARPS = (4, 8)
 _STAGES = (2, 3)
 # Backward, dK/dV kernel: the key block stays resident (k, v, dk, dv), the query block streams; Triton's
 # tutorial uses (BLOCK_M, BLOCK_N) = (32, 128) there and (128, 32) for dQ (the resident side is the large one).
-_DKDV_SHAPES = ((32, 128), (64, 128))
+# 64 x 64 (on 4 warps, two programs an SM): the fastest of 26 dK/dV configs at head dim 96 = 64 + 32 (H100, Triton
+# 3.6, causal B4 H16 N4096, 2026-11-26; benchmarks/2026-11-26-head-dim-parts): 0.981 ms against 1.077 for 64 x 128.
+_DKDV_SHAPES = ((32, 128), (64, 128), (64, 64))
 _DQ_SHAPES = ((128, 32), (128, 64))
 # Heads wider than 128 (Gemma-2's 256): a resident fp32 accumulator is 256 columns wide, so the resident side
 # shrinks to 32-64 rows, given as (BLOCK_M, BLOCK_N, warps[, dK/dV launches]). From a sweep of 30 configs (H200,

@@ -64,6 +64,8 @@ SPECS = {
     "causal": dict(causal=CausalMask()),
     "head dim 256, fp16, causal": dict(causal=CausalMask(), dtype="float16", head_dim=256, head_dim_v=256),
     "head dim 96 in two parts, GQA 2, causal": dict(causal=CausalMask(), head_dim=96, head_dim_v=96, gqa_group=2),
+    # DeepSeek's MLA in training: q and k of 192 = 128 + 64 (two parts), v of 128 (one); the wide heads' candidates
+    "head dims 192 / 128, causal": dict(causal=CausalMask(), head_dim=192, head_dim_v=128),
     "fp32 (the exact-delta backward)": dict(causal=CausalMask(), dtype="float32"),
     "softcap + bias, GQA 4, dropout": dict(**_softcap_bias_spec(), gqa_group=4, dropout_p=0.1),
     "key padding + causal": dict(**_key_padding_spec(), causal=CausalMask()),
@@ -77,10 +79,11 @@ def _tensors(spec: AttentionSpec, Z=2, H=8, L=256):
     dtype = getattr(torch, spec.dtype)
     q = torch.randn(Z, H, L, spec.head_dim, dtype=dtype)
     k = torch.randn(Z, H // spec.gqa_group, L, spec.head_dim, dtype=dtype)
+    v = torch.randn(Z, H // spec.gqa_group, L, spec.head_dim_v, dtype=dtype)
     scores = [torch.randn(*(1 if b else n for b, n in zip(t.broadcast, (Z, H, L, L))), dtype=getattr(torch, t.dtype))
               if t.role == "bias" else torch.rand(Z, 1, 1, L) < 0.9 for t in spec.score_tensors]
     seed = torch.tensor(7) if spec.dropout_p else None
-    return q, k, k.clone(), scores, seed
+    return q, k, v, scores, seed
 
 
 def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:

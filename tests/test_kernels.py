@@ -196,6 +196,8 @@ CASES = {
     # head dims in two column parts (launch._head_dim_parts): D 96 = 64 + 32, DV 48 = 32 + 16
     "d96_dv48_gqa2_causal_mask": dict(H=4, M=37, N=45, D=96, DV=48, gqa=2, causal=CausalMask(0, "bottom_right"),
                                       mask=(1, 4, 37, 45)),
+    # DeepSeek's MLA in training: D 192 = 128 + 64, DV 128 in one part
+    "d192_dv128_causal_bias": dict(M=33, N=40, D=192, DV=128, causal=CausalMask(), bias=(1, 2, 33, 40)),
     "scale_mod_bias_M1": dict(M=19, N=21, D=16, scale_op=0.5, bias=(1, 1, 19, 1)),
     # logit softcap after a bias, causal: cap 50 as Gemma-2 (scores scaled up so tanh is not ~linear), and
     # cap 2 with a broadcast bias so tanh saturates (|s / c| up to ~3).
@@ -230,7 +232,7 @@ def test_interpreter_fp32(name):
 
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m97_n17_causal_tl", "softcap50_bias_causal",
                                   "softcap2_bias_causal_mask", "alibi_causal", "div_sqrt_abs_log_exp",
-                                  "window20_br_m33_n97", "d96_dv48_gqa2_causal_mask"])
+                                  "window20_br_m33_n97", "d96_dv48_gqa2_causal_mask", "d192_dv128_causal_bias"])
 def test_interpreter_fp16(name):
     run_and_check(*make_case(dtype=torch.float16, **CASES[name]), dtype=torch.float16)
 

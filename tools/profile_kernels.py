@@ -21,6 +21,8 @@ import tempfile
 import torch
 from tabulate import tabulate
 
+from fuse_attn.kernels.autotune import KernelConfig
+
 LOGGER = "fuse_attn.kernels.autotune"
 KERNELS = {"fwd": "_attn_fwd", "bwd_dkdv": "_attn_bwd_dkdv", "bwd_dq": "_attn_bwd_dq"}
 
@@ -47,11 +49,12 @@ def compiled_variants(kernel, device_index: int):
         names = src.fn.arg_names
         constants = {names[i[0]] if isinstance(i, tuple) else i: v for i, v in src.constants.items()}
         meta = compiled.metadata
-        text = (f"BLOCK_M={constants['BLOCK_M']} BLOCK_N={constants['BLOCK_N']} "
-                f"warps={meta.num_warps} stages={meta.num_stages}")
         both = constants.get("COMPUTE_DK", True) and constants.get("COMPUTE_DV", True)
         part = "" if both else "dK" if constants["COMPUTE_DK"] else "dV"
-        yield text + ("" if both else " dkdv_launches=2"), part, compiled
+        # the config's own text: what the tuner's log lines (TimingLog) name it by
+        config = KernelConfig(constants["BLOCK_M"], constants["BLOCK_N"], meta.num_warps, meta.num_stages,
+                              dkdv_launches=1 if both else 2)
+        yield str(config), part, compiled
 
 
 def occupancy(compiled, props) -> tuple[int, int]:

@@ -246,24 +246,32 @@ SPLIT_DKDV_CASES = {"m17_n97_d80": torch.float16, "mask_and_bias_gqa2": torch.fl
                     "softcap50_bias_causal": torch.float16, "p10_bias_causal_br": torch.float16}
 
 
+def _recorded_launches(monkeypatch) -> list:
+    """(kernel name, arguments) of every kernel launch from here on; the launches still run."""
+    from fuse_attn.kernels import launch
+
+    launched, launch_kernel = [], launch.launch
+
+    def record(kernel, grid, args, cfg=None, warmup=False):
+        launched.append((kernel.fn.__name__, args))
+        launch_kernel(kernel, grid, args, cfg, warmup)
+
+    monkeypatch.setattr(launch, "launch", record)
+    return launched
+
+
 @pytest.mark.parametrize("name", sorted(SPLIT_DKDV_CASES))
 def test_dk_and_dv_in_two_launches(name, monkeypatch):
-    from fuse_attn.kernels import autotune, launch
+    from fuse_attn.kernels import autotune
 
     configs = dict(autotune.INTERPRETER_CONFIGS)
     configs["bwd_dkdv"] = dataclasses.replace(configs["bwd_dkdv"], dkdv_launches=2)
     monkeypatch.setattr(autotune, "INTERPRETER_CONFIGS", configs)
-    parts, launch_kernel = [], launch.launch
-
-    def record(kernel, grid, args, cfg=None, warmup=False):
-        if kernel.fn.__name__ == "_attn_bwd_dkdv":
-            parts.append((args["COMPUTE_DK"], args["COMPUTE_DV"]))
-        launch_kernel(kernel, grid, args, cfg, warmup)
-
-    monkeypatch.setattr(launch, "launch", record)
+    launched = _recorded_launches(monkeypatch)
     dtype = SPLIT_DKDV_CASES[name]
     case = make_case(dtype=dtype, **{**CASES, **DROPOUT_CASES}[name])
     run_and_check(*case, dtype=dtype, dropout_seed=_seed(11) if name in DROPOUT_CASES else None)
+    parts = [(args["COMPUTE_DK"], args["COMPUTE_DV"]) for kernel, args in launched if kernel == "_attn_bwd_dkdv"]
     assert parts == [(False, True), (True, False)]
 
 
@@ -275,14 +283,10 @@ def test_head_dims_are_split_into_two_parts_where_that_pads_less(monkeypatch):
         1: (16, 0), 16: (16, 0), 24: (32, 0), 40: (32, 16), 48: (32, 16), 64: (64, 0), 72: (64, 16), 80: (64, 16),
         96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 200: (256, 0), 256: (256, 0)}
     # every attention kernel gets the parts (fp32: the exact delta, no preprocess)
-    parts, launch_kernel = {}, launch.launch
-
-    def record(kernel, grid, args, cfg=None, warmup=False):
-        parts[kernel.fn.__name__] = tuple(args[n] for n in ("BLOCK_D", "BLOCK_D_TAIL", "BLOCK_DV", "BLOCK_DV_TAIL"))
-        launch_kernel(kernel, grid, args, cfg, warmup)
-
-    monkeypatch.setattr(launch, "launch", record)
+    launched = _recorded_launches(monkeypatch)
     run_and_check(*make_case(**CASES["d96_dv48_gqa2_causal_mask"]), dtype=torch.float32)
+    parts = {kernel: tuple(args[n] for n in ("BLOCK_D", "BLOCK_D_TAIL", "BLOCK_DV", "BLOCK_DV_TAIL"))
+             for kernel, args in launched}
     assert parts == {name: (64, 32, 32, 16) for name in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv")}
 
 

@@ -136,8 +136,8 @@ def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path, dtype, request
 def test_rows_the_causal_band_hides_everything(path, causal, dtype):
     # bottom-right with M > N: the first M - N queries see no key; diagonal -3: the first three; a top-left window
     # of 4 with M > N + 4: the last queries. Their outputs are NaN, dq 0, dv NaN (GQA: every kv head with such a
-    # row) -- including keys in blocks the kernels skip. (fp32 takes the exact delta, where the dQ kernel flags
-    # such rows for the dK/dV kernel; fp16 the preprocess.)
+    # row) -- including keys in blocks the kernels skip. (The dQ kernel flags such rows for the dK/dV kernel, from
+    # its exact delta in fp32 and from rowsum(dO * O) in fp16.)
     spec = AttentionSpec(dtype=dtype_name(dtype), head_dim=16, head_dim_v=16, scale=0.25, causal=causal, gqa_group=2)
     out, (dq, dk, dv) = check_against_eager(*qkv(H=4, Hk=2, M=45, N=37, dtype=dtype), [], spec)
     assert torch.isnan(out).any() and torch.isnan(dv).all() and not torch.isnan(dq).any()

@@ -102,9 +102,7 @@ def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
 def _configs(name: str, spec: AttentionSpec, smem: int) -> list:
     """The smallest and the largest tuning candidates of a kernel for this spec and shared memory."""
     generate = {"_attn_fwd": autotune.forward_candidates, "_attn_bwd_dq": autotune.dq_candidates,
-                "_attn_bwd_dkdv": autotune.dkdv_candidates}.get(name)
-    if generate is None:  # the preprocess: one fixed shape
-        return [None]
+                "_attn_bwd_dkdv": autotune.dkdv_candidates}[name]
     elem = getattr(torch, spec.dtype).itemsize
     block_d, block_dv = (launch._pow2_at_least_16(d) for d in (spec.head_dim, spec.head_dim_v))  # as the launcher
     candidates = generate(block_d, block_dv, elem, spec.causal is not None, smem)
@@ -122,7 +120,7 @@ def _compile(kernel, args: dict, cfg, capability: int):
             signature[name] = _POINTER_TYPES[value.dtype]
         else:
             signature[name] = "i1" if isinstance(value, bool) else "i32" if isinstance(value, int) else "fp32"
-    options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constants)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
@@ -138,7 +136,7 @@ def compile_spec(name: str, target: str) -> None:
         assert all(args["MASK_BLOCKS"] for kernel, args in launches if "MASK_BLOCKS" in args)
     for kernel, args in launches:
         for cfg in _configs(kernel.fn.__name__, spec, smem):
-            bound = dict(args) if cfg is None else dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+            bound = dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
             for part in _launch_parts(cfg):
                 compiled = _compile(kernel, dict(bound, **part), cfg, capability)
                 what = f"{kernel.fn.__name__} {cfg}{part or ''}"
@@ -150,7 +148,7 @@ def compile_spec(name: str, target: str) -> None:
 def _launch_parts(cfg) -> list:
     """The constexprs of each launch a config makes beyond the captured one's: a dK/dV config with
     dkdv_launches=2 launches the kernel for dV and then for dK."""
-    if cfg is None or cfg.dkdv_launches == 1:
+    if cfg.dkdv_launches == 1:
         return [{}]
     return [dict(COMPUTE_DK=False, COMPUTE_DV=True), dict(COMPUTE_DK=True, COMPUTE_DV=False)]
 
@@ -166,5 +164,5 @@ def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
     tests = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run([sys.executable, "-c", code], cwd=tests, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
-    assert run.stdout.count("bytes of shared memory") >= 4, run.stdout
+    assert run.stdout.count("bytes of shared memory") >= 3, run.stdout  # each kernel, a config or two
 

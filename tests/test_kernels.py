@@ -282,7 +282,7 @@ def test_head_dims_are_split_into_two_parts_where_that_pads_less(monkeypatch):
     assert {d: launch._head_dim_parts(d) for d in dims} == {
         1: (16, 0), 16: (16, 0), 24: (32, 0), 40: (32, 16), 48: (32, 16), 64: (64, 0), 72: (64, 16), 80: (64, 16),
         96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 200: (256, 0), 256: (256, 0)}
-    # every attention kernel gets the parts (fp32: the exact delta, no preprocess)
+    # every attention kernel gets the parts
     launched = _recorded_launches(monkeypatch)
     run_and_check(*make_case(**CASES["d96_dv48_gqa2_causal_mask"]), dtype=torch.float32)
     parts = {kernel: tuple(args[n] for n in ("BLOCK_D", "BLOCK_D_TAIL", "BLOCK_DV", "BLOCK_DV_TAIL"))
@@ -345,7 +345,7 @@ def test_blockwise_backward_small_blocks_softcap(window):
 @pytest.mark.parametrize("interpret, dtype", [("1", torch.float32), ("1", torch.float16), ("0", torch.float32)])
 def test_lse_is_differentiable(interpret, dtype, monkeypatch):
     # A loss on out and on lse (context parallelism merges partial outputs by their lse): the gradient of lse
-    # (d lse_i / d s_ij = P_ij) goes into every path's delta -- the preprocess (fp16), the dQ kernel's exact delta
+    # (d lse_i / d s_ij = P_ij) goes into every path's delta -- the dQ kernel's rowsum(dO * O) (fp16), its exact delta
     # (fp32), the blockwise path -- with a per-head bias and GQA, causal with a window, against fp64 autograd.
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
     q, k, v, ts, spec = make_case(H=4, gqa=2, M=21, N=19, dtype=dtype, causal=CausalMask(window=7),
@@ -581,7 +581,7 @@ def test_unspecialized_kernels(monkeypatch):
     # FUSE_ATTN_SPECIALIZE=0 (the long GPU fuzz): the launched kernels of both templates -- and only their
     # decorators -- list every run-time argument as unspecialized; the kernels still compute the same attention.
     q, k, v, ts, spec = make_case(H=4, gqa=2, M=19, N=23, bias=(1, 4, 19, 1), causal=CausalMask(0, "bottom_right"))
-    launched = {codegen.TEMPLATE_NAME: ["_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dkdv", "_attn_bwd_dq"],
+    launched = {codegen.TEMPLATE_NAME: ["_attn_fwd", "_attn_bwd_dkdv", "_attn_bwd_dq"],
                 codegen.DECODING_TEMPLATE_NAME: ["_decode_split", "_decode_combine"]}
     for template, kernels in launched.items():
         source = codegen._GENERATORS[template](spec)
@@ -637,7 +637,7 @@ def test_grids_past_65535_batch_rows_times_heads(bias, monkeypatch):
     # rows and heads, so 4400 batch rows of 16 heads (70,400 pairs: short sequences served in a large batch) launch
     from fuse_attn.kernels import launch
     Z, H, L = 4400, 16, 16
-    # fp16: the backward with the preprocess (fp32 takes the exact delta in the dQ kernel instead)
+    # fp16: the backward's delta from rowsum(dO * O) (fp32 takes the exact delta)
     q, k, v, tensors, spec = make_case(Z=Z, H=H, M=L, N=L, D=16, bias=bias, causal=CausalMask(), dtype=torch.float16)
     grids = []
     monkeypatch.setattr(launch, "launch", lambda kernel, grid, args, cfg=None, warmup=False: grids.append(
@@ -645,11 +645,11 @@ def test_grids_past_65535_batch_rows_times_heads(bias, monkeypatch):
     launch.triton_forward(q, k, v, tensors, spec, None)
     launch.triton_backward(torch.randn_like(q), q, k, v, tensors, torch.empty_like(q), torch.empty(q.shape[:3]), spec,
                            [t.requires_grad for t in tensors], None)
-    assert {name for name, _, _ in grids} == {"_attn_fwd", "_attn_bwd_preprocess", "_attn_bwd_dq", "_attn_bwd_dkdv"}
+    assert [name for name, _, _ in grids] == ["_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"]
     for name, grid, args in grids:
         block = args["BLOCK_N"] if name == "_attn_bwd_dkdv" else args["BLOCK_M"]
         assert grid == (math.ceil(L / block) * Z * H,), (name, grid)
-        assert args.get("BATCH_INNER", False) is (bias is not None and name != "_attn_bwd_preprocess")
+        assert args["BATCH_INNER"] is (bias is not None)
 
 
 # the generated module's _block_batch_head, for _program_order (the interpreter resolves globals at call time)

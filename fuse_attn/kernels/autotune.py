@@ -104,8 +104,6 @@ INTERPRETER_CONFIGS = {
     # split-K decode (flash_decoding.py): block_m is the packed-row tile, set by the launcher from the rows
     "decode": KernelConfig(16, 16, 4, 1),
 }
-# The preprocess (delta = rowsum(dO * O)) is memory-bound and tiny; 64 rows x BLOCK_DV keep it one pass.
-PREPROCESS_BLOCK_M = 64
 
 # Candidate axes. Tensor-core tiles want multiples of 16 rows per warp (mma m16); Hopper's wgmma issues
 # 64-row tiles per 4-warp group, so BLOCK_M in {64, 128} with 4 or 8 warps are the shapes FA2/FA3 and Triton's

@@ -532,7 +532,7 @@ def _fill(template: str, blocks: dict[str, list[str]], inline: dict[str, str], n
 
 
 def generate_source(spec: AttentionSpec) -> str:
-    """The Triton source of every kernel (forward, backward preprocess, dK/dV, dQ) for this spec."""
+    """The Triton source of every kernel (forward, dQ, dK/dV) for this spec."""
     key = spec.kernel_key()
     template = (TEMPLATE_DIR / TEMPLATE_NAME).read_text()
     code = _score_code(key)

@@ -60,7 +60,7 @@ def _head_dim_parts(d: int) -> tuple[int, int]:
 
 def _with_head_dim_parts(common: dict) -> dict:
     """``common`` for the attention kernels: their BLOCK_D / BLOCK_DV are a head dim's first part, BLOCK_D_TAIL /
-    BLOCK_DV_TAIL its second (0: none). Elsewhere (the tuner's candidates, the preprocess, decoding) BLOCK_D / BLOCK_DV
+    BLOCK_DV_TAIL its second (0: none). Elsewhere (the tuner's candidates, decoding) BLOCK_D / BLOCK_DV
     stay the head dims padded to one power of two."""
     (block_d, block_d_tail), (block_dv, block_dv_tail) = _head_dim_parts(common["D"]), _head_dim_parts(common["DV"])
     return dict(common, BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv, BLOCK_DV_TAIL=block_dv_tail)
@@ -709,9 +709,9 @@ class _BackwardBuffers:
 def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
                      bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False,
                      dlse: Optional[Tensor] = None):
-    """The backward's launches in order (the preprocess without the exact delta, then dK/dV and dQ; with it, dQ
-    first: it writes delta and the row statistics that dK/dV reads). ``only``: launch just that step
-    ("preprocess", "bwd_dq" or "bwd_dkdv"; the tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the
+    """The backward's launches in order: dQ first (it writes delta, the lse flags and, with the exact delta, the row
+    statistics that dK/dV reads), then dK/dV. ``only``: launch just that step ("bwd_dq" or "bwd_dkdv"; the
+    tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the
     gradient of the forward's lse (None: zero), taken off delta by whichever kernel writes delta."""
     Z, H, M, _ = q.shape
     N = k.shape[2]
@@ -736,21 +736,20 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
 
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
-    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"] if exact_delta else ["preprocess", "bwd_dkdv", "bwd_dq"]
+    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"]
     # the mask read once for both kernels, at a granule that divides both key blocks
-    granule = math.gcd(*(cfgs[step].block_n for step in order if step != "preprocess"))
+    granule = math.gcd(*(cfgs[step].block_n for step in order))
 
     def dq():
         cfg = cfgs["bwd_dq"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
         launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
-               dict(base, DQ=bufs.dq, **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
+               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
                     head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]
-        # the lse flags' rows per block: the preprocess's, or with the exact delta the dQ kernel's (launched first)
-        flag_rows = cfgs["bwd_dq"].block_m if exact_delta else autotune.PREPROCESS_BLOCK_M
+        flag_rows = cfgs["bwd_dq"].block_m  # the lse flags' rows per block: the dQ kernel's (launched first)
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
         key_blocks = triton_cdiv(N, cfg.block_n)
         grid = _grid(key_blocks, Z, H // spec.gqa_group)
@@ -765,13 +764,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
             launch(mod._attn_bwd_dkdv, grid, dict(args, **needs, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv), cfg,
                    warmup)
 
-    def preprocess():  # delta = rowsum(dO * O)
-        launch(mod._attn_bwd_preprocess, _grid(triton_cdiv(M, autotune.PREPROCESS_BLOCK_M), Z, H),
-               dict(Out=out, DO=dout, Delta=bufs.delta, Lse=lse, LseFlags=bufs.lse_flags, **lse_grad, **_strides("o", out),
-                    **_strides("do", dout), Z=Z, H=H, M=M, DV=common["DV"], BLOCK_M=autotune.PREPROCESS_BLOCK_M,
-                    BLOCK_DV=common["BLOCK_DV"], ZERO_EMPTY_ROWS=common["ZERO_EMPTY_ROWS"]))
-
-    steps = {"preprocess": preprocess, "bwd_dq": dq, "bwd_dkdv": dkdv}
+    steps = {"bwd_dq": dq, "bwd_dkdv": dkdv}
     for step in order:
         steps[step]()
 
@@ -789,16 +782,14 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
             out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
             real = _common(rq, rk, rv, spec)
             bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
-            if not exact_delta:  # delta from the preprocess, once
-                _launch_backward(mod, {}, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, False,
-                                 only="preprocess")
-            elif kind == "bwd_dkdv":  # delta and the row statistics from the dQ kernel, once
-                _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, True, only="bwd_dq")
+            if kind == "bwd_dkdv":  # delta, the lse flags (and row statistics) from the tuned dQ kernel, once
+                _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta,
+                                 only="bwd_dq")
             return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, real, rdo, rq, rk, rv, rs, out,
                                                          lse, spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
         return bound
 
-    # with the exact delta, dQ is tuned first: the dK/dV kernel's inputs come from it
+    # dQ is tuned first: the dK/dV kernel's inputs come from it
     for kind, candidates in (("bwd_dq", autotune.dq_candidates), ("bwd_dkdv", autotune.dkdv_candidates)):
         tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
                               **_tuning_lengths(common, lengths))

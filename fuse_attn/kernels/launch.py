@@ -744,8 +744,9 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         cfg = cfgs["bwd_dq"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
         launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
-               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore, **dq_needs, **blocks, **_strides("dq", bufs.dq),
-                    head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg)), cfg, warmup)
+               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore, **dq_needs, **blocks,
+                    **_strides("dq", bufs.dq), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg),
+                    **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
         cfg = cfgs["bwd_dkdv"]

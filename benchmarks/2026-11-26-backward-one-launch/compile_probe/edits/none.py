@@ -1,0 +1,2 @@
+def edit(t):
+    return t

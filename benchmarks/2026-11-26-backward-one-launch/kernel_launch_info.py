@@ -3,20 +3,15 @@ grid, block, warps per SM, estimated occupancy): window 1024 and causal, B4 H16 
 import json, tempfile, os
 import torch, triton
 from torch.profiler import profile, ProfilerActivity
-from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+from torch.nn.attention.flex_attention import flex_attention
 from fuse_attn.kernels import flash_attention, autotune
-from fuse_attn.spec import AttentionSpec, CausalMask
+from probe_common import causal_case
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 flex_c = torch.compile(flex_attention)
 B, H, N, D = 4, 16, 4096, 128
 KEYS = ("grid", "block", "registers per thread", "shared memory", "blocks per SM", "warps per SM", "est. achieved occupancy %")
 for window in (1024, None):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn_like(q)
-    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask(window=window))
-    w = window or N + 1
-    bm = create_block_mask(lambda b, h, m, n: (m >= n) & (m - n < w), None, None, N, N)
+    q, k, v, do, spec, bm = causal_case(B, H, N, D, window)
     for name, step in (("ours", lambda: flash_attention(q, k, v, spec).backward(do)),
                        ("flex", lambda: flex_c(q, k, v, block_mask=bm).backward(do))):
         step(); step(); torch.cuda.synchronize()

@@ -1,24 +1,14 @@
 """Per-kernel GPU time (profiler, 5 fwd+bwd calls) of ours and FlexAttention's at several sliding windows, causal,
 B4 H16 N4096 D128 bf16, with the number of tiles each kernel visits: where does the window's time go?"""
-import sys
 import torch, triton
-from torch.profiler import profile, ProfilerActivity
 from tabulate import tabulate
-from torch.nn.attention.flex_attention import flex_attention, create_block_mask
+from torch.nn.attention.flex_attention import flex_attention
 from fuse_attn.kernels import flash_attention, autotune
-from fuse_attn.spec import AttentionSpec, CausalMask
+from probe_common import causal_case, kernel_times
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 flex_c = torch.compile(flex_attention)
 B, H, N, D = 4, 16, 4096, 128
 rows = []
-
-def kernels(step):
-    step(); step(); torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-    return {e.key: e.device_time_total / 5 for e in p.key_averages() if e.device_time_total > 0}
 
 def tiles(window, bm, bn, key_major):
     # tiles (rows of bm queries x bn keys) a kernel visits: query-major (dQ, fwd) or key-major (dK/dV)
@@ -35,16 +25,12 @@ def tiles(window, bm, bn, key_major):
     return total * B * H
 
 for window in (512, 1024, 2048, None):
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    do = torch.randn_like(q)
-    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask(window=window))
-    ours = kernels(lambda: flash_attention(q, k, v, spec).backward(do))
+    q, k, v, do, spec, bm = causal_case(B, H, N, D, window)
+    ours = kernel_times(lambda: flash_attention(q, k, v, spec).backward(do))
     cfg = {key.kind: c for key, c in autotune.chosen_configs().items()}
     autotune._chosen.clear()
     w = window or N + 1
-    bm = create_block_mask(lambda b, h, m, n: (m >= n) & (m - n < w), None, None, N, N)
-    flex = kernels(lambda: flex_c(q, k, v, block_mask=bm).backward(do))
+    flex = kernel_times(lambda: flex_c(q, k, v, block_mask=bm).backward(do))
     fb = {name: us for name, us in flex.items() if "flex_attention_backward" in name}
     dq, dkdv = cfg["bwd_dq"], cfg["bwd_dkdv"]
     tq = tiles(w, dq.block_m, dq.block_n, False)

@@ -5,7 +5,7 @@ Triton's shared memory and ptxas's verdict: registers, spills and wgmma serializ
         _attn_bwd_dkdv[,_attn_bwd_dq,...] 64x128x8x3[,32x128x8x3,...]    (BLOCK_M x BLOCK_N x warps x stages)
 
 ptxas: the one bundled with that Triton (third_party bin)."""
-import os, sys, subprocess, tempfile, pytest, torch, triton
+import os, sys, subprocess, tempfile, pytest, triton
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "tests"))
 import test_gpu_compile as t
 from fuse_attn.spec import AttentionSpec, CausalMask
@@ -18,12 +18,15 @@ def ptxas(c, tag):
     return " | ".join(l.split("ptxas info    :")[-1].strip() for l in r.stderr.splitlines() if "registers" in l or "spill" in l or "C75" in l)
 
 if __name__ == "__main__":
-    which = sys.argv[1]  # causal | window | full
+    which = sys.argv[1]  # causal | window | full | a name of tests/test_gpu_compile.SPECS
     kernels = sys.argv[2].split(",")
     cfgs = [KernelConfig(*map(int, c.split("x"))) for c in sys.argv[3].split(",")]  # e.g. 64x128x8x3
-    causal = {"causal": CausalMask(), "window": CausalMask(window=1024), "full": None}[which]
     hd = int(os.environ.get("HD", "128"))
-    spec = AttentionSpec(dtype="bfloat16", head_dim=hd, head_dim_v=hd, scale=hd ** -0.5, causal=causal)
+    if which in t.SPECS:  # a spec of tests/test_gpu_compile.py, at head dim HD unless it names its own
+        spec = AttentionSpec(**{"dtype": "bfloat16", "head_dim": hd, "head_dim_v": hd, "scale": hd ** -0.5, **t.SPECS[which]})
+    else:
+        causal = {"causal": CausalMask(), "window": CausalMask(window=1024), "full": None}[which]
+        spec = AttentionSpec(dtype="bfloat16", head_dim=hd, head_dim_v=hd, scale=hd ** -0.5, causal=causal)
     with pytest.MonkeyPatch.context() as mp:
         launches = t._captured_launches(spec, mp)
     for kernel, args in launches:

@@ -711,8 +711,8 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                      dlse: Optional[Tensor] = None):
     """The backward's launches in order: dQ first (it writes delta, the lse flags and, with the exact delta, the row
     statistics that dK/dV reads), then dK/dV. ``only``: launch just that step ("bwd_dq" or "bwd_dkdv"; the
-    tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the
-    gradient of the forward's lse (None: zero), taken off delta by whichever kernel writes delta."""
+    tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the gradient of the forward's lse (None: zero),
+    taken off delta by the dQ kernel, which writes delta."""
     Z, H, M, _ = q.shape
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,

@@ -106,6 +106,41 @@ def test_compiled_code_launches_the_generated_kernels_directly(monkeypatch):
         torch.testing.assert_close(t.grad, g, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("exact_delta", [False, True])
+@pytest.mark.parametrize("dkdv_launches", [1, 2])
+def test_only_the_launch_that_accumulates_a_bias_gradient_gets_its_buffer(monkeypatch, exact_delta, dkdv_launches):
+    # Inductor takes a buffer that two user kernels receive as written by both: passed to both backward kernels, the
+    # fp32 bias-gradient buffer was zeroed twice per call (a copy for the second kernel). Each launch that does not
+    # accumulate into it must get something else in its place.
+    from fuse_attn.kernels import autotune
+    from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+
+    b = ScoreProgramBuilder()
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=CausalMask(),
+                         score_mod=b.program(b.add("add", b.add("score"), b.add("load", value=0))),
+                         score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
+    monkeypatch.setattr(launch, "_uses_exact_delta", lambda q: exact_delta)
+    monkeypatch.setitem(autotune.INTERPRETER_CONFIGS, "bwd_dkdv",
+                        autotune.KernelConfig(16, 32, 4, 1, dkdv_launches=dkdv_launches))
+    launches = []
+    monkeypatch.setattr(launch, "launch", lambda kernel, grid, args, cfg=None, warmup=False: launches.append(
+        (kernel.fn.__name__, args)))
+    q, k, v, dout = (torch.randn(1, 2, 32, 16) for _ in range(4))
+    bias = torch.randn(1, 2, 32, 32)
+    out, lse = torch.empty_like(q), torch.zeros(1, 2, 32)
+    _, _, _, (dbias,) = launch.triton_backward(dout, q, k, v, [bias], out, lse, spec, [True])
+    backward = [(name, args) for name, args in launches if name != "_attn_fwd"]
+    assert len(backward) == 1 + dkdv_launches
+    accumulating = [name for name, args in backward if args["NEED_DT0"]]
+    assert accumulating == (["_attn_bwd_dq"] if exact_delta else ["_attn_bwd_dkdv"])
+    buffers = {args["DT0"].data_ptr() for name, args in backward if args["NEED_DT0"]}
+    assert len(buffers) == 1 and bias.data_ptr() not in buffers
+    for name, args in backward:
+        if not args["NEED_DT0"]:
+            assert args["DT0"].data_ptr() not in buffers, f"{name} gets the gradient buffer it does not write"
+    assert dbias.shape == bias.shape
+
+
 def test_cpu_tensors_run_the_opaque_cpu_op_under_compile():
     """A traced wrap_triton launch cannot run under the interpreter: on CPU tensors the compiled graph calls
     ``fuse_attn::flash_attention_cpu`` (and its backward op), whatever TRITON_INTERPRET says."""

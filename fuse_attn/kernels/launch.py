@@ -723,16 +723,20 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                 sm_scale=spec.scale_for(common["D"]), **_with_head_dim_parts(common))
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
     # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
-    dscore, dq_needs, kv_needs = {}, {}, {}
-    for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
-        if st.role != "bias":
-            continue
-        buf = bufs.dbias.get(i)
-        dscore[f"DT{i}"] = t if buf is None else buf
-        for d, stride in zip("zhmn", (0, 0, 0, 0) if buf is None else _bcast_strides(buf)):
-            dscore[f"stride_dt{i}_{d}"] = stride
-        dq_needs[f"NEED_DT{i}"] = buf is not None and exact_delta
-        kv_needs[f"NEED_DT{i}"] = buf is not None and not exact_delta
+    # Only the launch that accumulates gets the buffer; the others get the bias itself in its place, never written:
+    # Inductor takes a buffer that two user kernels receive as written by both, and zeroed a copy of it for the
+    # second (a learned [1, 16, 4096, 4096] bias: 0.32 ms a fill on an H100, BENCHMARKS.md eleventh session).
+    def dscore_args(accumulates: bool) -> dict:
+        args = {}
+        for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
+            if st.role != "bias":
+                continue
+            buf = bufs.dbias.get(i) if accumulates else None
+            args[f"DT{i}"] = t if buf is None else buf
+            for d, stride in zip("zhmn", (0, 0, 0, 0) if buf is None else _bcast_strides(buf)):
+                args[f"stride_dt{i}_{d}"] = stride
+            args[f"NEED_DT{i}"] = buf is not None
+        return args
 
     lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
 
@@ -744,7 +748,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         cfg = cfgs["bwd_dq"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
         launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
-               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore, **dq_needs, **blocks,
+               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore_args(exact_delta), **blocks,
                     **_strides("dq", bufs.dq), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg),
                     **_blocks(cfg)), cfg, warmup)
 
@@ -754,15 +758,15 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
         key_blocks = triton_cdiv(N, cfg.block_n)
         grid = _grid(key_blocks, Z, H // spec.gqa_group)
-        args = dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **dscore, **blocks,
+        args = dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())},
                     head_group=_head_group(q, key_blocks, cfg), **_blocks(cfg))
         # one launch computing both, or dV and then dK (the bias gradients, from dS, with dK)
         parts = [(True, True)] if cfg.dkdv_launches == 1 else [(False, True), (True, False)]
         for compute_dk, compute_dv in parts:
-            needs = kv_needs if compute_dk else {name: False for name in kv_needs}
-            launch(mod._attn_bwd_dkdv, grid, dict(args, **needs, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv), cfg,
+            dscore = dscore_args(compute_dk and not exact_delta)
+            launch(mod._attn_bwd_dkdv, grid, dict(args, **dscore, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv), cfg,
                    warmup)
 
     steps = {"bwd_dq": dq, "bwd_dkdv": dkdv}

@@ -194,7 +194,8 @@ def analyzed_writes(name: str) -> None:
     """(In the subprocess.) For every launch of spec ``name``: the arguments that torch's analysis of user Triton
     kernels (what Inductor functionalizes the launch by) takes as written must be exactly those the kernel stores
     to. More is not wrong, but costs a copy per call: Inductor copies a written argument that another one aliases
-    (a BlockList placeholder given the lse, which the same launch reads) before every launch."""
+    (a BlockList placeholder given the lse, which the same launch reads) before every launch. The analysis is a
+    private torch API: a torch release that renames or changes it can fail this test with no change of ours."""
     from torch._higher_order_ops import triton_kernel_wrap
 
     def written_by_analysis(kernel, args) -> set:

@@ -210,10 +210,10 @@ def analyzed_writes(name: str) -> None:
         launches = _captured_launches(spec, monkeypatch)
     triton.runtime.driver.set_active(_TargetOnly())
     checked = []
+    kinds = {"_attn_fwd": "fwd", "_attn_bwd_dq": "bwd_dq", "_attn_bwd_dkdv": "bwd_dkdv"}
     for kernel, args in launches:
-        bound = dict(args, BLOCK_M=autotune.INTERPRETER_CONFIGS["fwd"].block_m,
-                     BLOCK_N=autotune.INTERPRETER_CONFIGS["fwd"].block_n)
-        seen = written_by_analysis(kernel, bound)
+        cfg = autotune.INTERPRETER_CONFIGS[kinds[kernel.fn.__name__]]  # the tile the launcher gave this launch
+        seen = written_by_analysis(kernel, dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))
         expected = _written(kernel.fn.__name__, args)
         assert seen == expected, f"{name}: {kernel.fn.__name__} seen writing {sorted(seen)}, writes {sorted(expected)}"
         checked.append(kernel.fn.__name__)

@@ -103,8 +103,8 @@ class _Emitter:
 
 def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
                 context_parallel: Optional[ContextParallel]) -> tuple[fx.Node, implementations.Choice]:
-    """The nodes computing the match (the fused op, or SDPA's kernel where it was timed faster; the ring over the
-    ranks under ``context_parallel``) and that choice."""
+    """The nodes computing the match (the fused op; the Gluon forward's op or SDPA's kernel where it was timed faster;
+    the ring over the ranks under ``context_parallel``) and that choice."""
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
     q = emit.operand(match.q)
     q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
@@ -133,6 +133,9 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
     if choice.is_sdpa:
         out = implementations.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
+    if choice.name == implementations.GLUON:  # (a plain spec: no score tensors, no dropout seed)
+        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json())
+        return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
 
     fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
                  match.spec.to_json())

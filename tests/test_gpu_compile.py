@@ -257,3 +257,61 @@ def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
     stdout = _in_subprocess(f"t.compile_spec({name!r}, {target!r})")
     assert stdout.count("bytes of shared memory") >= 3, stdout  # each kernel, a config or two
 
+
+
+# ---- the Gluon forward of plain attention (fuse_attn/kernels/hopper_forward.py): sm90 only ---------------------------
+HOPPER_CASES = {  # (head dim, causal, GQA group, dtype): each head dim's config, both masks, GQA, fp16
+    "D64 causal GQA 2": (64, True, 2, torch.bfloat16),
+    "D128": (128, False, 1, torch.bfloat16),
+    "D128 causal fp16": (128, True, 1, torch.float16),
+}
+
+
+def compile_hopper_forward(name: str) -> None:
+    """(In the subprocess.) Capture the Gluon forward's launch at lengths that are no multiple of a tile and compile it
+    for sm90 with the signature a launch gives it; its shared memory must fit the H100's."""
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import mangle_type
+
+    from fuse_attn.kernels import hopper_forward
+
+    head_dim, causal, group, dtype = HOPPER_CASES[name]
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
+                         scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group)
+    q = torch.randn(2, 4, 300, head_dim, dtype=dtype)
+    k, v = (torch.randn(2, 4 // group, 300, head_dim, dtype=dtype) for _ in range(2))
+    launches = []
+
+    class Recorded:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append((args, kwargs))
+
+    kernel = hopper_forward._hopper_attn_fwd
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(hopper_forward, "_hopper_attn_fwd", Recorded())
+        hopper_forward.hopper_forward(q, k, v, spec)
+    (args, kwargs), = launches
+    signature, constants = {}, {}
+    for i, (arg_name, value) in enumerate(zip(kernel.arg_names, args)):
+        if i in kernel.constexprs:
+            signature[arg_name], constants[(i,)] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[arg_name] = _POINTER_TYPES[value.dtype]
+        elif isinstance(value, float):
+            signature[arg_name] = "fp32"
+        elif isinstance(value, int):
+            signature[arg_name] = "i32"
+        else:  # a TMA descriptor
+            signature[arg_name] = mangle_type(value)
+    source = GluonASTSource(fn=kernel, signature=signature, constexprs=constants)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=kwargs["num_warps"]))
+    capability, smem = TARGETS["sm90"]
+    assert compiled.asm["cubin"], name
+    assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
+    print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
+
+
+@pytest.mark.parametrize("name", list(HOPPER_CASES))
+def test_the_gluon_forward_compiles_for_hopper(name):
+    stdout = _in_subprocess(f"t.compile_hopper_forward({name!r})")
+    assert "bytes of shared memory" in stdout, stdout

@@ -1,9 +1,10 @@
-"""SDPA's kernels as candidates of a matched attention (fuse_attn/kernels/implementations.py).
+"""SDPA's kernels and the Gluon forward as candidates of a matched attention (fuse_attn/kernels/implementations.py).
 
 No GPU here: the timing is replaced (the GPU itself, the device identity and the CUDA-graph steps) and SDPA's
 candidates are admitted for CPU tensors, whose graphs the rewrite can trace (the fused op's fake propagation on a
 CUDA tensor would tune its kernels), so that what is tested is the eligibility of a spec, the choice and its cache entry, the
-FUSE_ATTN_CANDIDATES switch, and the graph the rewrite emits for each choice. The GPU run of the same choices, with
+FUSE_ATTN_CANDIDATES switch, and the graph the rewrite emits for each choice. The Gluon forward is admitted by
+standing in for its eligibility (``gluon_reasons``: an sm90 GPU), and its op runs its CPU path when the graph does. The GPU run of the same choices, with
 numerics, is in test_compose / the device checks (TESTING.md)."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fuse_attn.kernels import autotune, implementations
-from fuse_attn.kernels.implementations import SDPA_CUDNN, SDPA_FLASH, TRITON
+from fuse_attn.kernels.implementations import GLUON, SDPA_CUDNN, SDPA_FLASH, TRITON
 from fuse_attn.matching import MatchContext
 from fuse_attn.report import collect_reports
 from fuse_attn.rewrite import rewrite_attention
@@ -97,6 +98,13 @@ def gpu(tmp_path, monkeypatch):
     return install
 
 
+def on_hopper(spec, q, k):
+    """The Gluon forward's eligibility as on an H100: its own reasons but the GPU's (these tensors are on the CPU)."""
+    from fuse_attn.kernels.hopper_forward import hopper_reasons
+
+    return [r for r in hopper_reasons(spec, q, k) if "sm90" not in r]
+
+
 class TestEmittedGraphs(TestCase):
     @pytest.fixture(autouse=True)
     def _gpu(self, gpu):
@@ -139,6 +147,27 @@ class TestEmittedGraphs(TestCase):
         self.assertEqual(timings.timed, [])
         self.assertNotIn("runs", verdicts)
         self.assertIn("torch.ops.fuse_attn.flash_attention.default", graph)
+
+    def test_the_gluon_forward_timed_fastest_runs_its_op(self):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(implementations, "gluon_reasons", on_hopper)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+            graph, verdicts = rewritten(gqa_attention, GQA, training=True)
+        self.assertEqual(set(timings.timed), {TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH})
+        self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=128 N=128 scale=0.125 gqa=4; runs gluon: fastest of triton, gluon, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
+        self.assertIn("torch.ops.fuse_attn.flash_attention_hopper.default(q_1, k_1, v_1, '{", graph)
+        self.assertNotIn("repeat_interleave", graph)  # the kernel shares each kv head, as the template does
+
+    def test_the_gluon_forward_is_timed_only_where_it_applies(self):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(implementations, "gluon_reasons", on_hopper)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+            mp.setenv(implementations.ENV_CANDIDATES, "triton,gluon")
+            _, verdicts = rewritten(causal_attention, [(2, 4, 128, 32)] * 3)  # head dim 32
+            self.assertEqual(timings.timed, [])
+            self.assertNotIn("runs", verdicts)
+            rewritten(softcapped, MHA)  # a score program
+            self.assertEqual(timings.timed, [])
 
     def test_what_sdpa_cannot_compute_exactly_is_never_timed(self):
         timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
@@ -216,7 +245,7 @@ def test_sdpa_reasons(change, qk, reason):
 
 def test_candidates_switch(monkeypatch, caplog):
     monkeypatch.delenv(implementations.ENV_CANDIDATES, raising=False)
-    assert implementations.allowed_candidates() == (TRITON, SDPA_CUDNN, SDPA_FLASH)
+    assert implementations.allowed_candidates() == (TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH)
     monkeypatch.setenv(implementations.ENV_CANDIDATES, " sdpa_flash,triton ")
     assert implementations.allowed_candidates() == (TRITON, SDPA_FLASH)
     monkeypatch.setenv(implementations.ENV_CANDIDATES, "sdpa_cudnn")  # the generated kernels stay the fallback
@@ -229,7 +258,7 @@ def test_candidates_switch(monkeypatch, caplog):
     was = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(False)  # torch's own switch turns a candidate off too
     try:
-        assert implementations.allowed_candidates() == (TRITON, SDPA_FLASH)
+        assert implementations.allowed_candidates() == (TRITON, GLUON, SDPA_FLASH)
     finally:
         torch.backends.cuda.enable_cudnn_sdp(was)
 
@@ -242,12 +271,15 @@ def causal_module_fn(q, k, v):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None, reason="needs an NVIDIA GPU")
-@pytest.mark.parametrize("candidates", ["triton", "sdpa_cudnn", "sdpa_flash", None])
+@pytest.mark.parametrize("candidates", ["triton", "gluon", "sdpa_cudnn", "sdpa_flash", None])
 @pytest.mark.parametrize("kv_heads", [8, 2])
 def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_heads, monkeypatch):
     """Forced to one candidate (or free to choose: None), a compiled causal bf16 attention runs it -- the verdict says
     which -- and its output and gradients satisfy the 2x rule against the fp64 computation."""
     from test_kernels import assert_close_2x
+
+    if candidates == "gluon" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon forward runs on sm90 GPUs")
 
     if candidates is None:
         monkeypatch.delenv(implementations.ENV_CANDIDATES, raising=False)

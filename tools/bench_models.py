@@ -21,6 +21,8 @@ Variants (the model's ``config._attn_implementation`` and the ``torch.compile`` 
   sdpa+fuse_attn ``attn_implementation="sdpa"`` (Hugging Face's default), ``backend="fuse_attn"``
   sdpa+fuse_attn:triton  the same with ``FUSE_ATTN_CANDIDATES=triton`` while compiling: the generated kernels
                  wherever SDPA's would have been timed faster (not in the default set)
+  sdpa+fuse_attn:ours    the same with ``FUSE_ATTN_CANDIDATES=triton,gluon``: our kernels only, the Gluon forward
+                 on Hopper included where it times faster (not in the default set)
   eager          eager attention, not compiled (with ``--eager``)
 
 A training step is forward + Hugging Face's own loss (cross entropy of the logits against the random input ids as
@@ -88,14 +90,16 @@ VARIANTS = {
     "sdpa+inductor": ("sdpa", "inductor", None),
     "sdpa+fuse_attn": ("sdpa", "fuse_attn", None),
     "sdpa+fuse_attn:triton": ("sdpa", "fuse_attn", "triton"),  # the generated kernels only: their share of the speed
+    "sdpa+fuse_attn:ours": ("sdpa", "fuse_attn", "triton,gluon"),  # ... and the Gluon forward (Hopper)
     "eager": ("eager", None, None),
 }
-COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor", "sdpa+fuse_attn", "sdpa+fuse_attn:triton"]
+COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor", "sdpa+fuse_attn", "sdpa+fuse_attn:triton",
+                     "sdpa+fuse_attn:ours"]
 DEFAULT_VARIANTS = COMPILED_VARIANTS[:4]
 FUSED_VARIANTS = [name for name, (_, backend, _) in VARIANTS.items() if backend == "fuse_attn"]  # they count fusions
 # (ours, the other): the speed-up columns of the table
 RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
-          ("sdpa+fuse_attn:triton", "sdpa+inductor")]
+          ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window", "t5", "gemma2", "phi3"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on

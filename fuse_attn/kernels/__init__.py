@@ -4,6 +4,8 @@
 * ``torch.ops.fuse_attn.flash_attention_backward(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec_json,
   score_tensor_needs_grad, dlse=None) -> (dq, dk, dv, dscore_tensors)`` (``dropout_seed``: an int64 scalar tensor
   when the spec's dropout_p > 0, else None; ``dlse``: the gradient of lse, None for zero)
+* ``torch.ops.fuse_attn.flash_attention_hopper(q, k, v, spec_json) -> (out, lse)`` -- the forward of plain attention
+  in Gluon for Hopper GPUs (:mod:`.hopper_forward`), whose backward is ``flash_attention_backward``
 * :func:`flash_attention` -- the same without torch.compile (differentiable in out and lse).
 * :func:`generated_source` -- the Triton source generated for a spec.
 """
@@ -13,6 +15,11 @@ import torch
 from .codegen import generate_source
 from .ops import flash_attention, generated_source
 from .reference import blockwise_backward, blockwise_forward, reference_attention
+
+try:  # torch.ops.fuse_attn.flash_attention_hopper: the Gluon forward on Hopper (Triton 3.6 on)
+    from . import hopper_forward  # noqa: F401
+except ImportError:  # (implementations.gluon_reasons says why it is no candidate)
+    pass
 
 if torch.distributed.is_available():
     from . import sharding  # noqa: F401  (the ops' DTensor sharding rules)

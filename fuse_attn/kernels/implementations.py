@@ -1,4 +1,5 @@
-"""Which implementation runs a matched attention: the generated kernels, or one of SDPA's (cuDNN, flash).
+"""Which implementation runs a matched attention: the generated kernels, the Gluon forward on Hopper, or one of
+SDPA's (cuDNN, flash).
 
 For an attention that SDPA computes exactly (:func:`sdpa_reasons` says why not otherwise: no score modification
 beyond the scale, no mask or bias tensor, no dropout, causal only with equal lengths, fp16/bf16, equal head dims that
@@ -14,9 +15,13 @@ The choice is per GPU and shape and persists with the launch configs (:mod:`.aut
 says which runs (``dump_graph``, the ``fuse_attn`` log, ``collect_reports``); ``explain()``, which matches without
 compiling, makes no choice.
 
-Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,sdpa_cudnn,sdpa_flash`` (default: all
-three; the generated kernels are a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton`` runs the generated
-kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it). SDPA's candidates also follow
+Our kernels are two candidates: ``triton``, the generated template (forward and backward, every spec), and
+``gluon``, :mod:`.hopper_forward`'s forward of plain attention on sm90 GPUs (:func:`.hopper_forward.hopper_reasons`
+says which), with the template's backward. Where both are allowed they are timed against each other like the rest.
+
+Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
+all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our
+kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it); ``triton`` alone, the template. SDPA's candidates also follow
 torch's switches (``torch.backends.cuda.enable_cudnn_sdp``, ``enable_flash_sdp``). The generated kernels stay the
 fallback of every attention that SDPA cannot compute.
 
@@ -45,10 +50,11 @@ log = logging.getLogger("fuse_attn.kernels")
 aten = torch.ops.aten
 
 TRITON = "triton"
+GLUON = "gluon"
 SDPA_CUDNN = "sdpa_cudnn"
 SDPA_FLASH = "sdpa_flash"
 # Candidate order: the first one that runs is taken untimed under FUSE_ATTN_AUTOTUNE=0.
-ALL_CANDIDATES = (TRITON, SDPA_CUDNN, SDPA_FLASH)
+ALL_CANDIDATES = (TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH)
 ENV_CANDIDATES = "FUSE_ATTN_CANDIDATES"
 _SDPA_DTYPES = (torch.float16, torch.bfloat16)  # what SDPA's flash and cuDNN kernels take
 _SDPA_DEVICE_TYPES = ("cuda",)
@@ -69,7 +75,7 @@ class Choice:
 
     @property
     def is_sdpa(self) -> bool:
-        return self.name != TRITON
+        return self.name in (SDPA_CUDNN, SDPA_FLASH)
 
     def text(self) -> Optional[str]:
         """What the report says, where there was a choice."""
@@ -143,14 +149,40 @@ def _run(target, *args, **kwargs):
     return target(*args, **kwargs)
 
 
+def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
+    """Why the Gluon forward cannot compute this attention (empty: it can)."""
+    try:
+        from .hopper_forward import hopper_reasons
+    except ImportError as e:  # a Triton without Gluon's Hopper API (it is there from 3.6 on)
+        return [f"Triton {_triton_version()} lacks Gluon's Hopper API ({e})"]
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(q, DTensor):
+            return ["the Gluon forward has no DTensor sharding rule"]
+    return hopper_reasons(spec, q, k)
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
 def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool) -> Choice:
     """The implementation of one matched attention (q, k, v: its fused op's operands, fake while compiling)."""
     allowed = allowed_candidates()
-    reasons = sdpa_reasons(spec, q, k)
-    candidates = [n for n in allowed if n == TRITON or not reasons]
+    reasons = {n: [] for n in allowed if n == TRITON}
+    if GLUON in allowed:
+        reasons[GLUON] = gluon_reasons(spec, q, k)
+    sdpa = [n for n in allowed if n in (SDPA_CUDNN, SDPA_FLASH)]
+    if sdpa:
+        reasons.update(dict.fromkeys(sdpa, sdpa_reasons(spec, q, k)))
+    candidates = [n for n in allowed if not reasons[n]]
     if candidates == [TRITON]:
         log.debug("fuse_attn: %s runs the generated kernels: %s", spec.describe(),
-                  "; ".join(reasons) if reasons else f"{ENV_CANDIDATES} allows only triton")
+                  "; ".join(f"{n}: {'; '.join(r)}" for n, r in reasons.items() if r)
+                  or f"{ENV_CANDIDATES} allows only triton")
         return Choice(TRITON)
     Z, H, M, D = q.shape
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
@@ -187,6 +219,10 @@ class _CandidateSteps:
         def forward():
             if name == TRITON:
                 return flash_attention(self.q, self.k, self.v, self.spec)
+            if name == GLUON:
+                from .hopper_forward import flash_attention_hopper
+
+                return flash_attention_hopper(self.q, self.k, self.v, self.spec)
             return sdpa_attention(_run, name, self.q, self.k, self.v, self.spec, self.training)
 
         def step():

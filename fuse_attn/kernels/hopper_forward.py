@@ -1,0 +1,319 @@
+"""The forward of plain attention on Hopper GPUs, written in Gluon: ``torch.ops.fuse_attn.flash_attention_hopper``.
+
+Triton's compiler places one wgmma wait per ``tl.dot`` in the generated template, so on an H100 its forward runs
+the softmax and the matmuls one after the other (0.72-0.97x cuDNN, BENCHMARKS.md). Gluon, Triton's lower-level
+language, states the schedule instead, as FlashAttention-3 does:
+
+* warp specialization: a CTA takes ``2 * BLOCK_M`` query rows. Two consumer warpgroups (the default partition and a
+  4-warp worker) own ``BLOCK_M`` rows each; a 1-warp producer loads the q tiles and a ring of k / v tiles by TMA.
+  A consumer frees a ring stage with an mbarrier arrive, never a CTA-wide barrier, so the two warpgroups drift apart
+  and one's softmax overlaps the other's matmuls. Registers move from the producer to the consumers
+  (``setmaxnreg``: :data:`_CONSUMER_REGS` / :data:`_PRODUCER_REGS`).
+* within a consumer, tile j's q k^T and tile j-1's P v are issued together, and tile j's softmax runs while P v is
+  on the tensor cores (FA3's intra-warpgroup overlap).
+* 4-D TMA descriptors over q, k, v and the output as they lie in memory (any strides TMA takes): rows past a length
+  read as zeros and are never stored, so lengths need not be multiples of a tile.
+
+What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
+(:func:`hopper_reasons` says which specs: no score program, mask or bias, no dropout; fp16/bf16; head dim 64 or 128;
+causal only top-left with equal lengths; GQA by sharing each kv head). Outputs match the generated template's:
+``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log), so the backward is the template's
+(``flash_attention_backward``), wired here as this op's autograd formula. The reference is the template's own:
+:func:`.reference.reference_attention`; the tests compare both against it.
+
+It is one candidate of the compile-time choice (:mod:`.implementations`, name ``gluon``), timed against the
+generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
+(torch 2.11: user kernels must be ``triton.jit``), so this op is opaque to it: a ``custom_op`` whose Python launcher
+runs on every call (host cost measured in BENCHMARKS.md). On CPU tensors it runs the generated forward (the
+interpreter or the blockwise path), so its wiring is testable without a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from ..spec import AttentionSpec
+
+# Triton 3.7 renamed the TMA copies (3.6: async_copy_global_to_shared / async_copy_shared_to_global).
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+_LOG2E = math.log2(math.e)
+# setmaxnreg budgets: 2 consumer warpgroups x 232 + 1 producer warpgroup x 40 = 504 of the 512 registers a thread
+# of a 384-thread CTA may hold on Hopper (65536 per SM); 232 keeps the consumers' S, P, O tiles and the in-flight
+# wgmma operands without spills (ptxas, sm90a), and 240 / 24 timed no faster (benchmarks/2026-11-27-gluon-forward).
+_CONSUMER_REGS = 232
+_PRODUCER_REGS = 40
+# Per head dim: (rows per consumer warpgroup, key tile, ring stages). From the H100 sweep of
+# benchmarks/2026-11-27-gluon-forward (gluon_ws_bench.log): D128 at 64 x 128 x 3 stages (2 q tiles + 3 k/v stages =
+# 224 KiB of the 227 KiB a CTA may use) ran 1.02-1.11x cuDNN at N 4k-16k, 2 stages 0.87-0.91x; D64 at 64 x 128 x 4
+# stages 0.95-1.03x.
+_CONFIGS = {64: (64, 128, 4), 128: (64, 128, 3)}
+_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
+
+
+# ---- which attentions ------------------------------------------------------------------------------------------------
+def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
+    """Why this forward cannot compute the attention (empty: it can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``,
+    possibly fake with symbolic lengths."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    reasons = []
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        reasons.append("the Gluon forward is written for Hopper (sm90) wgmma and TMA")
+    if q.dtype not in _DTYPES:
+        reasons.append(f"the Gluon forward takes fp16/bf16, not {q.dtype}")
+    if spec.score_mod or spec.score_tensors or spec.dropout_p:
+        reasons.append("the Gluon forward computes plain attention (no score program, mask, bias or dropout)")
+    if spec.head_dim != spec.head_dim_v or spec.head_dim not in _CONFIGS:
+        reasons.append(f"the Gluon forward is tuned for head dims {sorted(_CONFIGS)}, not {spec.head_dim}/"
+                       f"{spec.head_dim_v}")
+    if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
+                                    or not statically_known_true(q.shape[2] == k.shape[2])):
+        reasons.append("the Gluon forward's causal mask is the plain diagonal of equal lengths")
+    return reasons
+
+
+# ---- the kernel ------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """One tile's online softmax in log2 units: P (fp32, unnormalized), the new running max and sum, and alpha (what
+    rescales the output accumulated under the old max). MASK: the tile holds keys past N or past the diagonal."""
+    if MASK:
+        keep = offs_n[None, :] < N
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        s = gl.where(keep, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j,
+                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr, o_layout: gl.constexpr,
+                   p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """Tile j: its q k^T and tile j-1's P v in flight together; tile j's softmax while P v runs; then tile j-1's
+    ring stage is released and the output rescaled."""
+    stage = j % STAGES
+    mbarrier.wait(kv_ready.index(stage), (j // STAGES) & 1)
+    s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    prev = (j - 1) % STAGES
+    acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    s = warpgroup_mma_wait(1, deps=(s, ))
+    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+    mbarrier.arrive(kv_empty.index(prev))
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+    p_op = gl.convert_layout(p.to(p_op.dtype), p_layout)
+    return acc, p_op, m_i, l_i
+
+
+@gluon.jit
+def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, qk_scale,
+              C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup C: rows ``row0 + C * BLOCK_M`` on, all n_tiles key tiles; stores its output and lse."""
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, HEAD_D, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+    col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+
+    start_m = row0 + C * BLOCK_M
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal
+    if CAUSAL:
+        n_full = gl.maximum((start_m + 1) // BLOCK_N, 1)
+    else:
+        n_full = gl.maximum(N // BLOCK_N, 1)
+    q = q_smem.index(C)
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
+    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+
+    # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
+    mbarrier.wait(q_bars.index(C), 0)
+    mbarrier.wait(kv_ready.index(0), 0)
+    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = warpgroup_mma_wait(0, deps=(s, ))
+    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N, qk_scale,
+                                       True, CAUSAL)
+    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+    for j in range(1, n_full):
+        acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
+                                             offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout, p_layout,
+                                             False, CAUSAL)
+    # the masked tail (a tile only the other warpgroup's rows see is all -inf here: P 0, max and sum unchanged)
+    for j in range(n_full, n_tiles):
+        acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
+                                             offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout, p_layout,
+                                             True, CAUSAL)
+    last = (n_tiles - 1) % STAGES
+    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+    mbarrier.arrive(kv_empty.index(last))
+
+    lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
+    gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
+    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+    q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
+    fence_async_shared()
+    _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, h_kv, row0, n_tiles,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """The q tiles of both consumers, then k / v tiles into the ring as stages come free."""
+    for c in gl.static_range(2):
+        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
+    for j in range(n_tiles):
+        stage = j % STAGES
+        # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
+        mbarrier.wait(kv_empty.index(stage), ((j // STAGES) & 1) ^ 1)
+        ready = kv_ready.index(stage)
+        mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
+        _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+
+
+@gluon.jit
+def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA_GROUP: gl.constexpr,
+                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+    pid_m = gl.program_id(0)
+    if CAUSAL:  # the longest rows first
+        pid_m = gl.num_programs(0) - 1 - pid_m
+    bh = gl.program_id(1)
+    z = bh // H
+    h = bh % H
+    row0 = pid_m * 2 * BLOCK_M
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, N), BLOCK_N)
+    else:
+        n_tiles = gl.cdiv(N, BLOCK_N)
+
+    smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, HEAD_D], q_layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for c in gl.static_range(2):
+        mbarrier.init(q_bars.index(c), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kv_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)  # one arrive per consumer warpgroup
+
+    gl.warp_specialize([
+        (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                     qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+        (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                     qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, h // GQA_GROUP,
+                     row0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
+    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+# ---- launcher --------------------------------------------------------------------------------------------------------
+def _tma_ready(t: Tensor) -> Tensor:
+    """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides), else a copy."""
+    size = t.element_size()
+    if (t.stride(-1) == 1 and t.data_ptr() % _TMA_ALIGN_BYTES == 0
+            and all(s * size % _TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
+        return t
+    return t.contiguous()
+
+
+def _descriptor(t: Tensor, rows: int) -> "TensorDescriptor":
+    block = [1, 1, rows, t.shape[3]]
+    layout = gl.NVMMASharedLayout.get_default_for(block, _DTYPES[t.dtype])
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
+    """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU."""
+    Z, H, M, D = q.shape
+    N = k.shape[2]
+    block_m, block_n, stages = _CONFIGS[D]
+    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
+    lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
+    grid = (triton.cdiv(M, 2 * block_m), Z * H)
+    _hopper_attn_fwd[grid](
+        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
+        H, M, N, spec.scale_for(D) * _LOG2E, spec.gqa_group, spec.causal is not None, block_m, block_n, D, stages,
+        _CONSUMER_REGS, _PRODUCER_REGS, num_warps=4)
+    return out, lse
+
+
+# ---- the op and its autograd -----------------------------------------------------------------------------------------
+@torch.library.custom_op("fuse_attn::flash_attention_hopper", mutates_args=())
+def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for a plain spec. Opaque to torch.compile."""
+    from .ops import _forward_op, parse_spec
+
+    if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
+        return _forward_op(q, k, v, [], None, spec, cpu_op=True)
+    s = parse_spec(spec)
+    reasons = hopper_reasons(s, q, k)
+    if reasons:
+        raise ValueError(f"fuse_attn::flash_attention_hopper cannot run {s.describe()}: {'; '.join(reasons)}")
+    if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
+        return _forward_op(q, k, v, [], None, spec, cpu_op=False)  # the empty answers
+    return hopper_forward(q, k, v, s)
+
+
+@flash_attention_hopper_op.register_fake
+def _(q, k, v, spec):
+    from .launch import _empty_outputs
+
+    return _empty_outputs(q, v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, spec = inputs
+    out, lse = output
+    ctx.spec = spec
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.set_materialize_grads(False)
+
+
+def _backward(ctx, dout, dlse):
+    """The generated template's backward: it takes this forward's out and lse as its own."""
+    q, k, v, out, lse = ctx.saved_tensors
+    if dout is None:
+        dout = torch.zeros_like(out)
+    dq, dk, dv, _ = torch.ops.fuse_attn.flash_attention_backward(dout, q, k, v, [], None, out, lse, ctx.spec, [], dlse)
+    return dq, dk, dv, None
+
+
+flash_attention_hopper_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attention_hopper(q: Tensor, k: Tensor, v: Tensor, spec, return_lse: bool = False):
+    """The op without torch.compile (differentiable); ``spec`` an :class:`AttentionSpec` or its JSON."""
+    text = spec.to_json() if isinstance(spec, AttentionSpec) else spec
+    out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, v, text)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,181 @@
+"""The Gluon forward of plain attention on Hopper (fuse_attn/kernels/hopper_forward.py).
+
+Which specs it takes (``hopper_reasons``) and the op's wiring run on the CPU: there the op runs the generated forward,
+and its autograd formula is the template's backward. The kernel itself needs an sm90 GPU: output, lse and the
+gradients of q, k, v (through the template's backward, fed this forward's out and lse) against fp64 under the 2x
+rule, at lengths that are no multiple of a tile (1, 17, 97, 1025), head dims 64 and 128, GQA, fp16 and bf16, and
+q / k / v as strided views of a [Z, N, H, D] projection. Its compile for sm90 runs without a GPU too, in
+test_gpu_compile.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fuse_attn.kernels import hopper_forward, reference_attention
+from fuse_attn.kernels.hopper_forward import flash_attention_hopper, hopper_reasons
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode
+from test_kernels import assert_close_2x
+
+PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
+
+
+def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
+    with FakeTensorMode():
+        return (torch.empty(2, 4, q_len, head_dim, dtype=dtype, device="cuda"),
+                torch.empty(2, 4, kv_len, head_dim, dtype=dtype, device="cuda"))
+
+
+@pytest.mark.parametrize("change, qk, reason", [
+    ({"dtype": "float32"}, {"dtype": torch.float32}, "fp16/bf16"),
+    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention"),
+    ({"dropout_p": 0.1}, {}, "plain attention"),
+    ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims [64, 128], not 96/96"),
+    ({"head_dim_v": 64}, {}, "not 128/64"),
+    ({"causal": CausalMask(window=16)}, {}, "plain diagonal"),
+    ({"causal": CausalMask(diagonal=1)}, {}, "plain diagonal"),
+    ({"causal": CausalMask()}, {"q_len": 1}, "equal lengths"),
+])
+def test_hopper_reasons(change, qk, reason, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert hopper_reasons(PLAIN, *fake_qk()) == []
+    assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), gqa_group=2), *fake_qk()) == []
+    assert hopper_reasons(PLAIN, *fake_qk(q_len=1, kv_len=1000)) == []  # lengths may differ without a mask
+    reasons = hopper_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_hopper_reasons_name_the_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    reasons = hopper_reasons(PLAIN, *fake_qk())
+    assert len(reasons) == 1 and "Hopper (sm90)" in reasons[0], reasons
+    q, k = (torch.empty(1, 1, 8, 128, dtype=torch.bfloat16) for _ in range(2))
+    assert "Hopper (sm90)" in hopper_reasons(PLAIN, q, k)[0]
+
+
+def test_the_op_on_cpu_runs_the_generated_forward_and_the_templates_backward():
+    """The wiring the compiled graph relies on, where a CPU can check it: out and lse as the fused op gives them,
+    and gradients through the autograd formula (the template's backward on this forward's out and lse)."""
+    from fuse_attn.kernels import flash_attention
+
+    spec = AttentionSpec(dtype="float32", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask(), gqa_group=2)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 4, 33, 64, generator=g, requires_grad=True)
+    k, v = (torch.randn(1, 2, 33, 64, generator=g, requires_grad=True) for _ in range(2))
+    out, lse = flash_attention_hopper(q, k, v, spec, return_lse=True)
+    want_out, want_lse = flash_attention(q, k, v, spec, return_lse=True)
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    dout = torch.randn(out.shape, generator=g)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    want = torch.autograd.grad(want_out, (q, k, v), dout)
+    for a, b in zip(grads, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_ops_fake_gives_the_outputs_shapes():
+    spec = dataclasses.replace(PLAIN, gqa_group=2).to_json()
+    with FakeTensorMode():
+        q = torch.empty(2, 8, 77, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 4, 77, 128, dtype=torch.bfloat16, device="cuda")
+        out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, k, spec)
+    assert out.shape == (2, 8, 77, 128) and out.dtype == torch.bfloat16
+    assert lse.shape == (2, 8, 77) and lse.dtype == torch.float32
+
+
+# ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                            reason="needs an sm90 GPU (H100 / H200)")
+
+
+@hopper
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("length", [1, 17, 97, 1025])
+def test_matches_fp64_with_gradients(length, causal, head_dim, dtype):
+    group = 2 if causal else 1
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
+                         scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group)
+    g = torch.Generator(device="cuda").manual_seed(length)
+    # q, k, v as a model's projections give them: [Z, N, H, D] viewed as [Z, H, N, D] (strided, no copy)
+    q = torch.randn(2, length, 4, head_dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
+    k, v = (torch.randn(2, length, 4 // group, head_dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
+            for _ in range(2))
+    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
+    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+    out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True)
+    ref, ref_lse = reference_attention(*ref_in, [], spec)
+    eager, _ = reference_attention(*eager_in, [], spec)
+    assert_close_2x("out", out, ref, eager, dtype)
+    torch.testing.assert_close(lse.double(), ref_lse.double(), rtol=0, atol=1e-4)
+    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=dtype)
+    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
+        assert_close_2x(name, a, b, c, dtype)
+
+
+@hopper
+def test_long_rows_and_unequal_lengths():
+    """Many key tiles through the ring (N 4096: 32 tiles, each stage reused), and M != N without a mask."""
+    for M, N, causal in ((4096, 4096, True), (300, 2049, False)):
+        spec = dataclasses.replace(PLAIN, causal=CausalMask() if causal else None)
+        g = torch.Generator(device="cuda").manual_seed(M)
+        q = torch.randn(1, 2, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 2, N, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+        out = flash_attention_hopper(q, k, v, spec)
+        ref, _ = reference_attention(q.double(), k.double(), v.double(), [], spec)
+        eager, _ = reference_attention(q, k, v, [], spec)
+        assert_close_2x(f"out M{M} N{N}", out, ref, eager, torch.bfloat16)
+
+
+@hopper
+def test_a_layout_tma_cannot_read_is_copied_first():
+    q = torch.randn(1, 2, 64, 129, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 258 bytes
+    assert hopper_forward._tma_ready(q) is not q and hopper_forward._tma_ready(q).is_contiguous()
+    spec = PLAIN
+    out = flash_attention_hopper(q, q, q, spec)
+    ref, _ = reference_attention(q.double(), q.double(), q.double(), [], spec)
+    eager, _ = reference_attention(q, q, q, [], spec)
+    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+
+
+def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
+    """The compiled path end to end where a CPU can run it: the rewrite emits this op (its choice forced), Inductor
+    calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients as eager's."""
+    from fuse_attn.kernels import implementations
+    from test_kernels import assert_close_2x
+
+    monkeypatch.setattr(implementations, "choose",
+                        lambda spec, q, k, v, training: implementations.Choice(implementations.GLUON, "forced"))
+
+    def attention(q, k, v):
+        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+    g = torch.Generator().manual_seed(0)
+    shapes = [(2, 4, 40, 64), (2, 2, 40, 64), (2, 2, 40, 64)]
+    q, k, v = (torch.randn(s, generator=g, requires_grad=True) for s in shapes)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    eager_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    torch._dynamo.reset()
+    from fuse_attn.report import collect_reports
+
+    with collect_reports() as reports:
+        out = torch.compile(attention, backend="fuse_attn")(q, k, v)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True] and verdicts[0].runs == "runs gluon: forced"
+    rewritten = "".join(r.after or "" for r in reports)
+    assert "fuse_attn.flash_attention_hopper.default" in rewritten and "flash_attention.default" not in rewritten
+    ref, eager = attention(*ref_in), attention(*eager_in)
+    assert_close_2x("out", out, ref, eager, torch.float32)
+    dout = torch.randn(out.shape, generator=g)
+    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
+        assert_close_2x(name, a, b, c, torch.float32)

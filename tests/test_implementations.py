@@ -4,8 +4,8 @@ No GPU here: the timing is replaced (the GPU itself, the device identity and the
 candidates are admitted for CPU tensors, whose graphs the rewrite can trace (the fused op's fake propagation on a
 CUDA tensor would tune its kernels), so that what is tested is the eligibility of a spec, the choice and its cache entry, the
 FUSE_ATTN_CANDIDATES switch, and the graph the rewrite emits for each choice. The Gluon forward is admitted by
-standing in for its eligibility (``gluon_reasons``: an sm90 GPU), and its op runs its CPU path when the graph does. The GPU run of the same choices, with
-numerics, is in test_compose / the device checks (TESTING.md)."""
+standing in for its eligibility (``gluon_reasons``: an sm90 GPU). The GPU run of the same choices, with numerics, is
+in test_compose / the device checks (TESTING.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""What the implementation choice sees: the GPU time of each candidate of a plain attention -- the generated kernels
-and SDPA's cuDNN and flash kernels -- per shape, forward and forward+backward, timed as the tuner times them
-(``fuse_attn.kernels.implementations``: each step recorded as a CUDA graph, the replay timed, median), and the one
-it keeps.
+"""What the implementation choice sees: the GPU time of each candidate of a plain attention -- the generated kernels,
+the Gluon forward (sm90; "failed" elsewhere) and SDPA's cuDNN and flash kernels -- per shape, forward and
+forward+backward, timed as the tuner times them (``fuse_attn.kernels.implementations``: each step recorded as a CUDA
+graph, the replay timed, median), and the one it keeps.
 
     PYTHONPATH=. python3 tools/bench_candidates.py [--out OUTDIR]
 
@@ -71,7 +71,7 @@ def main(argv=None):
                 for candidate, ms in times.items():
                     record([name, Z, H, H_kv, N, D, causal, mode, candidate, "" if ms is None else f"{ms:.5f}"])
                 ran = {n: t for n, t in times.items() if t is not None}
-                sdpa = [t for n, t in ran.items() if n != implementations.TRITON]
+                sdpa = [t for n, t in ran.items() if n in (implementations.SDPA_CUDNN, implementations.SDPA_FLASH)]
                 rows.append([name, f"{Z},{H}/{H_kv},{N},{D}", "causal" if causal else "full", mode,
                              *("failed" if times[n] is None else f"{times[n] * 1e3:.1f}" for n in implementations.ALL_CANDIDATES),
                              min(ran, key=ran.get),

@@ -238,10 +238,11 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
 def _tma_ready(t: Tensor) -> Tensor:
-    """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides), else a copy."""
+    """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides, none 0: a broadcast
+    dim), else a copy."""
     size = t.element_size()
     if (t.stride(-1) == 1 and t.data_ptr() % _TMA_ALIGN_BYTES == 0
-            and all(s * size % _TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
+            and all(s > 0 and s * size % _TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
         return t
     return t.contiguous()
 

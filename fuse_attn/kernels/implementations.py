@@ -21,9 +21,9 @@ says which), with the template's backward. Where both are allowed they are timed
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
 all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our
-kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it); ``triton`` alone, the template. SDPA's candidates also follow
-torch's switches (``torch.backends.cuda.enable_cudnn_sdp``, ``enable_flash_sdp``). The generated kernels stay the
-fallback of every attention that SDPA cannot compute.
+kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it); ``triton`` alone, the template.
+SDPA's candidates also follow torch's switches (``torch.backends.cuda.enable_cudnn_sdp``, ``enable_flash_sdp``). The
+generated kernels stay the fallback of every attention that the others cannot compute.
 
 SDPA's kernels run in the compiled graph as ``aten._scaled_dot_product_cudnn_attention`` /
 ``aten._scaled_dot_product_flash_attention`` (each with its ATen backward): :func:`sdpa_attention` emits them, and

@@ -98,11 +98,17 @@ def gpu(tmp_path, monkeypatch):
     return install
 
 
-def on_hopper(spec, q, k):
-    """The Gluon forward's eligibility as on an H100: its own reasons but the GPU's (these tensors are on the CPU)."""
-    from fuse_attn.kernels.hopper_forward import hopper_reasons
+def on_hopper(monkeypatch):
+    """The Gluon forward's eligibility as on an H100 (these tensors are on the CPU): its reasons but the GPU's."""
+    from fuse_attn.kernels import hopper_forward
 
-    return [r for r in hopper_reasons(spec, q, k) if "sm90" not in r]
+    real = hopper_forward.hopper_reasons
+    monkeypatch.setattr(hopper_forward, "hopper_reasons",
+                        lambda spec, q, k: [r for r in real(spec, q, k) if "sm90" not in r])
+
+
+# large enough for the Gluon forward (GLUON_MIN_STEP_FLOPS): 4 x 16 x 2048^2 x 64 x 4 = 68.7 GFLOP, 3.5x trained
+GQA_LONG = [(4, 16, 2048, 64), (4, 4, 2048, 64), (4, 4, 2048, 64)]
 
 
 class TestEmittedGraphs(TestCase):
@@ -150,24 +156,30 @@ class TestEmittedGraphs(TestCase):
 
     def test_the_gluon_forward_timed_fastest_runs_its_op(self):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(implementations, "gluon_reasons", on_hopper)
+            on_hopper(mp)
             timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
-            graph, verdicts = rewritten(gqa_attention, GQA, training=True)
+            graph, verdicts = rewritten(gqa_attention, GQA_LONG, training=True)
         self.assertEqual(set(timings.timed), {TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH})
-        self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=128 N=128 scale=0.125 gqa=4; runs gluon: fastest of triton, gluon, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
+        self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=2048 N=2048 scale=0.125 gqa=4; runs gluon: fastest of triton, gluon, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
         self.assertIn("torch.ops.fuse_attn.flash_attention_hopper.default(q_1, k_1, v_1, '{", graph)
         self.assertNotIn("repeat_interleave", graph)  # the kernel shares each kv head, as the template does
 
     def test_the_gluon_forward_is_timed_only_where_it_applies(self):
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(implementations, "gluon_reasons", on_hopper)
+            on_hopper(mp)
             timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
             mp.setenv(implementations.ENV_CANDIDATES, "triton,gluon")
-            _, verdicts = rewritten(causal_attention, [(2, 4, 128, 32)] * 3)  # head dim 32
+            _, verdicts = rewritten(causal_attention, [(4, 16, 2048, 32)] * 3)  # head dim 32
             self.assertEqual(timings.timed, [])
             self.assertNotIn("runs", verdicts)
-            rewritten(softcapped, MHA)  # a score program
+            rewritten(softcapped, [(4, 16, 2048, 64)] * 3)  # a score program
             self.assertEqual(timings.timed, [])
+            rewritten(gqa_attention, GQA, training=True)  # 4 x 8 x 128^2 x 64 x 2 x 3.5: its host cost would show
+            self.assertEqual(timings.timed, [])
+            rewritten(gqa_attention, GQA_LONG, training=False)  # 68.7 GFLOP, forward only: the same
+            self.assertEqual(timings.timed, [])
+            rewritten(gqa_attention, GQA_LONG, training=True)  # 240 GFLOP: large enough
+            self.assertEqual(set(timings.timed), {TRITON, GLUON})
 
     def test_what_sdpa_cannot_compute_exactly_is_never_timed(self):
         timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
@@ -280,6 +292,7 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
 
     if candidates == "gluon" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon forward runs on sm90 GPUs")
+    monkeypatch.setattr(implementations, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
 
     if candidates is None:
         monkeypatch.delenv(implementations.ENV_CANDIDATES, raising=False)

@@ -1,7 +1,7 @@
 """The forward of plain attention on Hopper GPUs, written in Gluon: ``torch.ops.fuse_attn.flash_attention_hopper``.
 
 Triton's compiler places one wgmma wait per ``tl.dot`` in the generated template, so on an H100 its forward runs
-the softmax and the matmuls one after the other (0.72-0.97x cuDNN, BENCHMARKS.md). Gluon, Triton's lower-level
+the softmax and the matmuls one after the other (0.70-0.97x cuDNN, BENCHMARKS.md). Gluon, Triton's lower-level
 language, states the schedule instead, as FlashAttention-3 does:
 
 * warp specialization: a CTA takes ``2 * BLOCK_M`` query rows. Two consumer warpgroups (the default partition and a
@@ -43,14 +43,16 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..spec import AttentionSpec
 
-# Triton 3.7 renamed the TMA copies (3.6: async_copy_global_to_shared / async_copy_shared_to_global).
+# The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
+# async_copy_shared_to_global in 3.6 (the GPU machine's).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 _LOG2E = math.log2(math.e)
-# setmaxnreg budgets: 2 consumer warpgroups x 232 + 1 producer warpgroup x 40 = 504 of the 512 registers a thread
-# of a 384-thread CTA may hold on Hopper (65536 per SM); 232 keeps the consumers' S, P, O tiles and the in-flight
-# wgmma operands without spills (ptxas, sm90a), and 240 / 24 timed no faster (benchmarks/2026-11-27-gluon-forward).
+# setmaxnreg budgets per thread: 2 consumer warpgroups x 232 + 1 producer warpgroup x 40 = 504, within the 512 that
+# Hopper's 65536 registers per SM leave a thread of each of 128 lanes x 3 warpgroups; 232 holds the consumers' S, P
+# and O tiles and the in-flight wgmma operands without spills (ptxas, sm90a); 240 / 24 timed the same at 2 stages
+# (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log).
 _CONSUMER_REGS = 232
 _PRODUCER_REGS = 40
 # Per head dim: (rows per consumer warpgroup, key tile, ring stages). From the H100 sweep of

@@ -149,8 +149,22 @@ def _run(target, *args, **kwargs):
     return target(*args, **kwargs)
 
 
-def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
-    """Why the Gluon forward cannot compute this attention (empty: it can)."""
+# The Gluon forward is offered only where the timed step's GPU work hides its host cost: its op's Python launcher
+# (a custom op Inductor calls, four TMA descriptors, Gluon's JIT launch) took up to 0.305 ms a call on an H100, and
+# 2^37 FLOPs (B16 H16 N1024 D128, not causal) took its kernel 0.286 ms (benchmarks/2026-11-27-gluon-forward,
+# plain_vs_cudnn_1k.log). The choice itself times GPU time only, where a smaller step would look faster than it runs.
+GLUON_MIN_STEP_FLOPS = 2**37
+
+
+def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> float:
+    """The matmul FLOPs of the timed step at the hinted sizes: 4 Z H M N D, halved when causal, 3.5x for the forward
+    and backward together (as tools/bench_attention.py counts them)."""
+    Z, H, M, D = (hint(n) for n in q.shape)
+    return 4 * Z * H * M * hint(k.shape[2]) * D * (0.5 if spec.causal is not None else 1.0) * (3.5 if training else 1.0)
+
+
+def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> list[str]:
+    """Why the Gluon forward is no candidate for this attention (empty: it is one)."""
     try:
         from .hopper_forward import hopper_reasons
     except ImportError as e:  # a Triton without Gluon's Hopper API (it is there from 3.6 on)
@@ -160,7 +174,12 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
 
         if isinstance(q, DTensor):
             return ["the Gluon forward has no DTensor sharding rule"]
-    return hopper_reasons(spec, q, k)
+    reasons = hopper_reasons(spec, q, k)
+    flops = _step_flops(spec, q, k, training)
+    if not reasons and flops < GLUON_MIN_STEP_FLOPS:
+        reasons.append(f"a step of {flops:.3g} FLOPs, under the {GLUON_MIN_STEP_FLOPS:.3g} whose GPU time hides the "
+                       "Gluon op's host cost")
+    return reasons
 
 
 def _triton_version() -> str:
@@ -174,7 +193,7 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool)
     allowed = allowed_candidates()
     reasons = {n: [] for n in allowed if n == TRITON}
     if GLUON in allowed:
-        reasons[GLUON] = gluon_reasons(spec, q, k)
+        reasons[GLUON] = gluon_reasons(spec, q, k, training)
     sdpa = [n for n in allowed if n in (SDPA_CUDNN, SDPA_FLASH)]
     if sdpa:
         reasons.update(dict.fromkeys(sdpa, sdpa_reasons(spec, q, k)))

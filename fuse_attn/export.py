@@ -13,7 +13,8 @@ back to the model's dtype, say) would count as users of the attention weights an
 they check are fixed by the graph itself; the checks on the program's inputs stay.
 
 An exported program's forward is traced without its backward, so SDPA's candidates (:mod:`.kernels.implementations`)
-are timed forward only.
+are timed forward only. The Gluon forward on Hopper is no candidate here: its op is a Python custom op, never tried in
+an AOTInductor package.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch
 from torch.export import ExportedProgram
 
 from .backend import _capture_requested
+from .kernels import implementations
 from .matching import MatchContext
 from .report import publish
 from .rewrite import rewrite_attention
@@ -31,8 +33,11 @@ def fuse_exported(ep: ExportedProgram) -> ExportedProgram:
     """Replace every attention of ``ep``'s graph with the fused op, in place; returns ``ep``."""
     gm = ep.graph_module
     _drop_intermediate_metadata_asserts(gm.graph)
-    report = rewrite_attention(gm, MatchContext(constant_inputs=_constant_inputs(ep), gm=gm),
-                               capture=_capture_requested())
+    # (the Gluon forward's op is a Python custom op with no AOTInductor lowering, never tried in a package)
+    with implementations.set_aside(implementations.GLUON, "an exported program: the Gluon forward was never tried "
+                                                          "in an AOTInductor package"):
+        report = rewrite_attention(gm, MatchContext(constant_inputs=_constant_inputs(ep), gm=gm),
+                                   capture=_capture_requested())
     publish(report)
     return ep
 

@@ -189,6 +189,30 @@ class TestEmittedGraphs(TestCase):
         self.assertNotIn("runs", verdicts)
 
 
+def test_an_exported_program_never_times_the_gluon_forward(gpu, monkeypatch):
+    """``fuse_exported`` sets the Gluon forward aside (its Python custom op was never tried in an AOTInductor package);
+    the backend's rewrite of the same attention times it."""
+    import fuse_attn
+
+    on_hopper(monkeypatch)
+    timings = gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return gqa_attention(q, k, v)
+
+    # 275 GFLOP forward: over GLUON_MIN_STEP_FLOPS without training's 3.5x
+    shapes = [(4, 16, 4096, 64), (4, 4, 4096, 64), (4, 4, 4096, 64)]
+    inputs = tuple(torch.randn(s, dtype=torch.bfloat16) for s in shapes)
+    with fuse_attn.collect_reports() as reports:
+        fuse_attn.fuse_exported(torch.export.export(Attention(), inputs))
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
+    assert "runs sdpa_cudnn: fastest of triton, sdpa_cudnn, sdpa_flash, forward timed" in reports[0].verdicts[0].line()
+    assert not implementations._SET_ASIDE
+    rewritten(gqa_attention, shapes, training=True)  # (another key than the export's)
+    assert GLUON in timings.timed
+
+
 def test_the_choice_is_stored_and_read_back_by_a_new_process(gpu, monkeypatch):
     gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
     rewritten(causal_attention, MHA, training=True)

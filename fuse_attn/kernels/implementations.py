@@ -33,6 +33,7 @@ repeated to the query heads first (``repeat_interleave``, as Hugging Face's ``re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
@@ -188,15 +189,30 @@ def _triton_version() -> str:
     return triton.__version__
 
 
+# Candidates a caller sets aside while it rewrites (name -> why), beyond what FUSE_ATTN_CANDIDATES allows
+_SET_ASIDE: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def set_aside(name: str, why: str):
+    """Within the block, ``name`` is no candidate (the report's debug line says ``why``)."""
+    _SET_ASIDE[name] = why
+    try:
+        yield
+    finally:
+        _SET_ASIDE.pop(name, None)
+
+
 def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool) -> Choice:
     """The implementation of one matched attention (q, k, v: its fused op's operands, fake while compiling)."""
-    allowed = allowed_candidates()
+    allowed = [n for n in allowed_candidates() if n not in _SET_ASIDE]
     reasons = {n: [] for n in allowed if n == TRITON}
     if GLUON in allowed:
         reasons[GLUON] = gluon_reasons(spec, q, k, training)
     sdpa = [n for n in allowed if n in (SDPA_CUDNN, SDPA_FLASH)]
     if sdpa:
         reasons.update(dict.fromkeys(sdpa, sdpa_reasons(spec, q, k)))
+    reasons.update({n: [why] for n, why in _SET_ASIDE.items()})
     candidates = [n for n in allowed if not reasons[n]]
     if candidates == [TRITON]:
         log.debug("fuse_attn: %s runs the generated kernels: %s", spec.describe(),

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels import hopper_forward, reference_attention
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper, hopper_reasons
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, UnsupportedSpec
 from test_kernels import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -85,6 +85,10 @@ def test_the_ops_fake_gives_the_outputs_shapes():
         out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, k, spec)
     assert out.shape == (2, 8, 77, 128) and out.dtype == torch.bfloat16
     assert lse.shape == (2, 8, 77) and lse.dtype == torch.float32
+    with FakeTensorMode(), pytest.raises(UnsupportedSpec, match="do not match q"):  # 3 kv heads for GQA 2 of 8
+        q = torch.empty(2, 8, 77, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(2, 3, 77, 128, dtype=torch.bfloat16, device="cuda")
+        torch.ops.fuse_attn.flash_attention_hopper(q, k, k, spec)
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------

@@ -275,11 +275,12 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
 @torch.library.custom_op("fuse_attn::flash_attention_hopper", mutates_args=())
 def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for a plain spec. Opaque to torch.compile."""
-    from .ops import _forward_op, parse_spec
+    from .ops import _forward_op, parse_spec, validate
 
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
         return _forward_op(q, k, v, [], None, spec, cpu_op=True)
     s = parse_spec(spec)
+    validate(q, k, v, [], s)  # shapes, dtypes and devices as the template's op checks them
     reasons = hopper_reasons(s, q, k)
     if reasons:
         raise ValueError(f"fuse_attn::flash_attention_hopper cannot run {s.describe()}: {'; '.join(reasons)}")
@@ -291,7 +292,9 @@ def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tup
 @flash_attention_hopper_op.register_fake
 def _(q, k, v, spec):
     from .launch import _empty_outputs
+    from .ops import parse_spec, validate
 
+    validate(q, k, v, [], parse_spec(spec))
     return _empty_outputs(q, v)
 
 

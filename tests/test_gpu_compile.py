@@ -25,6 +25,8 @@ from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, Score
 
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.runtime.jit import mangle_type
 
 # (compute capability, shared memory per block): the opt-in limits of the H100/H200 and the A100
 TARGETS = {"sm90": (90, 232448), "sm80": (80, 166912)}
@@ -135,10 +137,13 @@ def _compile(kernel, args: dict, cfg, capability: int):
             signature[name] = "i32"
             if value % 16 == 0 and not param.do_not_specialize and not param.do_not_specialize_on_alignment:
                 attrs[(i,)] = [["tt.divisibility", 16]]
+        elif hasattr(value, "block_shape"):  # a TMA descriptor (the Gluon forward's)
+            signature[name] = mangle_type(value)
         else:
             signature[name] = "fp32"
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
+    source_type = GluonASTSource if kernel.is_gluon() else triton.compiler.ASTSource
+    source = source_type(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
 
 
@@ -270,9 +275,6 @@ HOPPER_CASES = {  # (head dim, causal, GQA group, dtype): each head dim's config
 def compile_hopper_forward(name: str) -> None:
     """(In the subprocess.) Capture the Gluon forward's launch at lengths that are no multiple of a tile and compile it
     for sm90 with the signature a launch gives it; its shared memory must fit the H100's."""
-    from triton.experimental.gluon._runtime import GluonASTSource
-    from triton.runtime.jit import mangle_type
-
     from fuse_attn.kernels import hopper_forward
 
     head_dim, causal, group, dtype = HOPPER_CASES[name]
@@ -291,21 +293,10 @@ def compile_hopper_forward(name: str) -> None:
         monkeypatch.setattr(hopper_forward, "_hopper_attn_fwd", Recorded())
         hopper_forward.hopper_forward(q, k, v, spec)
     (args, kwargs), = launches
-    signature, constants = {}, {}
-    for i, (arg_name, value) in enumerate(zip(kernel.arg_names, args)):
-        if i in kernel.constexprs:
-            signature[arg_name], constants[(i,)] = "constexpr", value
-        elif isinstance(value, torch.Tensor):
-            signature[arg_name] = _POINTER_TYPES[value.dtype]
-        elif isinstance(value, float):
-            signature[arg_name] = "fp32"
-        elif isinstance(value, int):
-            signature[arg_name] = "i32"
-        else:  # a TMA descriptor
-            signature[arg_name] = mangle_type(value)
-    source = GluonASTSource(fn=kernel, signature=signature, constexprs=constants)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=kwargs["num_warps"]))
+    block_m, block_n, stages = hopper_forward._CONFIGS[head_dim]
+    cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
     capability, smem = TARGETS["sm90"]
+    compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
     assert compiled.asm["cubin"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory")

@@ -30,6 +30,7 @@ interpreter or the blockwise path), so its wiring is testable without a GPU.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -42,6 +43,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..spec import AttentionSpec
+from . import ops
+from .launch import _empty_outputs
 
 # The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
 # async_copy_shared_to_global in 3.6 (the GPU machine's).
@@ -249,10 +252,15 @@ def _tma_ready(t: Tensor) -> Tensor:
     return t.contiguous()
 
 
+@functools.lru_cache(maxsize=None)
+def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
+    """The shared-memory layout of a ``[1, 1, rows, head_dim]`` TMA tile (the same for every call of a shape)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _DTYPES[dtype])
+
+
 def _descriptor(t: Tensor, rows: int) -> "TensorDescriptor":
-    block = [1, 1, rows, t.shape[3]]
-    layout = gl.NVMMASharedLayout.get_default_for(block, _DTYPES[t.dtype])
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]],
+                            _tile_layout(rows, t.shape[3], t.dtype))
 
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
@@ -275,43 +283,32 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
 @torch.library.custom_op("fuse_attn::flash_attention_hopper", mutates_args=())
 def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for a plain spec. Opaque to torch.compile."""
-    from .ops import _forward_op, parse_spec, validate
-
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
-        return _forward_op(q, k, v, [], None, spec, cpu_op=True)
-    s = parse_spec(spec)
-    validate(q, k, v, [], s)  # shapes, dtypes and devices as the template's op checks them
+        return ops._forward_op(q, k, v, [], None, spec, cpu_op=True)
+    s = ops.parse_spec(spec)
+    ops.validate(q, k, v, [], s)  # shapes, dtypes and devices as the template's op checks them
     reasons = hopper_reasons(s, q, k)
     if reasons:
         raise ValueError(f"fuse_attn::flash_attention_hopper cannot run {s.describe()}: {'; '.join(reasons)}")
-    if q.shape[0] * q.shape[1] * q.shape[2] == 0 or k.shape[2] == 0:
-        return _forward_op(q, k, v, [], None, spec, cpu_op=False)  # the empty answers
+    if ops._is_empty(q, k):
+        return ops._empty_forward(q, v)
     return hopper_forward(q, k, v, s)
 
 
 @flash_attention_hopper_op.register_fake
 def _(q, k, v, spec):
-    from .launch import _empty_outputs
-    from .ops import parse_spec, validate
-
-    validate(q, k, v, [], parse_spec(spec))
+    ops.validate(q, k, v, [], ops.parse_spec(spec))
     return _empty_outputs(q, v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, spec = inputs
-    out, lse = output
-    ctx.spec = spec
-    ctx.save_for_backward(q, k, v, out, lse)
-    ctx.set_materialize_grads(False)
+    ops._setup_context(ctx, (q, k, v, [], None, spec), output)  # the template op's inputs: no score tensors or seed
 
 
 def _backward(ctx, dout, dlse):
-    """The generated template's backward: it takes this forward's out and lse as its own."""
-    q, k, v, out, lse = ctx.saved_tensors
-    if dout is None:
-        dout = torch.zeros_like(out)
-    dq, dk, dv, _ = torch.ops.fuse_attn.flash_attention_backward(dout, q, k, v, [], None, out, lse, ctx.spec, [], dlse)
+    """The generated template's backward (its op's autograd formula): it takes this forward's out and lse as its own."""
+    dq, dk, dv, *_ = ops._backward(ctx, dout, dlse)
     return dq, dk, dv, None
 
 

@@ -16,8 +16,8 @@ from .codegen import generate_source
 from .ops import flash_attention, generated_source
 from .reference import blockwise_backward, blockwise_forward, reference_attention
 
-try:  # torch.ops.fuse_attn.flash_attention_hopper: the Gluon forward on Hopper (Triton 3.6 on)
-    from . import hopper_forward  # noqa: F401
+try:  # torch.ops.fuse_attn.flash_attention_hopper(_backward): the Gluon forward and backward on Hopper (Triton 3.6 on)
+    from . import hopper_backward, hopper_forward  # noqa: F401
 except ImportError:  # (implementations.gluon_reasons says why it is no candidate)
     pass
 

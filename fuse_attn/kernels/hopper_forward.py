@@ -307,8 +307,15 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    """The generated template's backward (its op's autograd formula): it takes this forward's out and lse as its own."""
-    dq, dk, dv, *_ = ops._backward(ctx, dout, dlse)
+    """The Gluon backward (:mod:`.hopper_backward`) on the GPU; the generated template's on CPU tensors (the op's
+    forward there is the template's too). Both take this forward's out and lse as their own."""
+    q, k, v, out, lse, _ = ctx.saved_tensors
+    if q.device.type != "cuda":
+        dq, dk, dv, *_ = ops._backward(ctx, dout, dlse)
+        return dq, dk, dv, None
+    if dout is None:  # only lse was used
+        dout = torch.zeros_like(out)
+    dq, dk, dv = torch.ops.fuse_attn.flash_attention_hopper_backward(dout, q, k, v, out, lse, ctx.spec, dlse)
     return dq, dk, dv, None
 
 

@@ -1,0 +1,292 @@
+"""The backward of plain attention on Hopper GPUs, written in Gluon: the autograd formula of
+``torch.ops.fuse_attn.flash_attention_hopper`` (:mod:`.hopper_forward`), as its own op
+``torch.ops.fuse_attn.flash_attention_hopper_backward``.
+
+The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
+P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
+
+* a CTA owns ``BLOCK_N`` keys of one kv head (two warpgroups of ``BLOCK_N / 2`` rows each) and keeps their dK and dV
+  accumulators in registers; it walks the query tiles of every query head of the kv head's GQA group (one k / v
+  load serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use.
+* per query tile: S^T = K Q^T and dP^T = V dO^T, P^T = exp2(S^T * scale - lse) from the forward's lse,
+  dV += P^T dO and dS^T = P^T (dP^T - delta), dK += dS^T Q, with P^T and dS^T as register operands (never in shared
+  memory); dS^T goes to shared memory once for dQ = dS K, which is added into an fp32 buffer with atomics (the CTAs
+  of one head's key tiles all add into it), scaled and cast by a last small kernel.
+* before it, a small Triton kernel computes delta = rowsum(dO * O) - dlse per query row.
+
+Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
+their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
+diagonal, and only the tiles that cross it are masked.
+
+What it computes is the template's backward for the specs :func:`.hopper_forward.hopper_reasons` accepts, with the
+forward's out and lse (either forward's: same layout); the reference is :func:`.reference.reference_attention`'s
+autograd, which the tests compare against under the 2x rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_wait)
+
+from . import ops
+from .hopper_forward import _descriptor, _tma_load, _tma_ready, _tma_store, hopper_reasons
+
+_LOG2E = math.log2(math.e)
+# Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: two warpgroups of 64
+# rows (wgmma's M per warpgroup); BLOCK_M = 64 queries: the N of the S^T / dP^T matmuls and the M of dQ's. D128:
+# k + v + 2 x (q + dO) + dS^T = 32 + 32 + 64 + 16 KiB = 144 KiB of shared memory, one CTA an SM.
+_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
+_NUM_WARPS = 8  # two consumer warpgroups, one CTA
+_PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
+
+
+# ---- delta and dq's cast: small Triton kernels -----------------------------------------------------------------------
+@triton.jit
+def _delta_kernel(Out, DO, DLse, Delta, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sdo_m, HAS_DLSE: tl.constexpr,
+                  ROWS: tl.constexpr, HEAD_D: tl.constexpr):
+    """delta[z, h, m] = sum_d dO * O - dlse (fp32), for ROWS rows of one (z, h)."""
+    bh = tl.program_id(1)
+    z = bh // H
+    h = bh % H
+    offs_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    offs_d = tl.arange(0, HEAD_D)
+    rows = offs_m[:, None] < M
+    o = tl.load(Out + z * so_z + h * so_h + offs_m[:, None] * so_m + offs_d[None, :], mask=rows, other=0.0)
+    do = tl.load(DO + z * sdo_z + h * sdo_h + offs_m[:, None] * sdo_m + offs_d[None, :], mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + bh * M + offs_m, mask=offs_m < M, other=0.0)
+    tl.store(Delta + bh * M + offs_m, delta, mask=offs_m < M)
+
+
+@triton.jit
+def _dq_cast_kernel(DQAcc, DQ, total, sm_scale, BLOCK: tl.constexpr):
+    """dq = dq_acc * scale in dq's dtype (both contiguous)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < total
+    tl.store(DQ + offs, (tl.load(DQAcc + offs, mask=keep) * sm_scale).to(DQ.dtype.element_ty), mask=keep)
+
+
+_CAST_BLOCK = 1024  # elements per program of the cast (bandwidth-bound)
+
+
+# ---- the kernel ------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage):
+    bar = ready.index(stage)
+    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    _tma_load(q_desc, [z, h, m0, 0], bar, q_smem.index(stage))
+    _tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
+
+
+@gluon.jit
+def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
+    """Iteration it's query head and tile: the group's heads one after the other, each over its query tiles from
+    m_lo. (Starting each key tile's CTA at a different query tile, so that their dQ atomics meet less, timed 3%
+    slower at D128 N4096 on an H100.)"""
+    return h_kv * GQA_GROUP + it // per_head, m_lo + it % per_head
+
+
+@gluon.jit
+def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, ready, dk, dv, Lse, Delta, DQAcc, z,
+                h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+                GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, add_layout: gl.constexpr,
+                MASK: gl.constexpr):
+    """Iteration it: its query tile against this CTA's keys; dK and dV accumulate, dQ is added into DQAcc. Then the
+    tile's ring stage is refilled with the tile STAGES iterations on."""
+    dtype: gl.constexpr = q_desc.dtype
+    h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+    stage = it % STAGES
+    mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+    q = q_smem.index(stage)
+    do = do_smem.index(stage)
+    # k, v, P and dS each have one buffer, indexed by a value that is always 0 (it < 2^30) but changes with the loop:
+    # their wgmma descriptors are then computed where used, not hoisted out of the loop (~48 64-bit descriptors, 96
+    # registers held through it; at D128 ptxas spilled ~500 bytes)
+    pin = it >> 30
+    k_smem = k_smem.index(pin)
+    v_smem = v_smem.index(pin)
+    p_smem = p_smem.index(pin)
+    ds_smem = ds_smem.index(pin)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    s = warpgroup_mma(q, k_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do, v_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+    m0 = mb * BLOCK_M
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    rows = (z * H + h) * M + offs_m
+    # a row past M: lse +inf, so P = 0 (its q and dO read as zeros too)
+    lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf")) * 1.4426950408889634  # log2(e): to log2 units
+    delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
+
+    s = warpgroup_mma_wait(1, deps=(s, ))
+    p = gl.exp2(s * qk_scale - lse[:, None])
+    if MASK:  # causal: key n is seen by rows m >= n
+        p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+    p_smem.store(p.to(dtype))
+    dp = warpgroup_mma_wait(0, deps=(dp, ))
+    ds_smem.store((p * (dp - delta[:, None])).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys
+
+    # dQ first: its atomics run while dV and dK are on the tensor cores
+    dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
+                       is_async=True)
+    dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
+    dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
+    dq = warpgroup_mma_wait(2, deps=(dq, ))
+    dq = gl.convert_layout(dq, add_layout)
+    offs_mq = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, add_layout))
+    offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, add_layout))
+    dq_tile = DQAcc + ((z * H + h) * M + m0).to(gl.int64) * HEAD_D  # int32 offsets within the tile
+    gl.atomic_add(dq_tile + offs_mq[:, None] * HEAD_D + offs_d[None, :], dq, mask=(m0 + offs_mq < M)[:, None],
+                  sem="relaxed")
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+
+    gl.thread_barrier()  # every warp is done with this stage, P and dS
+    nxt = it + STAGES
+    if nxt < n_iters:
+        h_next, mb_next = _tile_of(nxt, h_kv, m_lo, per_head, GQA_GROUP)
+        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, stage)
+    return dk, dv
+
+
+@gluon.jit
+def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, Lse, Delta, H, H_KV, M, N, qk_scale,
+                     sm_scale, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    z = bh // H_KV
+    h_kv = bh % H_KV
+    n0 = pid_n * BLOCK_N
+
+    # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
+    # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the keys
+    WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
+                                                       instr_shape=[16, BLOCK_N // (WARPS // WARPS_M), 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
+                                                        instr_shape=[16, HEAD_D // (WARPS // WARPS_M), 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+    # dQ's atomic adds: 4 consecutive fp32 a thread (one v4 atomic), a warp along a row
+    add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HEAD_D, HEAD_D // 4],
+                                                warps_per_cta=[WARPS, 1], order=[1, 0])
+
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], k_desc.dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+
+    n_mb = gl.cdiv(M, BLOCK_M)
+    if CAUSAL:  # equal lengths: query tiles from this key tile's diagonal on; those before full_lo cross it
+        m_lo = n0 // BLOCK_M
+        full_lo = gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb)
+    else:
+        m_lo = 0
+        full_lo = 0
+    per_head = n_mb - m_lo
+    n_iters = GQA_GROUP * per_head
+
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
+    _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
+    for i in gl.static_range(STAGES):
+        if i < n_iters:
+            h_i, mb_i = _tile_of(i, h_kv, m_lo, per_head, GQA_GROUP)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_i, mb_i * BLOCK_M, i)
+
+    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    mbarrier.wait(kv_bar, 0)
+    for g in range(GQA_GROUP):
+        for it in range(g * per_head, g * per_head + full_lo - m_lo):  # (causal) the tiles across the diagonal
+            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, ready, dk, dv, Lse,
+                                 Delta, DQAcc, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+                                 GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, add_layout, True)
+        for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
+            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, ready, dk, dv, Lse,
+                                 Delta, DQAcc, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+                                 GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, add_layout, False)
+
+    # k and v are read no more (the last tile's barrier): dK and dV go out through their tiles
+    k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
+    v_smem.index(0).store(dv.to(dv_desc.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
+    _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
+    tma.store_wait(0)
+    mbarrier.invalidate(kv_bar)
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(ready.index(i))
+
+
+# ---- launcher --------------------------------------------------------------------------------------------------------
+def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
+                    causal: bool, gqa_group: int, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of plain attention (a spec :func:`.hopper_forward.hopper_reasons` accepts) on an sm90 GPU,
+    from the forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None."""
+    Z, H, M, D = q.shape
+    H_kv, N = k.shape[1], k.shape[2]
+    block_m, block_n, stages = _CONFIGS[D]
+    q, k, v, dout = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(dout)
+    lse = lse.contiguous()
+    delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
+    _delta_kernel[(triton.cdiv(M, _PRE_ROWS), Z * H)](
+        out, dout, lse if dlse is None else dlse.contiguous(), delta, H, M, *out.stride()[:3], *dout.stride()[:3],
+        dlse is not None, _PRE_ROWS, D)
+    dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=q.device)
+    dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
+    dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
+    _hopper_attn_bwd[(triton.cdiv(N, block_n), Z * H_kv)](
+        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
+        _descriptor(dk, block_n), _descriptor(dv, block_n), dq_acc, lse, delta, H, H_kv, M, N, scale * _LOG2E, scale,
+        gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, num_warps=_NUM_WARPS)
+    dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
+    _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
+    return dq, dk, dv
+
+
+# ---- the op ----------------------------------------------------------------------------------------------------------
+@torch.library.custom_op("fuse_attn::flash_attention_hopper_backward", mutates_args=())
+def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                       spec: str, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``). Opaque to
+    torch.compile, as the forward."""
+    s = ops.parse_spec(spec)
+    ops.validate(q, k, v, [], s)
+    reasons = hopper_reasons(s, q, k)
+    if reasons:
+        raise ValueError(f"fuse_attn::flash_attention_hopper_backward cannot run {s.describe()}: {'; '.join(reasons)}")
+    if ops._is_empty(q, k):
+        dq, dk, dv, _ = ops._empty_backward(q, k, v, [], [])
+        return dq, dk, dv
+    return hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None, s.gqa_group, dlse)
+
+
+@flash_attention_hopper_backward_op.register_fake
+def _(dout, q, k, v, out, lse, spec, dlse=None):
+    ops.validate(q, k, v, [], ops.parse_spec(spec))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -44,7 +44,12 @@ _LOG2E = math.log2(math.e)
 # rows (wgmma's M per warpgroup); BLOCK_M = 64 queries: the N of the S^T / dP^T matmuls and the M of dQ's. D128:
 # k + v + 2 x (q + dO) + dS^T = 32 + 32 + 64 + 16 KiB = 144 KiB of shared memory, one CTA an SM.
 _CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
-_NUM_WARPS = 8  # two consumer warpgroups, one CTA
+_NUM_WARPS = 8  # the computing partition: two warpgroups
+_ADDER_WARPS = 4  # the partition adding dQ into global memory
+# registers a thread of the adder: Triton gives the computing partition what is left of the 65536 (rounded down to
+# a multiple of 8): (65536 - 128 x 32) / 256 = 240, which D128's computing partition needs (ptxas: 40 left it 232 and
+# it spilled)
+_ADDER_REGS = 32
 _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
 
 
@@ -96,13 +101,12 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, ready, dk, dv, Lse, Delta, DQAcc, z,
-                h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dq_full, dq_empty, dk,
+                dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
                 GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, add_layout: gl.constexpr,
-                MASK: gl.constexpr):
-    """Iteration it: its query tile against this CTA's keys; dK and dV accumulate, dQ is added into DQAcc. Then the
-    tile's ring stage is refilled with the tile STAGES iterations on."""
+                STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr):
+    """Iteration it: its query tile against this CTA's keys; dK and dV accumulate, dQ goes to the adder through
+    dq_smem. Then the tile's ring stage is refilled with the tile STAGES iterations on."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     stage = it % STAGES
@@ -138,18 +142,17 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     fence_async_shared()
     gl.thread_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys
 
-    # dQ first: its atomics run while dV and dK are on the tensor cores
+    # dQ first: it goes to the adder while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
                        is_async=True)
     dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
     dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
     dq = warpgroup_mma_wait(2, deps=(dq, ))
-    dq = gl.convert_layout(dq, add_layout)
-    offs_mq = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, add_layout))
-    offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, add_layout))
-    dq_tile = DQAcc + ((z * H + h) * M + m0).to(gl.int64) * HEAD_D  # int32 offsets within the tile
-    gl.atomic_add(dq_tile + offs_mq[:, None] * HEAD_D + offs_d[None, :], dq, mask=(m0 + offs_mq < M)[:, None],
-                  sem="relaxed")
+    buf = it % 2
+    mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
+    dq_smem.index(buf).store(dq)
+    gl.thread_barrier()  # all of dQ is in shared memory
+    mbarrier.arrive(dq_full.index(buf))
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
 
     gl.thread_barrier()  # every warp is done with this stage, P and dS
@@ -161,15 +164,37 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
 
 
 @gluon.jit
-def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, Lse, Delta, H, H_KV, M, N, qk_scale,
-                     sm_scale, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-    pid_n = gl.program_id(0)
-    bh = gl.program_id(1)
-    z = bh // H_KV
-    h_kv = bh % H_KV
-    n0 = pid_n * BLOCK_N
+def _dq_adder(DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iters, H, M, GQA_GROUP: gl.constexpr,
+              BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, ADDER_WARPS: gl.constexpr):
+    """The worker partition: adds each tile's dQ from shared memory into DQAcc (fp32 atomics, 4 consecutive values a
+    thread: one v4 atomic), ROWS rows at a time, and hands the buffer back."""
+    # 8 rows a chunk: the period of dq_smem's 128-byte swizzle (a slice may not split it); 1-2 v4 atomics a thread
+    ROWS: gl.constexpr = 8
+    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HEAD_D, HEAD_D // 4],
+                                            warps_per_cta=[ADDER_WARPS, 1], order=[1, 0])
+    offs_r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
+    offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, layout))
+    for it in range(n_iters):
+        buf = it % 2
+        mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
+        h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+        m0 = mb * BLOCK_M
+        tile = DQAcc + ((z * H + h) * M + m0).to(gl.int64) * HEAD_D  # int32 offsets within the tile
+        src = dq_smem.index(buf)
+        for r in gl.static_range(0, BLOCK_M, ROWS):
+            dq = src.slice(r, ROWS).load(layout)
+            gl.atomic_add(tile + (r + offs_r)[:, None] * HEAD_D + offs_d[None, :], dq,
+                          mask=(m0 + r + offs_r < M)[:, None], sem="relaxed")
+        gl.thread_barrier()  # every warp has read the buffer
+        mbarrier.arrive(dq_empty.index(buf))
 
+
+@gluon.jit
+def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem,
+             ds_smem, dq_smem, kv_bar, ready, dq_full, dq_empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M,
+             qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
+    """The default partition (two warpgroups): loads, the five matmuls and softmax of every query tile, dK and dV."""
     # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
     # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the keys
     WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
@@ -179,34 +204,6 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, L
                                                         instr_shape=[16, HEAD_D // (WARPS // WARPS_M), 16])
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                         instr_shape=[16, HEAD_D, 16])
-    # dQ's atomic adds: 4 consecutive fp32 a thread (one v4 atomic), a warp along a row
-    add_layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HEAD_D, HEAD_D // 4],
-                                                warps_per_cta=[WARPS, 1], order=[1, 0])
-
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], k_desc.dtype)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
-    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
-    p_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
-    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
-    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(kv_bar, count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-
-    n_mb = gl.cdiv(M, BLOCK_M)
-    if CAUSAL:  # equal lengths: query tiles from this key tile's diagonal on; those before full_lo cross it
-        m_lo = n0 // BLOCK_M
-        full_lo = gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb)
-    else:
-        m_lo = 0
-        full_lo = 0
-    per_head = n_mb - m_lo
-    n_iters = GQA_GROUP * per_head
 
     mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
@@ -222,13 +219,15 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, L
     mbarrier.wait(kv_bar, 0)
     for g in range(GQA_GROUP):
         for it in range(g * per_head, g * per_head + full_lo - m_lo):  # (causal) the tiles across the diagonal
-            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, ready, dk, dv, Lse,
-                                 Delta, DQAcc, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
-                                 GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, add_layout, True)
+            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                 dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
+                                 qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
+                                 True)
         for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
-            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, ready, dk, dv, Lse,
-                                 Delta, DQAcc, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
-                                 GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, add_layout, False)
+            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                 dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
+                                 qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
+                                 False)
 
     # k and v are read no more (the last tile's barrier): dK and dV go out through their tiles
     k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
@@ -238,9 +237,58 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, L
     _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
     _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
     tma.store_wait(0)
-    mbarrier.invalidate(kv_bar)
+
+
+@gluon.jit
+def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, Lse, Delta, H, H_KV, M, N, qk_scale,
+                     sm_scale, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                     ADDER_WARPS: gl.constexpr, ADDER_REGS: gl.constexpr):
+    pid_n = gl.program_id(0)
+    bh = gl.program_id(1)
+    z = bh // H_KV
+    h_kv = bh % H_KV
+    n0 = pid_n * BLOCK_N
+
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], k_desc.dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
+    dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], gl.float32)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_smem_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
-        mbarrier.invalidate(ready.index(i))
+        mbarrier.init(ready.index(i), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(dq_full.index(i), count=1)
+        mbarrier.init(dq_empty.index(i), count=1)
+
+    n_mb = gl.cdiv(M, BLOCK_M)
+    if CAUSAL:  # equal lengths: query tiles from this key tile's diagonal on; those before full_lo cross it
+        m_lo = n0 // BLOCK_M
+        full_lo = gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb)
+    else:
+        m_lo = 0
+        full_lo = 0
+    per_head = n_mb - m_lo
+    n_iters = GQA_GROUP * per_head
+
+    gl.warp_specialize([
+        (_compute, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
+                    p_smem, ds_smem, dq_smem, kv_bar, ready, dq_full, dq_empty, z, h_kv, n0, m_lo, full_lo, per_head,
+                    n_iters, H, M, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS)),
+        (_dq_adder, (DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iters, H, M, GQA_GROUP, BLOCK_M,
+                     HEAD_D, ADDER_WARPS)),
+    ], [ADDER_WARPS], [ADDER_REGS])
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
@@ -263,7 +311,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     _hopper_attn_bwd[(triton.cdiv(N, block_n), Z * H_kv)](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
         _descriptor(dk, block_n), _descriptor(dv, block_n), dq_acc, lse, delta, H, H_kv, M, N, scale * _LOG2E, scale,
-        gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, num_warps=_NUM_WARPS)
+        gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, _ADDER_WARPS, _ADDER_REGS,
+        num_warps=_NUM_WARPS)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
     return dq, dk, dv

@@ -264,7 +264,7 @@ def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
 
 
 
-# ---- the Gluon forward of plain attention (fuse_attn/kernels/hopper_forward.py): sm90 only ---------------------------
+# ---- the Gluon forward and backward of plain attention (fuse_attn/kernels/hopper_*.py): sm90 only ------------------
 HOPPER_CASES = {  # (head dim, causal, GQA group, dtype): each head dim's config, both masks, GQA, fp16
     "D64 causal GQA 2": (64, True, 2, torch.bfloat16),
     "D128": (128, False, 1, torch.bfloat16),
@@ -305,4 +305,43 @@ def compile_hopper_forward(name: str) -> None:
 @pytest.mark.parametrize("name", list(HOPPER_CASES))
 def test_the_gluon_forward_compiles_for_hopper(name):
     stdout = _in_subprocess(f"t.compile_hopper_forward({name!r})")
+    assert "bytes of shared memory" in stdout, stdout
+
+
+def compile_hopper_backward(name: str) -> None:
+    """(In the subprocess.) The Gluon backward's launch (its warp-specialized kernel; the small Triton kernels beside
+    it are plain tl code) captured as :func:`compile_hopper_forward` does, compiled for sm90."""
+    from fuse_attn.kernels import hopper_backward
+
+    head_dim, causal, group, dtype = HOPPER_CASES[name]
+    q = torch.randn(2, 4, 300, head_dim, dtype=dtype)
+    k, v = (torch.randn(2, 4 // group, 300, head_dim, dtype=dtype) for _ in range(2))
+    launches = {}
+
+    class Recorded:
+        def __init__(self, name):
+            self.name = name
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.setdefault(self.name, (args, kwargs))
+
+    kernel = hopper_backward._hopper_attn_bwd
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        for launched in ("_hopper_attn_bwd", "_delta_kernel", "_dq_cast_kernel"):
+            monkeypatch.setattr(hopper_backward, launched, Recorded(launched))
+        hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, 300), head_dim ** -0.5,
+                                        causal, group)
+    args, kwargs = launches["_hopper_attn_bwd"]
+    block_m, block_n, stages = hopper_backward._CONFIGS[head_dim]
+    cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
+    capability, smem = TARGETS["sm90"]
+    compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
+    assert compiled.asm["cubin"], name
+    assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
+    print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
+
+
+@pytest.mark.parametrize("name", list(HOPPER_CASES))
+def test_the_gluon_backward_compiles_for_hopper(name):
+    stdout = _in_subprocess(f"t.compile_hopper_backward({name!r})")
     assert "bytes of shared memory" in stdout, stdout

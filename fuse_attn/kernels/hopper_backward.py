@@ -40,6 +40,8 @@ from . import ops
 from .hopper_forward import _descriptor, _tma_load, _tma_ready, _tma_store, hopper_reasons
 
 _LOG2E = math.log2(math.e)
+# A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: two warpgroups of 64
 # rows (wgmma's M per warpgroup); BLOCK_M = 64 queries: the N of the S^T / dP^T matmuls and the M of dQ's. D128:
 # k + v + 2 x (q + dO) + dS^T = 32 + 32 + 64 + 16 KiB = 144 KiB of shared memory, one CTA an SM.
@@ -140,7 +142,7 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds_smem.store((p * (dp - delta[:, None])).to(dtype))
     fence_async_shared()
-    gl.thread_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys
+    _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys
 
     # dQ first: it goes to the adder while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
@@ -151,11 +153,11 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     buf = it % 2
     mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
     dq_smem.index(buf).store(dq)
-    gl.thread_barrier()  # all of dQ is in shared memory
+    _cta_barrier()  # all of dQ is in shared memory
     mbarrier.arrive(dq_full.index(buf))
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
 
-    gl.thread_barrier()  # every warp is done with this stage, P and dS
+    _cta_barrier()  # every warp is done with this stage, P and dS
     nxt = it + STAGES
     if nxt < n_iters:
         h_next, mb_next = _tile_of(nxt, h_kv, m_lo, per_head, GQA_GROUP)
@@ -185,7 +187,7 @@ def _dq_adder(DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iter
             dq = src.slice(r, ROWS).load(layout)
             gl.atomic_add(tile + (r + offs_r)[:, None] * HEAD_D + offs_d[None, :], dq,
                           mask=(m0 + r + offs_r < M)[:, None], sem="relaxed")
-        gl.thread_barrier()  # every warp has read the buffer
+        _cta_barrier()  # every warp has read the buffer
         mbarrier.arrive(dq_empty.index(buf))
 
 
@@ -233,7 +235,7 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_sm
     k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
     v_smem.index(0).store(dv.to(dv_desc.dtype))
     fence_async_shared()
-    gl.thread_barrier()
+    _cta_barrier()
     _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
     _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
     tma.store_wait(0)
@@ -301,6 +303,7 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     block_m, block_n, stages = _CONFIGS[D]
     q, k, v, dout = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(dout)
     lse = lse.contiguous()
+    out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
     delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
     _delta_kernel[(triton.cdiv(M, _PRE_ROWS), Z * H)](
         out, dout, lse if dlse is None else dlse.contiguous(), delta, H, M, *out.stride()[:3], *dout.stride()[:3],

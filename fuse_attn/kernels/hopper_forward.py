@@ -17,9 +17,9 @@ language, states the schedule instead, as FlashAttention-3 does:
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
 (:func:`hopper_reasons` says which specs: no score program, mask or bias, no dropout; fp16/bf16; head dim 64 or 128;
 causal only top-left with equal lengths; GQA by sharing each kv head). Outputs match the generated template's:
-``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log), so the backward is the template's
-(``flash_attention_backward``), wired here as this op's autograd formula. The reference is the template's own:
-:func:`.reference.reference_attention`; the tests compare both against it.
+``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's autograd formula is the Gluon backward
+(:mod:`.hopper_backward`, its own op) on the GPU and the template's backward on CPU tensors. The reference is the
+template's own: :func:`.reference.reference_attention`; the tests compare both against it.
 
 It is one candidate of the compile-time choice (:mod:`.implementations`, name ``gluon``), timed against the
 generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code

@@ -1,0 +1,109 @@
+"""The Gluon backward of plain attention on Hopper (fuse_attn/kernels/hopper_backward.py): the autograd formula of
+``fuse_attn::flash_attention_hopper`` on the GPU.
+
+test_hopper_forward.py's GPU test takes gradients through it at odd lengths (1, 17, 97, 1025), head dims 64 and 128,
+fp16 / bf16, GQA and strided inputs. Here: what that test does not reach -- many query tiles per key tile (the q / dO
+ring and the two dQ buffers reused, each key tile's dQ atomics meeting the others'), M != N, the gradient of lse, a
+dO that TMA cannot read in place, and the CPU side (the op's fake, its refusal off Hopper). Its compile for sm90 runs
+without a GPU in test_gpu_compile.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fuse_attn.kernels import reference_attention
+from fuse_attn.kernels.hopper_forward import flash_attention_hopper
+from fuse_attn.spec import AttentionSpec, CausalMask, UnsupportedSpec
+from test_kernels import assert_close_2x
+
+PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
+
+
+def test_the_ops_fake_gives_the_gradients_shapes():
+    spec = dataclasses.replace(PLAIN, gqa_group=2).to_json()
+    with FakeTensorMode():
+        q, out = (torch.empty(2, 8, 77, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+        k = torch.empty(2, 4, 77, 128, dtype=torch.bfloat16, device="cuda")
+        lse = torch.empty(2, 8, 77, device="cuda")
+        dq, dk, dv = torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k, k, out, lse, spec)
+        assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape) and dq.dtype == torch.bfloat16
+        with pytest.raises(UnsupportedSpec, match="do not match q"):  # 3 kv heads for GQA 2 of 8
+            k3 = torch.empty(2, 3, 77, 128, dtype=torch.bfloat16, device="cuda")
+            torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k3, k3, out, lse, spec)
+
+
+def test_the_op_refuses_what_it_cannot_compute():
+    """Called directly off an sm90 GPU (here: CPU tensors), it names why instead of launching."""
+    q = torch.randn(1, 2, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="Hopper"):
+        torch.ops.fuse_attn.flash_attention_hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 8), PLAIN.to_json())
+
+
+# ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                            reason="needs an sm90 GPU (H100 / H200)")
+
+
+def _check_gradients(what, q, k, v, spec, dout_of=lambda dout: dout, dlse_weight=0.0):
+    """dq, dk, dv for gradients ``dout`` of out (random, laid out by ``dout_of``: the op receives that view) and
+    ``dlse_weight`` of every lse, against fp64 under the 2x rule."""
+    dtype = q.dtype
+    g = torch.Generator(device=q.device).manual_seed(7)
+    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
+    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+    dout = dout_of(torch.randn(q.shape[:3] + v.shape[3:], device=q.device, generator=g, dtype=dtype))
+    grads = []
+    for (out, lse), inputs in ((flash_attention_hopper(*ours_in, spec, return_lse=True), ours_in),
+                               (reference_attention(*ref_in, [], spec), ref_in),
+                               (reference_attention(*eager_in, [], spec), eager_in)):
+        outputs, grad_outputs = [out], [dout.to(out.dtype)]
+        if dlse_weight:
+            outputs.append(lse)
+            grad_outputs.append(torch.full_like(lse, dlse_weight))
+        grads.append(torch.autograd.grad(outputs, inputs, grad_outputs))
+    for name, a, b, c in zip(("dq", "dk", "dv"), *grads):
+        assert_close_2x(f"{what} {name}", a, b, c, dtype)
+
+
+@hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_many_query_tiles_per_key_tile(head_dim):
+    """N 4096, causal, GQA 4: each key tile's CTA walks up to 4 x 64 query tiles through the ring and both dQ buffers."""
+    spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
+                         causal=CausalMask(), gqa_group=4)
+    g = torch.Generator(device="cuda").manual_seed(head_dim)
+    q = torch.randn(1, 8, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(1, 2, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    _check_gradients(f"N4096 D{head_dim}", q, k, v, spec)
+
+
+@hopper
+def test_unequal_lengths():
+    for M, N in ((300, 2049), (2049, 300)):
+        g = torch.Generator(device="cuda").manual_seed(M)
+        q = torch.randn(2, 2, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(2, 2, N, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+        _check_gradients(f"M{M} N{N}", q, k, v, PLAIN)
+
+
+@hopper
+def test_the_gradient_of_lse():
+    """lse used downstream (as context parallelism's merge uses it): its gradient comes off delta."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 333, 64, device="cuda", generator=g, dtype=torch.float16) for _ in range(3))
+    spec = AttentionSpec(dtype="float16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask())
+    _check_gradients("with lse", q, k, v, spec, dlse_weight=0.5)
+
+
+@hopper
+def test_a_dout_tma_cannot_read_in_place():
+    """dO as a broadcast (stride 0, as ``out.sum().backward()`` gives it) and as a transposed view."""
+    g = torch.Generator(device="cuda").manual_seed(2)
+    q, k, v = (torch.randn(2, 4, 100, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    _check_gradients("broadcast dO", q, k, v, PLAIN, dout_of=lambda d: d[:1, :1, :1, :].expand(d.shape))
+    _check_gradients("transposed dO", q, k, v, PLAIN, dout_of=lambda d: d.transpose(1, 2).contiguous().transpose(1, 2))

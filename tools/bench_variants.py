@@ -24,7 +24,8 @@ in eager PyTorch as models do (``q @ k.transpose(-2, -1) * scale``, the variant'
   dense path).
 
 Methods: ``fuse_attn`` (``torch.compile(module, backend="fuse_attn")``, the generated kernels only:
-``FUSE_ATTN_CANDIDATES=triton``; the row says how many attentions were fused), ``flex`` (compiled
+``FUSE_ATTN_CANDIDATES=triton``, or our kernels with the Gluon ones on Hopper where the caller sets
+``FUSE_ATTN_CANDIDATES=triton,gluon``; the row says how many attentions were fused), ``flex`` (compiled
 ``flex_attention``: block mask built once, the variant's score program as a score_mod, ``enable_gqa``),
 ``sdpa_mask`` (``scaled_dot_product_attention`` with the mask a Hugging Face "sdpa" model passes, materialized
 once, or ``is_causal``), ``cudnn`` (the same SDPA call under SDPA's cuDNN backend, where it needs no mask; with
@@ -58,9 +59,11 @@ from tabulate import tabulate
 
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-# What is measured is the generated kernels: a fused attention must not run SDPA's kernel instead
-# (fuse_attn.kernels.implementations), whatever this GPU would time faster.
-os.environ["FUSE_ATTN_CANDIDATES"] = "triton"
+# What is measured is our kernels: a fused attention must not run SDPA's kernel instead
+# (fuse_attn.kernels.implementations), whatever this GPU would time faster. The generated template by default;
+# FUSE_ATTN_CANDIDATES=triton,gluon set by the caller lets the Gluon kernels of plain attention on Hopper compete.
+if os.environ.get("FUSE_ATTN_CANDIDATES") != "triton,gluon":
+    os.environ["FUSE_ATTN_CANDIDATES"] = "triton"
 from fuse_attn.report import collect_reports  # noqa: E402
 from tools.bench_attention import FLOOR, NAMES, SOFTCAP, _err, alibi_slopes, measure  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402

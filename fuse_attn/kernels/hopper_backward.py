@@ -42,9 +42,11 @@ from .hopper_forward import _descriptor, _tma_load, _tma_ready, _tma_store, hopp
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-# Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: two warpgroups of 64
-# rows (wgmma's M per warpgroup); BLOCK_M = 64 queries: the N of the S^T / dP^T matmuls and the M of dQ's. D128:
-# k + v + 2 x (q + dO) + dS^T = 32 + 32 + 64 + 16 KiB = 144 KiB of shared memory, one CTA an SM.
+# Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: dK and dV's rows, 64 a
+# warpgroup (wgmma's M). Shared memory, both head dims: k + v, 2 stages of q + dO, P + dS, 2 fp32 dQ buffers = 224 KiB
+# of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). Timed on an H100 (BENCHMARKS.md,
+# thirteenth session): D64 at 128 query rows 1.17-1.19x as fast as at 64; D128 has no room for 128 (registers: S and dP
+# would take 128 a thread beside dK and dV's 128); 3 stages with one dQ buffer timed as 2 and 2.
 _CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
 _NUM_WARPS = 8  # the computing partition: two warpgroups
 _ADDER_WARPS = 4  # the partition adding dQ into global memory

@@ -44,6 +44,13 @@ def test_the_op_refuses_what_it_cannot_compute():
         torch.ops.fuse_attn.flash_attention_hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 8), PLAIN.to_json())
 
 
+def test_the_backward_takes_every_head_dim_the_forward_does():
+    """``hopper_reasons`` admits the forward's head dims for both kernels: the backward needs a config for each."""
+    from fuse_attn.kernels import hopper_backward, hopper_forward
+
+    assert set(hopper_backward._CONFIGS) == set(hopper_forward._CONFIGS)
+
+
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                             reason="needs an sm90 GPU (H100 / H200)")

@@ -69,23 +69,24 @@ _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but th
 
 # ---- which attentions ------------------------------------------------------------------------------------------------
 def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
-    """Why this forward cannot compute the attention (empty: it can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``,
+    """Why the Gluon kernels (this forward and :mod:`.hopper_backward`'s backward, tuned for the same head dims) cannot
+    compute the attention (empty: they can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``,
     possibly fake with symbolic lengths."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     reasons = []
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
-        reasons.append("the Gluon forward is written for Hopper (sm90) wgmma and TMA")
+        reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
-        reasons.append(f"the Gluon forward takes fp16/bf16, not {q.dtype}")
+        reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
     if spec.score_mod or spec.score_tensors or spec.dropout_p:
-        reasons.append("the Gluon forward computes plain attention (no score program, mask, bias or dropout)")
+        reasons.append("the Gluon kernels compute plain attention (no score program, mask, bias or dropout)")
     if spec.head_dim != spec.head_dim_v or spec.head_dim not in _CONFIGS:
-        reasons.append(f"the Gluon forward is tuned for head dims {sorted(_CONFIGS)}, not {spec.head_dim}/"
+        reasons.append(f"the Gluon kernels are tuned for head dims {sorted(_CONFIGS)}, not {spec.head_dim}/"
                        f"{spec.head_dim_v}")
     if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
                                     or not statically_known_true(q.shape[2] == k.shape[2])):
-        reasons.append("the Gluon forward's causal mask is the plain diagonal of equal lengths")
+        reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
     return reasons
 
 

@@ -1,4 +1,4 @@
-"""Which implementation runs a matched attention: the generated kernels, the Gluon forward on Hopper, or one of
+"""Which implementation runs a matched attention: the generated kernels, the Gluon kernels on Hopper, or one of
 SDPA's (cuDNN, flash).
 
 For an attention that SDPA computes exactly (:func:`sdpa_reasons` says why not otherwise: no score modification
@@ -17,7 +17,8 @@ compiling, makes no choice.
 
 Our kernels are two candidates: ``triton``, the generated template (forward and backward, every spec), and
 ``gluon``, :mod:`.hopper_forward`'s forward of plain attention on sm90 GPUs (:func:`.hopper_forward.hopper_reasons`
-says which), with the template's backward. Where both are allowed they are timed against each other like the rest.
+says which) with :mod:`.hopper_backward`'s backward. Where both are allowed they are timed against each other like
+the rest.
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
 all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our
@@ -150,10 +151,12 @@ def _run(target, *args, **kwargs):
     return target(*args, **kwargs)
 
 
-# The Gluon forward is offered only where the timed step's GPU work hides its host cost: its op's Python launcher
-# (a custom op Inductor calls, four TMA descriptors, Gluon's JIT launch) took up to 0.305 ms a call on an H100, and
-# 2^37 FLOPs (B16 H16 N1024 D128, not causal) took its kernel 0.286 ms (benchmarks/2026-11-27-gluon-forward,
-# plain_vs_cudnn_1k.log). The choice itself times GPU time only, where a smaller step would look faster than it runs.
+# The Gluon kernels are offered only where the timed step's GPU work hides most of their host cost: the forward op's
+# Python launcher (a custom op Inductor calls, four TMA descriptors, Gluon's JIT launch) took up to 0.305 ms a call on
+# an H100, and 2^37 FLOPs (B16 H16 N1024 D128, not causal) took its kernel 0.286 ms (benchmarks/2026-11-27-gluon-forward,
+# plain_vs_cudnn_1k.log); the backward op 0.369 ms a call at B16 H16 N1024 D64 causal, whose forward + backward (about
+# 2^37 training FLOPs) took the GPU 0.51 ms (benchmarks/2026-11-27-gluon-backward). The choice itself times GPU time
+# only, where a smaller step would look faster than it runs.
 GLUON_MIN_STEP_FLOPS = 2**37
 
 
@@ -165,7 +168,7 @@ def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> fl
 
 
 def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> list[str]:
-    """Why the Gluon forward is no candidate for this attention (empty: it is one)."""
+    """Why the Gluon kernels are no candidate for this attention (empty: they are one)."""
     try:
         from .hopper_forward import hopper_reasons
     except ImportError as e:  # a Triton without Gluon's Hopper API (it is there from 3.6 on)
@@ -174,7 +177,7 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
         from torch.distributed.tensor import DTensor
 
         if isinstance(q, DTensor):
-            return ["the Gluon forward has no DTensor sharding rule"]
+            return ["the Gluon kernels have no DTensor sharding rule"]
     reasons = hopper_reasons(spec, q, k)
     flops = _step_flops(spec, q, k, training)
     if not reasons and flops < GLUON_MIN_STEP_FLOPS:

@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import _descriptor, _tma_load, _tma_ready, _tma_store, hopper_reasons
+from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, hopper_reasons
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -323,12 +323,15 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     return dq, dk, dv
 
 
-# ---- the op ----------------------------------------------------------------------------------------------------------
-@torch.library.custom_op("fuse_attn::flash_attention_hopper_backward", mutates_args=())
+# ---- the op (on the forward's library: see there why not a custom_op) ------------------------------------------------
+LIBRARY.define("flash_attention_hopper_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+               "str spec, Tensor? dlse=None) -> (Tensor, Tensor, Tensor)")
+
+
 def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                        spec: str, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``). Opaque to
-    torch.compile, as the forward."""
+    torch.compile, as the forward. On CPU tensors it refuses (its reasons say why)."""
     s = ops.parse_spec(spec)
     ops.validate(q, k, v, [], s)
     reasons = hopper_reasons(s, q, k)
@@ -340,7 +343,11 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     return hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None, s.gqa_group, dlse)
 
 
-@flash_attention_hopper_backward_op.register_fake
+for _device in ("CPU", "CUDA"):
+    LIBRARY.impl("flash_attention_hopper_backward", flash_attention_hopper_backward_op, _device)
+
+
+@torch.library.register_fake("fuse_attn::flash_attention_hopper_backward")
 def _(dout, q, k, v, out, lse, spec, dlse=None):
     ops.validate(q, k, v, [], ops.parse_spec(spec))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

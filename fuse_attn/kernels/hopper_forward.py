@@ -23,7 +23,7 @@ template's own: :func:`.reference.reference_attention`; the tests compare both a
 
 It is one candidate of the compile-time choice (:mod:`.implementations`, name ``gluon``), timed against the
 generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
-(torch 2.11: user kernels must be ``triton.jit``), so this op is opaque to it: a ``custom_op`` whose Python launcher
+(torch 2.11: user kernels must be ``triton.jit``), so this op is opaque to it: a library op whose Python launcher
 runs on every call (host cost measured in BENCHMARKS.md). On CPU tensors it runs the generated forward (the
 interpreter or the blockwise path), so its wiring is testable without a GPU.
 """
@@ -281,7 +281,14 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
 
 
 # ---- the op and its autograd -----------------------------------------------------------------------------------------
-@torch.library.custom_op("fuse_attn::flash_attention_hopper", mutates_args=())
+# The Gluon ops are defined on a torch.library.Library rather than with torch.library.custom_op: the dispatch of a
+# custom_op (its Python wrappers and output checks) cost 110-150 us a call on an H100 machine's host against the
+# launcher alone (benchmarks/2026-11-27-gluon-backward/host_breakdown.log); fake, autograd and kernel are registered
+# the same way. Kernels for CPU and CUDA tensors: the CPU one runs the generated forward (tests without a GPU).
+LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
+LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec) -> (Tensor, Tensor)")
+
+
 def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tuple[Tensor, Tensor]:
     """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for a plain spec. Opaque to torch.compile."""
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
@@ -296,7 +303,11 @@ def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tup
     return hopper_forward(q, k, v, s)
 
 
-@flash_attention_hopper_op.register_fake
+for _device in ("CPU", "CUDA"):
+    LIBRARY.impl("flash_attention_hopper", flash_attention_hopper_op, _device)
+
+
+@torch.library.register_fake("fuse_attn::flash_attention_hopper")
 def _(q, k, v, spec):
     ops.validate(q, k, v, [], ops.parse_spec(spec))
     return _empty_outputs(q, v)
@@ -320,7 +331,7 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, None
 
 
-flash_attention_hopper_op.register_autograd(_backward, setup_context=_setup_context)
+torch.library.register_autograd("fuse_attn::flash_attention_hopper", _backward, setup_context=_setup_context)
 
 
 def flash_attention_hopper(q: Tensor, k: Tensor, v: Tensor, spec, return_lse: bool = False):

@@ -154,9 +154,10 @@ def _run(target, *args, **kwargs):
 # The Gluon kernels are offered only where the timed step's GPU work hides most of their host cost: the forward op's
 # Python launcher (a custom op Inductor calls, four TMA descriptors, Gluon's JIT launch) took up to 0.305 ms a call on
 # an H100, and 2^37 FLOPs (B16 H16 N1024 D128, not causal) took its kernel 0.286 ms (benchmarks/2026-11-27-gluon-forward,
-# plain_vs_cudnn_1k.log); the backward op 0.369 ms a call at B16 H16 N1024 D64 causal, whose forward + backward (about
-# 2^37 training FLOPs) took the GPU 0.51 ms (benchmarks/2026-11-27-gluon-backward). The choice itself times GPU time
-# only, where a smaller step would look faster than it runs.
+# plain_vs_cudnn_1k.log). Since then (ops on a torch.library.Library, benchmarks/2026-11-27-gluon-backward,
+# host_breakdown_library.log) the forward op's host time is 0.11 ms a call and the backward op's 0.20 ms, where a
+# training step of about 2^37 FLOPs (B16 H16 N1024 D64 causal) took the GPU 0.51 ms for both. The choice itself times
+# GPU time only, where a smaller step would look faster than it runs.
 GLUON_MIN_STEP_FLOPS = 2**37
 
 

@@ -274,7 +274,7 @@ HOPPER_CASES = {  # (head dim, causal, GQA group, dtype): each head dim's config
 
 def compile_hopper_forward(name: str) -> None:
     """(In the subprocess.) Capture the Gluon forward's launch at lengths that are no multiple of a tile and compile it
-    for sm90 with the signature a launch gives it; its shared memory must fit the H100's."""
+    for sm90 with the signature a launch gives it."""
     from fuse_attn.kernels import hopper_forward
 
     head_dim, causal, group, dtype = HOPPER_CASES[name]
@@ -293,7 +293,13 @@ def compile_hopper_forward(name: str) -> None:
         monkeypatch.setattr(hopper_forward, "_hopper_attn_fwd", Recorded())
         hopper_forward.hopper_forward(q, k, v, spec)
     (args, kwargs), = launches
-    block_m, block_n, stages = hopper_forward._CONFIGS[head_dim]
+    _compile_for_hopper(name, kernel, args, kwargs, hopper_forward._CONFIGS[head_dim])
+
+
+def _compile_for_hopper(name: str, kernel, args: tuple, kwargs: dict, config: tuple) -> None:
+    """Compile a captured Gluon launch for sm90; its shared memory must fit the H100's. ``config``: the kernel's
+    (block_m, block_n, stages)."""
+    block_m, block_n, stages = config
     cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
     capability, smem = TARGETS["sm90"]
     compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
@@ -332,13 +338,7 @@ def compile_hopper_backward(name: str) -> None:
         hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, 300), head_dim ** -0.5,
                                         causal, group)
     args, kwargs = launches["_hopper_attn_bwd"]
-    block_m, block_n, stages = hopper_backward._CONFIGS[head_dim]
-    cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
-    capability, smem = TARGETS["sm90"]
-    compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
-    assert compiled.asm["cubin"], name
-    assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
-    print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
+    _compile_for_hopper(name, kernel, args, kwargs, hopper_backward._CONFIGS[head_dim])
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))

@@ -5,14 +5,15 @@
 The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
 P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
 
-* a CTA owns ``BLOCK_N`` keys of one kv head (two warpgroups of ``BLOCK_N / 2`` rows each) and keeps their dK and dV
-  accumulators in registers; it walks the query tiles of every query head of the kv head's GQA group (one k / v
-  load serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use.
-* per query tile: S^T = K Q^T and dP^T = V dO^T, P^T = exp2(S^T * scale - lse) from the forward's lse,
-  dV += P^T dO and dS^T = P^T (dP^T - delta), dK += dS^T Q, with P^T and dS^T as register operands (never in shared
-  memory); dS^T goes to shared memory once for dQ = dS K, which is added into an fp32 buffer with atomics (the CTAs
-  of one head's key tiles all add into it), scaled and cast by a last small kernel.
-* before it, a small Triton kernel computes delta = rowsum(dO * O) - dlse per query row.
+* a CTA owns ``BLOCK_N`` keys of one kv head and keeps their dK and dV accumulators in registers (two warpgroups of
+  ``BLOCK_N / 2`` rows each); it walks the query tiles of every query head of the kv head's GQA group (one k / v load
+  serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use.
+* per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
+  dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
+  of the shared tiles).
+* dQ goes through a double-buffered fp32 tile in shared memory to a worker partition of 4 warps that adds it into an
+  fp32 buffer with atomics (the CTAs of one head's key tiles all add into it); a last small Triton kernel scales and
+  casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row.
 
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its

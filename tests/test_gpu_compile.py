@@ -272,34 +272,39 @@ HOPPER_CASES = {  # (head dim, causal, GQA group, dtype): each head dim's config
 }
 
 
-def compile_hopper_forward(name: str) -> None:
-    """(In the subprocess.) Capture the Gluon forward's launch at lengths that are no multiple of a tile and compile it
-    for sm90 with the signature a launch gives it."""
-    from fuse_attn.kernels import hopper_forward
+def compile_hopper(name: str, direction: str) -> None:
+    """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
+    multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
+    must fit the H100's. (The backward's small Triton kernels, plain tl code, are captured and not compiled.)"""
+    from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype = HOPPER_CASES[name]
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
                          scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group)
     q = torch.randn(2, 4, 300, head_dim, dtype=dtype)
     k, v = (torch.randn(2, 4 // group, 300, head_dim, dtype=dtype) for _ in range(2))
-    launches = []
+    module, launched = {"forward": (hopper_forward, ["_hopper_attn_fwd"]),
+                        "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_dq_cast_kernel"])}[direction]
+    kernel = getattr(module, launched[0])
+    launches = {}
 
     class Recorded:
+        def __init__(self, kernel_name):
+            self.kernel_name = kernel_name
+
         def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.append((args, kwargs))
+            return lambda *args, **kwargs: launches.setdefault(self.kernel_name, []).append((args, kwargs))
 
-    kernel = hopper_forward._hopper_attn_fwd
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(hopper_forward, "_hopper_attn_fwd", Recorded())
-        hopper_forward.hopper_forward(q, k, v, spec)
-    (args, kwargs), = launches
-    _compile_for_hopper(name, kernel, args, kwargs, hopper_forward._CONFIGS[head_dim])
-
-
-def _compile_for_hopper(name: str, kernel, args: tuple, kwargs: dict, config: tuple) -> None:
-    """Compile a captured Gluon launch for sm90; its shared memory must fit the H100's. ``config``: the kernel's
-    (block_m, block_n, stages)."""
-    block_m, block_n, stages = config
+        for kernel_name in launched:
+            monkeypatch.setattr(module, kernel_name, Recorded(kernel_name))
+        if direction == "forward":
+            hopper_forward.hopper_forward(q, k, v, spec)
+        else:
+            hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, 300), spec.scale, causal,
+                                            group)
+    (args, kwargs), = launches[launched[0]]  # one launch of the Gluon kernel
+    block_m, block_n, stages = module._CONFIGS[head_dim]
     cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
     capability, smem = TARGETS["sm90"]
     compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
@@ -310,38 +315,11 @@ def _compile_for_hopper(name: str, kernel, args: tuple, kwargs: dict, config: tu
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))
 def test_the_gluon_forward_compiles_for_hopper(name):
-    stdout = _in_subprocess(f"t.compile_hopper_forward({name!r})")
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward')")
     assert "bytes of shared memory" in stdout, stdout
-
-
-def compile_hopper_backward(name: str) -> None:
-    """(In the subprocess.) The Gluon backward's launch (its warp-specialized kernel; the small Triton kernels beside
-    it are plain tl code) captured as :func:`compile_hopper_forward` does, compiled for sm90."""
-    from fuse_attn.kernels import hopper_backward
-
-    head_dim, causal, group, dtype = HOPPER_CASES[name]
-    q = torch.randn(2, 4, 300, head_dim, dtype=dtype)
-    k, v = (torch.randn(2, 4 // group, 300, head_dim, dtype=dtype) for _ in range(2))
-    launches = {}
-
-    class Recorded:
-        def __init__(self, name):
-            self.name = name
-
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launches.setdefault(self.name, (args, kwargs))
-
-    kernel = hopper_backward._hopper_attn_bwd
-    with pytest.MonkeyPatch.context() as monkeypatch:
-        for launched in ("_hopper_attn_bwd", "_delta_kernel", "_dq_cast_kernel"):
-            monkeypatch.setattr(hopper_backward, launched, Recorded(launched))
-        hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, 300), head_dim ** -0.5,
-                                        causal, group)
-    args, kwargs = launches["_hopper_attn_bwd"]
-    _compile_for_hopper(name, kernel, args, kwargs, hopper_backward._CONFIGS[head_dim])
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))
 def test_the_gluon_backward_compiles_for_hopper(name):
-    stdout = _in_subprocess(f"t.compile_hopper_backward({name!r})")
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward')")
     assert "bytes of shared memory" in stdout, stdout

@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, hopper_reasons
+from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, checked_spec
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -333,11 +333,7 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
                                        spec: str, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``). Opaque to
     torch.compile, as the forward. On CPU tensors it refuses (its reasons say why)."""
-    s = ops.parse_spec(spec)
-    ops.validate(q, k, v, [], s)
-    reasons = hopper_reasons(s, q, k)
-    if reasons:
-        raise ValueError(f"fuse_attn::flash_attention_hopper_backward cannot run {s.describe()}: {'; '.join(reasons)}")
+    s = checked_spec("flash_attention_hopper_backward", q, k, v, spec)
     if ops._is_empty(q, k):
         dq, dk, dv, _ = ops._empty_backward(q, k, v, [], [])
         return dq, dk, dv

@@ -293,14 +293,21 @@ def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tup
     """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for a plain spec. Opaque to torch.compile."""
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
         return ops._forward_op(q, k, v, [], None, spec, cpu_op=True)
-    s = ops.parse_spec(spec)
-    ops.validate(q, k, v, [], s)  # shapes, dtypes and devices as the template's op checks them
-    reasons = hopper_reasons(s, q, k)
-    if reasons:
-        raise ValueError(f"fuse_attn::flash_attention_hopper cannot run {s.describe()}: {'; '.join(reasons)}")
+    s = checked_spec("flash_attention_hopper", q, k, v, spec)
     if ops._is_empty(q, k):
         return ops._empty_forward(q, v)
     return hopper_forward(q, k, v, s)
+
+
+def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str) -> AttentionSpec:
+    """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
+    devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them."""
+    s = ops.parse_spec(spec)
+    ops.validate(q, k, v, [], s)
+    reasons = hopper_reasons(s, q, k)
+    if reasons:
+        raise ValueError(f"fuse_attn::{op_name} cannot run {s.describe()}: {'; '.join(reasons)}")
+    return s
 
 
 for _device in ("CPU", "CUDA"):

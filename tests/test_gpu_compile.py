@@ -265,10 +265,16 @@ def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
 
 
 # ---- the Gluon forward and backward of plain attention (fuse_attn/kernels/hopper_*.py): sm90 only ------------------
-HOPPER_CASES = {  # (head dim, causal, GQA group, dtype): each head dim's config, both masks, GQA, fp16
-    "D64 causal GQA 2": (64, True, 2, torch.bfloat16),
-    "D128": (128, False, 1, torch.bfloat16),
-    "D128 causal fp16": (128, True, 1, torch.float16),
+HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's config, both masks, GQA, fp16
+    "D64 causal GQA 2": (64, True, 2, torch.bfloat16, 300),
+    "D128": (128, False, 1, torch.bfloat16, 300),
+    "D128 causal fp16": (128, True, 1, torch.float16, 300),
+}
+# the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups, unmasked and causal
+# over 4096 rows (the 300-row causal case above takes the two-consumer config)
+FORWARD_ONLY_CASES = {
+    "D64 three consumers": (64, False, 1, torch.bfloat16, 300),
+    "D64 causal 4096 rows, three consumers": (64, True, 1, torch.bfloat16, 4096),
 }
 
 
@@ -278,11 +284,11 @@ def compile_hopper(name: str, direction: str) -> None:
     must fit the H100's. (The backward's small Triton kernels, plain tl code, are captured and not compiled.)"""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
-    head_dim, causal, group, dtype = HOPPER_CASES[name]
+    head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
                          scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group)
-    q = torch.randn(2, 4, 300, head_dim, dtype=dtype)
-    k, v = (torch.randn(2, 4 // group, 300, head_dim, dtype=dtype) for _ in range(2))
+    q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
+    k, v = (torch.randn(2, 4 // group, rows, head_dim, dtype=dtype) for _ in range(2))
     module, launched = {"forward": (hopper_forward, ["_hopper_attn_fwd"]),
                         "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_dq_cast_kernel"])}[direction]
     kernel = getattr(module, launched[0])
@@ -301,10 +307,13 @@ def compile_hopper(name: str, direction: str) -> None:
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec)
         else:
-            hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, 300), spec.scale, causal,
+            hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec.scale, causal,
                                             group)
     (args, kwargs), = launches[launched[0]]  # one launch of the Gluon kernel
-    block_m, block_n, stages = module._CONFIGS[head_dim]
+    if direction == "forward":
+        block_m, block_n, stages, _ = hopper_forward.forward_config(head_dim, causal, rows)
+    else:
+        block_m, block_n, stages = hopper_backward._CONFIGS[head_dim]
     cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
     capability, smem = TARGETS["sm90"]
     compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
@@ -313,7 +322,7 @@ def compile_hopper(name: str, direction: str) -> None:
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
 
 
-@pytest.mark.parametrize("name", list(HOPPER_CASES))
+@pytest.mark.parametrize("name", list(HOPPER_CASES) + list(FORWARD_ONLY_CASES))
 def test_the_gluon_forward_compiles_for_hopper(name):
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward')")
     assert "bytes of shared memory" in stdout, stdout

@@ -57,6 +57,20 @@ def test_hopper_reasons_name_the_gpu(monkeypatch):
     assert "Hopper (sm90)" in hopper_reasons(PLAIN, q, k)[0]
 
 
+def test_every_config_has_a_register_split_within_an_sm():
+    """setmaxnreg asks for registers a warpgroup at a time: consumers' and producer's budgets must fit the 65536
+    registers of an SM, 512 a thread of 128 lanes (a split that does not fit would stall the CTA, not fail)."""
+    configs = [*hopper_forward._CONFIGS.values(), *hopper_forward._SHORT_CAUSAL_CONFIGS.values()]
+    for block_m, block_n, stages, consumers in configs:
+        consumer_regs, producer_regs = hopper_forward._REGISTERS[consumers]
+        assert consumers * consumer_regs + producer_regs <= 512, (block_m, block_n, stages, consumers)
+    # causal rows below the crossover take the short config; the rest the head dim's
+    assert hopper_forward.forward_config(64, True, 1024) == hopper_forward._SHORT_CAUSAL_CONFIGS[64]
+    assert hopper_forward.forward_config(64, True, 4096) == hopper_forward._CONFIGS[64]
+    assert hopper_forward.forward_config(64, False, 1024) == hopper_forward._CONFIGS[64]
+    assert hopper_forward.forward_config(128, True, 1024) == hopper_forward._CONFIGS[128]
+
+
 def test_the_op_on_cpu_runs_the_generated_forward_and_the_templates_backward():
     """The wiring the compiled graph relies on, where a CPU can check it: out and lse as the fused op gives them,
     and gradients through the autograd formula (the template's backward on this forward's out and lse)."""
@@ -125,16 +139,19 @@ def test_matches_fp64_with_gradients(length, causal, head_dim, dtype):
 
 @hopper
 def test_long_rows_and_unequal_lengths():
-    """Many key tiles through the ring (N 4096: 32 tiles, each stage reused), and M != N without a mask."""
-    for M, N, causal in ((4096, 4096, True), (300, 2049, False)):
-        spec = dataclasses.replace(PLAIN, causal=CausalMask() if causal else None)
+    """Many key tiles through the ring (N 4096: 32 tiles, each stage reused), and M != N without a mask; at D64 the
+    three-consumer config (causal: its first warpgroups release the CTA's last tiles unread)."""
+    for D, M, N, causal in ((64, 4096, 4096, True), (128, 4096, 4096, True), (64, 300, 2049, False),
+                            (128, 300, 2049, False)):
+        spec = dataclasses.replace(PLAIN, head_dim=D, head_dim_v=D, scale=D ** -0.5,
+                                   causal=CausalMask() if causal else None)
         g = torch.Generator(device="cuda").manual_seed(M)
-        q = torch.randn(1, 2, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(1, 2, N, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+        q = torch.randn(1, 2, M, D, device="cuda", generator=g, dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 2, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
         out = flash_attention_hopper(q, k, v, spec)
         ref, _ = reference_attention(q.double(), k.double(), v.double(), [], spec)
         eager, _ = reference_attention(q, k, v, [], spec)
-        assert_close_2x(f"out M{M} N{N}", out, ref, eager, torch.bfloat16)
+        assert_close_2x(f"out D{D} M{M} N{N}", out, ref, eager, torch.bfloat16)
 
 
 @hopper

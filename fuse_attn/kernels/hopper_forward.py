@@ -4,11 +4,12 @@ Triton's compiler places one wgmma wait per ``tl.dot`` in the generated template
 the softmax and the matmuls one after the other (0.70-0.97x cuDNN, BENCHMARKS.md). Gluon, Triton's lower-level
 language, states the schedule instead, as FlashAttention-3 does:
 
-* warp specialization: a CTA takes ``2 * BLOCK_M`` query rows. Two consumer warpgroups (the default partition and a
-  4-warp worker) own ``BLOCK_M`` rows each; a 1-warp producer loads the q tiles and a ring of k / v tiles by TMA.
+* warp specialization: a CTA takes ``CONSUMERS * BLOCK_M`` query rows. Two or three consumer warpgroups (the
+  default partition and 4-warp workers) own ``BLOCK_M`` rows each; a 1-warp producer loads the q tiles and a ring of
+  k / v tiles by TMA.
   A consumer frees a ring stage with an mbarrier arrive, never a CTA-wide barrier, so the two warpgroups drift apart
   and one's softmax overlaps the other's matmuls. Registers move from the producer to the consumers
-  (``setmaxnreg``: :data:`_CONSUMER_REGS` / :data:`_PRODUCER_REGS`).
+  (``setmaxnreg``: :data:`_REGISTERS`).
 * within a consumer, tile j's q k^T and tile j-1's P v are issued together, and tile j's softmax runs while P v is
   on the tensor cores (FA3's intra-warpgroup overlap).
 * 4-D TMA descriptors over q, k, v and the output as they lie in memory (any strides TMA takes): rows past a length
@@ -52,19 +53,34 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 _LOG2E = math.log2(math.e)
-# setmaxnreg budgets per thread: 2 consumer warpgroups x 232 + 1 producer warpgroup x 40 = 504, within the 512 that
-# Hopper's 65536 registers per SM leave a thread of each of 128 lanes x 3 warpgroups; 232 holds the consumers' S, P
-# and O tiles and the in-flight wgmma operands without spills (ptxas, sm90a); 240 / 24 timed the same at 2 stages
-# (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log).
-_CONSUMER_REGS = 232
-_PRODUCER_REGS = 40
-# Per head dim: (rows per consumer warpgroup, key tile, ring stages). From the H100 sweep of
-# benchmarks/2026-11-27-gluon-forward (gluon_ws_bench.log): D128 at 64 x 128 x 3 stages (2 q tiles + 3 k/v stages =
-# 224 KiB of the 227 KiB a CTA may use) ran 1.02-1.11x cuDNN at N 4k-16k, 2 stages 0.87-0.91x; D64 at 64 x 128 x 4
-# stages 0.95-1.03x.
-_CONFIGS = {64: (64, 128, 4), 128: (64, 128, 3)}
+# Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups). From the H100 sweeps of
+# benchmarks/2026-11-27-gluon-forward (gluon_ws_bench.log) and benchmarks/2026-11-27-gluon-forward-configs
+# (configs_*.log, against cuDNN in each run): D128 at 64 x 128 x 3 stages, 2 consumers (2 q tiles + 3 k/v stages =
+# 224 KiB of the 227 KiB a CTA may use) ran 0.84-1.11x cuDNN at N 1k-16k, ahead of 64-key tiles with 2 or 3
+# consumers everywhere; D64 with 3 consumers (192 rows a CTA, FlashAttention-3's tile) at 3 stages ran 0.99-1.05x at
+# N 4k-16k unmasked and 0.93-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
+_CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
+# Causal attention over fewer rows: at N1024 D64 the 192-row CTAs ran 0.59x cuDNN against 0.72-0.73x for 128-row
+# ones (2 consumers at 128-key tiles, or 3 at 64-key tiles); the crossover lies between 1024 and 4096 (not measured in
+# between), so below 4096 rows the 2-consumer config.
+_SHORT_CAUSAL_CONFIGS = {64: (64, 128, 4, 2)}
+_SHORT_CAUSAL_ROWS = 4096
+# setmaxnreg budgets per thread, by the number of consumer warpgroups: (consumer, producer). The consumers' and the
+# producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of 128 lanes: 2 x 232 + 40 = 504 and
+# 3 x 160 + 32 = 512 (FlashAttention-3's split for three). 232 holds a consumer's S, P and O tiles and the in-flight
+# wgmma operands without spills at D128 (ptxas, sm90a); 240 / 24 timed the same at 2 stages
+# (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log). 160 holds D64's without spills; D128's 128-key tiles
+# with three consumers spill 1.2 KB at 160 (ptxas), so D128 keeps two.
+_REGISTERS = {2: (232, 40), 3: (160, 32)}
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
+
+
+def forward_config(head_dim: int, causal: bool, rows: int) -> tuple[int, int, int, int]:
+    """The tile config of :data:`_CONFIGS` (or :data:`_SHORT_CAUSAL_CONFIGS`) for a call."""
+    if causal and rows < _SHORT_CAUSAL_ROWS and head_dim in _SHORT_CAUSAL_CONFIGS:
+        return _SHORT_CAUSAL_CONFIGS[head_dim]
+    return _CONFIGS[head_dim]
 
 
 # ---- which attentions ------------------------------------------------------------------------------------------------
@@ -143,10 +159,14 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z
 
     start_m = row0 + C * BLOCK_M
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal
+    # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal, this
+    # warpgroup's rows see only tiles [0, n_mine) of the CTA's n_tiles (with three consumers the first one's rows end
+    # a key tile before the CTA's last)
     if CAUSAL:
-        n_full = gl.maximum((start_m + 1) // BLOCK_N, 1)
+        n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
+        n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
     else:
+        n_mine = n_tiles
         n_full = gl.maximum(N // BLOCK_N, 1)
     q = q_smem.index(C)
     m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
@@ -166,15 +186,18 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z
         acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
                                              offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout, p_layout,
                                              False, CAUSAL)
-    # the masked tail (a tile only the other warpgroup's rows see is all -inf here: P 0, max and sum unchanged)
-    for j in range(n_full, n_tiles):
+    # the masked tail
+    for j in range(n_full, n_mine):
         acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
                                              offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout, p_layout,
                                              True, CAUSAL)
-    last = (n_tiles - 1) % STAGES
+    last = (n_mine - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(last))
+    for j in range(n_mine, n_tiles):  # the CTA's tiles past these rows' diagonal: released once loaded, not read
+        mbarrier.wait(kv_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.arrive(kv_empty.index(j % STAGES))
 
     lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
     gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
@@ -187,9 +210,9 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z
 
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, h_kv, row0, n_tiles,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """The q tiles of both consumers, then k / v tiles into the ring as stages come free."""
-    for c in gl.static_range(2):
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """The q tiles of every consumer, then k / v tiles into the ring as stages come free."""
+    for c in gl.static_range(CONSUMERS):
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
     for j in range(n_tiles):
@@ -205,41 +228,55 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, 
 @gluon.jit
 def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA_GROUP: gl.constexpr,
                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr):
+                     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr):
     pid_m = gl.program_id(0)
     if CAUSAL:  # the longest rows first
         pid_m = gl.num_programs(0) - 1 - pid_m
     bh = gl.program_id(1)
     z = bh // H
     h = bh % H
-    row0 = pid_m * 2 * BLOCK_M
+    row0 = pid_m * CONSUMERS * BLOCK_M
     if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(row0 + 2 * BLOCK_M, N), BLOCK_N)
+        n_tiles = gl.cdiv(gl.minimum(row0 + CONSUMERS * BLOCK_M, N), BLOCK_N)
     else:
         n_tiles = gl.cdiv(N, BLOCK_N)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [2, BLOCK_M, HEAD_D], q_layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_M, HEAD_D], q_layout)
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for c in gl.static_range(2):
+    for c in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(c), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)  # one arrive per consumer warpgroup
+        mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrive per consumer warpgroup
 
-    gl.warp_specialize([
-        (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                     qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-        (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                     qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-        (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, h // GQA_GROUP,
-                     row0, n_tiles, BLOCK_M, BLOCK_N, STAGES)),
-    ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    # (a partition list cannot hold tuples made beforehand: each entry is written out)
+    if CONSUMERS == 3:
+        gl.warp_specialize([
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                         qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                         qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                         qk_scale, 2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
+                         h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                         qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                         qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
+                         h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
@@ -268,15 +305,15 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
     """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU."""
     Z, H, M, D = q.shape
     N = k.shape[2]
-    block_m, block_n, stages = _CONFIGS[D]
+    block_m, block_n, stages, consumers = forward_config(D, spec.causal is not None, M)
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(M, 2 * block_m), Z * H)
+    grid = (triton.cdiv(M, consumers * block_m), Z * H)
     _hopper_attn_fwd[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E, spec.gqa_group, spec.causal is not None, block_m, block_n, D, stages,
-        _CONSUMER_REGS, _PRODUCER_REGS, num_warps=4)
+        consumers, *_REGISTERS[consumers], num_warps=4)
     return out, lse
 
 

@@ -35,7 +35,7 @@ from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                             warpgroup_mma_wait)
+                                                             warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
 from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, checked_spec
@@ -109,9 +109,11 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
 def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dq_full, dq_empty, dk,
                 dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
                 GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr):
+                STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr,
+                DEFER: gl.constexpr):
     """Iteration it: its query tile against this CTA's keys; dK and dV accumulate, dQ goes to the adder through
-    dq_smem. Then the tile's ring stage is refilled with the tile STAGES iterations on."""
+    dq_smem. Then the tile's ring stage is refilled with the tile STAGES iterations on. DEFER: dK and dV's matmuls
+    stay in flight into the next iteration, which waits for them with its S and refills this stage then."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     stage = it % STAGES
@@ -137,7 +139,10 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf")) * 1.4426950408889634  # log2(e): to log2 units
     delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
 
-    s = warpgroup_mma_wait(1, deps=(s, ))
+    if DEFER:  # the previous tile's dV and dK, issued before this S, complete with it
+        s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
+    else:
+        s = warpgroup_mma_wait(1, deps=(s, ))
     p = gl.exp2(s * qk_scale - lse[:, None])
     if MASK:  # causal: key n is seen by rows m >= n
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
@@ -145,7 +150,13 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds_smem.store((p * (dp - delta[:, None])).to(dtype))
     fence_async_shared()
-    _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys
+    _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys (DEFER: and every warp is
+    # done with the previous tile's stage)
+    if DEFER:
+        refill = it - 1 + STAGES
+        if (it > 0) & (refill < n_iters):
+            h_next, mb_next = _tile_of(refill, h_kv, m_lo, per_head, GQA_GROUP)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, refill % STAGES)
 
     # dQ first: it goes to the adder while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
@@ -158,13 +169,13 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dq_smem.index(buf).store(dq)
     _cta_barrier()  # all of dQ is in shared memory
     mbarrier.arrive(dq_full.index(buf))
-    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-
-    _cta_barrier()  # every warp is done with this stage, P and dS
-    nxt = it + STAGES
-    if nxt < n_iters:
-        h_next, mb_next = _tile_of(nxt, h_kv, m_lo, per_head, GQA_GROUP)
-        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, stage)
+    if not DEFER:
+        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
+        _cta_barrier()  # every warp is done with this stage, P and dS
+        nxt = it + STAGES
+        if nxt < n_iters:
+            h_next, mb_next = _tile_of(nxt, h_kv, m_lo, per_head, GQA_GROUP)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, stage)
     return dk, dv
 
 
@@ -198,8 +209,12 @@ def _dq_adder(DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iter
 def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem,
              ds_smem, dq_smem, kv_bar, ready, dq_full, dq_empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M,
              qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-    """The default partition (two warpgroups): loads, the five matmuls and softmax of every query tile, dK and dV."""
+             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
+    """The default partition (two warpgroups): loads, the five matmuls and softmax of every query tile, dK and dV.
+    Causal, dK and dV's matmuls stay in flight from one query tile into the next (``_query_tile``'s DEFER): on an H100
+    3-5% faster at D128 causal and 0-3% at D64 (N 1k-16k, benchmarks/2026-11-27-gluon-forward-configs/
+    deferred_bwd_ab.log); unmasked it ran 7% slower, where ptxas serialized the loop's wgmmas (C7515, the zero
+    accumulators on the path that skips the loop; BENCHMARKS.md, thirteenth session), so there it waits in the tile."""
     # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
     # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the keys
     WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
@@ -221,18 +236,23 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_sm
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+    if CAUSAL:  # (accumulators in flight from one iteration to the next: the loops carry them as such)
+        dk = warpgroup_mma_init(dk)
+        dv = warpgroup_mma_init(dv)
     mbarrier.wait(kv_bar, 0)
     for g in range(GQA_GROUP):
         for it in range(g * per_head, g * per_head + full_lo - m_lo):  # (causal) the tiles across the diagonal
             dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
                                  qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
-                                 True)
+                                 True, CAUSAL)
         for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
             dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
                                  qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
-                                 False)
+                                 False, CAUSAL)
+    if CAUSAL:
+        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
 
     # k and v are read no more (the last tile's barrier): dK and dV go out through their tiles
     k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
@@ -290,7 +310,7 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, L
     gl.warp_specialize([
         (_compute, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
                     p_smem, ds_smem, dq_smem, kv_bar, ready, dq_full, dq_empty, z, h_kv, n0, m_lo, full_lo, per_head,
-                    n_iters, H, M, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS)),
+                    n_iters, H, M, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)),
         (_dq_adder, (DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iters, H, M, GQA_GROUP, BLOCK_M,
                      HEAD_D, ADDER_WARPS)),
     ], [ADDER_WARPS], [ADDER_REGS])

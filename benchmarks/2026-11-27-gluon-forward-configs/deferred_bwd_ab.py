@@ -1,6 +1,6 @@
-"""A/B of the Gluon backward: aab8416's (old_bwd.py beside this script: that commit's hopper_backward.py up to its op
-definitions, with absolute imports) against the working tree's (dK / dV in flight between query tiles when causal),
-and cuDNN's backward (its fwd+bwd less its fwd); CUDA-graph GPU time, B*N = 16384, H16, bf16. Then forward + backward
+"""A/B of the Gluon backward: an earlier commit's (old_bwd.py beside this script: that commit's hopper_backward.py up
+to its op definitions, with absolute imports; call 6: aab8416, call 7: 2223c39) against the working tree's (call 6:
+dK / dV in flight between query tiles when causal; call 7: also unmasked, the first tile apart), and cuDNN's backward (its fwd+bwd less its fwd); CUDA-graph GPU time, B*N = 16384, H16, bf16. Then forward + backward
 of the product against cuDNN.
 
     python3 deferred_bwd_ab.py [causal] [full]

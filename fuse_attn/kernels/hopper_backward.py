@@ -110,10 +110,10 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
                 GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr,
-                DEFER: gl.constexpr):
-    """Iteration it: its query tile against this CTA's keys; dK and dV accumulate, dQ goes to the adder through
-    dq_smem. Then the tile's ring stage is refilled with the tile STAGES iterations on. DEFER: dK and dV's matmuls
-    stay in flight into the next iteration, which waits for them with its S and refills this stage then."""
+                FIRST: gl.constexpr):
+    """Iteration it: its query tile against this CTA's keys; dK and dV accumulate (FIRST: start from this tile's
+    products), dQ goes to the adder through dq_smem. dK and dV's matmuls stay in flight into the next iteration,
+    which waits for them with its S and refills their ring stage then."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     stage = it % STAGES
@@ -139,10 +139,10 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf")) * 1.4426950408889634  # log2(e): to log2 units
     delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
 
-    if DEFER:  # the previous tile's dV and dK, issued before this S, complete with it
-        s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
-    else:
+    if FIRST:
         s = warpgroup_mma_wait(1, deps=(s, ))
+    else:  # the previous tile's dV and dK, issued before this S, complete with it
+        s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
     p = gl.exp2(s * qk_scale - lse[:, None])
     if MASK:  # causal: key n is seen by rows m >= n
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
@@ -150,32 +150,24 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds_smem.store((p * (dp - delta[:, None])).to(dtype))
     fence_async_shared()
-    _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys (DEFER: and every warp is
-    # done with the previous tile's stage)
-    if DEFER:
-        refill = it - 1 + STAGES
-        if (it > 0) & (refill < n_iters):
-            h_next, mb_next = _tile_of(refill, h_kv, m_lo, per_head, GQA_GROUP)
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, refill % STAGES)
+    _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
+    # previous tile's stage
+    refill = it - 1 + STAGES
+    if (it > 0) & (refill < n_iters):
+        h_next, mb_next = _tile_of(refill, h_kv, m_lo, per_head, GQA_GROUP)
+        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, refill % STAGES)
 
     # dQ first: it goes to the adder while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
                        is_async=True)
-    dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, is_async=True)
-    dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, is_async=True)
+    dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
+    dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, use_acc=not FIRST, is_async=True)
     dq = warpgroup_mma_wait(2, deps=(dq, ))
     buf = it % 2
     mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
     dq_smem.index(buf).store(dq)
     _cta_barrier()  # all of dQ is in shared memory
     mbarrier.arrive(dq_full.index(buf))
-    if not DEFER:
-        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))
-        _cta_barrier()  # every warp is done with this stage, P and dS
-        nxt = it + STAGES
-        if nxt < n_iters:
-            h_next, mb_next = _tile_of(nxt, h_kv, m_lo, per_head, GQA_GROUP)
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, stage)
     return dk, dv
 
 
@@ -211,10 +203,12 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_sm
              qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
     """The default partition (two warpgroups): loads, the five matmuls and softmax of every query tile, dK and dV.
-    Causal, dK and dV's matmuls stay in flight from one query tile into the next (``_query_tile``'s DEFER): on an H100
-    3-5% faster at D128 causal and 0-3% at D64 (N 1k-16k, benchmarks/2026-11-27-gluon-forward-configs/
-    deferred_bwd_ab.log); unmasked it ran 7% slower, where ptxas serialized the loop's wgmmas (C7515, the zero
-    accumulators on the path that skips the loop; BENCHMARKS.md, thirteenth session), so there it waits in the tile."""
+    dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
+    faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
+    (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
+    Unmasked, the first tile runs before the loop (thirteenth session: zero accumulators flowing into the loop made
+    ptxas serialize its wgmmas there, C7515, 7% slower); causal, peeling it spilled (same session), so the loops
+    start from zeros, which ptxas takes there without serializing."""
     # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
     # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the keys
     WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
@@ -236,23 +230,34 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_sm
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
-    if CAUSAL:  # (accumulators in flight from one iteration to the next: the loops carry them as such)
+    mbarrier.wait(kv_bar, 0)
+    if CAUSAL:
+        # (accumulators in flight from one iteration to the next: the loops carry them as such)
         dk = warpgroup_mma_init(dk)
         dv = warpgroup_mma_init(dv)
-    mbarrier.wait(kv_bar, 0)
-    for g in range(GQA_GROUP):
-        for it in range(g * per_head, g * per_head + full_lo - m_lo):  # (causal) the tiles across the diagonal
+        for g in range(GQA_GROUP):
+            for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
+                dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                     dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
+                                     qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
+                                     dq_layout, True, False)
+            for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
+                dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                     dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
+                                     qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
+                                     dq_layout, False, False)
+    else:
+        # every tile unmasked, the group's heads one after another; the first tile apart, so that the loop's dK and
+        # dV are always a wgmma's result
+        dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dq_full,
+                             dq_empty, dk, dv, Lse, Delta, z, h_kv, 0, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+                             GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
+        for it in range(1, n_iters):
             dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
                                  qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
-                                 True, CAUSAL)
-        for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
-            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                 dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
-                                 qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
-                                 False, CAUSAL)
-    if CAUSAL:
-        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
+                                 False, False)
+    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
 
     # k and v are read no more (the last tile's barrier): dK and dV go out through their tiles
     k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))

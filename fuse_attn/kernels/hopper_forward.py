@@ -58,7 +58,7 @@ _LOG2E = math.log2(math.e)
 # (configs_*.log, against cuDNN in each run): D128 at 64 x 128 x 3 stages, 2 consumers (2 q tiles + 3 k/v stages =
 # 224 KiB of the 227 KiB a CTA may use) ran 0.84-1.11x cuDNN at N 1k-16k, ahead of 64-key tiles with 2 or 3
 # consumers everywhere; D64 with 3 consumers (192 rows a CTA, FlashAttention-3's tile) at 3 stages ran 0.99-1.05x at
-# N 4k-16k unmasked and 0.93-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
+# N 4k-16k unmasked and 0.91-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
 _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
 # Causal attention over fewer rows: at N1024 D64 the 192-row CTAs ran 0.59x cuDNN against 0.72-0.73x for 128-row
 # ones (2 consumers at 128-key tiles, or 3 at 64-key tiles); the crossover lies between 1024 and 4096 (not measured in

@@ -270,8 +270,8 @@ HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's 
     "D128": (128, False, 1, torch.bfloat16, 300),
     "D128 causal fp16": (128, True, 1, torch.float16, 300),
 }
-# the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups, unmasked and causal
-# over 4096 rows (the 300-row causal case above takes the two-consumer config)
+# the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups of 128-key tiles,
+# unmasked and causal over 4096 rows (the 300-row causal case above takes the short causal config: 64-key tiles)
 FORWARD_ONLY_CASES = {
     "D64 three consumers": (64, False, 1, torch.bfloat16, 300),
     "D64 causal 4096 rows, three consumers": (64, True, 1, torch.bfloat16, 4096),

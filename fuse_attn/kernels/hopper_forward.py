@@ -60,10 +60,10 @@ _LOG2E = math.log2(math.e)
 # consumers everywhere; D64 with 3 consumers (192 rows a CTA, FlashAttention-3's tile) at 3 stages ran 0.99-1.05x at
 # N 4k-16k unmasked and 0.91-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
 _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
-# Causal attention over fewer rows: at N1024 D64 the 192-row CTAs ran 0.59x cuDNN against 0.72-0.73x for 128-row
-# ones (2 consumers at 128-key tiles, or 3 at 64-key tiles); the crossover lies between 1024 and 4096 (not measured in
-# between), so below 4096 rows the 2-consumer config.
-_SHORT_CAUSAL_CONFIGS = {64: (64, 128, 4, 2)}
+# Causal attention over fewer rows (D64): with 128-key tiles three consumers ran 0.59x cuDNN at N1024 and 0.83x at
+# N2048; with 64-key tiles 0.73x and 0.90x (two consumers at 128-key tiles: 0.72x and 0.86x); at N4096 the 128-key
+# tiles are ahead again (0.93x against 0.91x) (configs_run2.log, configs_n2048.log).
+_SHORT_CAUSAL_CONFIGS = {64: (64, 64, 4, 3)}
 _SHORT_CAUSAL_ROWS = 4096
 # setmaxnreg budgets per thread, by the number of consumer warpgroups: (consumer, producer). The consumers' and the
 # producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of 128 lanes: 2 x 232 + 40 = 504 and

@@ -310,13 +310,10 @@ def compile_hopper(name: str, direction: str) -> None:
             hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec.scale, causal,
                                             group)
     (args, kwargs), = launches[launched[0]]  # one launch of the Gluon kernel
-    if direction == "forward":
-        block_m, block_n, stages, _ = hopper_forward.forward_config(head_dim, causal, rows)
-    else:
-        block_m, block_n, stages = hopper_backward._CONFIGS[head_dim]
-    cfg = autotune.KernelConfig(block_m, block_n, kwargs["num_warps"], stages)
+    bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
+    cfg = autotune.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])
     capability, smem = TARGETS["sm90"]
-    compiled = _compile(kernel, dict(zip(kernel.arg_names, args)), cfg, capability)
+    compiled = _compile(kernel, bound, cfg, capability)
     assert compiled.asm["cubin"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory")

@@ -31,7 +31,7 @@ def spec_of(D, causal, group=1):
                          causal=CausalMask() if causal else None, gqa_group=group)
 
 
-def with_config(D, cfg, fn):
+def with_config(cfg, fn):
     """fn() with the Gluon forward launched at cfg for every call."""
     saved = hf.forward_config
     hf.forward_config = lambda head_dim, causal, rows: cfg
@@ -44,7 +44,7 @@ def with_config(D, cfg, fn):
 def probe(D, cfg):
     spec = spec_of(D, True)
     q, k, v = (torch.randn(1, 4, 1000, D, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    with_config(D, cfg, lambda: hf.hopper_forward(q, k, v, spec))
+    with_config(cfg, lambda: hf.hopper_forward(q, k, v, spec))
     torch.cuda.synchronize()
 
 
@@ -80,7 +80,7 @@ def check():
             ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [], spec)
             eager, _ = reference_attention(q, k, v, [], spec)
             for cfg in CANDIDATES[D]:
-                out, lse = with_config(D, cfg, lambda: hf.hopper_forward(q, k, v, spec))
+                out, lse = with_config(cfg, lambda: hf.hopper_forward(q, k, v, spec))
                 what = f"{cfg} B{B} H{H} N{N} D{D} causal={causal} G{group}"
                 try:
                     assert_close_2x(what + " out", out, ref, eager, torch.bfloat16)
@@ -113,7 +113,7 @@ def bench(lengths):
                 base = do_bench_cudagraph(cudnn)
                 print(f"{shape},cuDNN,{base:.4f},{flops / base * 1e-9:.0f},1.00", flush=True)
                 for cfg in CANDIDATES[D]:
-                    run = lambda cfg=cfg: with_config(D, cfg, lambda: hf.hopper_forward(q, k, v, spec))  # noqa: E731
+                    run = lambda cfg=cfg: with_config(cfg, lambda: hf.hopper_forward(q, k, v, spec))  # noqa: E731
                     run()
                     ms = do_bench_cudagraph(run)
                     print(f"{shape},{cfg},{ms:.4f},{flops / ms * 1e-9:.0f},{base / ms:.2f}", flush=True)

@@ -3,7 +3,7 @@
 
 test_hopper_forward.py's GPU test takes gradients through it at odd lengths (1, 17, 97, 1025), head dims 64 and 128,
 fp16 / bf16, GQA and strided inputs. Here: what that test does not reach -- many query tiles per key tile (the q / dO
-ring and the two dQ buffers reused, each key tile's dQ atomics meeting the others'), M != N, the gradient of lse, a
+ring and the two dQ buffers reused, each key tile's dQ adds meeting the others'), M != N, the gradient of lse, a
 dO that TMA cannot read in place, and the CPU side (the op's fake, its refusal off Hopper). Its compile for sm90 runs
 without a GPU in test_gpu_compile.py.
 """

@@ -11,9 +11,9 @@ P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttentio
 * per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
   dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
   of the shared tiles).
-* dQ goes through a double-buffered fp32 tile in shared memory to a worker partition of 4 warps that adds it into an
-  fp32 buffer with atomics (the CTAs of one head's key tiles all add into it); a last small Triton kernel scales and
-  casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row.
+* dQ goes through a double-buffered fp32 tile in shared memory, from which one TMA reduce-add a tile adds it into an
+  fp32 buffer (the CTAs of one head's key tiles all add into it; FlashAttention-3's way); a last small Triton kernel
+  scales and casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row.
 
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
@@ -34,6 +34,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
@@ -49,12 +50,7 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # thirteenth session): D64 at 128 query rows 1.17-1.19x as fast as at 64; D128 has no room for 128 (registers: S and dP
 # would take 128 a thread beside dK and dV's 128); 3 stages with one dQ buffer timed as 2 and 2.
 _CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
-_NUM_WARPS = 8  # the computing partition: two warpgroups
-_ADDER_WARPS = 4  # the partition adding dQ into global memory
-# registers a thread of the adder: Triton gives the computing partition what is left of the 65536 (rounded down to
-# a multiple of 8): (65536 - 128 x 32) / 256 = 240, which D128's computing partition needs (ptxas: 40 left it 232 and
-# it spilled)
-_ADDER_REGS = 32
+_NUM_WARPS = 8  # two warpgroups
 _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
 
 
@@ -88,6 +84,18 @@ def _dq_cast_kernel(DQAcc, DQ, total, sm_scale, BLOCK: tl.constexpr):
 _CAST_BLOCK = 1024  # elements per program of the cast (bandwidth-bound)
 
 
+@builtin
+def _tma_add_v36(tensor_desc, coord, src, _semantic=None):
+    """``tma.async_atomic_add`` of Triton >= 3.7 for Triton 3.6, whose Gluon has the op (TTNG's async_tma_reduce)
+    but no function for it: adds the shared-memory tile ``src`` into the descriptor's tensor at ``coord``."""
+    from triton._C.libtriton import ir
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              _semantic._convert_to_ir_values(coord, require_i64=False), src.handle)
+
+
+_tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_v36
+
+
 # ---- the kernel ------------------------------------------------------------------------------------------------------
 @gluon.jit
 def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage):
@@ -106,14 +114,14 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dq_full, dq_empty, dk,
-                dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+def _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dk, dv, Lse,
+                Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
                 GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr,
                 FIRST: gl.constexpr):
     """Iteration it: its query tile against this CTA's keys; dK and dV accumulate (FIRST: start from this tile's
-    products), dQ goes to the adder through dq_smem. dK and dV's matmuls stay in flight into the next iteration,
-    which waits for them with its S and refills their ring stage then."""
+    products), dQ is added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next
+    iteration, which waits for them with its S and refills their ring stage then."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     stage = it % STAGES
@@ -150,59 +158,34 @@ def _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds_smem.store((p * (dp - delta[:, None])).to(dtype))
     fence_async_shared()
+    tma.store_wait(1)  # the dQ add issued two tiles ago has read its buffer (only the issuing thread waits)
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
-    # previous tile's stage
+    # previous tile's stage; this tile's dQ buffer is free
     refill = it - 1 + STAGES
     if (it > 0) & (refill < n_iters):
         h_next, mb_next = _tile_of(refill, h_kv, m_lo, per_head, GQA_GROUP)
         _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, refill % STAGES)
 
-    # dQ first: it goes to the adder while dV and dK are on the tensor cores
+    # dQ first: its add into global memory starts while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
                        is_async=True)
     dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
     dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, use_acc=not FIRST, is_async=True)
     dq = warpgroup_mma_wait(2, deps=(dq, ))
-    buf = it % 2
-    mbarrier.wait(dq_empty.index(buf), ((it // 2) & 1) ^ 1)  # a fresh barrier passes a wait on parity 1
-    dq_smem.index(buf).store(dq)
+    dq_buf = dq_smem.index(it % 2)
+    dq_buf.store(dq)
+    fence_async_shared()
     _cta_barrier()  # all of dQ is in shared memory
-    mbarrier.arrive(dq_full.index(buf))
+    _tma_add(dq_desc, [z, h, m0, 0], dq_buf)  # rows past M are not written
     return dk, dv
 
 
 @gluon.jit
-def _dq_adder(DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iters, H, M, GQA_GROUP: gl.constexpr,
-              BLOCK_M: gl.constexpr, HEAD_D: gl.constexpr, ADDER_WARPS: gl.constexpr):
-    """The worker partition: adds each tile's dQ from shared memory into DQAcc (fp32 atomics, 4 consecutive values a
-    thread: one v4 atomic), ROWS rows at a time, and hands the buffer back."""
-    # 8 rows a chunk: the period of dq_smem's 128-byte swizzle (a slice may not split it); 1-2 v4 atomics a thread
-    ROWS: gl.constexpr = 8
-    layout: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 4], threads_per_warp=[32 * 4 // HEAD_D, HEAD_D // 4],
-                                            warps_per_cta=[ADDER_WARPS, 1], order=[1, 0])
-    offs_r = gl.arange(0, ROWS, layout=gl.SliceLayout(1, layout))
-    offs_d = gl.arange(0, HEAD_D, layout=gl.SliceLayout(0, layout))
-    for it in range(n_iters):
-        buf = it % 2
-        mbarrier.wait(dq_full.index(buf), (it // 2) & 1)
-        h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
-        m0 = mb * BLOCK_M
-        tile = DQAcc + ((z * H + h) * M + m0).to(gl.int64) * HEAD_D  # int32 offsets within the tile
-        src = dq_smem.index(buf)
-        for r in gl.static_range(0, BLOCK_M, ROWS):
-            dq = src.slice(r, ROWS).load(layout)
-            gl.atomic_add(tile + (r + offs_r)[:, None] * HEAD_D + offs_d[None, :], dq,
-                          mask=(m0 + r + offs_r < M)[:, None], sem="relaxed")
-        _cta_barrier()  # every warp has read the buffer
-        mbarrier.arrive(dq_empty.index(buf))
-
-
-@gluon.jit
-def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem,
-             ds_smem, dq_smem, kv_bar, ready, dq_full, dq_empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M,
-             qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
-    """The default partition (two warpgroups): loads, the five matmuls and softmax of every query tile, dK and dV.
+def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
+             p_smem, ds_smem, dq_smem, kv_bar, ready, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale,
+             sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+             STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
+    """The CTA's two warpgroups: loads, the five matmuls and softmax of every query tile, dK and dV.
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
     faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
     (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
@@ -237,26 +220,25 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_sm
         dv = warpgroup_mma_init(dv)
         for g in range(GQA_GROUP):
             for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
-                dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                     dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
+                dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
+                                     dq_smem, ready, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
                                      qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
                                      dq_layout, True, False)
             for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
-                dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                     dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
+                dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
+                                     dq_smem, ready, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
                                      qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
                                      dq_layout, False, False)
     else:
         # every tile unmasked, the group's heads one after another; the first tile apart, so that the loop's dK and
         # dV are always a wgmma's result
-        dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dq_full,
-                             dq_empty, dk, dv, Lse, Delta, z, h_kv, 0, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
-                             GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
+        dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                             dk, dv, Lse, Delta, z, h_kv, 0, n_iters, m_lo, per_head, H, M, qk_scale, offs_n, GQA_GROUP,
+                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
         for it in range(1, n_iters):
-            dk, dv = _query_tile(q_desc, do_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                 dq_full, dq_empty, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
-                                 qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout,
-                                 False, False)
+            dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                 ready, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+                                 GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
 
     # k and v are read no more (the last tile's barrier): dK and dV go out through their tiles
@@ -270,10 +252,9 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_sm
 
 
 @gluon.jit
-def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, Lse, Delta, H, H_KV, M, N, qk_scale,
+def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
                      sm_scale, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                     ADDER_WARPS: gl.constexpr, ADDER_REGS: gl.constexpr):
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
     pid_n = gl.program_id(0)
     bh = gl.program_id(1)
     z = bh // H_KV
@@ -293,14 +274,9 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, L
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_smem_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(dq_full.index(i), count=1)
-        mbarrier.init(dq_empty.index(i), count=1)
 
     n_mb = gl.cdiv(M, BLOCK_M)
     if CAUSAL:  # equal lengths: query tiles from this key tile's diagonal on; those before full_lo cross it
@@ -312,13 +288,9 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, DQAcc, L
     per_head = n_mb - m_lo
     n_iters = GQA_GROUP * per_head
 
-    gl.warp_specialize([
-        (_compute, (q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
-                    p_smem, ds_smem, dq_smem, kv_bar, ready, dq_full, dq_empty, z, h_kv, n0, m_lo, full_lo, per_head,
-                    n_iters, H, M, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)),
-        (_dq_adder, (DQAcc, dq_smem, dq_full, dq_empty, z, h_kv, m_lo, per_head, n_iters, H, M, GQA_GROUP, BLOCK_M,
-                     HEAD_D, ADDER_WARPS)),
-    ], [ADDER_WARPS], [ADDER_REGS])
+    _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
+             p_smem, ds_smem, dq_smem, kv_bar, ready, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale,
+             sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
@@ -341,9 +313,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
     _hopper_attn_bwd[(triton.cdiv(N, block_n), Z * H_kv)](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
-        _descriptor(dk, block_n), _descriptor(dv, block_n), dq_acc, lse, delta, H, H_kv, M, N, scale * _LOG2E, scale,
-        gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, _ADDER_WARPS, _ADDER_REGS,
-        num_warps=_NUM_WARPS)
+        _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,
+        scale * _LOG2E, scale, gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, num_warps=_NUM_WARPS)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
     return dq, dk, dv

@@ -73,6 +73,7 @@ _SHORT_CAUSAL_ROWS = 4096
 # with three consumers spill 1.2 KB at 160 (ptxas), so D128 keeps two.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
 
 
@@ -293,7 +294,7 @@ def _tma_ready(t: Tensor) -> Tensor:
 @functools.lru_cache(maxsize=None)
 def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
     """The shared-memory layout of a ``[1, 1, rows, head_dim]`` TMA tile (the same for every call of a shape)."""
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _DTYPES[dtype])
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _TILE_DTYPES[dtype])
 
 
 def _descriptor(t: Tensor, rows: int) -> "TensorDescriptor":

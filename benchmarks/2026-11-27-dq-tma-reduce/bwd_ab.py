@@ -1,7 +1,8 @@
-"""A/B of the Gluon backward: the session's start (.gpu/old_bwd.py: fd65393's hopper_backward.py up to its op
-definitions, with absolute imports) against the working tree's (dQ added by TMA reduce-adds
-from the compute warpgroups; no adder partition), and cuDNN's backward (its fwd+bwd less its fwd); CUDA-graph GPU
-time, B*N = 16384, H16, bf16. Then forward + backward of the product against cuDNN.
+"""A/B of the Gluon backward: an earlier commit's (.gpu/old_bwd.py: that commit's hopper_backward.py up to its op
+definitions, with absolute imports; call 2: fd65393, call 3: 0d761cc) against the working tree's (call 2: dQ added
+by TMA reduce-adds, no adder partition; call 3: also S^T = K Q^T, P^T and dS^T as dV's and dK's register operands),
+and cuDNN's backward (its fwd+bwd less its fwd); CUDA-graph GPU time, B*N = 16384, H16, bf16. Then forward +
+backward of the product against cuDNN.
 
     python3 bwd_ab.py [causal] [full]
 """

@@ -7,7 +7,9 @@ eager_same_dtype is the naive reference run in the input dtype. The Triton kerne
 
 import dataclasses
 import functools
+import json
 import os
+import pickle
 
 os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported anywhere (as conftest.py does)
 
@@ -819,6 +821,19 @@ def test_dropout_same_seed_same_output_and_default_seed():
     drawn = flash_attention(q, k, v, spec, ts)  # no seed: one is drawn from torch's generator
     torch.manual_seed(0)
     assert torch.equal(drawn, flash_attention(q, k, v, spec, ts))
+
+
+def test_a_specs_json_is_made_once_and_describes_its_own_fields():
+    """to_json is cached on the (frozen) instance: a spec made from it by dataclasses.replace, a pickled copy and the
+    JSON read back each describe their own fields."""
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125)
+    text = spec.to_json()
+    assert spec.to_json() is text and json.loads(text)["scale"] == 0.125
+    wider = dataclasses.replace(spec, scale=0.5, head_dim=128)
+    assert json.loads(wider.to_json())["scale"] == 0.5 and json.loads(wider.to_json())["head_dim"] == 128
+    assert AttentionSpec.from_json(wider.to_json()) == wider != spec
+    copied = pickle.loads(pickle.dumps(spec))
+    assert copied == spec and hash(copied) == hash(spec) and copied.to_json() == text
 
 
 def test_dropout_spec_and_seed_validation():

@@ -4,8 +4,11 @@ dK / dV in flight between query tiles when causal; call 7: also unmasked, the fi
 of the product against cuDNN.
 
     python3 deferred_bwd_ab.py [causal] [full]
+
+OLD_BWD=path: the earlier backward from another file (the fifteenth session's calls 2 and 3: .gpu/old_bwd.py, from
+fd65393 and 0d761cc, against dQ by TMA reduce-adds and the transposed form; benchmarks/2026-11-27-dq-tma-reduce/).
 """
-import importlib.util, sys
+import importlib.util, os, sys
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -14,7 +17,8 @@ from fuse_attn.kernels import hopper_backward as hb
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper, hopper_forward
 from fuse_attn.spec import AttentionSpec, CausalMask
 
-spec_ = importlib.util.spec_from_file_location("old_bwd", __file__.replace("deferred_bwd_ab.py", "old_bwd.py"))
+spec_ = importlib.util.spec_from_file_location(
+    "old_bwd", os.environ.get("OLD_BWD") or __file__.replace("deferred_bwd_ab.py", "old_bwd.py"))
 old = importlib.util.module_from_spec(spec_); spec_.loader.exec_module(old)
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 print("shape,old_bwd_ms,new_bwd_ms,new_vs_old,cudnn_bwd_ms,old_vs_cudnn,new_vs_cudnn,fwd_bwd_ms,cudnn_fwd_bwd_ms,fwd_bwd_vs_cudnn", flush=True)

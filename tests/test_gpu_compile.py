@@ -14,6 +14,7 @@ Inductor functionalizes each launch by) is run on each launch's TTIR: it must se
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -317,6 +318,24 @@ def compile_hopper(name: str, direction: str) -> None:
     assert compiled.asm["cubin"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
+    return compiled
+
+
+def compile_backward_with_its_own_tma_add(name: str) -> None:
+    """(In the subprocess.) The backward compiled with the kernel's own builtin for the TMA reduce-add (what the GPU
+    machine's Triton 3.6 runs, which has no tma.async_atomic_add) and with the tma module's where Triton has one:
+    the same reduce-add instructions in the PTX."""
+    from fuse_attn.kernels import hopper_backward
+
+    reduces = []
+    for tma_add in (hopper_backward._tma_add, hopper_backward._tma_add_v36):
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            monkeypatch.setattr(hopper_backward, "_tma_add", tma_add)
+            # each compiled anew: Triton's cache key holds the kernels' sources, not the builtin's
+            monkeypatch.setenv("TRITON_ALWAYS_COMPILE", "1")
+            ptx = compile_hopper(name, "backward").asm["ptx"]
+        reduces.append(re.findall(r"cp\.reduce\.async\.bulk\.tensor[\w.:]*", ptx))
+    print(f"TMA reductions in the PTX: {reduces[0]} | {reduces[1]}")
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES) + list(FORWARD_ONLY_CASES))
@@ -329,3 +348,12 @@ def test_the_gluon_forward_compiles_for_hopper(name):
 def test_the_gluon_backward_compiles_for_hopper(name):
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward')")
     assert "bytes of shared memory" in stdout, stdout
+
+
+def test_the_gluon_backwards_own_tma_add_compiles_as_tritons():
+    """dQ's TMA reduce-add: Triton 3.6's Gluon (the GPU machine's) has the op but no function for it, so the kernel
+    brings a builtin; compiled in place of Triton's own function it gives the same instructions (one reduce-add a
+    piece of the dQ tile: the fp32 tile's rows are wider than TMA's 128-byte swizzle)."""
+    stdout = _in_subprocess(f"t.compile_backward_with_its_own_tma_add({'D128 causal fp16'!r})")
+    tritons, own = stdout.split("TMA reductions in the PTX: ")[1].splitlines()[0].split(" | ")
+    assert tritons == own and ".add." in own, stdout

@@ -86,7 +86,7 @@ _CAST_BLOCK = 1024  # elements per program of the cast (bandwidth-bound)
 
 @builtin
 def _tma_add_v36(tensor_desc, coord, src, _semantic=None):
-    """``tma.async_atomic_add`` of Triton >= 3.7 for Triton 3.6, whose Gluon has the op (TTNG's async_tma_reduce)
+    """``tma.async_atomic_add`` (Triton 3.9 has it) for Triton 3.6, whose Gluon has the op (TTNG's async_tma_reduce)
     but no function for it: adds the shared-memory tile ``src`` into the descriptor's tensor at ``coord``."""
     from triton._C.libtriton import ir
     _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
@@ -108,8 +108,9 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage):
 @gluon.jit
 def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
     """Iteration it's query head and tile: the group's heads one after the other, each over its query tiles from
-    m_lo. (Starting each key tile's CTA at a different query tile, so that their dQ atomics meet less, timed 3%
-    slower at D128 N4096 on an H100.)"""
+    m_lo. (Starting each key tile's CTA at a different query tile, so that their dQ adds meet less, timed on an H100
+    3% slower at D128 N4096 with atomics, and 0.99-1.02x at D128 / 0.94-0.98x at D64 with TMA reduce-adds:
+    benchmarks/2026-11-27-dq-tma-reduce.)"""
     return h_kv * GQA_GROUP + it // per_head, m_lo + it % per_head
 
 

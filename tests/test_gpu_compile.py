@@ -114,7 +114,7 @@ def _configs(name: str, spec: AttentionSpec, smem: int) -> list:
     return sorted({min(candidates, key=size), max(candidates, key=size)}, key=size)
 
 
-def _compile(kernel, args: dict, cfg, capability: int):
+def _compile(kernel, args: dict, cfg, capability: int, maxnreg: int | None = None):
     """Compile ``kernel`` for ``capability`` as a launch with these arguments specializes it (Triton's JIT): an int
     argument equal to 1 becomes a constexpr, and pointers and ints divisible by 16 carry that hint, except where the
     kernel does not specialize them. Without those, loads along a unit stride do not vectorize, and the compiled
@@ -143,6 +143,8 @@ def _compile(kernel, args: dict, cfg, capability: int):
         else:
             signature[name] = "fp32"
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if maxnreg is not None:  # a launch's register cap (the Gluon forward's configs of two CTAs an SM)
+        options["maxnreg"] = maxnreg
     source_type = GluonASTSource if kernel.is_gluon() else triton.compiler.ASTSource
     source = source_type(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
     return triton.compile(source, target=GPUTarget("cuda", capability, 32), options=options)
@@ -272,10 +274,12 @@ HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's 
     "D128 causal fp16": (128, True, 1, torch.float16, 300),
 }
 # the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups of 128-key tiles,
-# unmasked and causal over 4096 rows (the 300-row causal case above takes the short causal config: 64-key tiles)
+# unmasked and causal over 4096 rows; D128 causal over 2048 rows, two consumers (the 300-row causal cases above take
+# the short causal config: one consumer of 64-key tiles, two CTAs an SM)
 FORWARD_ONLY_CASES = {
     "D64 three consumers": (64, False, 1, torch.bfloat16, 300),
     "D64 causal 4096 rows, three consumers": (64, True, 1, torch.bfloat16, 4096),
+    "D128 causal 2048 rows, two consumers": (128, True, 1, torch.bfloat16, 2048),
 }
 
 
@@ -314,8 +318,10 @@ def compile_hopper(name: str, direction: str) -> None:
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
     cfg = autotune.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])
     capability, smem = TARGETS["sm90"]
-    compiled = _compile(kernel, bound, cfg, capability)
+    compiled = _compile(kernel, bound, cfg, capability, kwargs.get("maxnreg"))
     assert compiled.asm["cubin"], name
+    if "maxnreg" in kwargs:  # launched for two CTAs an SM: the register cap is the kernel's
+        assert f".maxnreg {kwargs['maxnreg']}" in compiled.asm["ptx"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
     return compiled

@@ -58,17 +58,23 @@ def test_hopper_reasons_name_the_gpu(monkeypatch):
 
 
 def test_every_config_has_a_register_split_within_an_sm():
-    """setmaxnreg asks for registers a warpgroup at a time: consumers' and producer's budgets must fit the 65536
-    registers of an SM, 512 a thread of 128 lanes (a split that does not fit would stall the CTA, not fail)."""
-    configs = [*hopper_forward._CONFIGS.values(), *hopper_forward._SHORT_CAUSAL_CONFIGS.values()]
+    """setmaxnreg asks for registers a warpgroup at a time: consumers' and producer's budgets must fit what the CTA
+    holds -- the 65536 registers of an SM, or its share where two CTAs share one (launched with fewer registers a
+    thread: 256 threads, the producer's warp padded to a warpgroup) -- 128 lanes a warpgroup (a split that does not
+    fit would stall the CTA, not fail)."""
+    configs = [*hopper_forward._CONFIGS.values(), *(c for _, c in hopper_forward._SHORT_CAUSAL_CONFIGS.values())]
     for block_m, block_n, stages, consumers in configs:
         consumer_regs, producer_regs = hopper_forward._REGISTERS[consumers]
-        assert consumers * consumer_regs + producer_regs <= 512, (block_m, block_n, stages, consumers)
-    # causal rows below the crossover take the short config; the rest the head dim's
-    assert hopper_forward.forward_config(64, True, 1024) == hopper_forward._SHORT_CAUSAL_CONFIGS[64]
-    assert hopper_forward.forward_config(64, True, 4096) == hopper_forward._CONFIGS[64]
-    assert hopper_forward.forward_config(64, False, 1024) == hopper_forward._CONFIGS[64]
-    assert hopper_forward.forward_config(128, True, 1024) == hopper_forward._CONFIGS[128]
+        launch = hopper_forward._LAUNCH_REGISTERS.get(consumers)
+        held = 65536 if launch is None else launch * 128 * (consumers + 1)
+        assert (consumers * consumer_regs + producer_regs) * 128 <= held, (block_m, block_n, stages, consumers)
+        if launch is not None:  # launched for two CTAs an SM
+            assert 2 * held <= 65536, consumers
+    # causal rows below each head dim's crossover take the short config; the rest the head dim's
+    for head_dim, (below, config) in hopper_forward._SHORT_CAUSAL_CONFIGS.items():
+        assert hopper_forward.forward_config(head_dim, True, below - 1) == config
+        assert hopper_forward.forward_config(head_dim, True, below) == hopper_forward._CONFIGS[head_dim]
+        assert hopper_forward.forward_config(head_dim, False, 1024) == hopper_forward._CONFIGS[head_dim]
 
 
 def test_the_op_on_cpu_runs_the_generated_forward_and_the_templates_backward():

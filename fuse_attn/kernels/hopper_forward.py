@@ -4,9 +4,9 @@ Triton's compiler places one wgmma wait per ``tl.dot`` in the generated template
 the softmax and the matmuls one after the other (0.70-0.97x cuDNN, BENCHMARKS.md). Gluon, Triton's lower-level
 language, states the schedule instead, as FlashAttention-3 does:
 
-* warp specialization: a CTA takes ``CONSUMERS * BLOCK_M`` query rows. Two or three consumer warpgroups (the
-  default partition and 4-warp workers) own ``BLOCK_M`` rows each; a 1-warp producer loads the q tiles and a ring of
-  k / v tiles by TMA.
+* warp specialization: a CTA takes ``CONSUMERS * BLOCK_M`` query rows. One to three consumer warpgroups (the
+  default partition and 4-warp workers; one for short causal rows, two CTAs then sharing an SM) own ``BLOCK_M`` rows
+  each; a 1-warp producer loads the q tiles and a ring of k / v tiles by TMA.
   A consumer frees a ring stage with an mbarrier arrive, never a CTA-wide barrier, so the two warpgroups drift apart
   and one's softmax overlaps the other's matmuls. Registers move from the producer to the consumers
   (``setmaxnreg``: :data:`_REGISTERS`).
@@ -60,18 +60,25 @@ _LOG2E = math.log2(math.e)
 # consumers everywhere; D64 with 3 consumers (192 rows a CTA, FlashAttention-3's tile) at 3 stages ran 0.99-1.05x at
 # N 4k-16k unmasked and 0.91-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
 _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
-# Causal attention over fewer rows (D64): with 128-key tiles three consumers ran 0.59x cuDNN at N1024 and 0.83x at
-# N2048; with 64-key tiles 0.73x and 0.90x (two consumers at 128-key tiles: 0.72x and 0.86x); at N4096 the 128-key
-# tiles are ahead again (0.93x against 0.91x) (configs_run2.log, configs_n2048.log).
-_SHORT_CAUSAL_CONFIGS = {64: (64, 64, 4, 3)}
-_SHORT_CAUSAL_ROWS = 4096
+# Causal attention over fewer rows: per head dim, (rows below which, config). Short causal rows leave a CTA's
+# prologue and epilogue (q's load, the output's store) exposed; one consumer a CTA lets two CTAs share an SM and
+# overlap them. D64 with 64-key tiles at 3 stages: 1.16x the three-consumer (64, 64, 4, 3) at N1024 (0.83x cuDNN
+# against 0.72x) and 1.04x at N2048, 0.93x at N4096; D128: 1.04x the two-consumer config at N1024, 0.96x at N2048
+# (benchmarks/2026-11-27-dq-tma-reduce/fwd_1c_ab.log, H100). (Fourteenth session, D64: three consumers of 64-key
+# tiles 0.73x / 0.90x at N1024 / 2048 against 0.59x / 0.83x with 128-key tiles: configs_run2.log, configs_n2048.log.)
+_SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (2048, (64, 64, 3, 1))}
 # setmaxnreg budgets per thread, by the number of consumer warpgroups: (consumer, producer). The consumers' and the
 # producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of 128 lanes: 2 x 232 + 40 = 504 and
 # 3 x 160 + 32 = 512 (FlashAttention-3's split for three). 232 holds a consumer's S, P and O tiles and the in-flight
 # wgmma operands without spills at D128 (ptxas, sm90a); 240 / 24 timed the same at 2 stages
 # (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log). 160 holds D64's without spills; D128's 128-key tiles
 # with three consumers spill 1.2 KB at 160 (ptxas), so D128 keeps two.
-_REGISTERS = {2: (232, 40), 3: (160, 32)}
+_REGISTERS = {1: (232, 24), 2: (232, 40), 3: (160, 32)}
+# Registers a thread at launch where a config runs two CTAs an SM (one consumer): Triton pads the producer's warp to a
+# warpgroup, so a CTA has 256 threads, and 65536 / (2 x 256) = 128, which setmaxnreg then moves to the consumer
+# (128 x 232 + 128 x 24 = 32768). Shared memory fits two too: D128's (64, 64, 3, 1) takes 115 KB a CTA (ptxas, sm90a).
+# Other configs: Triton's default, the whole register file for one CTA.
+_LAUNCH_REGISTERS = {1: 128}
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
@@ -79,8 +86,10 @@ _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but th
 
 def forward_config(head_dim: int, causal: bool, rows: int) -> tuple[int, int, int, int]:
     """The tile config of :data:`_CONFIGS` (or :data:`_SHORT_CAUSAL_CONFIGS`) for a call."""
-    if causal and rows < _SHORT_CAUSAL_ROWS and head_dim in _SHORT_CAUSAL_CONFIGS:
-        return _SHORT_CAUSAL_CONFIGS[head_dim]
+    if causal and head_dim in _SHORT_CAUSAL_CONFIGS:
+        below, config = _SHORT_CAUSAL_CONFIGS[head_dim]
+        if rows < below:
+            return config
     return _CONFIGS[head_dim]
 
 
@@ -269,6 +278,13 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 1:
+        gl.warp_specialize([
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                         qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
+                         h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+        ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
@@ -314,7 +330,8 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
     _hopper_attn_fwd[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E, spec.gqa_group, spec.causal is not None, block_m, block_n, D, stages,
-        consumers, *_REGISTERS[consumers], num_warps=4)
+        consumers, *_REGISTERS[consumers], num_warps=4,
+        **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))
     return out, lse
 
 

@@ -76,7 +76,8 @@ _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (2048, (64, 64, 3, 1))
 _REGISTERS = {1: (232, 24), 2: (232, 40), 3: (160, 32)}
 # Registers a thread at launch where a config runs two CTAs an SM (one consumer): Triton pads the producer's warp to a
 # warpgroup, so a CTA has 256 threads, and 65536 / (2 x 256) = 128, which setmaxnreg then moves to the consumer
-# (128 x 232 + 128 x 24 = 32768). Shared memory fits two too: D128's (64, 64, 3, 1) takes 115 KB a CTA (ptxas, sm90a).
+# (128 x 232 + 128 x 24 = 32768: the consumer, Triton's default partition, gets what the producer leaves, 232 in the
+# PTX; _REGISTERS[1] states it). Shared memory fits two too: D128's (64, 64, 3, 1) takes 115 KB a CTA (ptxas, sm90a).
 # Other configs: Triton's default, the whole register file for one CTA.
 _LAUNCH_REGISTERS = {1: 128}
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}

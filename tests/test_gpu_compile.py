@@ -283,10 +283,11 @@ FORWARD_ONLY_CASES = {
 }
 
 
-def compile_hopper(name: str, direction: str) -> None:
+def compile_hopper(name: str, direction: str):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
-    must fit the H100's. (The backward's small Triton kernels, plain tl code, are captured and not compiled.)"""
+    must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
+    captured and not compiled.)"""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]

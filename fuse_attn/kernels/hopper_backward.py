@@ -7,7 +7,8 @@ P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttentio
 
 * a CTA owns ``BLOCK_N`` keys of one kv head and keeps their dK and dV accumulators in registers (two warpgroups of
   ``BLOCK_N / 2`` rows each); it walks the query tiles of every query head of the kv head's GQA group (one k / v load
-  serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use.
+  serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third
+  partition, one loader warp.
 * per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
   dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
   of the shared tiles).
@@ -49,6 +50,10 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). Timed on an H100 (BENCHMARKS.md,
 # thirteenth session): D64 at 128 query rows 1.17-1.19x as fast as at 64; D128 has no room for 128 (registers: S and dP
 # would take 128 a thread beside dK and dV's 128); 3 stages with one dQ buffer timed as 2 and 2.
+# The loads come from a one-warp partition (:func:`_loader`), not from the compute warpgroups: Triton 3.6 puts a
+# CTA-wide barrier before each TMA load 256 threads issue (five barriers a query tile, three with the loader). On an
+# H100 (seventeenth session, benchmarks/2026-11-27-backward-loader-warp) 1.00-1.05x the kernel without it at D128, at
+# D64 within the A/B's noise (0.98-1.02x, as two runs of one kernel against itself).
 _CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
 _NUM_WARPS = 8  # two warpgroups
 _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
@@ -115,14 +120,14 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
 
 
 @gluon.jit
-def _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, dk, dv, Lse,
-                Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty, dk, dv, Lse,
+                Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
                 GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr,
                 FIRST: gl.constexpr):
     """Iteration it: its query tile against this CTA's keys; dK and dV accumulate (FIRST: start from this tile's
     products), dQ is added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next
-    iteration, which waits for them with its S and refills their ring stage then."""
+    iteration, which waits for them with its S and then gives their ring stage back to the loader."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     stage = it % STAGES
@@ -162,10 +167,9 @@ def _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_sme
     tma.store_wait(1)  # the dQ add issued two tiles ago has read its buffer (only the issuing thread waits)
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
     # previous tile's stage; this tile's dQ buffer is free
-    refill = it - 1 + STAGES
-    if (it > 0) & (refill < n_iters):
-        h_next, mb_next = _tile_of(refill, h_kv, m_lo, per_head, GQA_GROUP)
-        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_next, mb_next * BLOCK_M, refill % STAGES)
+    if not FIRST:
+        if it > 0:  # the previous tile's q / dO stage: its dK / dV matmuls completed with this tile's S
+            mbarrier.arrive(empty.index((it - 1) % STAGES))
 
     # dQ first: its add into global memory starts while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
@@ -182,11 +186,11 @@ def _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_sme
 
 
 @gluon.jit
-def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
-             p_smem, ds_smem, dq_smem, kv_bar, ready, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale,
-             sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+             kv_bar, ready, empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale, sm_scale,
+             GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
              STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
-    """The CTA's two warpgroups: loads, the five matmuls and softmax of every query tile, dK and dV.
+    """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV.
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
     faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
     (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
@@ -203,14 +207,6 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, De
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                         instr_shape=[16, HEAD_D, 16])
 
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
-    _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
-    for i in gl.static_range(STAGES):
-        if i < n_iters:
-            h_i, mb_i = _tile_of(i, h_kv, m_lo, per_head, GQA_GROUP)
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h_i, mb_i * BLOCK_M, i)
-
     offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
     dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
     dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
@@ -221,24 +217,22 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, De
         dv = warpgroup_mma_init(dv)
         for g in range(GQA_GROUP):
             for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
-                dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
-                                     dq_smem, ready, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
-                                     qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                                     dq_layout, True, False)
+                dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                     empty, dk, dv, Lse, Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
+                                     GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False)
             for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
-                dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
-                                     dq_smem, ready, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M,
-                                     qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                                     dq_layout, False, False)
+                dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                     empty, dk, dv, Lse, Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
+                                     GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False)
     else:
         # every tile unmasked, the group's heads one after another; the first tile apart, so that the loop's dK and
         # dV are always a wgmma's result
-        dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                             dk, dv, Lse, Delta, z, h_kv, 0, n_iters, m_lo, per_head, H, M, qk_scale, offs_n, GQA_GROUP,
-                             BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
+        dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
+                             dk, dv, Lse, Delta, z, h_kv, 0, m_lo, per_head, H, M, qk_scale, offs_n, GQA_GROUP, BLOCK_M,
+                             BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
         for it in range(1, n_iters):
-            dk, dv = _query_tile(q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-                                 ready, dk, dv, Lse, Delta, z, h_kv, it, n_iters, m_lo, per_head, H, M, qk_scale, offs_n,
+            dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                 empty, dk, dv, Lse, Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
                                  GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False)
     dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
 
@@ -250,6 +244,20 @@ def _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, De
     _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
     _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
     tma.store_wait(0)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, z, h_kv, n0, m_lo,
+            per_head, n_iters, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
+    """One warp: k and v, then every query tile's q and dO into the ring as the compute warpgroups free its stages."""
+    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
+    _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
+    for it in range(n_iters):
+        stage = it % STAGES
+        mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
+        h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage)
 
 
 @gluon.jit
@@ -275,9 +283,11 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_smem_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
 
     n_mb = gl.cdiv(M, BLOCK_M)
     if CAUSAL:  # equal lengths: query tiles from this key tile's diagonal on; those before full_lo cross it
@@ -289,9 +299,15 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     per_head = n_mb - m_lo
     n_iters = GQA_GROUP * per_head
 
-    _compute(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem,
-             p_smem, ds_smem, dq_smem, kv_bar, ready, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale,
-             sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)
+    gl.warp_specialize([
+        (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
+                    dq_smem, kv_bar, ready, empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale,
+                    sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, z, h_kv, n0,
+                   m_lo, per_head, n_iters, GQA_GROUP, BLOCK_M, STAGES)),
+    ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
+    # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
+    # D64, causal with GQA, 8 bytes in the loop over the diagonal's tiles)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------

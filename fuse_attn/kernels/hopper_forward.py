@@ -156,10 +156,21 @@ def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s
 
 
 @gluon.jit
+def _release_tiles(kv_ready, kv_empty, first, n_tiles, STAGES: gl.constexpr):
+    """Key tiles [first, n_tiles) of the ring, released once loaded, not read."""
+    for j in range(first, n_tiles):
+        mbarrier.wait(kv_ready.index(j % STAGES), (j // STAGES) & 1)
+        mbarrier.arrive(kv_empty.index(j % STAGES))
+
+
+@gluon.jit
 def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, qk_scale,
               C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
               HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer warpgroup C: rows ``row0 + C * BLOCK_M`` on, all n_tiles key tiles; stores its output and lse."""
+    """Consumer warpgroup C: rows ``row0 + C * BLOCK_M`` on, all n_tiles key tiles; stores its output and lse.
+    A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the last CTA of
+    each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there, where all
+    three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -179,44 +190,45 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z
     else:
         n_mine = n_tiles
         n_full = gl.maximum(N // BLOCK_N, 1)
-    q = q_smem.index(C)
-    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-    l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
-    acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
-    s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-
-    # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
     mbarrier.wait(q_bars.index(C), 0)
-    mbarrier.wait(kv_ready.index(0), 0)
-    s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    s = warpgroup_mma_wait(0, deps=(s, ))
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N, qk_scale,
-                                       True, CAUSAL)
-    p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-    for j in range(1, n_full):
-        acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                             offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout, p_layout,
-                                             False, CAUSAL)
-    # the masked tail
-    for j in range(n_full, n_mine):
-        acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                             offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout, p_layout,
-                                             True, CAUSAL)
-    last = (n_mine - 1) % STAGES
-    acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-    acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-    mbarrier.arrive(kv_empty.index(last))
-    for j in range(n_mine, n_tiles):  # the CTA's tiles past these rows' diagonal: released once loaded, not read
-        mbarrier.wait(kv_ready.index(j % STAGES), (j // STAGES) & 1)
-        mbarrier.arrive(kv_empty.index(j % STAGES))
+    if start_m < M:
+        q = q_smem.index(C)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
-    lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
-    gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
-    out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-    q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
-    fence_async_shared()
-    _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
-    tma.store_wait(0)
+        # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
+        mbarrier.wait(kv_ready.index(0), 0)
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
+                                           qk_scale, True, CAUSAL)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        for j in range(1, n_full):
+            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
+                                                 offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout,
+                                                 p_layout, False, CAUSAL)
+        # the masked tail
+        for j in range(n_full, n_mine):
+            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
+                                                 offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout,
+                                                 p_layout, True, CAUSAL)
+        last = (n_mine - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        mbarrier.arrive(kv_empty.index(last))
+        _release_tiles(kv_ready, kv_empty, n_mine, n_tiles, STAGES)  # the CTA's tiles past these rows' diagonal
+
+        lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
+        gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
+        out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
+        fence_async_shared()
+        _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
+        tma.store_wait(0)
+    else:  # every row past M (the last CTA's spare warpgroups where M is no multiple of its rows): nothing to compute
+        _release_tiles(kv_ready, kv_empty, 0, n_tiles, STAGES)
 
 
 @gluon.jit

@@ -283,11 +283,12 @@ FORWARD_ONLY_CASES = {
 }
 
 
-def compile_hopper(name: str, direction: str):
+def compile_hopper(name: str, direction: str, sms: int | None = None):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
-    captured and not compiled.)"""
+    captured and not compiled.) ``sms``: the SMs the backward's launcher sees (CPU tensors have none), which decides
+    whether a causal call pairs key tiles."""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
@@ -310,6 +311,8 @@ def compile_hopper(name: str, direction: str):
     with pytest.MonkeyPatch.context() as monkeypatch:
         for kernel_name in launched:
             monkeypatch.setattr(module, kernel_name, Recorded(kernel_name))
+        if sms is not None:
+            monkeypatch.setattr(hopper_backward, "sm_count", lambda device: sms)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec)
         else:
@@ -324,7 +327,8 @@ def compile_hopper(name: str, direction: str):
     if "maxnreg" in kwargs:  # launched for two CTAs an SM: the register cap is the kernel's
         assert f".maxnreg {kwargs['maxnreg']}" in compiled.asm["ptx"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
-    print(f"{name}: {compiled.metadata.shared} bytes of shared memory")
+    paired = f", key tiles paired: {bound['PAIRED']}" if "PAIRED" in bound else ""
+    print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}")
     return compiled
 
 
@@ -354,7 +358,14 @@ def test_the_gluon_forward_compiles_for_hopper(name):
 @pytest.mark.parametrize("name", list(HOPPER_CASES))
 def test_the_gluon_backward_compiles_for_hopper(name):
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward')")
-    assert "bytes of shared memory" in stdout, stdout
+    assert "bytes of shared memory, key tiles paired: False" in stdout, stdout
+
+
+@pytest.mark.parametrize("name", [n for n, case in HOPPER_CASES.items() if case[1]])
+def test_the_gluon_backward_with_paired_key_tiles_compiles_for_hopper(name):
+    """Causal on an H100's 132 SMs, these few CTAs take two key tiles each (hopper_backward._PAIR_UP_TO_WAVES)."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward', sms=132)")
+    assert "bytes of shared memory, key tiles paired: True" in stdout, stdout
 
 
 def test_the_gluon_backwards_own_tma_add_compiles_as_tritons():

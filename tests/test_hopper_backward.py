@@ -80,13 +80,29 @@ def _check_gradients(what, q, k, v, spec, dout_of=lambda dout: dout, dlse_weight
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_many_query_tiles_per_key_tile(head_dim):
-    """N 4096, causal, GQA 4: each key tile's CTA walks up to 4 x 64 query tiles through the ring and both dQ buffers."""
+    """N 4096, causal, GQA 4: each key tile walks up to 4 x 64 query tiles through the ring and both dQ buffers (two
+    key tiles a CTA: few CTAs)."""
     spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
                          causal=CausalMask(), gqa_group=4)
     g = torch.Generator(device="cuda").manual_seed(head_dim)
     q = torch.randn(1, 8, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
     k, v = (torch.randn(1, 2, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
     _check_gradients(f"N4096 D{head_dim}", q, k, v, spec)
+
+
+@hopper
+def test_a_causal_call_of_many_ctas_takes_one_key_tile_a_cta():
+    """The test above pairs key tiles in a CTA (its few CTAs: hopper_backward._PAIR_UP_TO_WAVES); this call has
+    enough CTAs that each takes one."""
+    from fuse_attn.kernels import hopper_backward
+    from fuse_attn.kernels.flash_decoding import sm_count
+
+    Z, H, N, D = 8, 8, 2048, 64
+    assert -(-N // 128) * Z * H > hopper_backward._PAIR_UP_TO_WAVES * sm_count(torch.device("cuda"))
+    spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask())
+    g = torch.Generator(device="cuda").manual_seed(N)
+    q, k, v = (torch.randn(Z, H, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    _check_gradients(f"Z{Z} H{H} N{N} D{D}", q, k, v, spec)
 
 
 @hopper

@@ -5,10 +5,10 @@
 The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
 P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
 
-* a CTA owns ``BLOCK_N`` keys of one kv head and keeps their dK and dV accumulators in registers (two warpgroups of
-  ``BLOCK_N / 2`` rows each); it walks the query tiles of every query head of the kv head's GQA group (one k / v load
-  serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third
-  partition, one loader warp.
+* a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk
+  and a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each); it walks
+  the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and dO
+  tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third partition, one loader warp.
 * per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
   dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
   of the shared tiles).
@@ -40,6 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
+from .flash_decoding import sm_count
 from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, checked_spec
 
 _LOG2E = math.log2(math.e)
@@ -56,6 +57,13 @@ _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # D64 within the A/B's noise (0.98-1.02x, as two runs of one kernel against itself).
 _CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
 _NUM_WARPS = 8  # two warpgroups
+# Causal, a CTA a key tile makes CTAs of very unequal walks (the first key tile's meets every query tile, the last's
+# one), and where they are few the longest of the last heads run on alone at the end. Where one CTA a key tile would
+# fill at most this many waves of CTAs (one CTA an SM), a CTA takes two key tiles, a long walk and a short one
+# (:func:`_causal_key_tile`). On an H100 (benchmarks/2026-11-27-backward-loader-warp, paired_key_tiles_ab.log): at
+# 3.9 waves (GQA 32/8 heads, B2 N4096; B1 N8192) 1.02-1.15x; at 7.8 (B4) 0.96-1.04x; at 15.5 (16 heads, B*N = 16384)
+# 0.90-1.02x, slower the longer the rows.
+_PAIR_UP_TO_WAVES = 4
 _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
 
 
@@ -121,23 +129,25 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
 
 @gluon.jit
 def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty, dk, dv, Lse,
-                Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
+                Delta, z, h_kv, it, r0, m_lo, per_head, H, M, qk_scale, offs_n,
                 GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                 STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr,
                 FIRST: gl.constexpr):
-    """Iteration it: its query tile against this CTA's keys; dK and dV accumulate (FIRST: start from this tile's
-    products), dQ is added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next
-    iteration, which waits for them with its S and then gives their ring stage back to the loader."""
+    """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
+    tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
+    added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
+    waits for them with its S and then gives their ring stage back to the loader."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
-    stage = it % STAGES
-    mbarrier.wait(ready.index(stage), (it // STAGES) & 1)
+    ring = r0 + it
+    stage = ring % STAGES
+    mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
     q = q_smem.index(stage)
     do = do_smem.index(stage)
-    # k, v, P and dS each have one buffer, indexed by a value that is always 0 (it < 2^30) but changes with the loop:
+    # k, v, P and dS each have one buffer, indexed by a value that is always 0 (ring < 2^30) but changes with the loop:
     # their wgmma descriptors are then computed where used, not hoisted out of the loop (~48 64-bit descriptors, 96
     # registers held through it; at D128 ptxas spilled ~500 bytes)
-    pin = it >> 30
+    pin = ring >> 30
     k_smem = k_smem.index(pin)
     v_smem = v_smem.index(pin)
     p_smem = p_smem.index(pin)
@@ -168,8 +178,9 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
     # previous tile's stage; this tile's dQ buffer is free
     if not FIRST:
-        if it > 0:  # the previous tile's q / dO stage: its dK / dV matmuls completed with this tile's S
-            mbarrier.arrive(empty.index((it - 1) % STAGES))
+        if ring > 0:  # the previous tile's q / dO stage: its dK / dV matmuls completed with this tile's S (or, the
+            # previous key tile's last, before its dK / dV were stored)
+            mbarrier.arrive(empty.index((ring - 1) % STAGES))
 
     # dQ first: its add into global memory starts while dV and dK are on the tensor cores
     dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
@@ -177,7 +188,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
     dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, use_acc=not FIRST, is_async=True)
     dq = warpgroup_mma_wait(2, deps=(dq, ))
-    dq_buf = dq_smem.index(it % 2)
+    dq_buf = dq_smem.index(ring % 2)
     dq_buf.store(dq)
     fence_async_shared()
     _cta_barrier()  # all of dQ is in shared memory
@@ -186,11 +197,35 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
 
 
 @gluon.jit
+def _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The CTA's t-th key tile when causal: (its first key, the query tile its walk starts at (the diagonal's), the
+    first query tile wholly below the diagonal, query tiles a head). Paired (:data:`_PAIR_UP_TO_WAVES`), a CTA takes
+    key tiles pid and n_n - 1 - pid (the middle one alone when n_n is odd), so that every CTA walks about n_mb + 1
+    query tiles a head; otherwise key tile pid alone."""
+    n0 = (pid if t == 0 else n_n - 1 - pid) * BLOCK_N
+    m_lo = n0 // BLOCK_M
+    return n0, m_lo, gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb), n_mb - m_lo
+
+
+@gluon.jit
+def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale):
+    """k and v are read no more (the last tile's barrier): dK and dV go out through their tiles."""
+    k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
+    v_smem.index(0).store(dv.to(dv_desc.dtype))
+    fence_async_shared()
+    _cta_barrier()
+    _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
+    _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-             kv_bar, ready, empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale, sm_scale,
+             kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb, n_kt, H, M, qk_scale, sm_scale,
              GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
              STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
-    """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV.
+    """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
+    tiles (causal: :func:`_causal_key_tile`; otherwise one, pid).
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
     faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
     (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
@@ -207,68 +242,90 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_s
     kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
                                                         instr_shape=[16, HEAD_D, 16])
 
-    offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-    dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
-    dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
-    mbarrier.wait(kv_bar, 0)
     if CAUSAL:
-        # (accumulators in flight from one iteration to the next: the loops carry them as such)
-        dk = warpgroup_mma_init(dk)
-        dv = warpgroup_mma_init(dv)
-        for g in range(GQA_GROUP):
-            for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
-                dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                     empty, dk, dv, Lse, Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
-                                     GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False)
-            for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
-                dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                     empty, dk, dv, Lse, Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
-                                     GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False)
+        r0 = 0
+        for t in range(n_kt):
+            n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            # (accumulators in flight from one iteration to the next: the loops carry them as such)
+            dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout))
+            dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout))
+            mbarrier.wait(kv_bar, t & 1)
+            for g in range(GQA_GROUP):
+                for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
+                    dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                         ready, empty, dk, dv, Lse, Delta, z, h_kv, it, r0, m_lo, per_head, H, M,
+                                         qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
+                                         dq_layout, True, False)
+                for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
+                    dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                         ready, empty, dk, dv, Lse, Delta, z, h_kv, it, r0, m_lo, per_head, H, M,
+                                         qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
+                                         dq_layout, False, False)
+            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
+            _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
+            mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
+            r0 += GQA_GROUP * per_head
     else:
         # every tile unmasked, the group's heads one after another; the first tile apart, so that the loop's dK and
         # dV are always a wgmma's result
+        n0 = pid * BLOCK_N
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        mbarrier.wait(kv_bar, 0)
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
-                             dk, dv, Lse, Delta, z, h_kv, 0, m_lo, per_head, H, M, qk_scale, offs_n, GQA_GROUP, BLOCK_M,
+                             dk, dv, Lse, Delta, z, h_kv, 0, 0, 0, n_mb, H, M, qk_scale, offs_n, GQA_GROUP, BLOCK_M,
                              BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
-        for it in range(1, n_iters):
+        for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                 empty, dk, dv, Lse, Delta, z, h_kv, it, m_lo, per_head, H, M, qk_scale, offs_n,
+                                 empty, dk, dv, Lse, Delta, z, h_kv, it, 0, 0, n_mb, H, M, qk_scale, offs_n,
                                  GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False)
-    dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
-
-    # k and v are read no more (the last tile's barrier): dK and dV go out through their tiles
-    k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
-    v_smem.index(0).store(dv.to(dv_desc.dtype))
-    fence_async_shared()
-    _cta_barrier()
-    _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
-    _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
-    tma.store_wait(0)
+        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
+        _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, z, h_kv, n0, m_lo,
-            per_head, n_iters, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, STAGES: gl.constexpr):
-    """One warp: k and v, then every query tile's q and dO into the ring as the compute warpgroups free its stages."""
-    mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
-    _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
-    for it in range(n_iters):
-        stage = it % STAGES
-        mbarrier.wait(empty.index(stage), ((it // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
-        h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
-        _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage)
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z, h_kv,
+            pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+    """One warp: for each of the CTA's key tiles, its k and v (once the previous key tile's dK and dV are stored from
+    their buffers), then every query tile's q and dO into the ring as the compute warpgroups free its stages."""
+    r0 = 0
+    for t in range(n_kt):
+        if CAUSAL:
+            n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
+        else:
+            n0, m_lo, per_head = pid * BLOCK_N, 0, n_mb
+        if t > 0:
+            mbarrier.wait(kv_free, (t - 1) & 1)
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
+        _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
+        for it in range(GQA_GROUP * per_head):
+            ring = r0 + it
+            stage = ring % STAGES
+            mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
+            h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage)
+        r0 += GQA_GROUP * per_head
 
 
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
                      sm_scale, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr):
-    pid_n = gl.program_id(0)
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                     PAIRED: gl.constexpr):
+    pid = gl.program_id(0)
     bh = gl.program_id(1)
     z = bh // H_KV
     h_kv = bh % H_KV
-    n0 = pid_n * BLOCK_N
+    n_n = gl.cdiv(N, BLOCK_N)
+    n_mb = gl.cdiv(M, BLOCK_M)
+    if PAIRED:  # (causal) key tiles pid and n_n - 1 - pid, one where they are the same
+        n_kt = gl.where(n_n - 1 - pid != pid, 2, 1)
+    else:
+        n_kt = 1
 
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], k_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
@@ -282,29 +339,21 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
     dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_smem_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_bar, count=1)
+    mbarrier.init(kv_free, count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=1)
 
-    n_mb = gl.cdiv(M, BLOCK_M)
-    if CAUSAL:  # equal lengths: query tiles from this key tile's diagonal on; those before full_lo cross it
-        m_lo = n0 // BLOCK_M
-        full_lo = gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb)
-    else:
-        m_lo = 0
-        full_lo = 0
-    per_head = n_mb - m_lo
-    n_iters = GQA_GROUP * per_head
-
     gl.warp_specialize([
         (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
-                    dq_smem, kv_bar, ready, empty, z, h_kv, n0, m_lo, full_lo, per_head, n_iters, H, M, qk_scale,
-                    sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)),
-        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, ready, empty, z, h_kv, n0,
-                   m_lo, per_head, n_iters, GQA_GROUP, BLOCK_M, STAGES)),
+                    dq_smem, kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb, n_kt, H, M, qk_scale, sm_scale,
+                    GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
+                   h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
     # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
     # D64, causal with GQA, 8 bytes in the loop over the diagonal's tiles)
@@ -328,10 +377,13 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=q.device)
     dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
-    _hopper_attn_bwd[(triton.cdiv(N, block_n), Z * H_kv)](
+    n_n = triton.cdiv(N, block_n)  # key tiles
+    paired = causal and n_n * Z * H_kv <= _PAIR_UP_TO_WAVES * (sm_count(q.device) or 0)
+    _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * H_kv)](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
         _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,
-        scale * _LOG2E, scale, gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, num_warps=_NUM_WARPS)
+        scale * _LOG2E, scale, gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired,
+        num_warps=_NUM_WARPS)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
     return dq, dk, dv

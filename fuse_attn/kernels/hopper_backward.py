@@ -5,10 +5,10 @@
 The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
 P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
 
-* a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk
-  and a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each); it walks
-  the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and dO
-  tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third partition, one loader warp.
+* a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk and
+  a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each); it
+  walks the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and
+  dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third partition, one loader warp.
 * per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
   dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
   of the shared tiles).
@@ -61,8 +61,8 @@ _NUM_WARPS = 8  # two warpgroups
 # one), and where they are few the longest of the last heads run on alone at the end. Where one CTA a key tile would
 # fill at most this many waves of CTAs (one CTA an SM), a CTA takes two key tiles, a long walk and a short one
 # (:func:`_causal_key_tile`). On an H100 (benchmarks/2026-11-27-backward-loader-warp, paired_key_tiles_ab.log): at
-# 3.9 waves (GQA 32/8 heads, B2 N4096; B1 N8192) 1.02-1.15x; at 7.8 (B4) 0.96-1.04x; at 15.5 (16 heads, B*N = 16384)
-# 0.90-1.02x, slower the longer the rows.
+# 3.9 waves (GQA 32/8 heads, B2 N4096; B1 N8192) 1.01-1.16x; at 7.8 (B4) 0.96-1.04x; at 15.5 (16 heads, B*N = 16384)
+# 0.90-1.03x, the losses at N16384.
 _PAIR_UP_TO_WAVES = 4
 _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
 
@@ -356,7 +356,7 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
     # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
-    # D64, causal with GQA, 8 bytes in the loop over the diagonal's tiles)
+    # D64 causal, in the loop over the diagonal's query tiles, 8 bytes with GQA one key tile a CTA, 80-96 paired)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------

@@ -95,10 +95,10 @@ def test_a_causal_call_of_many_ctas_takes_one_key_tile_a_cta():
     """The test above pairs key tiles in a CTA (its few CTAs: hopper_backward._PAIR_UP_TO_WAVES); this call has
     enough CTAs that each takes one."""
     from fuse_attn.kernels import hopper_backward
-    from fuse_attn.kernels.flash_decoding import sm_count
 
     Z, H, N, D = 8, 8, 2048, 64
-    assert -(-N // 128) * Z * H > hopper_backward._PAIR_UP_TO_WAVES * sm_count(torch.device("cuda"))
+    assert not hopper_backward.pairs_key_tiles(True, -(-N // hopper_backward._CONFIGS[D][1]), Z * H,
+                                               torch.device("cuda"))
     spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask())
     g = torch.Generator(device="cuda").manual_seed(N)
     q, k, v = (torch.randn(Z, H, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))

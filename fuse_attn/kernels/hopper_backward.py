@@ -360,6 +360,12 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
+def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:
+    """Whether a call's CTAs take two key tiles each (:data:`_PAIR_UP_TO_WAVES`): causal, and one key tile a CTA would
+    fill at most that many waves of the device's SMs (off a GPU, no SMs: one key tile a CTA)."""
+    return causal and key_tiles * kv_heads <= _PAIR_UP_TO_WAVES * (sm_count(device) or 0)
+
+
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
                     causal: bool, gqa_group: int, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of plain attention (a spec :func:`.hopper_forward.hopper_reasons` accepts) on an sm90 GPU,
@@ -378,7 +384,7 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
     n_n = triton.cdiv(N, block_n)  # key tiles
-    paired = causal and n_n * Z * H_kv <= _PAIR_UP_TO_WAVES * (sm_count(q.device) or 0)
+    paired = pairs_key_tiles(causal, n_n, Z * H_kv, q.device)
     _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * H_kv)](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
         _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,

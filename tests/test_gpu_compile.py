@@ -287,8 +287,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
-    captured and not compiled.) ``sms``: the SMs the backward's launcher sees (CPU tensors have none), which decides
-    whether a causal call pairs key tiles."""
+    captured and not compiled.) ``sms``: the SMs the launcher sees (CPU tensors have none), which decides whether a
+    CTA takes two key tiles (the causal backward) or two query blocks (the forward)."""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
@@ -312,7 +312,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None):
         for kernel_name in launched:
             monkeypatch.setattr(module, kernel_name, Recorded(kernel_name))
         if sms is not None:
-            monkeypatch.setattr(hopper_backward, "sm_count", lambda device: sms)
+            monkeypatch.setattr(module, "sm_count", lambda device: sms)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec)
         else:
@@ -327,7 +327,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None):
     if "maxnreg" in kwargs:  # launched for two CTAs an SM: the register cap is the kernel's
         assert f".maxnreg {kwargs['maxnreg']}" in compiled.asm["ptx"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
-    paired = f", key tiles paired: {bound['PAIRED']}" if "PAIRED" in bound else ""
+    paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}")
     return compiled
 
@@ -352,7 +352,15 @@ def compile_backward_with_its_own_tma_add(name: str) -> None:
 @pytest.mark.parametrize("name", list(HOPPER_CASES) + list(FORWARD_ONLY_CASES))
 def test_the_gluon_forward_compiles_for_hopper(name):
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward')")
-    assert "bytes of shared memory" in stdout, stdout
+    assert "bytes of shared memory, query blocks paired: False" in stdout, stdout
+
+
+@pytest.mark.parametrize("name", ["D64 causal GQA 2", "D128 causal fp16", "D128 causal 2048 rows, two consumers"])
+def test_the_gluon_forward_with_paired_query_blocks_compiles_for_hopper(name):
+    """Causal on an H100's 132 SMs, these few CTAs take two query blocks each (hopper_forward._PAIR_UP_TO_WAVES; the
+    other causal case, D64's three-consumer config, never pairs)."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward', sms=132)")
+    assert "bytes of shared memory, query blocks paired: True" in stdout, stdout
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))

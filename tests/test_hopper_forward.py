@@ -161,6 +161,25 @@ def test_long_rows_and_unequal_lengths():
 
 
 @hopper
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_a_causal_call_of_many_ctas_takes_one_query_block_a_cta(head_dim):
+    """The causal calls above pair query blocks in a CTA (their few CTAs: hopper_forward._PAIR_UP_TO_WAVES); this
+    call has enough CTAs that each takes one."""
+    Z, H, N = 16, 8, 2048
+    block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, N)
+    assert not hopper_forward.pairs_query_blocks(True, -(-N // (consumers * block_m)), Z * H, consumers,
+                                                 torch.device("cuda"))
+    spec = dataclasses.replace(PLAIN, head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
+                               causal=CausalMask())
+    g = torch.Generator(device="cuda").manual_seed(N)
+    q, k, v = (torch.randn(Z, H, N, head_dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    out = flash_attention_hopper(q, k, v, spec)
+    ref, _ = reference_attention(q.double(), k.double(), v.double(), [], spec)
+    eager, _ = reference_attention(q, k, v, [], spec)
+    assert_close_2x(f"out D{head_dim}", out, ref, eager, torch.bfloat16)
+
+
+@hopper
 def test_a_layout_tma_cannot_read_is_copied_first():
     q = torch.randn(1, 2, 64, 129, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 258 bytes
     assert hopper_forward._tma_ready(q) is not q and hopper_forward._tma_ready(q).is_contiguous()

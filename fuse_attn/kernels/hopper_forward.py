@@ -12,6 +12,8 @@ language, states the schedule instead, as FlashAttention-3 does:
   (``setmaxnreg``: :data:`_REGISTERS`).
 * within a consumer, tile j's q k^T and tile j-1's P v are issued together, and tile j's softmax runs while P v is
   on the tensor cores (FA3's intra-warpgroup overlap).
+* causal calls of few CTAs (:data:`_PAIR_UP_TO_WAVES`): a CTA takes two query blocks, a long row band and a short one,
+  one after the other (the k / v ring runs on; each consumer's q tile is reloaded once its output is stored).
 * 4-D TMA descriptors over q, k, v and the output as they lie in memory (any strides TMA takes): rows past a length
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
@@ -45,6 +47,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ..spec import AttentionSpec
 from . import ops
+from .flash_decoding import sm_count
 from .launch import _empty_outputs
 
 # The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
@@ -80,6 +83,16 @@ _REGISTERS = {1: (232, 24), 2: (232, 40), 3: (160, 32)}
 # PTX; _REGISTERS[1] states it). Shared memory fits two too: D128's (64, 64, 3, 1) takes 115 KB a CTA (ptxas, sm90a).
 # Other configs: Triton's default, the whole register file for one CTA.
 _LAUNCH_REGISTERS = {1: 128}
+# Causal, a CTA a query block makes CTAs of unequal length (the last block's rows meet every key tile, the first's
+# one), and where they are few the longest of the last heads run on alone at the end. Where one block a CTA would fill
+# at most this many waves of CTAs, a CTA takes two, blocks n - 1 - pid and pid (as the backward pairs key tiles). On
+# an H100 (benchmarks/2026-11-27-forward-query-pairs: paired_boundary_ab.log, paired_ab_call1.log), the one- and
+# two-consumer configs at 3.9 waves 1.08-1.18x, at 7.8 waves 1.00-1.08x, at 15.5 waves 0.99-1.03x at N1024-4096 and
+# 0.96x at N16384. D64's three-consumer config (causal from 4096 rows) paired ran 0.88x at 2.7 waves and 0.92-0.996x
+# from 5.3 (its paired kernel spills 88 bytes a thread, ptxas): never paired. Unmasked calls (equal CTAs, nothing to
+# balance) paired ran 0.82-1.02x in a first form: never paired.
+_PAIR_UP_TO_WAVES = 8
+_PAIR_UP_TO_CONSUMERS = 2
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
@@ -135,15 +148,16 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, 
 
 
 @gluon.jit
-def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j,
+def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j, r0,
                    BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr, o_layout: gl.constexpr,
                    p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
-    """Tile j: its q k^T and tile j-1's P v in flight together; tile j's softmax while P v runs; then tile j-1's
-    ring stage is released and the output rescaled."""
-    stage = j % STAGES
-    mbarrier.wait(kv_ready.index(stage), (j // STAGES) & 1)
+    """Key tile j (ring position r0 + j): its q k^T and tile j-1's P v in flight together; tile j's softmax while
+    P v runs; then tile j-1's ring stage is released and the output rescaled."""
+    r = r0 + j
+    stage = r % STAGES
+    mbarrier.wait(kv_ready.index(stage), (r // STAGES) & 1)
     s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-    prev = (j - 1) % STAGES
+    prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
     s = warpgroup_mma_wait(1, deps=(s, ))
     offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -156,18 +170,31 @@ def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s
 
 
 @gluon.jit
-def _release_tiles(kv_ready, kv_empty, first, n_tiles, STAGES: gl.constexpr):
-    """Key tiles [first, n_tiles) of the ring, released once loaded, not read."""
-    for j in range(first, n_tiles):
+def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr):
+    """Key tiles [first, n_tiles) of a query block whose tile 0 took ring position r0, released once loaded, not
+    read."""
+    for j in range(r0 + first, r0 + n_tiles):
         mbarrier.wait(kv_ready.index(j % STAGES), (j // STAGES) & 1)
         mbarrier.arrive(kv_empty.index(j % STAGES))
 
 
 @gluon.jit
-def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, qk_scale,
-              C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              HEAD_D: gl.constexpr, STAGES: gl.constexpr):
-    """Consumer warpgroup C: rows ``row0 + C * BLOCK_M`` on, all n_tiles key tiles; stores its output and lse.
+def _query_block(first, second, it, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The CTA's it-th query block (``first``, then ``second``): its first row and its key tiles."""
+    row0 = (first + it * (second - first)) * ROWS  # it is 0 or 1
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N)
+    else:
+        n_tiles = gl.cdiv(N, BLOCK_N)
+    return row0, n_tiles
+
+
+@gluon.jit
+def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first, second,
+              n_blocks, qk_scale, C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Consumer warpgroup C: in each of the CTA's n_blocks query blocks, rows ``row0 + C * BLOCK_M`` on, all the
+    block's key tiles; stores its output and lse, then frees its q tile for the next block (``q_free``).
     A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the last CTA of
     each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there, where all
     three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log)."""
@@ -179,91 +206,114 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    start_m = row0 + C * BLOCK_M
-    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal, this
-    # warpgroup's rows see only tiles [0, n_mine) of the CTA's n_tiles (with three consumers the first one's rows end
-    # a key tile before the CTA's last)
-    if CAUSAL:
-        n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
-        n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
-    else:
-        n_mine = n_tiles
-        n_full = gl.maximum(N // BLOCK_N, 1)
-    mbarrier.wait(q_bars.index(C), 0)
-    if start_m < M:
+    r0 = 0  # the ring position of the block's key tile 0
+    for it in range(n_blocks):
+        row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+        start_m = row0 + C * BLOCK_M
+        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+        # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal,
+        # this warpgroup's rows see only tiles [0, n_mine) of the block's n_tiles (with three consumers the first
+        # one's rows end a key tile before the block's last)
+        if CAUSAL:
+            n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
+            n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
+        else:
+            n_mine = n_tiles
+            n_full = gl.maximum(N // BLOCK_N, 1)
+        mbarrier.wait(q_bars.index(C), it & 1)
         q = q_smem.index(C)
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
-        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
-        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        if start_m < M:
+            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+            l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
+            acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
-        # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
-        mbarrier.wait(kv_ready.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
-                                           qk_scale, True, CAUSAL)
-        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        for j in range(1, n_full):
-            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                                 offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout,
-                                                 p_layout, False, CAUSAL)
-        # the masked tail
-        for j in range(n_full, n_mine):
-            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                                 offs_m, N, qk_scale, j, BLOCK_N, STAGES, col_layout, o_layout,
-                                                 p_layout, True, CAUSAL)
-        last = (n_mine - 1) % STAGES
-        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-        mbarrier.arrive(kv_empty.index(last))
-        _release_tiles(kv_ready, kv_empty, n_mine, n_tiles, STAGES)  # the CTA's tiles past these rows' diagonal
+            # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
+            mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
+            s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
+                                               qk_scale, True, CAUSAL)
+            p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+            for j in range(1, n_full):
+                acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
+                                                     s_zero, offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout,
+                                                     o_layout, p_layout, False, CAUSAL)
+            # the masked tail
+            for j in range(n_full, n_mine):
+                acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
+                                                     s_zero, offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout,
+                                                     o_layout, p_layout, True, CAUSAL)
+            last = (r0 + n_mine - 1) % STAGES
+            acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+            mbarrier.arrive(kv_empty.index(last))
+            _release_tiles(kv_ready, kv_empty, r0, n_mine, n_tiles, STAGES)  # the tiles past these rows' diagonal
 
-        lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
-        gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
-        out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-        q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
-        fence_async_shared()
-        _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
-        tma.store_wait(0)
-    else:  # every row past M (the last CTA's spare warpgroups where M is no multiple of its rows): nothing to compute
-        _release_tiles(kv_ready, kv_empty, 0, n_tiles, STAGES)
+            lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
+            gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
+            out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+            q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
+            fence_async_shared()
+            _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
+            tma.store_wait(0)
+        else:  # every row past M (the last block's spare warpgroups where M is no multiple of its rows)
+            _release_tiles(kv_ready, kv_empty, r0, 0, n_tiles, STAGES)
+        mbarrier.arrive(q_free.index(C))
+        r0 += n_tiles
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, h_kv, row0, n_tiles,
-              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-    """The q tiles of every consumer, then k / v tiles into the ring as stages come free."""
+def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Every consumer's q tile of the CTA's it-th query block, each once its consumer freed the last one (a fresh
+    barrier passes a wait on parity 1: block 0's loads do not wait)."""
     for c in gl.static_range(CONSUMERS):
+        mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
-    for j in range(n_tiles):
-        stage = j % STAGES
-        # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
-        mbarrier.wait(kv_empty.index(stage), ((j // STAGES) & 1) ^ 1)
-        ready = kv_ready.index(stage)
-        mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
-        _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv, N,
+              first, second, n_blocks, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
+    """Per query block: the q tiles of every consumer and the block's k / v tiles into the ring as stages come free.
+    A second block's first k / v tiles go out while the consumers finish the first (its stages come free before the
+    consumers' epilogue), its q tiles after them, once the consumers' output stores have read the q buffers."""
+    r0 = 0
+    for it in range(n_blocks):
+        row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+        if it == 0:
+            _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS)
+        for j in range(n_tiles):
+            r = r0 + j
+            stage = r % STAGES
+            # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
+            mbarrier.wait(kv_empty.index(stage), ((r // STAGES) & 1) ^ 1)
+            ready = kv_ready.index(stage)
+            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
+            _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+            if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS)
+        r0 += n_tiles
 
 
 @gluon.jit
 def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA_GROUP: gl.constexpr,
                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     PRODUCER_REGS: gl.constexpr):
-    pid_m = gl.program_id(0)
-    if CAUSAL:  # the longest rows first
-        pid_m = gl.num_programs(0) - 1 - pid_m
+                     PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr):
+    pid = gl.program_id(0)
     bh = gl.program_id(1)
     z = bh // H
     h = bh % H
-    row0 = pid_m * CONSUMERS * BLOCK_M
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(row0 + CONSUMERS * BLOCK_M, N), BLOCK_N)
-    else:
-        n_tiles = gl.cdiv(N, BLOCK_N)
+    # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
+    # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet)
+    gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
+    first = gl.cdiv(M, CONSUMERS * BLOCK_M) - 1 - pid if CAUSAL else pid
+    second = pid if PAIRED else first
+    n_blocks = gl.where(first == second, 1, 2)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
@@ -271,10 +321,12 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
     v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(c), count=1)
+        mbarrier.init(q_free.index(c), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrive per consumer warpgroup
@@ -282,30 +334,30 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     # (a partition list cannot hold tuples made beforehand: each entry is written out)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                         qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                         qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                         qk_scale, 2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
+                         second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
+                         second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
+                         second, n_blocks, qk_scale, 2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
+                         h // GQA_GROUP, N, first, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                         qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
+                         second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
+                         h // GQA_GROUP, N, first, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
         ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                         qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                         qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, row0, n_tiles, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
+                         second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
+                         second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
+                         h // GQA_GROUP, N, first, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -331,6 +383,15 @@ def _descriptor(t: Tensor, rows: int) -> "TensorDescriptor":
                             _tile_layout(rows, t.shape[3], t.dtype))
 
 
+def pairs_query_blocks(causal: bool, blocks: int, heads: int, consumers: int, device: torch.device) -> bool:
+    """Whether a call's CTAs take two query blocks each (:data:`_PAIR_UP_TO_WAVES`): causal, a config of at most two
+    consumers, and one block a CTA would fill at most that many waves of the device's SMs (off a GPU, no SMs: one
+    block a CTA)."""
+    ctas_an_sm = 2 if consumers == 1 else 1  # (one consumer: two CTAs share an SM, _LAUNCH_REGISTERS)
+    return (causal and consumers <= _PAIR_UP_TO_CONSUMERS
+            and blocks * heads <= _PAIR_UP_TO_WAVES * ctas_an_sm * (sm_count(device) or 0))
+
+
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU."""
     Z, H, M, D = q.shape
@@ -339,11 +400,13 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
-    grid = (triton.cdiv(M, consumers * block_m), Z * H)
+    blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
+    paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, consumers, q.device)
+    grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     _hopper_attn_fwd[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E, spec.gqa_group, spec.causal is not None, block_m, block_n, D, stages,
-        consumers, *_REGISTERS[consumers], num_warps=4,
+        consumers, *_REGISTERS[consumers], paired, num_warps=4,
         **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))
     return out, lse
 

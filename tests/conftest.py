@@ -8,7 +8,9 @@ On a GPU, compiled attentions run the generated kernels (``FUSE_ATTN_CANDIDATES=
 not whichever of SDPA's kernels the GPU would time faster; ``test_implementations`` opts into the choice itself.
 
 The interpreter's fp32 -> bf16 conversion truncates where the GPU rounds to nearest even; it is patched to round
-(``interpreter_rounding.py``), so bf16 kernels tested here are as far from fp64 as on the GPU, not up to twice as far.
+(``interpreter_rounding.py``), so bf16 kernels tested here are as far from fp64 as on the GPU, not up to twice as far. The interpreter's re-patching
+of ``triton.language`` on every helper call inside a launch is skipped (``interpreter_patching.py``: the same bits, a
+third less time).
 
 Kernel configs tuned during the session (on a GPU) go to a temporary cache directory, not the user's, unless
 ``FUSE_ATTN_CACHE_DIR`` names one.
@@ -24,9 +26,11 @@ os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
 tests = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [tests, os.path.dirname(tests)]  # test helpers, and examples/ from the repository root
 
+from interpreter_patching import skip_repatching_inside_a_launch  # noqa: E402
 from interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
 
 round_bf16_to_nearest_even()  # the interpreter's fp32 -> bf16 as the GPU's (interpreter_rounding.py says why)
+skip_repatching_inside_a_launch()  # a third of an interpreted kernel's time, the same bits (interpreter_patching.py)
 
 
 @pytest.fixture(autouse=True, scope="session")

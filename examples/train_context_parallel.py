@@ -93,6 +93,7 @@ def main(argv=None) -> int:
     args.tiny = args.device == "cpu"
     args.length = args.length or (32 if args.tiny else 32768)
 
+    owns_group = not dist.is_initialized()
     device, dtype = init_distributed(args.device)
     vocab = 64 if args.tiny else 32000
     tokens = torch.randint(0, vocab, (1, args.length), generator=torch.Generator().manual_seed(0)).to(device)
@@ -103,7 +104,8 @@ def main(argv=None) -> int:
             torch.cuda.reset_peak_memory_stats(device)
         results[name] = train(args, device, dtype, tokens, cp)
     ok = report(args, results, dtype) if dist.get_rank() == 0 else True
-    dist.destroy_process_group()
+    if owns_group:
+        dist.destroy_process_group()
     return 0 if ok else 1
 
 

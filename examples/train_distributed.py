@@ -163,9 +163,11 @@ def profile_steps(step, batches: list, device: torch.device) -> dict:
 
 
 def init_distributed(device_type: str) -> tuple[torch.device, torch.dtype]:
-    """The process group (NCCL on GPUs, gloo on CPUs), this process's device (torchrun's LOCAL_RANK) and the dtype the
-    examples train in there (bf16 on a GPU, fp32 on a CPU)."""
-    dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
+    """The process group (NCCL on GPUs, gloo on CPUs; kept as it is where the caller has made it already, as
+    tests/distributed_examples.py does to run several trainings in one torchrun), this process's device (torchrun's
+    LOCAL_RANK) and the dtype the examples train in there (bf16 on a GPU, fp32 on a CPU)."""
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     if device_type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
@@ -190,6 +192,7 @@ def main(argv=None) -> int:
     args.tiny = args.device == "cpu"
     args.length, batch = (16, 2) if args.tiny else (2048, 4)
 
+    owns_group = not dist.is_initialized()
     device, dtype = init_distributed(args.device)
     rank = dist.get_rank()
     vocab = 64 if args.tiny else (50257 if args.model == "gpt2" else 32000)
@@ -202,7 +205,8 @@ def main(argv=None) -> int:
         print(f"{args.model}, {args.engine} on {dist.get_world_size()} {args.device} processes, "
               f"{str(dtype).removeprefix('torch.')}, batch {batch} x {args.length} per rank, torch {torch.__version__}")
     ok = report(args, results, dtype) if rank == 0 else True
-    dist.destroy_process_group()
+    if owns_group:
+        dist.destroy_process_group()
     return 0 if ok else 1
 
 

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,18 +25,26 @@ def torchrun(script: Path, *arguments: str, cache: Path, interpret: str = "1") -
     return run
 
 
-@pytest.mark.parametrize("engine, model", [("ddp", "gpt2"), ("fsdp2", "llama"), ("tp", "llama")])
-def test_train_distributed_on_two_cpu_processes(engine, model, tmp_path):
-    profile = ["--profile"] if engine == "fsdp2" else []
-    run = torchrun(ROOT / "examples" / "train_distributed.py", "--device", "cpu", "--engine", engine, "--model", model,
-                   "--steps", "4", *profile, cache=tmp_path)
-    assert f"{model}, {engine} on 2 cpu processes" in run.stdout
-    assert "not fused: 0" in run.stdout and "FAILED" not in run.stdout, run.stdout
-    assert "loss vs eager: fuse_attn" in run.stdout
-    if profile:
-        assert "profile of fuse_attn" in run.stdout and "profile of sdpa+torch.compile" in run.stdout, run.stdout
-    if engine == "fsdp2":  # the causal mask reaches each block's graph as an input: its tiles classified per call
-        assert "s + bias0[Z,1,M,N]" in run.stdout and "tiles classified per call (bias0)" in run.stdout, run.stdout
+ENGINES = [("ddp", "gpt2"), ("fsdp2", "llama"), ("tp", "llama")]
+
+
+def test_train_distributed_on_two_cpu_processes(tmp_path):
+    """The three engines' runs of the example in one torchrun (tests/distributed_examples.py), each checked as its own
+    torchrun's output was: every attention fused, the losses within the 2x rule of eager's."""
+    runs = [f"train_distributed --device cpu --engine {engine} --model {model} --steps 4"
+            + (" --profile" if engine == "fsdp2" else "") for engine, model in ENGINES]
+    run = torchrun(ROOT / "tests" / "distributed_examples.py", *runs, cache=tmp_path)
+    sections = run.stdout.split("=== run ")[1:]
+    assert len(sections) == 2 * len(ENGINES), run.stdout
+    for i, (engine, model) in enumerate(ENGINES):
+        header, out, footer = sections[2 * i].partition("\n")[0], sections[2 * i], sections[2 * i + 1]
+        assert header == f"{i}: {runs[i]}" and footer.startswith(f"{i} exit 0"), run.stdout
+        assert f"{model}, {engine} on 2 cpu processes" in out, out
+        assert "not fused: 0" in out and "FAILED" not in out, out
+        assert "loss vs eager: fuse_attn" in out, out
+        if engine == "fsdp2":  # --profile; the causal mask reaches each block's graph as an input: its tiles classified
+            assert "profile of fuse_attn" in out and "profile of sdpa+torch.compile" in out, out
+            assert "s + bias0[Z,1,M,N]" in out and "tiles classified per call (bias0)" in out, out
 
 
 def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):

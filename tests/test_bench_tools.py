@@ -45,40 +45,38 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
     # TRITON_INTERPRET=0: the fused op takes its plain-PyTorch CPU path (the interpreter would be far slower)
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gpt2", "bert-padded", "mistral-window", "t5", "--modes", "infer", "--variants", "fuse_attn",
-               "sdpa+fuse_attn",
-               "--out", str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+               "--models", "gpt2", "bert-padded", "mistral-window", "t5", "phi3", "--modes", "infer", "--variants",
+               "fuse_attn", "sdpa+fuse_attn", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table_rows(done.stdout)
     assert [(row["model"], row["mode"]) for row in rows] == [("gpt2", "infer"), ("bert-padded", "infer"),
-                                                                ("mistral-window", "infer"), ("t5", "infer")], done.stdout
+                                                                ("mistral-window", "infer"), ("t5", "infer"),
+                                                                ("phi3", "infer")], done.stdout
     # bert-padded: its padding mask, built in the graph from the attention mask input, fused too; mistral-window:
     # the sliding-window mask the model builds for SDPA; t5: three attentions a layer (the encoder's, and the
-    # decoder's self- and cross-attention), the self-attentions with the position bias
+    # decoder's self- and cross-attention), the self-attentions with the position bias; phi3: Phi-3's layers (head
+    # dim 96 at full size), in this process rather than one of its own (a process's start is ~10 s of the test)
     per_layer = {"t5": 3}
     for row in rows:
         expected = per_layer.get(row["model"], 1) * int(row["layers"])
         assert int(row["fused"]) == int(row["sdpa fused"]) == expected > 0, done.stdout
         assert float(row["fuse_attn tok/s"].replace(",", "")) > 0 and float(row["sdpa+fuse_attn tok/s"].replace(",", "")) > 0
-    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 9  # header and the eight cells
+    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 11  # header and the ten cells
 
 
-@pytest.mark.parametrize("model", ["gemma2", "phi3"])
+@pytest.mark.parametrize("model", ["gemma2"])
 def test_bench_models_tiny_model_on_cpu_fuses_every_layer(model, tmp_path):
-    # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only;
-    # Phi-3 (head dim 96 at full size): both
+    # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only
+    # (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's process)
     pytest.importorskip("transformers")
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    variants = ["fuse_attn"] + (["sdpa+fuse_attn"] if model == "phi3" else [])
     command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", model, "--modes", "infer", "--variants", *variants, "--out", str(tmp_path)]
+               "--models", model, "--modes", "infer", "--variants", "fuse_attn", "--out", str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = table_rows(done.stdout)
     assert row["model"] == model and int(row["fused"]) == int(row["layers"]) > 0, done.stdout
-    if model == "phi3":
-        assert int(row["sdpa fused"]) == int(row["layers"]), done.stdout
 
 
 def test_bench_decode_tiny_on_cpu(tmp_path):

@@ -5,7 +5,7 @@ absolute imports; one query block a CTA) against the working tree's, launched wi
 odd lengths first (bit for bit: each block is computed the same way); then CUDA-graph GPU time ordered old,
 unpaired, paired, paired, unpaired, old; cuDNN beside. bf16.
 
-    OLD_FWD=.gpu/v18/old_fwd_5f0551e.py python3 paired_query_blocks_ab.py [boundary]
+    OLD_FWD=.gpu/v18/old_fwd_5f0551e.py python3 paired_query_blocks_ab.py [boundary | product]
 """
 import importlib.util, os, sys
 import torch, triton
@@ -60,11 +60,12 @@ if sys.argv[1:] == ["boundary"]:  # causal calls around the pairing rule's 4 wav
         (64, 4096, 1, 16, 1), (64, 4096, 2, 16, 1), (64, 8192, 1, 16, 1), (64, 4096, 1, 32, 4),  # 2.7, 5.3 waves
         (128, 1024, 4, 16, 1), (128, 1024, 8, 16, 1), (128, 2048, 2, 16, 1), (128, 4096, 1, 16, 1),  # 3.9, 7.8
         (128, 4096, 2, 16, 1), (128, 8192, 1, 16, 1), (128, 4096, 1, 32, 4), (128, 8192, 1, 32, 4))]  # 7.8 waves
-else:  # B*N = 16384, H16; GQA 32/8 at B2 N4096; fewer CTAs at B4 N1024
+else:  # B*N = 16384, H16 (the product rows: the rule pairs none); unless "product": GQA 32/8 at B2 N4096, B4 N1024
     cases = [(D, N, causal, max(16384 // N, 1), 16, 1) for D in (64, 128) for N in (1024, 2048, 4096, 16384)
              for causal in (False, True)]
-    cases += [(D, 4096, True, 2, 32, 4) for D in (64, 128)] + [(D, 1024, causal, 4, 16, 1) for D in (64, 128)
-                                                                 for causal in (False, True)]
+    if sys.argv[1:] != ["product"]:
+        cases += [(D, 4096, True, 2, 32, 4) for D in (64, 128)] + [(D, 1024, causal, 4, 16, 1) for D in (64, 128)
+                                                                     for causal in (False, True)]
 for D, N, causal, B, H, group in cases:
     q, k, v = inputs(B, H, N, D, group, 0)
     spec = spec_of(D, causal, group)

@@ -190,14 +190,14 @@ def _query_block(first, second, it, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
 
 
 @gluon.jit
-def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first, second,
-              n_blocks, qk_scale, C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Consumer warpgroup C: in each of the CTA's n_blocks query blocks, rows ``row0 + C * BLOCK_M`` on, all the
-    block's key tiles; stores its output and lse, then frees its q tile for the next block (``q_free``).
-    A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the last CTA of
-    each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there, where all
-    three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log)."""
+def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, r0,
+                    phase, qk_scale, C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+    """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
+    key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
+    and lse. A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the
+    last CTA of each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there,
+    where all three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -206,97 +206,130 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
 
-    r0 = 0  # the ring position of the block's key tile 0
-    for it in range(n_blocks):
-        row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
-        start_m = row0 + C * BLOCK_M
-        offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-        # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal,
-        # this warpgroup's rows see only tiles [0, n_mine) of the block's n_tiles (with three consumers the first
-        # one's rows end a key tile before the block's last)
-        if CAUSAL:
-            n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
-            n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
-        else:
-            n_mine = n_tiles
-            n_full = gl.maximum(N // BLOCK_N, 1)
-        mbarrier.wait(q_bars.index(C), it & 1)
+    start_m = row0 + C * BLOCK_M
+    offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
+    # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal, this
+    # warpgroup's rows see only tiles [0, n_mine) of the block's n_tiles (with three consumers the first one's rows
+    # end a key tile before the block's last)
+    if CAUSAL:
+        n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
+        n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
+    else:
+        n_mine = n_tiles
+        n_full = gl.maximum(N // BLOCK_N, 1)
+    mbarrier.wait(q_bars.index(C), phase)
+    if start_m < M:
         q = q_smem.index(C)
-        if start_m < M:
-            m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
-            l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
-            acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
-            s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
+        l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
 
-            # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
-            mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
-            s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
-                                               qk_scale, True, CAUSAL)
-            p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-            for j in range(1, n_full):
-                acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
-                                                     s_zero, offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout,
-                                                     o_layout, p_layout, False, CAUSAL)
-            # the masked tail
-            for j in range(n_full, n_mine):
-                acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
-                                                     s_zero, offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout,
-                                                     o_layout, p_layout, True, CAUSAL)
-            last = (r0 + n_mine - 1) % STAGES
-            acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
-            acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
-            mbarrier.arrive(kv_empty.index(last))
-            _release_tiles(kv_ready, kv_empty, r0, n_mine, n_tiles, STAGES)  # the tiles past these rows' diagonal
+        # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
+        mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
+        s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s, ))
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
+                                           qk_scale, True, CAUSAL)
+        p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
+        for j in range(1, n_full):
+            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
+                                                 offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout, o_layout,
+                                                 p_layout, False, CAUSAL)
+        # the masked tail
+        for j in range(n_full, n_mine):
+            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
+                                                 offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout, o_layout,
+                                                 p_layout, True, CAUSAL)
+        last = (r0 + n_mine - 1) % STAGES
+        acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
+        acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
+        mbarrier.arrive(kv_empty.index(last))
+        _release_tiles(kv_ready, kv_empty, r0, n_mine, n_tiles, STAGES)  # the block's tiles past these rows' diagonal
 
-            lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
-            gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
-            out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-            q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
-            fence_async_shared()
-            _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
-            tma.store_wait(0)
-        else:  # every row past M (the last block's spare warpgroups where M is no multiple of its rows)
-            _release_tiles(kv_ready, kv_empty, r0, 0, n_tiles, STAGES)
-        mbarrier.arrive(q_free.index(C))
-        r0 += n_tiles
+        lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
+        gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
+        out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
+        fence_async_shared()
+        _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
+        tma.store_wait(0)
+    else:  # every row past M (the last block's spare warpgroups where M is no multiple of its rows): nothing to compute
+        _release_tiles(kv_ready, kv_empty, r0, 0, n_tiles, STAGES)
 
 
 @gluon.jit
-def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Every consumer's q tile of the CTA's it-th query block, each once its consumer freed the last one (a fresh
-    barrier passes a wait on parity 1: block 0's loads do not wait)."""
+def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+              first, second, n_blocks, qk_scale, C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+              PAIRED: gl.constexpr):
+    """Consumer warpgroup C: the CTA's query block (rows row0 on, n_tiles key tiles); paired, each of its n_blocks
+    blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
+    if PAIRED:
+        r0 = 0  # the ring position of the block's key tile 0
+        for it in range(n_blocks):
+            row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+            _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
+                            n_tiles, r0, it & 1, qk_scale, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
+            mbarrier.arrive(q_free.index(C))
+            r0 += n_tiles
+    else:
+        _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
+                        0, 0, qk_scale, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
+
+
+@gluon.jit
+def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr,
+            PAIRED: gl.constexpr):
+    """Every consumer's q tile of the CTA's it-th query block; paired, each once its consumer freed the last one (a
+    fresh barrier passes a wait on parity 1: block 0's loads do not wait)."""
     for c in gl.static_range(CONSUMERS):
-        mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
+        if PAIRED:
+            mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv, N,
-              first, second, n_blocks, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CONSUMERS: gl.constexpr):
-    """Per query block: the q tiles of every consumer and the block's k / v tiles into the ring as stages come free.
-    A second block's first k / v tiles go out while the consumers finish the first (its stages come free before the
-    consumers' epilogue), its q tiles after them, once the consumers' output stores have read the q buffers."""
-    r0 = 0
-    for it in range(n_blocks):
-        row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
-        if it == 0:
-            _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS)
-        for j in range(n_tiles):
-            r = r0 + j
-            stage = r % STAGES
-            # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
-            mbarrier.wait(kv_empty.index(stage), ((r // STAGES) & 1) ^ 1)
-            ready = kv_ready.index(stage)
-            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
-            _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
+                   row0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   CONSUMERS: gl.constexpr, PAIRED: gl.constexpr):
+    """The it-th query block's n_tiles k / v tiles into the ring (from position r0) as stages come free; paired, a
+    second block's q tiles once its first STAGES tiles are asked for (those stages come free while the consumers
+    finish the first block, its q buffers only after the consumers' output stores have read them)."""
+    for j in range(n_tiles):
+        r = r0 + j
+        stage = r % STAGES
+        # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
+        mbarrier.wait(kv_empty.index(stage), ((r // STAGES) & 1) ^ 1)
+        ready = kv_ready.index(stage)
+        mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
+        _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+        if PAIRED:
             if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
-                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS)
-        r0 += n_tiles
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, PAIRED)
+
+
+@gluon.jit
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv, N, row0,
+              n_tiles, first, second, n_blocks, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr):
+    """The q tiles of every consumer, then the k / v tiles into the ring; paired, so for each query block in turn
+    (the ring runs on)."""
+    if PAIRED:
+        r0 = 0
+        for it in range(n_blocks):
+            row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+            if it == 0:
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, PAIRED)
+            _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
+                           h_kv, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED)
+            r0 += n_tiles
+    else:
+        _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, PAIRED)
+        _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
+                       row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED)
 
 
 @gluon.jit
@@ -304,16 +337,27 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                      PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr):
-    pid = gl.program_id(0)
+    gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
+    # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
+    # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet)
+    pid_m = gl.program_id(0)
+    if PAIRED:
+        second = pid_m
+        pid_m = gl.cdiv(M, CONSUMERS * BLOCK_M) - 1 - pid_m
+        n_blocks = gl.where(pid_m == second, 1, 2)
+    else:
+        if CAUSAL:
+            pid_m = gl.num_programs(0) - 1 - pid_m
+        second = pid_m
+        n_blocks = 1
     bh = gl.program_id(1)
     z = bh // H
     h = bh % H
-    # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
-    # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet)
-    gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
-    first = gl.cdiv(M, CONSUMERS * BLOCK_M) - 1 - pid if CAUSAL else pid
-    second = pid if PAIRED else first
-    n_blocks = gl.where(first == second, 1, 2)
+    row0 = pid_m * CONSUMERS * BLOCK_M
+    if CAUSAL:
+        n_tiles = gl.cdiv(gl.minimum(row0 + CONSUMERS * BLOCK_M, N), BLOCK_N)
+    else:
+        n_tiles = gl.cdiv(N, BLOCK_N)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
@@ -326,7 +370,8 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for c in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(c), count=1)
-        mbarrier.init(q_free.index(c), count=1)
+        if PAIRED:  # (unpaired, q_free is never used)
+            mbarrier.init(q_free.index(c), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrive per consumer warpgroup
@@ -334,30 +379,39 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     # (a partition list cannot hold tuples made beforehand: each entry is written out)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
-                         second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
-                         second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
-                         second, n_blocks, qk_scale, 2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
+                         n_tiles, pid_m, second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         CONSUMERS, PAIRED)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
+                         n_tiles, pid_m, second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         CONSUMERS, PAIRED)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
+                         n_tiles, pid_m, second, n_blocks, qk_scale, 2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         CONSUMERS, PAIRED)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, N, first, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                         h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
+                         CONSUMERS, PAIRED)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
-                         second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
+                         n_tiles, pid_m, second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         CONSUMERS, PAIRED)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, N, first, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                         h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
+                         CONSUMERS, PAIRED)),
         ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
-                         second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, first,
-                         second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
+                         n_tiles, pid_m, second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         CONSUMERS, PAIRED)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
+                         n_tiles, pid_m, second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                         CONSUMERS, PAIRED)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, N, first, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS)),
+                         h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
+                         CONSUMERS, PAIRED)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 

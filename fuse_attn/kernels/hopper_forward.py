@@ -87,7 +87,7 @@ _LAUNCH_REGISTERS = {1: 128}
 # one), and where they are few the longest of the last heads run on alone at the end. Where one block a CTA would fill
 # at most this many waves of CTAs, a CTA takes two, blocks n - 1 - pid and pid (as the backward pairs key tiles). On
 # an H100 (benchmarks/2026-11-27-forward-query-pairs: paired_boundary_ab.log, paired_ab_call1.log), the one- and
-# two-consumer configs at 3.9 waves 1.08-1.18x, at 7.8 waves 1.00-1.08x, at 15.5 waves 0.99-1.03x at N1024-4096 and
+# two-consumer configs at 3.9 waves 1.08-1.18x, at 7.8 waves 1.03-1.09x, at 15.5 waves 0.99-1.03x at N1024-8192 and
 # 0.96x at N16384. D64's three-consumer config (causal from 4096 rows) paired ran 0.88x at 2.7 waves and 0.92-0.996x
 # from 5.3 (its paired kernel spills 88 bytes a thread, ptxas): never paired. Unmasked calls (equal CTAs, nothing to
 # balance) paired ran 0.82-1.02x in a first form: never paired.

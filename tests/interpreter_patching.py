@@ -20,11 +20,21 @@ import inspect
 import threading
 
 
+def supported() -> bool:
+    """Whether this Triton's interpreter has the functions the skip replaces (3.6-3.9 do); elsewhere it is not
+    installed and the interpreter patches as it always did, only slower."""
+    from triton.runtime import interpreter
+
+    return all(hasattr(interpreter, name) for name in ("_patch_lang", "_LangPatchScope", "GridExecutor"))
+
+
 def skip_repatching_inside_a_launch() -> None:
-    """Installs the skip (idempotent; :func:`undo` removes it)."""
+    """Installs the skip where :func:`supported` (idempotent; :func:`undo` removes it)."""
     import triton.language as tl
     from triton.runtime import interpreter
 
+    if not supported():
+        return
     if getattr(interpreter._patch_lang, "skips_repatching", False):
         return
     patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__

@@ -163,8 +163,9 @@ def test_long_rows_and_unequal_lengths():
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_a_causal_call_of_many_ctas_takes_one_query_block_a_cta(head_dim):
-    """The causal calls above pair query blocks in a CTA (their few CTAs: hopper_forward._PAIR_UP_TO_WAVES); this
-    call has enough CTAs that each takes one."""
+    """The causal calls above pair query blocks in a CTA where their config allows it (their few CTAs:
+    hopper_forward._PAIR_UP_TO_WAVES; D64's three-consumer config at 4096 rows never pairs); this call has enough CTAs
+    that each takes one."""
     Z, H, N = 16, 8, 2048
     block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, N)
     assert not hopper_forward.pairs_query_blocks(True, -(-N // (consumers * block_m)), Z * H, consumers,

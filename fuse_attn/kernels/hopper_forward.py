@@ -353,11 +353,7 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     bh = gl.program_id(1)
     z = bh // H
     h = bh % H
-    row0 = pid_m * CONSUMERS * BLOCK_M
-    if CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(row0 + CONSUMERS * BLOCK_M, N), BLOCK_N)
-    else:
-        n_tiles = gl.cdiv(N, BLOCK_N)
+    row0, n_tiles = _query_block(pid_m, second, 0, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)

@@ -312,7 +312,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None):
         for kernel_name in launched:
             monkeypatch.setattr(module, kernel_name, Recorded(kernel_name))
         if sms is not None:
-            monkeypatch.setattr(module, "sm_count", lambda device: sms)
+            monkeypatch.setattr(hopper_forward, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec)
         else:

@@ -40,8 +40,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .flash_decoding import sm_count
-from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, checked_spec
+from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -363,7 +362,7 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
 def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:
     """Whether a call's CTAs take two key tiles each (:data:`_PAIR_UP_TO_WAVES`): causal, and one key tile a CTA would
     fill at most that many waves of the device's SMs (off a GPU, no SMs: one key tile a CTA)."""
-    return causal and key_tiles * kv_heads <= _PAIR_UP_TO_WAVES * (sm_count(device) or 0)
+    return causal and fills_at_most(key_tiles * kv_heads, _PAIR_UP_TO_WAVES, device)
 
 
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,

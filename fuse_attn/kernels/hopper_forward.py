@@ -433,13 +433,19 @@ def _descriptor(t: Tensor, rows: int) -> "TensorDescriptor":
                             _tile_layout(rows, t.shape[3], t.dtype))
 
 
+def fills_at_most(ctas: int, waves: int, device: torch.device, ctas_an_sm: int = 1) -> bool:
+    """Whether a grid of ``ctas`` CTAs fills at most ``waves`` waves of the device's SMs, ``ctas_an_sm`` at a time on
+    each (off a GPU, no SMs: False). The Gluon kernels' pairing rules ask it."""
+    return ctas <= waves * ctas_an_sm * (sm_count(device) or 0)
+
+
 def pairs_query_blocks(causal: bool, blocks: int, heads: int, consumers: int, device: torch.device) -> bool:
     """Whether a call's CTAs take two query blocks each (:data:`_PAIR_UP_TO_WAVES`): causal, a config of at most two
     consumers, and one block a CTA would fill at most that many waves of the device's SMs (off a GPU, no SMs: one
     block a CTA)."""
     ctas_an_sm = 2 if consumers == 1 else 1  # (one consumer: two CTAs share an SM, _LAUNCH_REGISTERS)
     return (causal and consumers <= _PAIR_UP_TO_CONSUMERS
-            and blocks * heads <= _PAIR_UP_TO_WAVES * ctas_an_sm * (sm_count(device) or 0))
+            and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, ctas_an_sm))
 
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:

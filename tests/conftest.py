@@ -8,9 +8,9 @@ On a GPU, compiled attentions run the generated kernels (``FUSE_ATTN_CANDIDATES=
 not whichever of SDPA's kernels the GPU would time faster; ``test_implementations`` opts into the choice itself.
 
 The interpreter's fp32 -> bf16 conversion truncates where the GPU rounds to nearest even; it is patched to round
-(``interpreter_rounding.py``), so bf16 kernels tested here are as far from fp64 as on the GPU, not up to twice as far. The interpreter's re-patching
-of ``triton.language`` on every helper call inside a launch is skipped (``interpreter_patching.py``: the same bits, a
-third less time).
+(``interpreter_rounding.py``), so bf16 kernels tested here are as far from fp64 as on the GPU, not up to twice as far.
+The interpreter's re-patching of ``triton.language`` on every helper call inside a launch is skipped
+(``interpreter_patching.py``: the same bits, a third less time).
 
 Kernel configs tuned during the session (on a GPU) go to a temporary cache directory, not the user's, unless
 ``FUSE_ATTN_CACHE_DIR`` names one.

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from fuse_attn.kernels import autotune, launch
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreProgramBuilder, ScoreTensor
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -273,6 +273,13 @@ HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's 
     "D128": (128, False, 1, torch.bfloat16, 300),
     "D128 causal fp16": (128, True, 1, torch.float16, 300),
 }
+# Biases of ``s + bias`` specs: (sizes over Z=2, H=4, M, N="M" -- the case's rows --, dtype, empty_rows): one
+# broadcast over the batch (its CTAs batch rows innermost), one over the heads in fp32 whose empty rows give 0
+BIAS_CASES = {
+    "[1,H,M,N] bf16": ((1, 4, "M", "M"), torch.bfloat16, "nan"),
+    "[Z,1,M,N] fp32, empty rows 0": ((2, 1, "M", "M"), torch.float32, "zero"),
+}
+BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 # the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups of 128-key tiles,
 # unmasked and causal over 4096 rows; D128 causal over 2048 rows, two consumers (the 300-row causal cases above take
 # the short causal config: one consumer of 64-key tiles, two CTAs an SM)
@@ -283,19 +290,27 @@ FORWARD_ONLY_CASES = {
 }
 
 
-def compile_hopper(name: str, direction: str, sms: int | None = None):
+def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
     captured and not compiled.) ``sms``: the SMs the launcher sees (CPU tensors have none), which decides whether a
-    CTA takes two key tiles (the causal backward) or two query blocks (the forward)."""
+    CTA takes two key tiles (the causal backward) or two query blocks (the forward). ``bias``: a key of
+    :data:`BIAS_CASES`, the spec then ``s + bias``."""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
+    score = {}
+    if bias is not None:
+        sizes, bias_dtype, empty_rows = BIAS_CASES[bias]
+        score = dict(score_mod=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
+            ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
-                         scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group)
+                         scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group, **score)
     q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
     k, v = (torch.randn(2, 4 // group, rows, head_dim, dtype=dtype) for _ in range(2))
+    bias_tensor = None if bias is None else torch.randn(
+        *(rows if n == "M" else n for n in BIAS_CASES[bias][0]), dtype=BIAS_CASES[bias][1])
     module, launched = {"forward": (hopper_forward, ["_hopper_attn_fwd"]),
                         "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_dq_cast_kernel"])}[direction]
     kernel = getattr(module, launched[0])
@@ -314,10 +329,10 @@ def compile_hopper(name: str, direction: str, sms: int | None = None):
         if sms is not None:
             monkeypatch.setattr(hopper_forward, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
         if direction == "forward":
-            hopper_forward.hopper_forward(q, k, v, spec)
+            hopper_forward.hopper_forward(q, k, v, spec, bias_tensor)
         else:
             hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec.scale, causal,
-                                            group)
+                                            group, bias=bias_tensor, zero_empty_rows=spec.empty_rows == "zero")
     (args, kwargs), = launches[launched[0]]  # one launch of the Gluon kernel
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
     cfg = autotune.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])
@@ -328,7 +343,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None):
         assert f".maxnreg {kwargs['maxnreg']}" in compiled.asm["ptx"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
     paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
-    print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}")
+    print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}, bias: {bound['HAS_BIAS']}, batch "
+          f"rows innermost: {bound['BATCH_INNER']}")
     return compiled
 
 
@@ -361,6 +377,16 @@ def test_the_gluon_forward_with_paired_query_blocks_compiles_for_hopper(name):
     other causal case, D64's three-consumer config, never pairs)."""
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward', sms=132)")
     assert "bytes of shared memory, query blocks paired: True" in stdout, stdout
+
+
+@pytest.mark.parametrize("direction, name, bias", [
+    ("forward", "D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16"),
+    ("backward", "D64 causal GQA 2", "[Z,1,M,N] fp32, empty rows 0"),
+])
+def test_the_gluon_kernels_with_a_bias_compile_for_hopper(direction, name, bias):
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, bias={bias!r})")
+    assert "bias: True" in stdout, stdout
+    assert f"batch rows innermost: {bias.startswith('[1,')}" in stdout, stdout
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))

@@ -4,7 +4,8 @@
 test_hopper_forward.py's GPU test takes gradients through it at odd lengths (1, 17, 97, 1025), head dims 64 and 128,
 fp16 / bf16, GQA and strided inputs. Here: what that test does not reach -- many query tiles per key tile (the q / dO
 ring and the two dQ buffers reused, each key tile's dQ adds meeting the others'), M != N, the gradient of lse, a
-dO that TMA cannot read in place, and the CPU side (the op's fake, its refusal off Hopper). Its compile for sm90 runs
+dO that TMA cannot read in place, the CPU side (the op's fake, its refusal off Hopper), and both kernels with an added
+bias (``s + bias``). Its compile for sm90 runs
 without a GPU in test_gpu_compile.py.
 """
 
@@ -18,7 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels import reference_attention
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper
-from fuse_attn.spec import AttentionSpec, CausalMask, UnsupportedSpec
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor, UnsupportedSpec
 from test_kernels import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -130,3 +131,43 @@ def test_a_dout_tma_cannot_read_in_place():
     q, k, v = (torch.randn(2, 4, 100, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     _check_gradients("broadcast dO", q, k, v, PLAIN, dout_of=lambda d: d[:1, :1, :1, :].expand(d.shape))
     _check_gradients("transposed dO", q, k, v, PLAIN, dout_of=lambda d: d.transpose(1, 2).contiguous().transpose(1, 2))
+
+
+# ---- s + bias: the bias loaded in both kernels ------------------------------------------------------------------------
+BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
+
+
+@hopper
+@pytest.mark.parametrize("head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_grad", [
+    (128, True, 1025, (1, 4, "N", "N"), torch.bfloat16, "nan", False),  # ALiBi's form: broadcast over the batch
+    (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", False),
+    (128, False, 1025, (2, 4, "N", "N"), torch.bfloat16, "zero", False),
+    (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", False),
+    (128, True, 300, (2, 4, "N", "N"), torch.bfloat16, "nan", True),  # the template's backward: the bias's gradient
+])
+def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_grad):
+    """``s + bias``: the forward and backward against fp64 under the 2x rule, the gradient of the bias too where it
+    needs one (the op's autograd then runs the generated template's backward on this forward's out and lse). Row 5
+    of every (batch, head) is -inf everywhere (out NaN or 0 as ``empty_rows`` says, NaN or zero gradients), row 7 in
+    its first half (a row whose first tiles see no key); the other rows a random bias."""
+    spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
+                         causal=CausalMask() if causal else None, score_mod=BIAS_PROGRAM, empty_rows=empty_rows,
+                         score_tensors=(ScoreTensor("bias", str(bias_dtype).split(".")[1],
+                                                    tuple(n == 1 for n in sizes)),))
+    g = torch.Generator(device="cuda").manual_seed(N)
+    q, k, v = (torch.randn(2, 4, N, head_dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    bias = 2 * torch.randn(*(N if n == "N" else n for n in sizes), device="cuda", generator=g).to(bias_dtype)
+    bias[:, :, 5] = float("-inf")
+    bias[:, :, 7, : N // 2] = float("-inf")
+    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_(t is not bias or bias_grad)  # noqa: E731
+                                for t in (q, k, v, bias)]
+    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+    dout = torch.randn(q.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    results = []
+    for out, inputs in ((flash_attention_hopper(*ours_in[:3], spec, bias=ours_in[3]), ours_in),
+                        (reference_attention(*ref_in[:3], ref_in[3:], spec)[0], ref_in),
+                        (reference_attention(*eager_in[:3], eager_in[3:], spec)[0], eager_in)):
+        wanted = inputs if bias_grad else inputs[:3]
+        results.append((out, *torch.autograd.grad(out, wanted, dout.to(out.dtype))))
+    for name, a, b, c in zip(("out", "dq", "dk", "dv", "dbias"), *results):
+        assert_close_2x(f"{name}", a, b, c, torch.bfloat16)

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels import hopper_forward, reference_attention
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper, hopper_reasons
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, UnsupportedSpec
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor, UnsupportedSpec
 from test_kernels import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -30,10 +30,20 @@ def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
                 torch.empty(2, 4, kv_len, head_dim, dtype=dtype, device="cuda"))
 
 
+# a precomputed ALiBi-style bias [1, H, M, N] added to the scores: what the Gluon kernels load (a [Z, 1, 1, N] one, a
+# key padding bias whose keys the generated kernels skip by its values, they refuse: above)
+ALIBI = dict(score_mod=(ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
+             score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+
+
 @pytest.mark.parametrize("change, qk, reason", [
     ({"dtype": "float32"}, {"dtype": torch.float32}, "fp16/bf16"),
-    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention"),
-    ({"dropout_p": 0.1}, {}, "plain attention"),
+    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention or add one bias"),
+    ({"score_mod": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
+      "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
+    ({"score_mod": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
+      "score_tensors": (ScoreTensor("bias", "bfloat16", (False, True, True, False)),)}, {}, "skip per call"),
+    ({"dropout_p": 0.1}, {}, "no dropout"),
     ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims [64, 128], not 96/96"),
     ({"head_dim_v": 64}, {}, "not 128/64"),
     ({"causal": CausalMask(window=16)}, {}, "plain diagonal"),
@@ -45,6 +55,7 @@ def test_hopper_reasons(change, qk, reason, monkeypatch):
     assert hopper_reasons(PLAIN, *fake_qk()) == []
     assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), gqa_group=2), *fake_qk()) == []
     assert hopper_reasons(PLAIN, *fake_qk(q_len=1, kv_len=1000)) == []  # lengths may differ without a mask
+    assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), **ALIBI), *fake_qk()) == []
     reasons = hopper_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
     assert len(reasons) == 1 and reason in reasons[0], reasons
 

@@ -40,7 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import LIBRARY, _descriptor, _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most
+from .hopper_forward import (LIBRARY, _load_bias, _log2_units, _descriptor, _score_tensors, _tma_load, _tma_ready, _tma_store,
+                             bias_strides, checked_spec, fills_at_most)
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -127,15 +128,29 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
 
 
 @gluon.jit
+def _biased_row_lse(lse, in_rows, ZERO_EMPTY_ROWS: gl.constexpr):
+    """The lse of rows whose scores a bias changed (log2 units), as the generated template's ``_lse_to_log2`` takes
+    it: a row of M whose lse is not finite (it saw only -inf, or a NaN / +inf score) gets NaN, so that its P is NaN
+    everywhere as in eager's backward; under ZERO_EMPTY_ROWS a row that saw only -inf gets +inf instead (P = 0).
+    Rows past M keep their +inf."""
+    bad = in_rows & ((gl.abs(lse) == float("inf")) | (lse != lse))
+    out = gl.where(bad, float("nan"), lse)
+    if ZERO_EMPTY_ROWS:
+        out = gl.where(in_rows & (lse == float("-inf")), float("inf"), out)
+    return out
+
+
+@gluon.jit
 def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty, dk, dv, Lse,
-                Delta, z, h_kv, it, r0, m_lo, per_head, H, M, qk_scale, offs_n,
-                GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr, MASK: gl.constexpr,
-                FIRST: gl.constexpr):
+                Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N,
+                qk_scale, offs_n, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
+                MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
     added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
-    waits for them with its S and then gives their ring stage back to the loader."""
+    waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
+    (the forward's :func:`.hopper_forward._load_bias`), its tile loaded while S and dP are on the tensor cores."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     ring = r0 + it
@@ -161,17 +176,31 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     # a row past M: lse +inf, so P = 0 (its q and dO read as zeros too)
     lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf")) * 1.4426950408889634  # log2(e): to log2 units
     delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
+    if HAS_BIAS:
+        lse = _biased_row_lse(lse, offs_m < M, ZERO_EMPTY_ROWS)
+        # rows past M and keys past N read row M - 1's and key N - 1's bias: their P never reaches a stored result
+        # (those rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV
+        # rows are not stored)
+        bias_rows = (Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
+                     + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
+        bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)
 
     if FIRST:
         s = warpgroup_mma_wait(1, deps=(s, ))
     else:  # the previous tile's dV and dK, issued before this S, complete with it
         s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
-    p = gl.exp2(s * qk_scale - lse[:, None])
+    if HAS_BIAS:
+        p = gl.exp2(s * qk_scale + _log2_units(bias) - lse[:, None])
+    else:
+        p = gl.exp2(s * qk_scale - lse[:, None])
     if MASK:  # causal: key n is seen by rows m >= n
         p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
     p_smem.store(p.to(dtype))
     dp = warpgroup_mma_wait(0, deps=(dp, ))
-    ds_smem.store((p * (dp - delta[:, None])).to(dtype))
+    ds = p * (dp - delta[:, None])
+    if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
+        ds = gl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
+    ds_smem.store(ds.to(dtype))
     fence_async_shared()
     tma.store_wait(1)  # the dQ add issued two tiles ago has read its buffer (only the issuing thread waits)
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
@@ -219,10 +248,11 @@ def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale
 
 
 @gluon.jit
-def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-             kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb, n_kt, H, M, qk_scale, sm_scale,
-             GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-             STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr):
+def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, q_smem,
+             do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb,
+             n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr,
+             HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
     tiles (causal: :func:`_causal_key_tile`; otherwise one, pid).
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
@@ -253,14 +283,16 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_s
             for g in range(GQA_GROUP):
                 for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-                                         ready, empty, dk, dv, Lse, Delta, z, h_kv, it, r0, m_lo, per_head, H, M,
-                                         qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                                         dq_layout, True, False)
+                                         ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
+                                         stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False,
+                                         HAS_BIAS, ZERO_EMPTY_ROWS)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
-                                         ready, empty, dk, dv, Lse, Delta, z, h_kv, it, r0, m_lo, per_head, H, M,
-                                         qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                                         dq_layout, False, False)
+                                         ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
+                                         stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False,
+                                         HAS_BIAS, ZERO_EMPTY_ROWS)
             dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
             _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -274,12 +306,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_s
         dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
         mbarrier.wait(kv_bar, 0)
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
-                             dk, dv, Lse, Delta, z, h_kv, 0, 0, 0, n_mb, H, M, qk_scale, offs_n, GQA_GROUP, BLOCK_M,
-                             BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, True)
+                             dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
+                             n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
+                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
-                                 empty, dk, dv, Lse, Delta, z, h_kv, it, 0, 0, n_mb, H, M, qk_scale, offs_n,
-                                 GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False)
+                                 empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
+                                 it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D,
+                                 STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS)
         dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
         _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
 
@@ -312,13 +346,18 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
 
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
-                     sm_scale, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
-                     PAIRED: gl.constexpr):
+                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, GQA_GROUP: gl.constexpr,
+                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                     STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
+                     BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
     pid = gl.program_id(0)
     bh = gl.program_id(1)
-    z = bh // H_KV
-    h_kv = bh % H_KV
+    if BATCH_INNER:  # a bias broadcast over the batch: its batch rows' CTAs run together and share its tiles in L2
+        z = bh % Z
+        h_kv = bh // Z
+    else:
+        z = bh // H_KV
+        h_kv = bh % H_KV
     n_n = gl.cdiv(N, BLOCK_N)
     n_mb = gl.cdiv(M, BLOCK_M)
     if PAIRED:  # (causal) key tiles pid and n_n - 1 - pid, one where they are the same
@@ -348,9 +387,10 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
         mbarrier.init(empty.index(i), count=1)
 
     gl.warp_specialize([
-        (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
-                    dq_smem, kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb, n_kt, H, M, qk_scale, sm_scale,
-                    GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, WARPS, CAUSAL)),
+        (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                    q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
+                    pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
@@ -366,9 +406,11 @@ def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.d
 
 
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
-                    causal: bool, gqa_group: int, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of plain attention (a spec :func:`.hopper_forward.hopper_reasons` accepts) on an sm90 GPU,
-    from the forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None."""
+                    causal: bool, gqa_group: int, dlse: Tensor | None = None, bias: Tensor | None = None,
+                    zero_empty_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the forward's
+    ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the score tensor of an
+    ``s + bias`` spec (no gradient: the template's backward computes that), ``zero_empty_rows`` its ``empty_rows``."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
     block_m, block_n, stages = _CONFIGS[D]
@@ -384,11 +426,13 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
     n_n = triton.cdiv(N, block_n)  # key tiles
     paired = pairs_key_tiles(causal, n_n, Z * H_kv, q.device)
+    strides = (0, 0, 0, 0) if bias is None else bias_strides(bias, q, k)
     _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * H_kv)](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
         _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,
-        scale * _LOG2E, scale, gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired,
-        num_warps=_NUM_WARPS)
+        scale * _LOG2E, scale, lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
+        gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
+        bias is not None and strides[0] == 0 and Z > 1, zero_empty_rows, num_warps=_NUM_WARPS)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
     return dq, dk, dv
@@ -396,18 +440,21 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
 
 # ---- the op (on the forward's library: see there why not a custom_op) ------------------------------------------------
 LIBRARY.define("flash_attention_hopper_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-               "str spec, Tensor? dlse=None) -> (Tensor, Tensor, Tensor)")
+               "str spec, Tensor? dlse=None, Tensor? bias=None) -> (Tensor, Tensor, Tensor)")
 
 
 def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                                       spec: str, dlse: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``). Opaque to
-    torch.compile, as the forward. On CPU tensors it refuses (its reasons say why)."""
-    s = checked_spec("flash_attention_hopper_backward", q, k, v, spec)
+                                       spec: str, dlse: Tensor | None = None,
+                                       bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``), ``bias`` its score
+    tensor where the spec adds one (no gradient for it). Opaque to torch.compile, as the forward. On CPU tensors it
+    refuses (its reasons say why)."""
+    s = checked_spec("flash_attention_hopper_backward", q, k, v, spec, bias)
     if ops._is_empty(q, k):
         dq, dk, dv, _ = ops._empty_backward(q, k, v, [], [])
         return dq, dk, dv
-    return hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None, s.gqa_group, dlse)
+    return hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None, s.gqa_group, dlse,
+                           bias, s.empty_rows == "zero")
 
 
 for _device in ("CPU", "CUDA"):
@@ -415,6 +462,6 @@ for _device in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper_backward")
-def _(dout, q, k, v, out, lse, spec, dlse=None):
-    ops.validate(q, k, v, [], ops.parse_spec(spec))
+def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None):
+    ops.validate(q, k, v, _score_tensors(bias), ops.parse_spec(spec))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

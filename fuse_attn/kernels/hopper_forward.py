@@ -119,8 +119,14 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_mod or spec.score_tensors or spec.dropout_p:
-        reasons.append("the Gluon kernels compute plain attention (no score program, mask, bias or dropout)")
+    if spec.score_mod and not adds_a_bias(spec):
+        reasons.append("the Gluon kernels compute plain attention or add one bias tensor (no other score program, no "
+                       "mask tensor)")
+    elif spec.score_mod and (spec.key_padding() is not None or spec.mask_blocks() is not None):
+        reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
+                       "kernels would compute them")
+    if spec.dropout_p:
+        reasons.append("the Gluon kernels have no dropout")
     if spec.head_dim != spec.head_dim_v or spec.head_dim not in _CONFIGS:
         reasons.append(f"the Gluon kernels are tuned for head dims {sorted(_CONFIGS)}, not {spec.head_dim}/"
                        f"{spec.head_dim_v}")
@@ -128,6 +134,15 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
                                     or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
     return reasons
+
+
+def adds_a_bias(spec: AttentionSpec) -> bool:
+    """Whether the spec's score program is ``s + bias``: the scaled score plus its one score tensor, a float bias of
+    any broadcast, which the Gluon kernels load in each tile (``HAS_BIAS``)."""
+    nodes = spec.score_mod
+    if len(nodes) != 3 or len(spec.score_tensors) != 1 or spec.score_tensors[0].role != "bias":
+        return False
+    return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
 # ---- the kernel ------------------------------------------------------------------------------------------------------
@@ -148,20 +163,67 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, 
 
 
 @gluon.jit
+def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+    """The bias tile of rows ``bias_rows`` (pointers to each row's key 0) and keys offs_n, as stored. MASK: the tile
+    holds keys past N or (CAUSAL) past the diagonal of rows offs_m; those read as -inf, which masks them (the load's
+    predicate is the mask: no separate select, and no key past N is read). Loaded before the tile's S is waited for
+    and converted after (:func:`_log2_units`), held in its own dtype meanwhile (bf16: half the registers): D128's
+    two-consumer causal config spilled 236 bytes (ptxas, sm90a) converted first, and as much masked by keys past N
+    and then by the select; none so."""
+    ptrs = bias_rows[:, None] + (offs_n * stride_bn)[None, :]
+    if MASK:
+        keep = offs_n[None, :] < N
+        if CAUSAL:
+            keep = keep & (offs_m[:, None] >= offs_n[None, :])
+        return gl.load(ptrs, mask=keep, other=float("-inf"))
+    return gl.load(ptrs)
+
+
+@gluon.jit
+def _log2_units(bias):
+    """A bias tile in log2 units (fp32): one multiply rounded toward zero, which keeps a finite bias finite
+    (``finfo.min`` masks: eager's uniform row) and +-inf / NaN as they are (the generated template's ``_to_log2`` on
+    the GPU)."""
+    return gl.inline_asm_elementwise("mul.rz.f32 $0, $1, 0f3FB8AA3B;", "=r,r", [bias.to(gl.float32)],
+                                     dtype=gl.float32, is_pure=True, pack=1)  # 0f3FB8AA3B: log2(e) in fp32
+
+
+@gluon.jit
+def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
+    """:func:`_softmax_tile` of the scores plus a bias tile (as loaded, :func:`_load_bias`: -inf where masked). A bias can hide every key
+    a row has seen so far (-inf): the max then stays -inf, and the exponents are taken against 0 instead, so that
+    such keys give P = 0, not exp2(-inf + inf) = NaN (the generated template's ``m_safe``)."""
+    s = s * qk_scale + _log2_units(bias)  # (masked keys: the bias tile's -inf)
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
 def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j, r0,
-                   BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr, o_layout: gl.constexpr,
-                   p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr):
-    """Key tile j (ring position r0 + j): its q k^T and tile j-1's P v in flight together; tile j's softmax while
-    P v runs; then tile j-1's ring stage is released and the output rescaled."""
+                   bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
+                   o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+                   HAS_BIAS: gl.constexpr):
+    """Key tile j (ring position r0 + j): its q k^T and tile j-1's P v in flight together (and the bias tile's loads,
+    HAS_BIAS); tile j's softmax while P v runs; then tile j-1's ring stage is released and the output rescaled."""
     r = r0 + j
     stage = r % STAGES
     mbarrier.wait(kv_ready.index(stage), (r // STAGES) & 1)
     s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    s = warpgroup_mma_wait(1, deps=(s, ))
-    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-    p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
+    if HAS_BIAS:
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+        bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
+    else:
+        s = warpgroup_mma_wait(1, deps=(s, ))
+        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -191,13 +253,16 @@ def _query_block(first, second, it, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
 
 @gluon.jit
 def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, r0,
-                    phase, qk_scale, C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                    BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr):
+                    phase, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr, CAUSAL: gl.constexpr,
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                    HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
     key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
     and lse. A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the
     last CTA of each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there,
-    where all three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log)."""
+    where all three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log).
+    HAS_BIAS: the scores plus the bias at ``bias_head`` (this head's ``[M, N]`` by strides, 0 where broadcast); a row
+    whose every score is -inf gets out NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -224,23 +289,33 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
         acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+        # (a row past M reads the bias of row M - 1: its output is never stored)
+        bias_rows = bias_head
+        if HAS_BIAS:
+            bias_rows = bias_head + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm
 
         # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s, ))
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
-                                           qk_scale, True, CAUSAL)
+        if HAS_BIAS:
+            offs_n = gl.arange(0, BLOCK_N, layout=col_layout)
+            bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, True, CAUSAL)
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
+        else:
+            s = warpgroup_mma_wait(0, deps=(s, ))
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
+                                               qk_scale, True, CAUSAL)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         for j in range(1, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                                 offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout, o_layout,
-                                                 p_layout, False, CAUSAL)
+                                                 offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N, STAGES,
+                                                 col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS)
         # the masked tail
         for j in range(n_full, n_mine):
             acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                                 offs_m, N, qk_scale, j, r0, BLOCK_N, STAGES, col_layout, o_layout,
-                                                 p_layout, True, CAUSAL)
+                                                 offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N, STAGES,
+                                                 col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS)
         last = (r0 + n_mine - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -250,6 +325,8 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
         gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
         out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
+        if ZERO_EMPTY_ROWS:  # (only a bias can hide a row's every key: HAS_BIAS)
+            out = gl.where((gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)) == 0.0)[:, None], 0.0, out)
         q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
         fence_async_shared()
         _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
@@ -260,9 +337,10 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 
 @gluon.jit
 def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-              first, second, n_blocks, qk_scale, C: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-              BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-              PAIRED: gl.constexpr):
+              first, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr,
+              CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
+              ZERO_EMPTY_ROWS: gl.constexpr):
     """Consumer warpgroup C: the CTA's query block (rows row0 on, n_tiles key tiles); paired, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
     if PAIRED:
@@ -270,12 +348,14 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
         for it in range(n_blocks):
             row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
             _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
-                            n_tiles, r0, it & 1, qk_scale, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
+                            n_tiles, r0, it & 1, qk_scale, bias_head, stride_bm, stride_bn, C, CAUSAL, BLOCK_M,
+                            BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
         _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                        0, 0, qk_scale, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES)
+                        0, 0, qk_scale, bias_head, stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                        HAS_BIAS, ZERO_EMPTY_ROWS)
 
 
 @gluon.jit
@@ -333,10 +413,11 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
 
 
 @gluon.jit
-def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA_GROUP: gl.constexpr,
-                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                     PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr):
+def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh, stride_bm,
+                     stride_bn, Z, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
     # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet)
@@ -351,9 +432,16 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
         second = pid_m
         n_blocks = 1
     bh = gl.program_id(1)
-    z = bh // H
-    h = bh % H
+    if BATCH_INNER:  # a bias broadcast over the batch: its batch rows' CTAs run together and share its tiles in L2
+        z = bh % Z
+        h = bh // Z
+    else:
+        z = bh // H
+        h = bh % H
     row0, n_tiles = _query_block(pid_m, second, 0, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+    bias_head = Bias
+    if HAS_BIAS:
+        bias_head = Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
@@ -376,14 +464,14 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     if CONSUMERS == 3:
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                         CONSUMERS, PAIRED)),
+                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                         CONSUMERS, PAIRED)),
+                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 1, CAUSAL,
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, 2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                         CONSUMERS, PAIRED)),
+                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 2, CAUSAL,
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
                          CONSUMERS, PAIRED)),
@@ -391,8 +479,8 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     elif CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                         CONSUMERS, PAIRED)),
+                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
                          CONSUMERS, PAIRED)),
@@ -400,11 +488,11 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, GQA
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, 0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                         CONSUMERS, PAIRED)),
+                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, 1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                         CONSUMERS, PAIRED)),
+                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 1, CAUSAL,
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
                          CONSUMERS, PAIRED)),
@@ -448,8 +536,16 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, consumers: int, de
             and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, ctas_an_sm))
 
 
-def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
-    """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU."""
+def bias_strides(bias: Tensor, q: Tensor, k: Tensor) -> tuple[int, int, int, int]:
+    """The strides of a ``[Z or 1, H or 1, M or 1, N or 1]`` bias over (Z, H, M, N), 0 along a broadcast dim."""
+    sizes = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+    return tuple(0 if n == 1 and size != 1 else stride for n, size, stride in zip(bias.shape, sizes, bias.stride()))
+
+
+def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
+                   bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU; ``bias``
+    the spec's score tensor where it has one (:func:`adds_a_bias`)."""
     Z, H, M, D = q.shape
     N = k.shape[2]
     block_m, block_n, stages, consumers = forward_config(D, spec.causal is not None, M)
@@ -459,10 +555,14 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, consumers, q.device)
     grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
+    strides = (0, 0, 0, 0) if bias is None else bias_strides(bias, q, k)
     _hopper_attn_fwd[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
-        H, M, N, spec.scale_for(D) * _LOG2E, spec.gqa_group, spec.causal is not None, block_m, block_n, D, stages,
-        consumers, *_REGISTERS[consumers], paired, num_warps=4,
+        H, M, N, spec.scale_for(D) * _LOG2E,
+        lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
+        spec.gqa_group,
+        spec.causal is not None, block_m, block_n, D, stages, consumers, *_REGISTERS[consumers], paired,
+        bias is not None, bias is not None and strides[0] == 0 and Z > 1, spec.empty_rows == "zero", num_warps=4,
         **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))
     return out, lse
 
@@ -473,24 +573,31 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec) -> tupl
 # launcher alone (benchmarks/2026-11-27-gluon-backward/host_breakdown.log); fake, autograd and kernel are registered
 # the same way. Kernels for CPU and CUDA tensors: the CPU one runs the generated forward (tests without a GPU).
 LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
-LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec) -> (Tensor, Tensor)")
+LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None) -> (Tensor, Tensor)")
 
 
-def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str) -> tuple[Tensor, Tensor]:
-    """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for a plain spec. Opaque to torch.compile."""
+def _score_tensors(bias: Tensor | None) -> list[Tensor]:
+    """The op's bias as the template op's list of score tensors."""
+    return [] if bias is None else [bias]
+
+
+def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str,
+                              bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for the spec (plain, or ``s + bias`` with ``bias``
+    its score tensor). Opaque to torch.compile."""
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
-        return ops._forward_op(q, k, v, [], None, spec, cpu_op=True)
-    s = checked_spec("flash_attention_hopper", q, k, v, spec)
+        return ops._forward_op(q, k, v, _score_tensors(bias), None, spec, cpu_op=True)
+    s = checked_spec("flash_attention_hopper", q, k, v, spec, bias)
     if ops._is_empty(q, k):
         return ops._empty_forward(q, v)
-    return hopper_forward(q, k, v, s)
+    return hopper_forward(q, k, v, s, bias)
 
 
-def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str) -> AttentionSpec:
+def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None) -> AttentionSpec:
     """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
     devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them."""
     s = ops.parse_spec(spec)
-    ops.validate(q, k, v, [], s)
+    ops.validate(q, k, v, _score_tensors(bias), s)
     reasons = hopper_reasons(s, q, k)
     if reasons:
         raise ValueError(f"fuse_attn::{op_name} cannot run {s.describe()}: {'; '.join(reasons)}")
@@ -502,34 +609,38 @@ for _device in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper")
-def _(q, k, v, spec):
-    ops.validate(q, k, v, [], ops.parse_spec(spec))
+def _(q, k, v, spec, bias=None):
+    ops.validate(q, k, v, _score_tensors(bias), ops.parse_spec(spec))
     return _empty_outputs(q, v)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, spec = inputs
-    ops._setup_context(ctx, (q, k, v, [], None, spec), output)  # the template op's inputs: no score tensors or seed
+    q, k, v, spec, *bias = inputs  # (a bias: the template op's one score tensor)
+    ops._setup_context(ctx, (q, k, v, _score_tensors(bias[0] if bias else None), None, spec), output)
 
 
 def _backward(ctx, dout, dlse):
     """The Gluon backward (:mod:`.hopper_backward`) on the GPU; the generated template's on CPU tensors (the op's
-    forward there is the template's too). Both take this forward's out and lse as their own."""
-    q, k, v, out, lse, _ = ctx.saved_tensors
-    if q.device.type != "cuda":
-        dq, dk, dv, *_ = ops._backward(ctx, dout, dlse)
-        return dq, dk, dv, None
+    forward there is the template's too) and where the bias needs a gradient (the Gluon backward computes none).
+    Both take this forward's out and lse as their own."""
+    q, k, v, out, lse, _, *bias = ctx.saved_tensors
+    if q.device.type != "cuda" or any(ctx.needs):
+        dq, dk, dv, dbias, *_ = ops._backward(ctx, dout, dlse)
+        return dq, dk, dv, None, (dbias[0] if bias else None)
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fuse_attn.flash_attention_hopper_backward(dout, q, k, v, out, lse, ctx.spec, dlse)
-    return dq, dk, dv, None
+    dq, dk, dv = torch.ops.fuse_attn.flash_attention_hopper_backward(dout, q, k, v, out, lse, ctx.spec, dlse,
+                                                                     bias[0] if bias else None)
+    return dq, dk, dv, None, None
 
 
 torch.library.register_autograd("fuse_attn::flash_attention_hopper", _backward, setup_context=_setup_context)
 
 
-def flash_attention_hopper(q: Tensor, k: Tensor, v: Tensor, spec, return_lse: bool = False):
-    """The op without torch.compile (differentiable); ``spec`` an :class:`AttentionSpec` or its JSON."""
+def flash_attention_hopper(q: Tensor, k: Tensor, v: Tensor, spec, return_lse: bool = False,
+                           bias: Tensor | None = None):
+    """The op without torch.compile (differentiable); ``spec`` an :class:`AttentionSpec` or its JSON, ``bias`` its
+    score tensor where its program adds one."""
     text = spec.to_json() if isinstance(spec, AttentionSpec) else spec
-    out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, v, text)
+    out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, v, text, bias)
     return (out, lse) if return_lse else out

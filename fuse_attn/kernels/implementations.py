@@ -180,6 +180,8 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
         if isinstance(q, DTensor):
             return ["the Gluon kernels have no DTensor sharding rule"]
     reasons = hopper_reasons(spec, q, k)
+    if spec.score_mod:  # (the Gluon ops take an s + bias spec's bias; _CandidateSteps times no score tensors yet)
+        reasons.append("the implementation choice times the Gluon kernels on plain attention only")
     flops = _step_flops(spec, q, k, training)
     if not reasons and flops < GLUON_MIN_STEP_FLOPS:
         reasons.append(f"a step of {flops:.3g} FLOPs, under the {GLUON_MIN_STEP_FLOPS:.3g} whose GPU time hides the "

@@ -312,7 +312,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     bias_tensor = None if bias is None else torch.randn(
         *(rows if n == "M" else n for n in BIAS_CASES[bias][0]), dtype=BIAS_CASES[bias][1])
     module, launched = {"forward": (hopper_forward, ["_hopper_attn_fwd"]),
-                        "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_dq_cast_kernel"])}[direction]
+                        "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_nan_dv_kernel",
+                                                       "_dq_cast_kernel"])}[direction]
     kernel = getattr(module, launched[0])
     launches = {}
 

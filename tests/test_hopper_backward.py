@@ -148,8 +148,11 @@ BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add",
 def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_grad):
     """``s + bias``: the forward and backward against fp64 under the 2x rule, the gradient of the bias too where it
     needs one (the op's autograd then runs the generated template's backward on this forward's out and lse). Row 5
-    of every (batch, head) is -inf everywhere (out NaN or 0 as ``empty_rows`` says, NaN or zero gradients), row 7 in
-    its first half (a row whose first tiles see no key); the other rows a random bias."""
+    of every (batch, head) is -inf everywhere, row 7 in its first half (its first tiles see no key); the other rows a
+    random bias. ``empty_rows="nan"`` (softmax): row 5 is NaN, and with it dq's row 5, dk where row 5 sees a key and
+    all of dv, as in eager; the reference is eager attention. ``"zero"`` (SDPA's ``_safe_softmax``): row 5 is 0 with no
+    gradient, nothing NaN; the reference is SDPA's math kernel with the bias (and the causal mask) as its float mask,
+    which gives that (eager's masked softmax gives NaN gradients there)."""
     spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
                          causal=CausalMask() if causal else None, score_mod=BIAS_PROGRAM, empty_rows=empty_rows,
                          score_tensors=(ScoreTensor("bias", str(bias_dtype).split(".")[1],
@@ -162,12 +165,21 @@ def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_
     leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_(t is not bias or bias_grad)  # noqa: E731
                                 for t in (q, k, v, bias)]
     ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+
+    def sdpa_math(q, k, v, bias):
+        if causal:
+            bias = bias.masked_fill(~torch.ones(N, N, dtype=torch.bool, device="cuda").tril(), float("-inf"))
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=spec.scale)
+
+    reference = sdpa_math if empty_rows == "zero" else lambda *t: reference_attention(*t[:3], t[3:], spec)[0]
     dout = torch.randn(q.shape, device="cuda", generator=g, dtype=torch.bfloat16)
     results = []
     for out, inputs in ((flash_attention_hopper(*ours_in[:3], spec, bias=ours_in[3]), ours_in),
-                        (reference_attention(*ref_in[:3], ref_in[3:], spec)[0], ref_in),
-                        (reference_attention(*eager_in[:3], eager_in[3:], spec)[0], eager_in)):
+                        (reference(*ref_in), ref_in), (reference(*eager_in), eager_in)):
         wanted = inputs if bias_grad else inputs[:3]
         results.append((out, *torch.autograd.grad(out, wanted, dout.to(out.dtype))))
-    for name, a, b, c in zip(("out", "dq", "dk", "dv", "dbias"), *results):
-        assert_close_2x(f"{name}", a, b, c, torch.bfloat16)
+    for name, ours, ref64, eager in zip(("out", "dq", "dk", "dv", "dbias"), *results):
+        if empty_rows == "zero":
+            assert not ours.isnan().any(), name
+        assert_close_2x(f"{name}", ours, ref64, eager, torch.bfloat16)

@@ -4,10 +4,10 @@
 * ``torch.ops.fuse_attn.flash_attention_backward(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec_json,
   score_tensor_needs_grad, dlse=None) -> (dq, dk, dv, dscore_tensors)`` (``dropout_seed``: an int64 scalar tensor
   when the spec's dropout_p > 0, else None; ``dlse``: the gradient of lse, None for zero)
-* ``torch.ops.fuse_attn.flash_attention_hopper(q, k, v, spec_json) -> (out, lse)`` -- the forward of plain attention
-  in Gluon for Hopper GPUs (:mod:`.hopper_forward`), whose backward is
-  ``flash_attention_hopper_backward(dout, q, k, v, out, lse, spec_json, dlse=None) -> (dq, dk, dv)``
-  (:mod:`.hopper_backward`, Gluon too)
+* ``torch.ops.fuse_attn.flash_attention_hopper(q, k, v, spec_json, bias=None) -> (out, lse)`` -- the forward of
+  plain attention (or ``s + bias``, ``bias`` its score tensor) in Gluon for Hopper GPUs (:mod:`.hopper_forward`),
+  whose backward is ``flash_attention_hopper_backward(dout, q, k, v, out, lse, spec_json, dlse=None, bias=None) ->
+  (dq, dk, dv)`` (:mod:`.hopper_backward`, Gluon too)
 * :func:`flash_attention` -- the same without torch.compile (differentiable in out and lse).
 * :func:`generated_source` -- the Triton source generated for a spec.
 """

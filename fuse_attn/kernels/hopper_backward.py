@@ -21,8 +21,10 @@ their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the ke
 diagonal, and only the tiles that cross it are masked.
 
 What it computes is the template's backward for the specs :func:`.hopper_forward.hopper_reasons` accepts, with the
-forward's out and lse (either forward's: same layout); the reference is :func:`.reference.reference_attention`'s
-autograd, which the tests compare against under the 2x rule.
+forward's out and lse (either forward's: same layout), but the bias's gradient of an ``s + bias`` spec (the forward's
+autograd runs the template's backward where the bias needs one); the reference is
+:func:`.reference.reference_attention`'s autograd (SDPA's math kernel for rows a bias hides under
+``empty_rows="zero"``), which the tests compare against under the 2x rule.
 """
 
 from __future__ import annotations
@@ -69,13 +71,23 @@ _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2
 
 # ---- delta and dq's cast: small Triton kernels -----------------------------------------------------------------------
 @triton.jit
-def _delta_kernel(Out, DO, DLse, Delta, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sdo_m, HAS_DLSE: tl.constexpr,
-                  ROWS: tl.constexpr, HEAD_D: tl.constexpr):
-    """delta[z, h, m] = sum_d dO * O - dlse (fp32), for ROWS rows of one (z, h)."""
+def _delta_kernel(Out, DO, DLse, Delta, Lse, NanHeads, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sdo_m,
+                  HAS_DLSE: tl.constexpr, ROWS: tl.constexpr, HEAD_D: tl.constexpr, FLAG_NAN_ROWS: tl.constexpr,
+                  ZERO_EMPTY_ROWS: tl.constexpr):
+    """delta[z, h, m] = sum_d dO * O - dlse (fp32), for ROWS rows of one (z, h). FLAG_NAN_ROWS: NanHeads[z * H + h]
+    set where one of the rows has an lse that is not finite (-inf allowed under ZERO_EMPTY_ROWS): a row that a bias
+    made NaN, whose NaN eager's dV carries to every key (:func:`_nan_dv_kernel`)."""
     bh = tl.program_id(1)
     z = bh // H
     h = bh % H
     offs_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    if FLAG_NAN_ROWS:
+        lse = tl.load(Lse + bh * M + offs_m, mask=offs_m < M, other=0.0)
+        bad = ~(tl.abs(lse) < float("inf"))  # (NaN < inf is False)
+        if ZERO_EMPTY_ROWS:
+            bad = bad & (lse != float("-inf"))
+        if tl.max(bad.to(tl.int32), 0) > 0:
+            tl.store(NanHeads + bh, 1)
     offs_d = tl.arange(0, HEAD_D)
     rows = offs_m[:, None] < M
     o = tl.load(Out + z * so_z + h * so_h + offs_m[:, None] * so_m + offs_d[None, :], mask=rows, other=0.0)
@@ -84,6 +96,26 @@ def _delta_kernel(Out, DO, DLse, Delta, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sd
     if HAS_DLSE:
         delta -= tl.load(DLse + bh * M + offs_m, mask=offs_m < M, other=0.0)
     tl.store(Delta + bh * M + offs_m, delta, mask=offs_m < M)
+
+
+@triton.jit
+def _nan_dv_kernel(DV, NanHeads, H, H_KV, N, GQA_GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_D: tl.constexpr):
+    """dV (contiguous [Z, H_KV, N, HEAD_D]) NaN in ROWS keys of one (z, kv head) where a query head of its group has
+    a row that a bias made NaN (the delta kernel's NanHeads): eager's P is NaN in every column of such a row, and so
+    its dV at every key, keys that the causal walk does not take to that row too (the generated template's dK/dV
+    kernel does as much from its lse flags). (In the Gluon kernel, a select on its dV accumulator made ptxas
+    serialize its wgmmas, C7514.)"""
+    bh = tl.program_id(1)
+    z = bh // H_KV
+    h_kv = bh % H_KV
+    flagged = tl.load(NanHeads + z * H + h_kv * GQA_GROUP)
+    for g in tl.static_range(1, GQA_GROUP):
+        flagged = tl.maximum(flagged, tl.load(NanHeads + z * H + h_kv * GQA_GROUP + g))
+    if flagged > 0:
+        offs_n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        offs_d = tl.arange(0, HEAD_D)
+        tl.store(DV + (bh.to(tl.int64) * N + offs_n[:, None]) * HEAD_D + offs_d[None, :],
+                 tl.full([ROWS, HEAD_D], float("nan"), DV.dtype.element_ty), mask=offs_n[:, None] < N)
 
 
 @triton.jit
@@ -418,9 +450,12 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     lse = lse.contiguous()
     out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
     delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
+    # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
+    flag_nan_rows = bias is not None and causal
+    nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=q.device) if flag_nan_rows else lse  # (lse: not read)
     _delta_kernel[(triton.cdiv(M, _PRE_ROWS), Z * H)](
-        out, dout, lse if dlse is None else dlse.contiguous(), delta, H, M, *out.stride()[:3], *dout.stride()[:3],
-        dlse is not None, _PRE_ROWS, D)
+        out, dout, lse if dlse is None else dlse.contiguous(), delta, lse, nan_heads, H, M, *out.stride()[:3],
+        *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, flag_nan_rows, zero_empty_rows)
     dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=q.device)
     dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
@@ -433,6 +468,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         scale * _LOG2E, scale, lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
         bias is not None and strides[0] == 0 and Z > 1, zero_empty_rows, num_warps=_NUM_WARPS)
+    if flag_nan_rows:
+        _nan_dv_kernel[(triton.cdiv(N, _PRE_ROWS), Z * H_kv)](dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
     return dq, dk, dv

@@ -18,8 +18,11 @@ language, states the schedule instead, as FlashAttention-3 does:
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
-(:func:`hopper_reasons` says which specs: no score program, mask or bias, no dropout; fp16/bf16; head dim 64 or 128;
-causal only top-left with equal lengths; GQA by sharing each kv head). Outputs match the generated template's:
+(:func:`hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128;
+causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
+the spec's program adds its one bias tensor (:func:`adds_a_bias`), the op's ``bias``: each consumer loads its rows
+of the tile into registers beside S (``HAS_BIAS``), with the generated template's semantics for rows the bias hides
+wholly (``empty_rows``). Outputs match the generated template's:
 ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's autograd formula is the Gluon backward
 (:mod:`.hopper_backward`, its own op) on the GPU and the template's backward on CPU tensors. The reference is the
 template's own: :func:`.reference.reference_attention`; the tests compare both against it.
@@ -167,9 +170,10 @@ def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUS
     """The bias tile of rows ``bias_rows`` (pointers to each row's key 0) and keys offs_n, as stored. MASK: the tile
     holds keys past N or (CAUSAL) past the diagonal of rows offs_m; those read as -inf, which masks them (the load's
     predicate is the mask: no separate select, and no key past N is read). Loaded before the tile's S is waited for
-    and converted after (:func:`_log2_units`), held in its own dtype meanwhile (bf16: half the registers): D128's
-    two-consumer causal config spilled 236 bytes (ptxas, sm90a) converted first, and as much masked by keys past N
-    and then by the select; none so."""
+    and converted after (:func:`_log2_units`), held in its own dtype meanwhile (bf16: half the registers). ptxas
+    (sm90a), D128's two-consumer causal config: 160 bytes of spills so, 236 converted before the wait, 920-1076 with
+    the load masked only in a tile past N (a branch); 64-key tiles spill none but ran no faster on an H100
+    (benchmarks/2026-11-27-gluon-bias: the loads themselves cost the time)."""
     ptrs = bias_rows[:, None] + (offs_n * stride_bn)[None, :]
     if MASK:
         keep = offs_n[None, :] < N

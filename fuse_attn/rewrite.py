@@ -129,12 +129,13 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
 
     if context_parallel is not None:
         return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
-    choice = implementations.choose(match.spec, val(q4), val(k4), val(v4), training)
+    choice = implementations.choose(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors])
     if choice.is_sdpa:
         out = implementations.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
-    if choice.name == implementations.GLUON:  # (a plain spec: no score tensors, no dropout seed)
-        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json())
+    if choice.name == implementations.GLUON:  # (plain, or s + bias with the bias its one score tensor; no dropout)
+        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(),
+                     *tensors[:1])
         return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
 
     fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),

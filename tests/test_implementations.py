@@ -22,7 +22,7 @@ from fuse_attn.kernels.implementations import GLUON, SDPA_CUDNN, SDPA_FLASH, TRI
 from fuse_attn.matching import MatchContext
 from fuse_attn.report import collect_reports
 from fuse_attn.rewrite import rewrite_attention
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor
 from graph_capture import graph_text
 
 
@@ -42,6 +42,10 @@ def gqa_attention(q, k, v):  # Hugging Face's repeat_kv, then plain attention
 def softcapped(q, k, v):
     scores = torch.tanh(q @ k.transpose(-1, -2) / 50) * 50
     return torch.softmax(scores, dim=-1) @ v
+
+
+def biased(q, k, v, bias):  # a precomputed bias (ALiBi's [1, H, N, N] buffer) added to the scores
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
 
 
 def rewritten(fn, shapes, *, dtype=torch.bfloat16, training=False):
@@ -163,6 +167,15 @@ class TestEmittedGraphs(TestCase):
         self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=2048 N=2048 scale=0.125 gqa=4; runs gluon: fastest of triton, gluon, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
         self.assertIn("torch.ops.fuse_attn.flash_attention_hopper.default(q_1, k_1, v_1, '{", graph)
         self.assertNotIn("repeat_interleave", graph)  # the kernel shares each kv head, as the template does
+
+    def test_the_gluon_kernels_timed_fastest_take_an_added_bias(self):
+        with pytest.MonkeyPatch.context() as mp:
+            on_hopper(mp)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+            graph, verdicts = rewritten(biased, [(4, 16, 2048, 64)] * 3 + [(1, 16, 2048, 2048)], training=True)
+        self.assertEqual(set(timings.timed), {TRITON, GLUON})  # (SDPA's kernels take no bias)
+        self.assertIn("runs gluon: fastest of triton, gluon, forward+backward", verdicts)
+        self.assertRegex(graph, r"torch\.ops\.fuse_attn\.flash_attention_hopper\.default\(q_1, k_1, v_1, '\{.*\}', bias_1\)")
 
     def test_the_gluon_forward_is_timed_only_where_it_applies(self):
         with pytest.MonkeyPatch.context() as mp:
@@ -352,3 +365,23 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
     for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), dout),
                              torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
         assert_close_2x(name, a, b, c, torch.bfloat16)
+
+
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
+    """Each candidate's trained step runs on random copies of the score tensors, the gradient of a bias that
+    requires one with the rest (on CPU tensors: the steps without recording, each op's CPU path)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25,
+                         score_mod=(ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
+                         score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
+    q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
+    bias = torch.randn(1, 2, 17, 17, requires_grad=bias_grad)
+    steps = implementations._CandidateSteps(spec, q, k, v, True, [bias])
+    assert [t.requires_grad for t in steps.score_tensors] == [bias_grad]
+    assert not torch.equal(steps.score_tensors[0], bias)  # random, as q, k and v
+    grads = []
+    monkeypatch.setattr(torch.autograd, "grad", lambda out, inputs, dout: grads.append(len(inputs)))
+    for name in (TRITON, GLUON):
+        steps._step(name)()
+    assert grads == [3 + bias_grad] * 2

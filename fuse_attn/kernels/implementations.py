@@ -16,9 +16,10 @@ says which runs (``dump_graph``, the ``fuse_attn`` log, ``collect_reports``); ``
 compiling, makes no choice.
 
 Our kernels are two candidates: ``triton``, the generated template (forward and backward, every spec), and
-``gluon``, :mod:`.hopper_forward`'s forward of plain attention on sm90 GPUs (:func:`.hopper_forward.hopper_reasons`
-says which) with :mod:`.hopper_backward`'s backward. Where both are allowed they are timed against each other like
-the rest.
+``gluon``, :mod:`.hopper_forward`'s forward of plain attention or of one added bias (``s + bias``) on sm90 GPUs
+(:func:`.hopper_forward.hopper_reasons` says which) with :mod:`.hopper_backward`'s backward (the template's where
+the bias needs a gradient). Where both are allowed they are timed against each other like the rest, on random score
+tensors of the attention's shapes and the gradients it needs.
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
 all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our
@@ -39,7 +40,7 @@ import logging
 import operator
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -180,8 +181,6 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
         if isinstance(q, DTensor):
             return ["the Gluon kernels have no DTensor sharding rule"]
     reasons = hopper_reasons(spec, q, k)
-    if spec.score_mod:  # (the Gluon ops take an s + bias spec's bias; _CandidateSteps times no score tensors yet)
-        reasons.append("the implementation choice times the Gluon kernels on plain attention only")
     flops = _step_flops(spec, q, k, training)
     if not reasons and flops < GLUON_MIN_STEP_FLOPS:
         reasons.append(f"a step of {flops:.3g} FLOPs, under the {GLUON_MIN_STEP_FLOPS:.3g} whose GPU time hides the "
@@ -209,8 +208,10 @@ def set_aside(name: str, why: str):
         _SET_ASIDE.pop(name, None)
 
 
-def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool) -> Choice:
-    """The implementation of one matched attention (q, k, v: its fused op's operands, fake while compiling)."""
+def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
+           score_tensors: Sequence[Tensor] = ()) -> Choice:
+    """The implementation of one matched attention (q, k, v and its score tensors: its fused op's operands, fake while
+    compiling; a score tensor that requires grad is timed with its gradient)."""
     allowed = [n for n in allowed_candidates() if n not in _SET_ASIDE]
     reasons = {n: [] for n in allowed if n == TRITON}
     if GLUON in allowed:
@@ -235,7 +236,7 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool)
     if chosen is None:
         try:
             with _RealInputs():
-                steps = _CandidateSteps(spec, q, k, v, training)
+                steps = _CandidateSteps(spec, q, k, v, training, score_tensors)
                 chosen = autotune.choose(key, [autotune.Implementation(n) for n in candidates], steps.replay)
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
@@ -246,11 +247,15 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool)
 
 class _CandidateSteps:
     """Each candidate's step (forward, or forward and backward) on one set of random inputs, recorded once as a
-    CUDA graph; ``replay(candidate)`` runs it (the first replay records it)."""
+    CUDA graph; ``replay(candidate)`` runs it (the first replay records it). Trained, the step takes the gradients
+    of q, k, v and of the score tensors that require one."""
 
-    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool):
+    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
+                 score_tensors: Sequence[Tensor] = ()):
         self.spec, self.training = spec, training
         self.q, self.k, self.v = (_random_like(t).requires_grad_(training) for t in (q, k, v))
+        self.score_tensors = [_random_like(t).requires_grad_(training and t.requires_grad and t.is_floating_point())
+                              for t in score_tensors]
         self.dout = torch.randn(self.q.shape, dtype=q.dtype, device=self.q.device)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
 
@@ -259,18 +264,20 @@ class _CandidateSteps:
 
         def forward():
             if name == TRITON:
-                return flash_attention(self.q, self.k, self.v, self.spec)
-            if name == GLUON:
+                return flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors)
+            if name == GLUON:  # (a score tensor here: an s + bias spec's bias, hopper_forward.adds_a_bias)
                 from .hopper_forward import flash_attention_hopper
 
-                return flash_attention_hopper(self.q, self.k, self.v, self.spec)
+                return flash_attention_hopper(self.q, self.k, self.v, self.spec,
+                                              bias=self.score_tensors[0] if self.score_tensors else None)
             return sdpa_attention(_run, name, self.q, self.k, self.v, self.spec, self.training)
 
         def step():
             with torch.enable_grad() if self.training else torch.no_grad():
                 out = forward()
                 if self.training:
-                    torch.autograd.grad(out, (self.q, self.k, self.v), self.dout)
+                    inputs = [self.q, self.k, self.v] + [t for t in self.score_tensors if t.requires_grad]
+                    torch.autograd.grad(out, inputs, self.dout)
 
         return step
 

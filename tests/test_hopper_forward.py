@@ -202,31 +202,43 @@ def test_a_layout_tma_cannot_read_is_copied_first():
     assert_close_2x("out", out, ref, eager, torch.bfloat16)
 
 
-def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
+def _causal_attention(q, k, v):
+    k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+
+def _biased_causal_attention(q, k, v, bias):  # ALiBi's precomputed [1, H, N, N] buffer, or a learned bias
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias
+    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+
+@pytest.mark.parametrize("attention, bias_grad", [(_causal_attention, None), (_biased_causal_attention, False),
+                                                  (_biased_causal_attention, True)])
+def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monkeypatch):
     """The compiled path end to end where a CPU can run it: the rewrite emits this op (its choice forced), Inductor
-    calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients as eager's."""
+    calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients (of a bias that
+    needs one too) as eager's."""
     from fuse_attn.kernels import implementations
     from test_kernels import assert_close_2x
 
     monkeypatch.setattr(implementations, "choose",
-                        lambda spec, q, k, v, training: implementations.Choice(implementations.GLUON, "forced"))
-
-    def attention(q, k, v):
-        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
-        return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
-
+                        lambda *args: implementations.Choice(implementations.GLUON, "forced"))
     g = torch.Generator().manual_seed(0)
-    shapes = [(2, 4, 40, 64), (2, 2, 40, 64), (2, 2, 40, 64)]
-    q, k, v = (torch.randn(s, generator=g, requires_grad=True) for s in shapes)
-    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    eager_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if bias_grad is None:  # GQA 4 / 2 heads
+        inputs = [torch.randn(s, generator=g, requires_grad=True) for s in [(2, 4, 40, 64)] + [(2, 2, 40, 64)] * 2]
+    else:
+        inputs = [torch.randn(2, 4, 40, 64, generator=g, requires_grad=True) for _ in range(3)]
+        inputs.append(torch.randn(1, 4, 40, 40, generator=g, requires_grad=bias_grad))
+    ref_in = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
+    eager_in = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     torch._dynamo.reset()
     from fuse_attn.report import collect_reports
 
     with collect_reports() as reports:
-        out = torch.compile(attention, backend="fuse_attn")(q, k, v)
+        out = torch.compile(attention, backend="fuse_attn")(*inputs)
     verdicts = [v for r in reports for v in r.verdicts]
     assert [v.fused for v in verdicts] == [True] and verdicts[0].runs == "runs gluon: forced"
     rewritten = "".join(r.after or "" for r in reports)
@@ -234,6 +246,8 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
     ref, eager = attention(*ref_in), attention(*eager_in)
     assert_close_2x("out", out, ref, eager, torch.float32)
     dout = torch.randn(out.shape, generator=g)
-    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), dout),
-                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, torch.float32)
+    wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
+    for i, a, b, c in zip(wanted, torch.autograd.grad(out, [inputs[i] for i in wanted], dout),
+                          torch.autograd.grad(ref, [ref_in[i] for i in wanted], dout.double()),
+                          torch.autograd.grad(eager, [eager_in[i] for i in wanted], dout)):
+        assert_close_2x(("dq", "dk", "dv", "dbias")[i], a, b, c, torch.float32)

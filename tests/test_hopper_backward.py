@@ -170,7 +170,8 @@ def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_
         if causal:
             bias = bias.masked_fill(~torch.ones(N, N, dtype=torch.bool, device="cuda").tril(), float("-inf"))
         with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=spec.scale)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype),
+                                                                    scale=spec.scale)
 
     reference = sdpa_math if empty_rows == "zero" else lambda *t: reference_attention(*t[:3], t[3:], spec)[0]
     dout = torch.randn(q.shape, device="cuda", generator=g, dtype=torch.bfloat16)

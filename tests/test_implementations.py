@@ -175,7 +175,27 @@ class TestEmittedGraphs(TestCase):
             graph, verdicts = rewritten(biased, [(4, 16, 2048, 64)] * 3 + [(1, 16, 2048, 2048)], training=True)
         self.assertEqual(set(timings.timed), {TRITON, GLUON})  # (SDPA's kernels take no bias)
         self.assertIn("runs gluon: fastest of triton, gluon, forward+backward", verdicts)
-        self.assertRegex(graph, r"torch\.ops\.fuse_attn\.flash_attention_hopper\.default\(q_1, k_1, v_1, '\{.*\}', bias_1\)")
+        self.assertRegex(graph,
+                         r"torch\.ops\.fuse_attn\.flash_attention_hopper\.default\(q_1, k_1, v_1, '\{.*\}', bias_1\)")
+
+    def test_a_bias_with_and_without_its_gradient_is_timed_apart(self):
+        """The choice's cache key says whether the bias needs a gradient: the Gluon candidate's step differs (its own
+        backward, or the template's after its forward)."""
+        spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_mod=(
+            ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
+            score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+        with pytest.MonkeyPatch.context() as mp:
+            on_hopper(mp)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18})
+            with FakeTensorMode():
+                q, k, v = (torch.empty(4, 16, 2048, 64, dtype=torch.bfloat16) for _ in range(3))
+                biases = [torch.empty(1, 16, 2048, 2048, dtype=torch.bfloat16, requires_grad=g) for g in (False, True, False)]
+            timed = []
+            for bias in biases:
+                implementations.choose(spec, q, k, v, True, [bias])
+                timed.append(len(timings.timed))
+        self.assertEqual(set(timings.timed), {TRITON, GLUON})
+        self.assertEqual(timed, [timed[0], 2 * timed[0], 2 * timed[0]])  # the third: the first's choice, cached
 
     def test_the_gluon_forward_is_timed_only_where_it_applies(self):
         with pytest.MonkeyPatch.context() as mp:

@@ -42,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import (LIBRARY, _load_bias, _log2_units, _descriptor, _score_tensors, _tma_load, _tma_ready, _tma_store,
-                             bias_strides, checked_spec, fills_at_most)
+from .hopper_forward import (LIBRARY, _descriptor, _load_bias, _log2_units, _score_tensors, _tma_load, _tma_ready,
+                             _tma_store, bias_strides, checked_spec, fills_at_most)
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -450,6 +450,7 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     lse = lse.contiguous()
     out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
     delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
+    zero_empty_rows = zero_empty_rows and bias is not None  # (no row of plain attention is empty: one kernel for both)
     # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
     flag_nan_rows = bias is not None and causal
     nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=q.device) if flag_nan_rows else lse  # (lse: not read)

@@ -194,9 +194,9 @@ def _log2_units(bias):
 
 @gluon.jit
 def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
-    """:func:`_softmax_tile` of the scores plus a bias tile (as loaded, :func:`_load_bias`: -inf where masked). A bias can hide every key
-    a row has seen so far (-inf): the max then stays -inf, and the exponents are taken against 0 instead, so that
-    such keys give P = 0, not exp2(-inf + inf) = NaN (the generated template's ``m_safe``)."""
+    """:func:`_softmax_tile` of the scores plus a bias tile (as loaded, :func:`_load_bias`: -inf where masked). A
+    bias can hide every key a row has seen so far (-inf): the max then stays -inf, and the exponents are taken against
+    0 instead, so that such keys give P = 0, not exp2(-inf + inf) = NaN (the generated template's ``m_safe``)."""
     s = s * qk_scale + _log2_units(bias)  # (masked keys: the bias tile's -inf)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
@@ -566,7 +566,9 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         spec.gqa_group,
         spec.causal is not None, block_m, block_n, D, stages, consumers, *_REGISTERS[consumers], paired,
-        bias is not None, bias is not None and strides[0] == 0 and Z > 1, spec.empty_rows == "zero", num_warps=4,
+        bias is not None, bias is not None and strides[0] == 0 and Z > 1,
+        bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
+        num_warps=4,
         **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))
     return out, lse
 

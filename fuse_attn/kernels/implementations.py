@@ -228,6 +228,8 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
         return Choice(TRITON)
     Z, H, M, D = q.shape
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
+    if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
+        kernel_id += " score_grads=" + "".join("1" if t.requires_grad else "0" for t in score_tensors)
     key = autotune.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
                               hint(v.shape[3]), hint(M), hint(k.shape[2]))
     timed = "forward+backward" if training else "forward"

@@ -42,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import (LIBRARY, _descriptor, _load_bias, _log2_units, _score_tensors, _tma_load, _tma_ready,
-                             _tma_store, bias_strides, checked_spec, fills_at_most)
+from .hopper_forward import (LIBRARY, _batch_and_head, _descriptor, _load_bias, _log2_units, _score_tensors,
+                             _tma_load, _tma_ready, _tma_store, bias_strides, checked_spec, fills_at_most)
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -383,13 +383,7 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
                      BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
     pid = gl.program_id(0)
-    bh = gl.program_id(1)
-    if BATCH_INNER:  # a bias broadcast over the batch: its batch rows' CTAs run together and share its tiles in L2
-        z = bh % Z
-        h_kv = bh // Z
-    else:
-        z = bh // H_KV
-        h_kv = bh % H_KV
+    z, h_kv = _batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
     n_n = gl.cdiv(N, BLOCK_N)
     n_mb = gl.cdiv(M, BLOCK_M)
     if PAIRED:  # (causal) key tiles pid and n_n - 1 - pid, one where they are the same

@@ -417,6 +417,15 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
 
 
 @gluon.jit
+def _batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
+    """The (batch row, head) of grid row bh of Z * H: heads fastest, or (BATCH_INNER, a bias broadcast over the batch)
+    batch rows fastest, so that the CTAs of one head's batch rows run together and share its bias tiles in L2."""
+    if BATCH_INNER:
+        return bh % Z, bh // Z
+    return bh // H, bh % H
+
+
+@gluon.jit
 def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh, stride_bm,
                      stride_bn, Z, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
@@ -435,13 +444,7 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
             pid_m = gl.num_programs(0) - 1 - pid_m
         second = pid_m
         n_blocks = 1
-    bh = gl.program_id(1)
-    if BATCH_INNER:  # a bias broadcast over the batch: its batch rows' CTAs run together and share its tiles in L2
-        z = bh % Z
-        h = bh // Z
-    else:
-        z = bh // H
-        h = bh % H
+    z, h = _batch_and_head(gl.program_id(1), Z, H, BATCH_INNER)
     row0, n_tiles = _query_block(pid_m, second, 0, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
     bias_head = Bias
     if HAS_BIAS:

@@ -5,18 +5,22 @@ interpreter accepts can still fail to compile for a GPU (a type the lowering rej
 shared memory), which on the GPU would only show as a warning and the slow blockwise fallback. So every launch of a
 spec's forward and backward is captured (the launcher's arguments, nothing run) and compiled by Triton to a cubin for
 sm90 (H100/H200; one spec also for sm80, the A100), with the largest and the smallest candidate launch configs of the
-tuner. Each
-spec compiles in a subprocess without TRITON_INTERPRET: this session's Triton bound its own library functions to the
-interpreter when it was imported. In the same way, torch's analysis of the arguments a user kernel writes (which
+tuner. The
+compiles run in one subprocess without TRITON_INTERPRET (a test process's, :class:`_Subprocess`): this session's
+Triton bound its own library functions to the interpreter when it was imported. In the same way, torch's analysis of the arguments a user kernel writes (which
 Inductor functionalizes each launch by) is run on each launch's TTIR: it must see exactly the kernel's outputs.
 """
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
 import re
+import select
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -240,14 +244,71 @@ ANALYZED_SPECS = {
 }
 
 
+# The subprocess's loop: each line from the test process is a call (JSON); its reply, after what the call printed,
+# is one line after _REPLY (JSON: whether it raised, and the traceback)
+_REPLY = "\x00reply "
+_SERVE = f"""
+import contextlib, io, json, sys, traceback
+import test_gpu_compile as t
+for line in sys.stdin:
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            eval(json.loads(line), {{"t": t}})
+        reply = {{"stdout": printed.getvalue(), "error": None}}
+    except Exception:
+        reply = {{"stdout": printed.getvalue(), "error": traceback.format_exc()}}
+    sys.stdout.write({_REPLY!r} + json.dumps(reply) + "\\n")
+    sys.stdout.flush()
+"""
+_CALL_TIMEOUT_S = 600  # the longest compile seen takes under a minute with a cold cache
+
+
+class _Subprocess:
+    """One Python without TRITON_INTERPRET a test process, which runs the calls one after another: a fresh one a call
+    spent ~6 s of CI's worker time importing torch, Triton and the package, for each of ~40 calls. Every call
+    restores what it patches (``pytest.MonkeyPatch.context``), so one call leaves nothing to the next."""
+
+    proc = None
+
+    @classmethod
+    def run(cls, call: str) -> str:
+        if cls.proc is None or cls.proc.poll() is not None:
+            env = dict(os.environ, TRITON_INTERPRET="0")
+            cls.proc = subprocess.Popen([sys.executable, "-c", _SERVE], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            atexit.register(cls.stop, cls.proc)
+        cls.proc.stdin.write(json.dumps(call) + "\n")
+        cls.proc.stdin.flush()
+        deadline, printed = time.monotonic() + _CALL_TIMEOUT_S, []
+        while True:
+            ready, _, _ = select.select([cls.proc.stdout], [], [], max(deadline - time.monotonic(), 0))
+            line = cls.proc.stdout.readline() if ready else ""
+            if not line:  # timed out, or the subprocess died: the next call starts another
+                cls.proc.kill()
+                cls.proc = None
+                raise AssertionError(f"{call}: no reply (timed out or died); printed:\n{''.join(printed)[-3000:]}")
+            if line.startswith(_REPLY):
+                reply = json.loads(line[len(_REPLY):])
+                assert reply["error"] is None, reply["error"][-3000:]
+                return "".join(printed) + reply["stdout"]
+            printed.append(line)  # (something printed outside sys.stdout's redirect)
+
+
+    @staticmethod
+    def stop(proc) -> None:
+        """At the test process's exit: the subprocess's input ends, so does its loop."""
+        proc.stdin.close()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def _in_subprocess(call: str) -> str:
-    """Run ``call`` (an expression on this module, ``t``) in a Python without TRITON_INTERPRET; its stdout."""
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    code = f"import test_gpu_compile as t; {call}"
-    tests = os.path.dirname(os.path.abspath(__file__))
-    run = subprocess.run([sys.executable, "-c", code], cwd=tests, env=env, capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr[-3000:]
-    return run.stdout
+    """Run ``call`` (an expression on this module, ``t``) in a Python without TRITON_INTERPRET (:class:`_Subprocess`);
+    what it printed."""
+    return _Subprocess.run(call)
 
 
 @pytest.mark.parametrize("name", list(ANALYZED_SPECS))

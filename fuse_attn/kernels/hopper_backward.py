@@ -42,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import (LIBRARY, _batch_and_head, _descriptor, _load_bias, _log2_units, _score_tensors,
-                             _tma_load, _tma_ready, _tma_store, bias_strides, checked_spec, fills_at_most)
+from .hopper_forward import (LIBRARY, _batch_and_head, _descriptor, _log2_units, _score_tensors, _tma_load,
+                             _tma_ready, _tma_store, bias_strides, checked_spec, fills_at_most)
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -182,7 +182,8 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
     added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
     waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
-    (the forward's :func:`.hopper_forward._load_bias`), its tile loaded while S and dP are on the tensor cores."""
+    (in log2 units as the forward's, :func:`.hopper_forward._log2_units`), its tile loaded while S and dP are on the
+    tensor cores."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     ring = r0 + it
@@ -210,9 +211,10 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
     if HAS_BIAS:
         lse = _biased_row_lse(lse, offs_m < M, ZERO_EMPTY_ROWS)
-        # rows past M and keys past N read row M - 1's and key N - 1's bias: their P never reaches a stored result
-        # (those rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV
-        # rows are not stored)
+        # rows past M read row M - 1's bias and keys past N read 0: their P never reaches a stored result (those
+        # rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV rows are
+        # not stored). (Keys clamped to N - 1 instead of masked: every address computed apart; ptxas, D128 causal,
+        # before dS's mask: 432 bytes of spills against 56)
         bias_rows = (Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
                      + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
         bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)

@@ -361,17 +361,16 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
-    score = {}
+    score, bias_tensor = {}, None
     if bias is not None:
         sizes, bias_dtype, empty_rows = BIAS_CASES[bias]
         score = dict(score_mod=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
             ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
+        bias_tensor = torch.randn(*(rows if n == "M" else n for n in sizes), dtype=bias_dtype)
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
                          scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group, **score)
     q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
     k, v = (torch.randn(2, 4 // group, rows, head_dim, dtype=dtype) for _ in range(2))
-    bias_tensor = None if bias is None else torch.randn(
-        *(rows if n == "M" else n for n in BIAS_CASES[bias][0]), dtype=BIAS_CASES[bias][1])
     module, launched = {"forward": (hopper_forward, ["_hopper_attn_fwd"]),
                         "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_nan_dv_kernel",
                                                        "_dq_cast_kernel"])}[direction]
@@ -394,7 +393,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor)
         else:
             hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec.scale, causal,
-                                            group, bias=bias_tensor, zero_empty_rows=spec.empty_rows == "zero")
+                                            group, bias=bias_tensor, zero_empty_rows=spec.empty_rows == "zero",
+                                            batch_inner=launch.batch_rows_innermost(spec))
     (args, kwargs), = launches[launched[0]]  # one launch of the Gluon kernel
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
     cfg = autotune.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])

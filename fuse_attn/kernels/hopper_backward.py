@@ -43,7 +43,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from . import ops
 from .hopper_forward import (LIBRARY, _batch_and_head, _descriptor, _log2_units, _score_tensors, _tma_load,
-                             _tma_ready, _tma_store, bias_strides, checked_spec, fills_at_most)
+                             _tma_ready, _tma_store, checked_spec, fills_at_most)
+from .launch import _bcast_strides, batch_rows_innermost
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -435,10 +436,11 @@ def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.d
 
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
                     causal: bool, gqa_group: int, dlse: Tensor | None = None, bias: Tensor | None = None,
-                    zero_empty_rows: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+                    zero_empty_rows: bool = False, batch_inner: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """``(dq, dk, dv)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the forward's
     ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the score tensor of an
-    ``s + bias`` spec (no gradient: the template's backward computes that), ``zero_empty_rows`` its ``empty_rows``."""
+    ``s + bias`` spec (no gradient: the template's backward computes that), ``zero_empty_rows`` its ``empty_rows``,
+    ``batch_inner`` its :func:`.launch.batch_rows_innermost`."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
     block_m, block_n, stages = _CONFIGS[D]
@@ -458,13 +460,13 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
     n_n = triton.cdiv(N, block_n)  # key tiles
     paired = pairs_key_tiles(causal, n_n, Z * H_kv, q.device)
-    strides = (0, 0, 0, 0) if bias is None else bias_strides(bias, q, k)
+    strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
     _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * H_kv)](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
         _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,
         scale * _LOG2E, scale, lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
-        bias is not None and strides[0] == 0 and Z > 1, zero_empty_rows, num_warps=_NUM_WARPS)
+        batch_inner, zero_empty_rows, num_warps=_NUM_WARPS)
     if flag_nan_rows:
         _nan_dv_kernel[(triton.cdiv(N, _PRE_ROWS), Z * H_kv)](dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
@@ -488,7 +490,7 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
         dq, dk, dv, _ = ops._empty_backward(q, k, v, [], [])
         return dq, dk, dv
     return hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None, s.gqa_group, dlse,
-                           bias, s.empty_rows == "zero")
+                           bias, s.empty_rows == "zero", batch_rows_innermost(s))
 
 
 for _device in ("CPU", "CUDA"):

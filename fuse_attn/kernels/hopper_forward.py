@@ -51,7 +51,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..spec import AttentionSpec
 from . import ops
 from .flash_decoding import sm_count
-from .launch import _empty_outputs
+from .launch import _bcast_strides, _empty_outputs, batch_rows_innermost
 
 # The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
 # async_copy_shared_to_global in 3.6 (the GPU machine's).
@@ -543,12 +543,6 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, consumers: int, de
             and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, ctas_an_sm))
 
 
-def bias_strides(bias: Tensor, q: Tensor, k: Tensor) -> tuple[int, int, int, int]:
-    """The strides of a ``[Z or 1, H or 1, M or 1, N or 1]`` bias over (Z, H, M, N), 0 along a broadcast dim."""
-    sizes = (q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-    return tuple(0 if n == 1 and size != 1 else stride for n, size, stride in zip(bias.shape, sizes, bias.stride()))
-
-
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU; ``bias``
@@ -562,14 +556,14 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, consumers, q.device)
     grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
-    strides = (0, 0, 0, 0) if bias is None else bias_strides(bias, q, k)
+    strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
     _hopper_attn_fwd[grid](
         _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         spec.gqa_group,
         spec.causal is not None, block_m, block_n, D, stages, consumers, *_REGISTERS[consumers], paired,
-        bias is not None, bias is not None and strides[0] == 0 and Z > 1,
+        bias is not None, batch_rows_innermost(spec),
         bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
         num_warps=4,
         **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))

@@ -141,6 +141,13 @@ def _bcast_strides(t: Tensor) -> list:
     return [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
 
 
+def batch_rows_innermost(spec) -> bool:
+    """Whether the kernels' programs take a head's batch rows side by side (the template's ``_block_batch_head``, the
+    Gluon kernels' ``_batch_and_head``): a score tensor read per (query, key) pair that is the same for every batch
+    row, whose tiles those programs then read from L2."""
+    return any(t.broadcast[0] and not t.broadcast[2] and not t.broadcast[3] for t in spec.score_tensors)
+
+
 def _precision(dtype: torch.dtype) -> str:
     # fp32 inputs: full-precision dots unless the user opted into TF32 (as eager matmul does).
     if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not _interpret():
@@ -170,9 +177,7 @@ def _common(q, k, v, spec) -> dict:
     padding = spec.key_padding()
     return dict(
         Z=Z, H=H, M=M, N=N,
-        # (the template's _block_batch_head) a score tensor read per (query, key) pair that is the same for every
-        # batch row: its tile is read by the batch rows' programs side by side
-        BATCH_INNER=any(t.broadcast[0] and not t.broadcast[2] and not t.broadcast[3] for t in spec.score_tensors),
+        BATCH_INNER=batch_rows_innermost(spec),
         # the causal band's offset: the spec's, or that of a band written into the program with a key padding vector
         causal_offset=(spec.causal.offset(M, N) if spec.causal else
                        padding.band if padding is not None and padding.band is not None else 0),

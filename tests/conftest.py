@@ -31,6 +31,9 @@ from interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
 
 round_bf16_to_nearest_even()  # the interpreter's fp32 -> bf16 as the GPU's (interpreter_rounding.py says why)
 skip_repatching_inside_a_launch()  # a third of an interpreted kernel's time, the same bits (interpreter_patching.py)
+# Gluon binds triton.language's helpers when imported and refuses interpreter-bound ones unless TRITON_INTERPRET=1
+# then: importing the kernels here, not inside a test that has set TRITON_INTERPRET=0, lets any test run alone.
+import fuse_attn.kernels  # noqa: E402,F401
 
 
 @pytest.fixture(autouse=True, scope="session")

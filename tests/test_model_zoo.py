@@ -29,6 +29,11 @@ def ids(batch=2, seq=SEQ):
     return torch.randint(3, VOCAB, (batch, seq), generator=torch.Generator().manual_seed(0))
 
 
+def features(*shape):
+    """Fixed random inputs: the global generator's state would depend on which tests ran before."""
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
 def decoder(config_cls, **extra):
     config = config_cls(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
                         vocab_size=VOCAB, attention_dropout=0.0, **extra)
@@ -58,7 +63,7 @@ def t5():
 def vit():
     config = T.ViTConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
                          image_size=16, patch_size=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    return T.ViTModel, config, dict(pixel_values=torch.randn(2, 3, 16, 16)), LAYERS
+    return T.ViTModel, config, dict(pixel_values=features(2, 3, 16, 16)), LAYERS
 
 
 def whisper():
@@ -66,7 +71,7 @@ def whisper():
                              decoder_layers=1, encoder_ffn_dim=2 * HIDDEN, decoder_ffn_dim=2 * HIDDEN, num_mel_bins=8,
                              max_source_positions=6, vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                              decoder_start_token_id=1, dropout=0.0, attention_dropout=0.0)
-    inputs = dict(input_features=torch.randn(2, 8, 12), decoder_input_ids=ids(seq=5))
+    inputs = dict(input_features=features(2, 8, 12), decoder_input_ids=ids(seq=5))
     return T.WhisperModel, config, inputs, 3  # encoder self, decoder self (causal), decoder cross (M != N)
 
 
@@ -134,7 +139,13 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     weight's 2.27 against eager's 0.19, on the CPU through the interpreter), so in bf16 the fused model and the
     ``torch.compile`` baseline are compiled with Inductor's ``emulate_precision_casts``: Inductor then rounds as
     eager does, and what is left of the difference is the attention. The same-dtype baseline is the worse of eager
-    and ``torch.compile`` default.
+    and ``torch.compile`` default, in fp32 too: Inductor's reordering of the rest of the model alone moves fp32
+    gradients by up to 2x eager's error (ViT, sdpa: ``torch.compile`` default's worst gradient at 0.40-1.09x its
+    bound against eager over three draws and one, two or eight threads), and CI's machine failed the fused ViT at
+    1.08x that bound (``layers.1.mlp.fc2.bias``) where this 2-core machine's run was at 0.78x. The baseline is
+    compiled only where our error exceeds eager's bound (the same verdict): on the CPU, Inductor's compile of a
+    training step costs more than the rest of the test (this file's CPU tests in 473 s with it always run, 179 s
+    without, two workers).
 
     One draw of bf16 weights gives a noisy max error: on T5 through the interpreter, the worst parameter's error
     over its bound ranged from 0.62 to 2.26 across six weight seeds, with our errors summed over all parameters at
@@ -168,7 +179,7 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     model = model_cls(config).train(train).to(device, dtype)
     inputs = {k: v.to(device, dtype) if v.is_floating_point() else v.to(device) for k, v in inputs.items()}
     ref_model = copy.deepcopy(model).double()
-    baselines = [copy.deepcopy(model) for _ in range(1 if dtype == torch.float32 else 2)]  # eager, torch.compile
+    eager_model, compiled_model = copy.deepcopy(model), copy.deepcopy(model)
 
     def run_seeds(module, call, cast):
         """[(output, {parameter name: gradient})] of one step per seed, ``module`` holding that seed's weights."""
@@ -192,9 +203,8 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     verdicts = [v for r in reports for v in r.verdicts]
     assert sum(v.fused for v in verdicts) == attention_layers, "\n".join(v.line() for v in verdicts)
     ref = run_seeds(ref_model, ref_model, lambda v: v.double() if v.is_floating_point() else v)
-    torch._dynamo.reset()
-    with rounding_as_eager:
-        same_dtype = [run_seeds(m, m if i == 0 else torch.compile(m), same) for i, m in enumerate(baselines)]
+    eager = run_seeds(eager_model, eager_model, same)
+    compiled = []  # torch.compile default's results, run where eager's bound alone is exceeded (docstring)
 
     def mean_error(results, what):
         """Mean over the seeds of the max error against fp64 of the output (``what`` None) or a gradient."""
@@ -207,7 +217,13 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
         label = "output" if what is None else f"grad of {what}"
         assert what is None or all(res[1][what] is not None for res in ours), f"{label} is missing"
         error = mean_error(ours, what)
-        allowed = 2 * max(mean_error(b, what) for b in same_dtype) + FLOOR[dtype]
+        allowed = 2 * mean_error(eager, what) + FLOOR[dtype]
+        if error > allowed:
+            if not compiled:
+                torch._dynamo.reset()
+                with rounding_as_eager:
+                    compiled.extend(run_seeds(compiled_model, torch.compile(compiled_model), same))
+            allowed = max(allowed, 2 * mean_error(compiled, what) + FLOOR[dtype])
         assert error <= allowed, f"{name} {label}: {error:.3g} > {allowed:.3g}"
         if error / allowed >= worst[1] / max(worst[2], 1e-30):
             worst = (label, error, allowed)

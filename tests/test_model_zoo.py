@@ -141,8 +141,9 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     eager does, and what is left of the difference is the attention. The same-dtype baseline is the worse of eager
     and ``torch.compile`` default, in fp32 too: Inductor's reordering of the rest of the model alone moves fp32
     gradients by up to 2x eager's error (ViT, sdpa: ``torch.compile`` default's worst gradient at 0.40-1.09x its
-    bound against eager over three draws and one, two or eight threads), and CI's machine failed the fused ViT at
-    1.08x that bound (``layers.1.mlp.fc2.bias``) where this 2-core machine's run was at 0.78x. The baseline is
+    bound against eager, six draws at two threads, three at one and at eight: benchmarks/2026-11-27-zoo-fp32), and
+    CI's machine failed the fused ViT at 1.08x that bound (``layers.1.mlp.fc2.bias``) where this 2-core machine's
+    runs were at 0.78x (0.89x with the inputs fixed below). The baseline is
     compiled only where our error exceeds eager's bound (the same verdict): on the CPU, Inductor's compile of a
     training step costs more than the rest of the test (this file's CPU tests in 473 s with it always run, 179 s
     without, two workers).

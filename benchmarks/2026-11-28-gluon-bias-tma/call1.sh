@@ -1,6 +1,8 @@
-# With bias_tma.patch applied (README). First device call of the session: the GPU tests of the Gluon kernels (the bias cases by TMA among them), then the
+# bias_tma.patch applied first where the tree lacks it (README). First device call of the session: the GPU tests of the Gluon kernels (the bias cases by TMA among them), then the
 # timings, then the compiled path of the two bias rows (the choice's pick in the log).
 set -x
+P=benchmarks/2026-11-28-gluon-bias-tma/bias_tma.patch
+grep -q "def _bias_by_tma" fuse_attn/kernels/hopper_forward.py || git apply $P || patch -p1 < $P
 source .gpu/setup.sh
 export PYTHONPATH=$PWD/tests:$PWD:$PYTHONPATH
 timeout 200 python3 -m pytest -q tests/test_hopper_backward.py -k "added_bias" 2>&1 | grep -E "^E  .{0,200}|passed|failed" | head -20

@@ -229,12 +229,13 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])
     if MASK:  # causal: key n is seen by rows m >= n
-        p = gl.where(offs_m[:, None] >= offs_n[None, :], p, 0.0)
+        seen = offs_m[:, None] >= offs_n[None, :]
+        p = gl.where(seen, p, 0.0)
     p_smem.store(p.to(dtype))
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds = p * (dp - delta[:, None])
     if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
-        ds = gl.where(offs_m[:, None] >= offs_n[None, :], ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
+        ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
     ds_smem.store(ds.to(dtype))
     fence_async_shared()
     tma.store_wait(1)  # the dQ add issued two tiles ago has read its buffer (only the issuing thread waits)

@@ -150,14 +150,21 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
 
 # ---- the kernel ------------------------------------------------------------------------------------------------------
 @gluon.jit
+def _keys_kept(offs_m, offs_n, N, CAUSAL: gl.constexpr):
+    """Which (row offs_m, key offs_n) pairs of a masked tile are scored: keys below N and (CAUSAL) at or below the
+    row's diagonal."""
+    keep = offs_n[None, :] < N
+    if CAUSAL:
+        keep = keep & (offs_m[:, None] >= offs_n[None, :])
+    return keep
+
+
+@gluon.jit
 def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr):
     """One tile's online softmax in log2 units: P (fp32, unnormalized), the new running max and sum, and alpha (what
     rescales the output accumulated under the old max). MASK: the tile holds keys past N or past the diagonal."""
     if MASK:
-        keep = offs_n[None, :] < N
-        if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
-        s = gl.where(keep, s, float("-inf"))
+        s = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL), s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
@@ -174,11 +181,10 @@ def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUS
     (sm90a), D128's two-consumer causal config: 160 bytes of spills so, 236 converted before the wait, 920-1076 with
     the load masked only in a tile past N (a branch); 64-key tiles spill none but ran no faster on an H100
     (benchmarks/2026-11-27-gluon-bias: the loads themselves cost the time)."""
+    # (the mask before the addresses: with them first, ptxas scheduled the D128 causal kernel's softmax differently)
+    keep = _keys_kept(offs_m, offs_n, N, CAUSAL) if MASK else None
     ptrs = bias_rows[:, None] + (offs_n * stride_bn)[None, :]
     if MASK:
-        keep = offs_n[None, :] < N
-        if CAUSAL:
-            keep = keep & (offs_m[:, None] >= offs_n[None, :])
         return gl.load(ptrs, mask=keep, other=float("-inf"))
     return gl.load(ptrs)
 
@@ -219,14 +225,13 @@ def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s
     s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
+    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
     if HAS_BIAS:
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
         bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
         s = warpgroup_mma_wait(1, deps=(s, ))
         p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
     else:
         s = warpgroup_mma_wait(1, deps=(s, ))
-        offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
         p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
@@ -301,15 +306,14 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        offs_n = gl.arange(0, BLOCK_N, layout=col_layout)
         if HAS_BIAS:
-            offs_n = gl.arange(0, BLOCK_N, layout=col_layout)
             bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, True, CAUSAL)
             s = warpgroup_mma_wait(0, deps=(s, ))
             p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
         else:
             s = warpgroup_mma_wait(0, deps=(s, ))
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
-                                               qk_scale, True, CAUSAL)
+            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, True, CAUSAL)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         for j in range(1, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,

@@ -213,6 +213,21 @@ def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
 
 
 @gluon.jit
+def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, PENDING: gl.constexpr,
+                         MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """A tile's S waited for (PENDING wgmmas left in flight) and its online softmax (:func:`_softmax_tile`), or with
+    HAS_BIAS its bias tile's loads issued before the wait (:func:`_load_bias`, :func:`_biased_softmax_tile`)."""
+    if HAS_BIAS:
+        bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
+        s = warpgroup_mma_wait(PENDING, deps=(s, ))
+        p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
+    else:
+        s = warpgroup_mma_wait(PENDING, deps=(s, ))
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
+    return p, m_i, l_i, alpha
+
+
+@gluon.jit
 def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j, r0,
                    bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
@@ -226,13 +241,8 @@ def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
     offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-    if HAS_BIAS:
-        bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
-        s = warpgroup_mma_wait(1, deps=(s, ))
-        p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
-    else:
-        s = warpgroup_mma_wait(1, deps=(s, ))
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
+    p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, 1, MASK,
+                                              CAUSAL, HAS_BIAS)  # (P v stays in flight)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -306,14 +316,8 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
-        offs_n = gl.arange(0, BLOCK_N, layout=col_layout)
-        if HAS_BIAS:
-            bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, True, CAUSAL)
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
-        else:
-            s = warpgroup_mma_wait(0, deps=(s, ))
-            p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, True, CAUSAL)
+        p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
+                                                  qk_scale, bias_rows, stride_bn, 0, True, CAUSAL, HAS_BIAS)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         for j in range(1, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,

@@ -351,16 +351,18 @@ FORWARD_ONLY_CASES = {
 }
 
 
-def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None):
+def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None,
+                   rows: int | None = None):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
     captured and not compiled.) ``sms``: the SMs the launcher sees (CPU tensors have none), which decides whether a
     CTA takes two key tiles (the causal backward) or two query blocks (the forward). ``bias``: a key of
-    :data:`BIAS_CASES`, the spec then ``s + bias``."""
+    :data:`BIAS_CASES`, the spec then ``s + bias``. ``rows``: a length other than the case's."""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
-    head_dim, causal, group, dtype, rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
+    head_dim, causal, group, dtype, case_rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
+    rows = rows or case_rows
     score, bias_tensor = {}, None
     if bias is not None:
         sizes, bias_dtype, empty_rows = BIAS_CASES[bias]
@@ -404,9 +406,12 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     if "maxnreg" in kwargs:  # launched for two CTAs an SM: the register cap is the kernel's
         assert f".maxnreg {kwargs['maxnreg']}" in compiled.asm["ptx"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
+    if "maxnreg" in kwargs:  # two CTAs an SM: each within half the SM's shared memory, less what CUDA reserves a CTA
+        half = hopper_forward._SHARED_MEMORY_AN_SM // 2 - hopper_forward._RESERVED_A_CTA
+        assert compiled.metadata.shared <= half, f"{name}: {compiled.metadata.shared} bytes"
     paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}, bias: {bound['HAS_BIAS']}, batch "
-          f"rows innermost: {bound['BATCH_INNER']}")
+          f"rows innermost: {bound['BATCH_INNER']}, bias tiles by TMA: {bound.get('BIAS_TMA', False)}")
     return compiled
 
 
@@ -441,14 +446,24 @@ def test_the_gluon_forward_with_paired_query_blocks_compiles_for_hopper(name):
     assert "bytes of shared memory, query blocks paired: True" in stdout, stdout
 
 
-@pytest.mark.parametrize("direction, name, bias", [
-    ("forward", "D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16"),
-    ("backward", "D64 causal GQA 2", "[Z,1,M,N] fp32, empty rows 0"),
+@pytest.mark.parametrize("direction, name, bias, rows, by_tma", [
+    # the forward's bias tiles in the k / v ring (rows of 16-byte multiples), in each config: two consumers, three,
+    # and one (two CTAs an SM: half the shared memory), two and one with an fp32 bias too; loaded by the consumers
+    # (600-byte rows)
+    ("forward", "D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16", None, True),
+    ("forward", "D128 causal 2048 rows, two consumers", "[Z,1,M,N] fp32, empty rows 0", None, True),
+    ("forward", "D64 causal 4096 rows, three consumers", "[1,H,M,N] bf16", None, True),
+    ("forward", "D128 causal fp16", "[Z,1,M,N] fp32, empty rows 0", 1024, True),
+    ("forward", "D128 causal fp16", "[1,H,M,N] bf16", None, False),
+    # the backward's in the q / dO ring at head dim 128 (one dQ buffer), loaded by the compute warpgroups at 64
+    ("backward", "D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16", None, True),
+    ("backward", "D64 causal GQA 2", "[Z,1,M,N] fp32, empty rows 0", None, False),
 ])
-def test_the_gluon_kernels_with_a_bias_compile_for_hopper(direction, name, bias):
-    stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, bias={bias!r})")
+def test_the_gluon_kernels_with_a_bias_compile_for_hopper(direction, name, bias, rows, by_tma):
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, bias={bias!r}, rows={rows!r})")
     assert "bias: True" in stdout, stdout
     assert f"batch rows innermost: {bias.startswith('[1,')}" in stdout, stdout
+    assert f"bias tiles by TMA: {by_tma}" in stdout, stdout
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))

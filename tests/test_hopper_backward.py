@@ -52,6 +52,18 @@ def test_the_backward_takes_every_head_dim_the_forward_does():
     assert set(hopper_backward._CONFIGS) == set(hopper_forward._CONFIGS)
 
 
+def test_a_bias_ring_keeps_one_dq_buffer_at_head_dim_128_and_none_fits_at_64():
+    """The bias tiles' room in the q / dO ring: at head dim 128 in place of the second dQ buffer (a bf16 bias; an fp32
+    one does not fit), at 64 not at all (its 128-row tiles): the compute warpgroups load those."""
+    from fuse_attn.kernels import hopper_backward
+
+    buffers = {(head_dim, str(dtype)): hopper_backward.bias_ring_dq_buffers(*hopper_backward._CONFIGS[head_dim],
+                                                                            head_dim, torch.bfloat16, dtype)
+               for head_dim in (64, 128) for dtype in (torch.bfloat16, torch.float32)}
+    assert buffers == {(64, "torch.bfloat16"): 0, (64, "torch.float32"): 0, (128, "torch.bfloat16"): 1,
+                       (128, "torch.float32"): 0}, buffers
+
+
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                             reason="needs an sm90 GPU (H100 / H200)")
@@ -144,6 +156,14 @@ BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add",
     (128, False, 1025, (2, 4, "N", "N"), torch.bfloat16, "zero", False),
     (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", False),
     (128, True, 300, (2, 4, "N", "N"), torch.bfloat16, "nan", True),  # the template's backward: the bias's gradient
+    # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (hopper_forward._bias_by_tma),
+    # in each config (one consumer, two CTAs an SM; two; three), keys and rows past the lengths in the last tiles
+    (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "nan", False),
+    (128, True, 1024, (2, 4, "N", "N"), torch.float32, "zero", False),
+    (128, True, 2056, (1, 4, "N", "N"), torch.bfloat16, "nan", False),
+    (128, True, 2056, (2, 1, "N", "N"), torch.float32, "zero", False),  # (two consumers: 3 stages of an fp32 bias)
+    # (per head: unmasked, a [Z,1,M,N] bias is a mask whose tiles the template classifies per call, spec.mask_blocks)
+    (64, False, 520, (2, 4, "N", "N"), torch.bfloat16, "zero", False),
 ])
 def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_grad):
     """``s + bias``: the forward and backward against fp64 under the 2x rule, the gradient of the bias too where it

@@ -73,7 +73,8 @@ def test_every_config_has_a_register_split_within_an_sm():
     holds -- the 65536 registers of an SM, or its share where two CTAs share one (launched with fewer registers a
     thread: 256 threads, the producer's warp padded to a warpgroup) -- 128 lanes a warpgroup (a split that does not
     fit would stall the CTA, not fail)."""
-    configs = [*hopper_forward._CONFIGS.values(), *(c for _, c in hopper_forward._SHORT_CAUSAL_CONFIGS.values())]
+    configs = [*hopper_forward._CONFIGS.values(), *(c for _, c in hopper_forward._SHORT_CAUSAL_CONFIGS.values()),
+               *hopper_forward._BIAS_TMA_CONFIGS.values()]
     for block_m, block_n, stages, consumers in configs:
         consumer_regs, producer_regs = hopper_forward._REGISTERS[consumers]
         launch = hopper_forward._LAUNCH_REGISTERS.get(consumers)
@@ -86,6 +87,39 @@ def test_every_config_has_a_register_split_within_an_sm():
         assert hopper_forward.forward_config(head_dim, True, below - 1) == config
         assert hopper_forward.forward_config(head_dim, True, below) == hopper_forward._CONFIGS[head_dim]
         assert hopper_forward.forward_config(head_dim, False, 1024) == hopper_forward._CONFIGS[head_dim]
+        # a bias by TMA: its configs, but for short causal rows (one consumer's ring fits its tiles already)
+        assert hopper_forward.forward_config(head_dim, True, below - 1, bias_by_tma=True) == config
+        assert (hopper_forward.forward_config(head_dim, True, below, bias_by_tma=True)
+                == hopper_forward.forward_config(head_dim, False, 1024, bias_by_tma=True)
+                == hopper_forward._BIAS_TMA_CONFIGS[head_dim])
+
+
+def test_which_biases_come_by_tma_and_in_how_many_ring_stages():
+    """A bias TMA can read in place goes into the k / v ring as a view whose broadcast dims have size 1; keys
+    broadcast or strided, an odd row length or base leave it to the consumers' loads. The ring keeps the stages that
+    fit the shared memory beside the bias tiles (two at least); an fp32 bias at head dim 128 fits too few."""
+    by_tma = hopper_forward._bias_by_tma
+    alibi = torch.randn(1, 4, 64, 64, dtype=torch.bfloat16)
+    view = by_tma(alibi.expand(2, 4, 64, 64))
+    assert view.shape == (1, 4, 64, 64) and view.data_ptr() == alibi.data_ptr() and view.stride()[2:] == (64, 1)
+    assert torch.equal(view, alibi)
+    per_batch = torch.randn(2, 1, 64, 64, dtype=torch.bfloat16)
+    view = by_tma(per_batch.expand(2, 4, 64, 64))
+    assert view.shape == (2, 1, 64, 64) and torch.equal(view, per_batch)
+    assert by_tma(torch.randn(2, 4, 1, 64, dtype=torch.bfloat16).expand(2, 4, 64, 64)) is None  # queries broadcast
+    assert by_tma(torch.randn(2, 4, 1, 64, dtype=torch.bfloat16)) is None  # (the same, unexpanded)
+    assert by_tma(torch.randn(2, 4, 64, 1, dtype=torch.bfloat16)) is None  # keys broadcast
+    view = by_tma(alibi)  # unexpanded: its batch dim of size 1 is broadcast
+    assert view.shape == (1, 4, 64, 64) and torch.equal(view, alibi)
+    assert by_tma(alibi.transpose(2, 3)) is None  # keys strided
+    assert by_tma(torch.randn(1, 4, 63, 63, dtype=torch.bfloat16)) is None  # 126-byte rows
+    assert by_tma(torch.randn(1, 4, 64, 72, dtype=torch.bfloat16)[..., 1:]) is None  # a base 2 bytes past 16
+    stages = {}
+    for name, (head_dim, rows) in {"D64": (64, 4096), "D128": (128, 4096), "D128 short causal": (128, 1024)}.items():
+        config = hopper_forward.forward_config(head_dim, True, rows, bias_by_tma=True)
+        stages[name] = [hopper_forward.bias_ring_stages(*config, head_dim, torch.bfloat16, dtype)
+                        for dtype in (torch.bfloat16, torch.float32)]
+    assert stages == {"D64": [4, 3], "D128": [4, 3], "D128 short causal": [2, 2]}, stages
 
 
 def test_the_op_on_cpu_runs_the_generated_forward_and_the_templates_backward():

@@ -16,6 +16,10 @@ P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttentio
   fp32 buffer (the CTAs of one head's key tiles all add into it; FlashAttention-3's way); a last small Triton kernel
   scales and casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row.
 
+An ``s + bias`` attention's bias tiles come with q and dO into the ring where TMA reads the bias in place and they
+fit (:func:`bias_ring_dq_buffers`: at head dim 128 with a 2-byte bias, in the room of the second dQ buffer); else
+the compute warpgroups load them from global memory.
+
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
 diagonal, and only the tiles that cross it are masked.
@@ -42,8 +46,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import (LIBRARY, _batch_and_head, _descriptor, _log2_units, _score_tensors, _tma_load,
-                             _tma_ready, _tma_store, checked_spec, fills_at_most)
+from .hopper_forward import (_BEYOND_THE_TILES, _RESERVED_A_CTA, _SHARED_MEMORY_AN_SM, LIBRARY, _batch_and_head,
+                             _bias_by_tma, _descriptor, _log2_units, _score_tensors, _tma_load, _tma_ready, _tma_store,
+                             checked_spec, fills_at_most)
 from .launch import _bcast_strides, batch_rows_innermost
 
 _LOG2E = math.log2(math.e)
@@ -144,9 +149,17 @@ _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_v36
 
 # ---- the kernel ------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage):
+def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_desc, bias_smem, bz, bh, n0,
+               BIAS_TMA: gl.constexpr):
+    """A query tile's q and dO into ring stage ``stage``, and (BIAS_TMA) its bias tile against keys n0 on, of bias
+    batch row bz and head bh (rows past M and keys past N read as 0: those rows' P is 0, those keys' dK / dV rows are
+    never stored)."""
     bar = ready.index(stage)
-    mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    if BIAS_TMA:
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + bias_desc.block_type.nbytes)
+        _tma_load(bias_desc, [bz, bh, m0, n0], bar, bias_smem.index(stage))
+    else:
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
     _tma_load(q_desc, [z, h, m0, 0], bar, q_smem.index(stage))
     _tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
 
@@ -178,13 +191,15 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N,
                 qk_scale, offs_n, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
-                MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
+                MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
+                bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
     added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
     waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
     (in log2 units as the forward's, :func:`.hopper_forward._log2_units`), its tile loaded while S and dP are on the
-    tensor cores."""
+    tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
+    out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room)."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     ring = r0 + it
@@ -212,13 +227,16 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
     if HAS_BIAS:
         lse = _biased_row_lse(lse, offs_m < M, ZERO_EMPTY_ROWS)
-        # rows past M read row M - 1's bias and keys past N read 0: their P never reaches a stored result (those
-        # rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV rows are
-        # not stored). (Keys clamped to N - 1 instead of masked: every address computed apart; ptxas, D128 causal,
-        # before dS's mask: 432 bytes of spills against 56)
-        bias_rows = (Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
-                     + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
-        bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)
+        # rows past M read row M - 1's bias (0 by TMA) and keys past N read 0: their P never reaches a stored result
+        # (those rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV rows
+        # are not stored). (Keys clamped to N - 1 instead of masked: every address computed apart; ptxas, D128
+        # causal, before dS's mask: 432 bytes of spills against 56)
+        if BIAS_TMA:
+            bias = bias_smem.index(stage).load(s_layout)
+        else:
+            bias_rows = (Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
+                         + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
+            bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)
 
     if FIRST:
         s = warpgroup_mma_wait(1, deps=(s, ))
@@ -238,7 +256,8 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
     ds_smem.store(ds.to(dtype))
     fence_async_shared()
-    tma.store_wait(1)  # the dQ add issued two tiles ago has read its buffer (only the issuing thread waits)
+    tma.store_wait(DQ_BUFFERS - 1)  # the dQ add issued DQ_BUFFERS tiles ago has read its buffer (only the issuing
+    # thread waits)
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
     # previous tile's stage; this tile's dQ buffer is free
     if not FIRST:
@@ -252,7 +271,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
     dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, use_acc=not FIRST, is_async=True)
     dq = warpgroup_mma_wait(2, deps=(dq, ))
-    dq_buf = dq_smem.index(ring % 2)
+    dq_buf = dq_smem.index(ring % DQ_BUFFERS)
     dq_buf.store(dq)
     fence_async_shared()
     _cta_barrier()  # all of dQ is in shared memory
@@ -288,7 +307,8 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb,
              n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr,
-             HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
+             HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
+             DQ_BUFFERS: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
     tiles (causal: :func:`_causal_key_tile`; otherwise one, pid).
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
@@ -322,13 +342,13 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False,
-                                         HAS_BIAS, ZERO_EMPTY_ROWS)
+                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False,
-                                         HAS_BIAS, ZERO_EMPTY_ROWS)
+                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)
             dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
             _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -344,12 +364,13 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS)
+                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D,
-                                 STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS)
+                                 STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                                 BIAS_TMA, DQ_BUFFERS)
         dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
         _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
 
@@ -357,9 +378,12 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z, h_kv,
             pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-            STAGES: gl.constexpr, CAUSAL: gl.constexpr):
+            STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
+            BIAS_TMA: gl.constexpr):
     """One warp: for each of the CTA's key tiles, its k and v (once the previous key tile's dK and dV are stored from
-    their buffers), then every query tile's q and dO into the ring as the compute warpgroups free its stages."""
+    their buffers), then every query tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head
+    where it has them, else 0) into the ring as the compute warpgroups free its stages."""
+    bz = gl.where(stride_bz == 0, 0, z)
     r0 = 0
     for t in range(n_kt):
         if CAUSAL:
@@ -376,16 +400,18 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             stage = ring % STAGES
             mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
             h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem, bz,
+                       gl.where(stride_bh == 0, 0, h), n0, BIAS_TMA)
         r0 += GQA_GROUP * per_head
 
 
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
-                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, GQA_GROUP: gl.constexpr,
+                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr,
                      CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
                      STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                     BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
+                     BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr,
+                     DQ_BUFFERS: gl.constexpr):
     pid = gl.program_id(0)
     z, h_kv = _batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
     n_n = gl.cdiv(N, BLOCK_N)
@@ -405,7 +431,11 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
     p_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [2, BLOCK_M, HEAD_D], dq_smem_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, BLOCK_M, HEAD_D], dq_smem_layout)
+    bias_smem = p_smem  # (no BIAS_TMA: a stand-in, never read)
+    if BIAS_TMA:  # a bias tile a ring stage, beside its q and dO
+        bias_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], bias_desc.dtype)
+        bias_smem = gl.allocate_shared_memory(bias_desc.dtype, [STAGES, BLOCK_M, BLOCK_N], bias_layout)
     kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -420,15 +450,32 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
         (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
                     q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
                     pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
-                   h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL)),
+                   h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
+                   stride_bz, stride_bh, BIAS_TMA)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
     # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
     # D64 causal, in the loop over the diagonal's query tiles, 8 bytes with GQA one key tile a CTA, 80-96 paired)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
+_DQ_BUFFERS = 2  # (the config comment above: the dQ add of one tile in flight while the next fills the other)
+
+
+def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int, dtype: torch.dtype,
+                         bias_dtype: torch.dtype) -> int:
+    """The dQ buffers a config keeps with a bias tile in each ring stage: two, or one where only one leaves the
+    room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory), or 0 where
+    neither fits the shared memory a CTA may use (the compute warpgroups load the bias then)."""
+    budget = _SHARED_MEMORY_AN_SM - _RESERVED_A_CTA - _BEYOND_THE_TILES
+    size = dtype.itemsize
+    tiles = (2 * block_n * head_dim * size + stages * 2 * block_m * head_dim * size  # k, v; q and dO
+             + 2 * block_m * block_n * size + stages * block_m * block_n * bias_dtype.itemsize)  # P, dS; bias
+    fitting = [n for n in range(_DQ_BUFFERS, 0, -1) if tiles + n * block_m * head_dim * 4 <= budget]  # (fp32 dQ)
+    return fitting[0] if fitting else 0
+
+
 def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:
     """Whether a call's CTAs take two key tiles each (:data:`_PAIR_UP_TO_WAVES`): causal, and one key tile a CTA would
     fill at most that many waves of the device's SMs (off a GPU, no SMs: one key tile a CTA)."""
@@ -462,12 +509,17 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     n_n = triton.cdiv(N, block_n)  # key tiles
     paired = pairs_key_tiles(causal, n_n, Z * H_kv, q.device)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
+    bias_view = None if bias is None else _bias_by_tma(bias)
+    ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
+                                                                       bias.dtype)
+    q_desc = _descriptor(q, block_m)
     _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * H_kv)](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
+        q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
         _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,
         scale * _LOG2E, scale, lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
+        _descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc,  # (q's: a stand-in, never read)
         gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
-        batch_inner, zero_empty_rows, num_warps=_NUM_WARPS)
+        batch_inner, zero_empty_rows, ring_dq_buffers > 0, ring_dq_buffers or _DQ_BUFFERS, num_warps=_NUM_WARPS)
     if flag_nan_rows:
         _nan_dv_kernel[(triton.cdiv(N, _PRE_ROWS), Z * H_kv)](dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)

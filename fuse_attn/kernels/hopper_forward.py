@@ -20,9 +20,11 @@ language, states the schedule instead, as FlashAttention-3 does:
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
 (:func:`hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128;
 causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
-the spec's program adds its one bias tensor (:func:`adds_a_bias`), the op's ``bias``: each consumer loads its rows
-of the tile into registers beside S (``HAS_BIAS``), with the generated template's semantics for rows the bias hides
-wholly (``empty_rows``). Outputs match the generated template's:
+the spec's program adds its one bias tensor (:func:`adds_a_bias`), the op's ``bias``, with the generated template's
+semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a consumer
+in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
+(:func:`bias_ring_stages`: two stages, not three, at head dim 128); else each consumer loads its rows of the tile
+from global memory into registers beside S. Outputs match the generated template's:
 ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's autograd formula is the Gluon backward
 (:mod:`.hopper_backward`, its own op) on the GPU and the template's backward on CPU tensors. The reference is the
 template's own: :func:`.reference.reference_attention`; the tests compare both against it.
@@ -73,6 +75,13 @@ _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
 # (benchmarks/2026-11-27-dq-tma-reduce/fwd_1c_ab.log, H100). (Fourteenth session, D64: three consumers of 64-key
 # tiles 0.73x / 0.90x at N1024 / 2048 against 0.59x / 0.83x with 128-key tiles: configs_run2.log, configs_n2048.log.)
 _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (2048, (64, 64, 3, 1))}
+# Where the bias tiles come by TMA in the k / v ring (_bias_by_tma): the multi-consumer configs with 64-key tiles at 4
+# stages (a bf16 bias fits 4, an fp32 one 3: bias_ring_stages). The 128-key configs keep only 2 stages beside their
+# bias tiles and D64's spills 412 bytes (ptxas, sm90a). H100, B4 H16 N4096, a [1,H,N,N] bf16 bias, forward
+# (benchmarks/2026-11-28-gluon-bias-tma/call2.log, two orders): D64 1.16-1.17x unmasked and 1.64-1.69x causal, D128
+# 1.08-1.09x unmasked and 1.01-1.06x causal over the 128-key configs; D64 at 5 stages 0.96x unmasked, 0.99-1.01x
+# causal against 4.
+_BIAS_TMA_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 2)}
 # setmaxnreg budgets per thread, by the number of consumer warpgroups: (consumer, producer). The consumers' and the
 # producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of 128 lanes: 2 x 232 + 40 = 504 and
 # 3 x 160 + 32 = 512 (FlashAttention-3's split for three). 232 holds a consumer's S, P and O tiles and the in-flight
@@ -99,15 +108,25 @@ _PAIR_UP_TO_CONSUMERS = 2
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
+# Shared memory of an sm90 SM, of which CUDA reserves 1 KiB a resident CTA: one CTA may use 227 KiB
+# (cudaDevAttrMaxSharedMemoryPerBlockOptin), each of two 113 KiB. Beyond its tiles a CTA's kernel takes its mbarriers
+# and the compiler's scratch: 236-280 bytes in the configs compiled for sm90 (test_gpu_compile.py), 1 KiB allowed.
+_SHARED_MEMORY_AN_SM = 228 * 1024
+_RESERVED_A_CTA = 1024
+_BEYOND_THE_TILES = 1024
+# Ring stages a config keeps at least with its bias tiles in the ring (BIAS_TMA); fewer, the bias is loaded by the
+# consumers instead: one stage would leave the producer nothing to load while the consumers compute.
+_MIN_BIAS_RING_STAGES = 2
 
 
-def forward_config(head_dim: int, causal: bool, rows: int) -> tuple[int, int, int, int]:
-    """The tile config of :data:`_CONFIGS` (or :data:`_SHORT_CAUSAL_CONFIGS`) for a call."""
+def forward_config(head_dim: int, causal: bool, rows: int, bias_by_tma: bool = False) -> tuple[int, int, int, int]:
+    """The tile config of :data:`_CONFIGS` (or :data:`_SHORT_CAUSAL_CONFIGS`, or :data:`_BIAS_TMA_CONFIGS` where
+    ``bias_by_tma``: a bias TMA can read) for a call."""
     if causal and head_dim in _SHORT_CAUSAL_CONFIGS:
         below, config = _SHORT_CAUSAL_CONFIGS[head_dim]
         if rows < below:
             return config
-    return _CONFIGS[head_dim]
+    return _BIAS_TMA_CONFIGS[head_dim] if bias_by_tma else _CONFIGS[head_dim]
 
 
 # ---- which attentions ------------------------------------------------------------------------------------------------
@@ -190,6 +209,20 @@ def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUS
 
 
 @gluon.jit
+def _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layout: gl.constexpr, MASK: gl.constexpr,
+               CAUSAL: gl.constexpr, BIAS_TMA: gl.constexpr):
+    """The bias tile of key tile offs_n for rows offs_m, as stored, -inf where MASK masks it: BIAS_TMA, read from the
+    ring slot the producer loaded by TMA with the tile's k and v (keys past N and rows past M read as 0 there, the
+    keys then masked); else loaded from global memory (:func:`_load_bias`)."""
+    if BIAS_TMA:
+        bias = bias_smem.index(slot).load(s_layout)
+        if MASK:
+            bias = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL), bias, float("-inf"))
+        return bias
+    return _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
+
+
+@gluon.jit
 def _log2_units(bias):
     """A bias tile in log2 units (fp32): one multiply rounded toward zero, which keeps a finite bias finite
     (``finfo.min`` masks: eager's uniform row) and +-inf / NaN as they are (the generated template's ``_to_log2`` on
@@ -213,12 +246,13 @@ def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
 
 
 @gluon.jit
-def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, PENDING: gl.constexpr,
-                         MASK: gl.constexpr, CAUSAL: gl.constexpr, HAS_BIAS: gl.constexpr):
+def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem, slot,
+                         s_layout: gl.constexpr, PENDING: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
+                         HAS_BIAS: gl.constexpr, BIAS_TMA: gl.constexpr):
     """A tile's S waited for (PENDING wgmmas left in flight) and its online softmax (:func:`_softmax_tile`), or with
-    HAS_BIAS its bias tile's loads issued before the wait (:func:`_load_bias`, :func:`_biased_softmax_tile`)."""
+    HAS_BIAS its bias tile read before the wait (:func:`_bias_tile`, :func:`_biased_softmax_tile`)."""
     if HAS_BIAS:
-        bias = _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
+        bias = _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layout, MASK, CAUSAL, BIAS_TMA)
         s = warpgroup_mma_wait(PENDING, deps=(s, ))
         p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
     else:
@@ -231,7 +265,8 @@ def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, st
 def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j, r0,
                    bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                   HAS_BIAS: gl.constexpr):
+                   HAS_BIAS: gl.constexpr, bias_smem, C: gl.constexpr, CONSUMERS: gl.constexpr,
+                   s_layout: gl.constexpr, BIAS_TMA: gl.constexpr):
     """Key tile j (ring position r0 + j): its q k^T and tile j-1's P v in flight together (and the bias tile's loads,
     HAS_BIAS); tile j's softmax while P v runs; then tile j-1's ring stage is released and the output rescaled."""
     r = r0 + j
@@ -241,8 +276,9 @@ def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
     offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
-    p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, 1, MASK,
-                                              CAUSAL, HAS_BIAS)  # (P v stays in flight)
+    p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem,
+                                              stage * CONSUMERS + C, s_layout, 1, MASK, CAUSAL, HAS_BIAS,
+                                              BIAS_TMA)  # (P v stays in flight)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -274,14 +310,16 @@ def _query_block(first, second, it, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr,
 def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, r0,
                     phase, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr, CAUSAL: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                    HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
+                    HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, CONSUMERS: gl.constexpr,
+                    BIAS_TMA: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
     key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
     and lse. A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the
     last CTA of each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there,
     where all three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log).
-    HAS_BIAS: the scores plus the bias at ``bias_head`` (this head's ``[M, N]`` by strides, 0 where broadcast); a row
-    whose every score is -inf gets out NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's."""
+    HAS_BIAS: the scores plus the bias at ``bias_head`` (this head's ``[M, N]`` by strides, 0 where broadcast), or
+    (BIAS_TMA) its tiles in ``bias_smem``, slot ``stage * CONSUMERS + C``; a row whose every score is -inf gets out
+    NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -317,17 +355,21 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
         s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
         p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
-                                                  qk_scale, bias_rows, stride_bn, 0, True, CAUSAL, HAS_BIAS)
+                                                  qk_scale, bias_rows, stride_bn, bias_smem,
+                                                  (r0 % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL, HAS_BIAS,
+                                                  BIAS_TMA)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         for j in range(1, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
                                                  offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N, STAGES,
-                                                 col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS)
+                                                 col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS, bias_smem, C,
+                                                 CONSUMERS, s_layout, BIAS_TMA)
         # the masked tail
         for j in range(n_full, n_mine):
             acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
                                                  offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N, STAGES,
-                                                 col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS)
+                                                 col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS, bias_smem, C,
+                                                 CONSUMERS, s_layout, BIAS_TMA)
         last = (r0 + n_mine - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -352,7 +394,7 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
               first, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
-              ZERO_EMPTY_ROWS: gl.constexpr):
+              ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr):
     """Consumer warpgroup C: the CTA's query block (rows row0 on, n_tiles key tiles); paired, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
     if PAIRED:
@@ -361,13 +403,13 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
             row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
             _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
                             n_tiles, r0, it & 1, qk_scale, bias_head, stride_bm, stride_bn, C, CAUSAL, BLOCK_M,
-                            BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS)
+                            BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
         _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
                         0, 0, qk_scale, bias_head, stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                        HAS_BIAS, ZERO_EMPTY_ROWS)
+                        HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
 
 
 @gluon.jit
@@ -385,19 +427,29 @@ def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexp
 @gluon.jit
 def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
                    row0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CONSUMERS: gl.constexpr, PAIRED: gl.constexpr):
-    """The it-th query block's n_tiles k / v tiles into the ring (from position r0) as stages come free; paired, a
-    second block's q tiles once its first STAGES tiles are asked for (those stages come free while the consumers
-    finish the first block, its q buffers only after the consumers' output stores have read them)."""
+                   CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, bias_desc, bias_smem, bz, bh,
+                   BIAS_TMA: gl.constexpr):
+    """The it-th query block's n_tiles k / v tiles into the ring (from position r0) as stages come free, and
+    (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and head bh; paired, a second block's q
+    tiles once its first STAGES tiles are asked for (those stages come free while the consumers finish the first
+    block, its q buffers only after the consumers' output stores have read them)."""
     for j in range(n_tiles):
         r = r0 + j
         stage = r % STAGES
         # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
         mbarrier.wait(kv_empty.index(stage), ((r // STAGES) & 1) ^ 1)
         ready = kv_ready.index(stage)
-        mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        if BIAS_TMA:
+            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes
+                            + CONSUMERS * bias_desc.block_type.nbytes)
+        else:
+            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
         _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
         _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+        if BIAS_TMA:  # (rows past M and keys past N read as 0; a consumer with no rows below M never reads its tile)
+            for c in gl.static_range(CONSUMERS):
+                _tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, j * BLOCK_N], ready,
+                          bias_smem.index(stage * CONSUMERS + c))
         if PAIRED:
             if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
                 _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, PAIRED)
@@ -406,7 +458,8 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
 @gluon.jit
 def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv, N, row0,
               n_tiles, first, second, n_blocks, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr):
+              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, bias_desc, bias_smem, bz, bh,
+              BIAS_TMA: gl.constexpr):
     """The q tiles of every consumer, then the k / v tiles into the ring; paired, so for each query block in turn
     (the ring runs on)."""
     if PAIRED:
@@ -416,12 +469,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
             if it == 0:
                 _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, PAIRED)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                           h_kv, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED)
+                           h_kv, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, bias_desc,
+                           bias_smem, bz, bh, BIAS_TMA)
             r0 += n_tiles
     else:
         _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, PAIRED)
         _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
-                       row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED)
+                       row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, bias_desc, bias_smem, bz,
+                       bh, BIAS_TMA)
 
 
 @gluon.jit
@@ -435,10 +490,11 @@ def _batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
 
 @gluon.jit
 def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh, stride_bm,
-                     stride_bn, Z, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
+                     stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
                      BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr):
+                     HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
+                     BIAS_TMA: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
     # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet)
@@ -467,6 +523,13 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
     q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    # BIAS_TMA: a bias tile a consumer a ring stage, of the bias's batch row and head where it has them (else 0)
+    bias_smem = k_smem  # (no BIAS_TMA: a stand-in, never read)
+    bz = gl.where(stride_bz == 0, 0, z)
+    bh = gl.where(stride_bh == 0, 0, h)
+    if BIAS_TMA:
+        bias_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], bias_desc.dtype)
+        bias_smem = gl.allocate_shared_memory(bias_desc.dtype, [STAGES * CONSUMERS, BLOCK_M, BLOCK_N], bias_layout)
     for c in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(c), count=1)
         if PAIRED:  # (unpaired, q_free is never used)
@@ -480,37 +543,43 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
                          n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                         BIAS_TMA)),
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
                          n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 1, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                         BIAS_TMA)),
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
                          n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 2, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                         BIAS_TMA)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
-                         CONSUMERS, PAIRED)),
+                         CONSUMERS, PAIRED, bias_desc, bias_smem, bz, bh, BIAS_TMA)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 1:
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
                          n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                         BIAS_TMA)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
-                         CONSUMERS, PAIRED)),
+                         CONSUMERS, PAIRED, bias_desc, bias_smem, bz, bh, BIAS_TMA)),
         ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
                          n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                         BIAS_TMA)),
             (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
                          n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 1, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS)),
+                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                         BIAS_TMA)),
             (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                          h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
-                         CONSUMERS, PAIRED)),
+                         CONSUMERS, PAIRED, bias_desc, bias_smem, bz, bh, BIAS_TMA)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -531,9 +600,40 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMAShare
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _TILE_DTYPES[dtype])
 
 
-def _descriptor(t: Tensor, rows: int) -> "TensorDescriptor":
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[3]],
-                            _tile_layout(rows, t.shape[3], t.dtype))
+def _descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":
+    """A 4-D TMA descriptor over ``t`` whose tiles are ``rows`` x ``cols`` (default: every column)."""
+    cols = t.shape[3] if cols is None else cols
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
+
+
+def _bias_by_tma(bias: Tensor) -> Tensor | None:
+    """The bias ``[Z | 1, H | 1, M, N]`` as TMA reads it in place -- the dims it is broadcast over (stride 0 or size 1,
+    as the kernel indexes it: :func:`.launch._bcast_strides`) of size 1, keys contiguous, rows and the base 16-byte
+    aligned -- or None where TMA cannot (keys or queries broadcast, keys strided, an odd row length or base: the
+    consumers load it instead)."""
+    strides = _bcast_strides(bias)
+    size = bias.element_size()
+    if strides[3] != 1 or strides[2] == 0 or bias.data_ptr() % _TMA_ALIGN_BYTES:
+        return None
+    if any(s * size % _TMA_ALIGN_BYTES for s in strides[:3]):
+        return None
+    shape = [1 if strides[d] == 0 else bias.shape[d] for d in range(4)]
+    # a dim of size 1 is never stepped over: its stride need only be one TMA takes (that of a whole bias head)
+    whole = bias.shape[2] * strides[2]
+    return bias.as_strided(shape, [strides[0] or shape[1] * (strides[1] or whole), strides[1] or whole, strides[2], 1])
+
+
+def bias_ring_stages(block_m: int, block_n: int, stages: int, consumers: int, head_dim: int, dtype: torch.dtype,
+                     bias_dtype: torch.dtype) -> int:
+    """Ring stages of a config whose stages also hold each consumer's bias tile: as many of its ``stages`` as fit the
+    shared memory a CTA may use (half of it where one consumer lets two CTAs share an SM), or 0 where fewer than
+    :data:`_MIN_BIAS_RING_STAGES` fit."""
+    ctas_an_sm = 2 if consumers in _LAUNCH_REGISTERS else 1
+    budget = _SHARED_MEMORY_AN_SM // ctas_an_sm - _RESERVED_A_CTA - _BEYOND_THE_TILES
+    q_bytes = consumers * block_m * head_dim * dtype.itemsize
+    stage_bytes = 2 * block_n * head_dim * dtype.itemsize + consumers * block_m * block_n * bias_dtype.itemsize
+    fitting = min(stages, (budget - q_bytes) // stage_bytes)
+    return fitting if fitting >= _MIN_BIAS_RING_STAGES else 0
 
 
 def fills_at_most(ctas: int, waves: int, device: torch.device, ctas_an_sm: int = 1) -> bool:
@@ -557,7 +657,12 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     the spec's score tensor where it has one (:func:`adds_a_bias`)."""
     Z, H, M, D = q.shape
     N = k.shape[2]
-    block_m, block_n, stages, consumers = forward_config(D, spec.causal is not None, M)
+    bias_view = None if bias is None else _bias_by_tma(bias)
+    block_m, block_n, stages, consumers = forward_config(D, spec.causal is not None, M, bias_view is not None)
+    ring_stages = 0 if bias_view is None else bias_ring_stages(block_m, block_n, stages, consumers, D, q.dtype,
+                                                               bias.dtype)
+    if ring_stages:  # the bias tiles come by TMA with k and v
+        stages = ring_stages
     q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
     out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
@@ -565,14 +670,17 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, consumers, q.device)
     grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
+    q_desc = _descriptor(q, block_m)
     _hopper_attn_fwd[grid](
-        _descriptor(q, block_m), _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
+        q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
+        _descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
         spec.gqa_group,
         spec.causal is not None, block_m, block_n, D, stages, consumers, *_REGISTERS[consumers], paired,
         bias is not None, batch_rows_innermost(spec),
         bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
+        ring_stages > 0,
         num_warps=4,
         **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))
     return out, lse

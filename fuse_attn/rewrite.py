@@ -23,22 +23,29 @@ from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, ma
 from . import sdpa_calls
 from .context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
 from .kernels import implementations
+from .kernels.launch import hint
 from .report import GraphReport, SoftmaxVerdict, log
 
 
 class _Emitter:
     """Inserts nodes before ``anchor`` and fills their ``meta['val']`` by running them on fake tensors."""
 
-    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode):
+    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode,
+                 key_contiguous_copies: Optional[dict[fx.Node, fx.Node]] = None):
         self.graph = graph
         self.anchor = anchor
         self.fake_mode = fake_mode
         self.inserted: list[fx.Node] = []
+        self.key_contiguous_copies = {} if key_contiguous_copies is None else key_contiguous_copies
 
     def __call__(self, target, *args, **kwargs) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
             node = self.graph.call_function(target, args, kwargs)
         self.inserted.append(node)
+        self._fill_val(node, target, args, kwargs)
+        return node
+
+    def _fill_val(self, node: fx.Node, target, args, kwargs) -> None:
         if self.fake_mode is not None:
             fake_args, fake_kwargs = fx.node.map_arg((args, kwargs), val)
             # the Python dispatcher runs composite ops (matmul) through their symbolic-shape-aware Python
@@ -46,7 +53,27 @@ class _Emitter:
             # a dynamic shape (one compile per length)
             with self.fake_mode, enable_python_dispatcher():
                 node.meta["val"] = target(*fake_args, **fake_kwargs)
-        return node
+
+    def keys_contiguous(self, node: fx.Node) -> fx.Node:
+        """A score tensor ``[..., M, N]`` whose keys are strided in memory (T5's position bias: an embedding's
+        ``[N, N, H]`` output permuted to ``[1, H, N, N]``), copied once a graph to the contiguous layout, or ``node``
+        itself where its keys are adjacent (or one), or where a dim is broadcast by a zero stride (a copy would store
+        it in full). Each kernel tile then reads whole rows of keys -- 16-byte runs that TMA can bring -- instead of
+        one element every stride; Inductor writes the copy from the producer's loop (the permuted buffer is not kept
+        where nothing else reads it), and the attentions that share the tensor (every T5 layer) share the copy.
+        The copy is placed after ``node`` (after the graph's inputs where ``node`` is one), before every use."""
+        t = val(node)
+        sizes, strides = [hint(n) for n in t.shape], [hint(n) for n in t.stride()]
+        if strides[-1] == 1 or sizes[-1] == 1 or any(st == 0 and n > 1 for n, st in zip(sizes, strides)):
+            return node
+        copy = self.key_contiguous_copies.get(node)
+        if copy is None:
+            after = node if node.op != "placeholder" else [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+            with self.graph.inserting_after(after):
+                copy = self.graph.call_function(aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+            self._fill_val(copy, aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+            self.key_contiguous_copies[node] = copy
+        return copy
 
     def operand(self, operand) -> fx.Node:
         """An operand's node with its views replayed and its permutation applied."""
@@ -120,7 +147,7 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
 
     tensors = []
     for use in match.tensors:
-        tensor = use.node
+        tensor = emit.keys_contiguous(use.node)
         for _ in range(len(use.tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
         if use.rebatch:
@@ -199,6 +226,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     before = gm.print_readable(print_output=False) if capture else None
     fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
     verdicts: list[SoftmaxVerdict] = []
+    key_contiguous_copies: dict[fx.Node, fx.Node] = {}  # shared by the matches (_Emitter.keys_contiguous)
     # SDPA calls are matched through their expansion (fuse_attn.sdpa_calls); each verdict is the call's
     expansions: dict[fx.Node, sdpa_calls.Expansion] = {}
     for call in sdpa_calls.find_calls(graph):
@@ -216,7 +244,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         name, source = anchor.name, _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
-            choice = _apply(graph, match, fake_mode, training, context_parallel) if apply else None
+            choice = (_apply(graph, match, fake_mode, training, context_parallel, key_contiguous_copies)
+                      if apply else None)
         except NotFused as e:
             about = e.node.name if e.node is not None else None
             verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
@@ -231,6 +260,9 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
                 sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
                                        runs=choice.text() if choice is not None else None))
+    for copy in key_contiguous_copies.values():
+        if not copy.users:  # (made for a match that then failed)
+            graph.erase_node(copy)
     if apply or expansions:
         graph.lint()
         gm.recompile()
@@ -239,8 +271,9 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
 
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
-           context_parallel: Optional[ContextParallel]) -> implementations.Choice:
-    emit = _Emitter(graph, match.pv, fake_mode)
+           context_parallel: Optional[ContextParallel],
+           key_contiguous_copies: dict[fx.Node, fx.Node]) -> implementations.Choice:
+    emit = _Emitter(graph, match.pv, fake_mode, key_contiguous_copies)
     try:
         replacement, choice = _fused_call(match, emit, training, context_parallel)
     except BaseException:

@@ -206,6 +206,28 @@ class TestGoldenGraphs(TestCase):
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
         return (view_2,)""")
 
+    def test_a_bias_with_strided_keys_is_copied_once_for_its_attentions(self):
+        # T5's position bias: an embedding's [N, N, H] output permuted to [1, H, N, N] (keys H apart in memory), added
+        # in every layer; one contiguous copy serves both attentions
+        def fn(q, k, v, table, buckets):
+            bias = F.embedding(buckets, table).permute(2, 0, 1).unsqueeze(0)
+            h = torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
+            return torch.softmax(h @ k.transpose(-1, -2) + bias, -1) @ v
+
+        buckets = torch.randint(0, 4, (5, 5))
+        self.assertExpectedInline(self.check(fn, *qkv(), torch.randn(4, 3), buckets), """\
+    def forward(self, arg0_1: "i64[5, 5]", arg1_1: "f32[4, 3]", arg2_1: "f32[2, 3, 5, 8]", arg3_1: "f32[2, 3, 5, 8]", arg4_1: "f32[2, 3, 5, 8]"):
+        embedding: "f32[5, 5, 3]" = torch.ops.aten.embedding.default(arg1_1, arg0_1)
+        permute: "f32[3, 5, 5]" = torch.ops.aten.permute.default(embedding, [2, 0, 1])
+        clone_default: "f32[3, 5, 5]" = torch.ops.aten.clone.default(permute, memory_format = torch.contiguous_format)
+        unsqueeze_default: "f32[1, 3, 5, 5]" = torch.ops.aten.unsqueeze.default(clone_default, 0)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg3_1, arg2_1, arg4_1, [unsqueeze_default], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        unsqueeze_default_1: "f32[1, 3, 5, 5]" = torch.ops.aten.unsqueeze.default(clone_default, 0)
+        flash_attention_default_1 = torch.ops.fuse_attn.flash_attention.default(getitem, arg2_1, arg4_1, [unsqueeze_default_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
+        getitem_1: "f32[2, 3, 5, 8]" = flash_attention_default_1[0]
+        return (getitem_1,)""")
+
     def test_softcap_then_causal_mask(self):
         def fn(q, k, v):
             T = q.shape[-2]

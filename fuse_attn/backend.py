@@ -132,7 +132,9 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],
     for is_buffer, traced_node, real in zip(buffers, traced_placeholders, example_inputs):
         if is_buffer and isinstance(real, torch.Tensor):
             constants[traced_node] = real
-    return traced, MatchContext(constant_inputs=constants, gm=traced)
+    needing_grad = frozenset(node for node, x in zip(traced_placeholders, example_inputs)
+                             if isinstance(x, torch.Tensor) and x.requires_grad)
+    return traced, MatchContext(constant_inputs=constants, gm=traced, inputs_needing_grad=needing_grad)
 
 
 def _checkpoint_regions(gm: fx.GraphModule) -> list[fx.Node]:

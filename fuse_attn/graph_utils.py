@@ -103,3 +103,28 @@ def erase_dead_nodes(graph: fx.Graph, candidates, owned=frozenset()) -> None:
         inputs = list(node.all_input_nodes)
         graph.erase_node(node)
         pending.extend(inputs)
+
+
+# Ops whose outputs carry no gradient whatever their inputs (the graph is traced below autograd, so its values say
+# nothing: nodes_needing_grad follows the graph instead)
+_NO_GRAD_OPS = {aten.detach.default, aten.detach_.default}
+
+
+def nodes_needing_grad(graph: fx.Graph, inputs: frozenset) -> set[fx.Node]:
+    """The nodes of a pre-autograd graph whose values autograd will differentiate: those computed, with grad mode on,
+    from ``inputs`` (placeholders whose tensors require a gradient), floating-point, not detached. Grad mode follows
+    the graph's ``torch._C._set_grad_enabled`` calls (a ``torch.no_grad()`` block traced pre-dispatch)."""
+    needing, grad_on = set(), True
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            if node in inputs:
+                needing.add(node)
+        elif node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            grad_on = bool(node.args[0])
+        elif node.op == "call_function" and grad_on and node.target not in _NO_GRAD_OPS:
+            value = val(node)
+            floating = (isinstance(value, (tuple, list))
+                        or (isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex())))
+            if floating and any(a in needing for a in node.all_input_nodes):
+                needing.add(node)
+    return needing

@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 
-from .graph_utils import aten, erase_dead_nodes, is_static, same_shape, shape_text, val
+from .graph_utils import aten, erase_dead_nodes, is_static, nodes_needing_grad, same_shape, shape_text, val
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
 from .context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
@@ -128,10 +128,11 @@ class _Emitter:
         return self(aten.reshape.default, node, [*target_batch, *shape[-2:]])
 
 
-def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
-                context_parallel: Optional[ContextParallel]) -> tuple[fx.Node, implementations.Choice]:
+def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_parallel: Optional[ContextParallel],
+                needing_grad: set[fx.Node]) -> tuple[fx.Node, implementations.Choice]:
     """The nodes computing the match (the fused op; the Gluon forward's op or SDPA's kernel where it was timed faster;
-    the ring over the ranks under ``context_parallel``) and that choice."""
+    the ring over the ranks under ``context_parallel``) and that choice (``needing_grad``: the graph's values that
+    autograd differentiates, :func:`nodes_needing_grad`)."""
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
     q = emit.operand(match.q)
     q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
@@ -156,7 +157,8 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool,
 
     if context_parallel is not None:
         return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
-    choice = implementations.choose(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors])
+    choice = implementations.choose(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors],
+                                    [use.node in needing_grad for use in match.tensors])
     if choice.is_sdpa:
         out = implementations.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
@@ -227,6 +229,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
     verdicts: list[SoftmaxVerdict] = []
     key_contiguous_copies: dict[fx.Node, fx.Node] = {}  # shared by the matches (_Emitter.keys_contiguous)
+    # which values autograd differentiates: the choice times a score tensor's gradient where it has one
+    needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
     # SDPA calls are matched through their expansion (fuse_attn.sdpa_calls); each verdict is the call's
     expansions: dict[fx.Node, sdpa_calls.Expansion] = {}
     for call in sdpa_calls.find_calls(graph):
@@ -244,8 +248,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         name, source = anchor.name, _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
-            choice = (_apply(graph, match, fake_mode, training, context_parallel, key_contiguous_copies)
-                      if apply else None)
+            choice = (_apply(graph, match, fake_mode, training, context_parallel, key_contiguous_copies,
+                             needing_grad) if apply else None)
         except NotFused as e:
             about = e.node.name if e.node is not None else None
             verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
@@ -272,10 +276,10 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
            context_parallel: Optional[ContextParallel],
-           key_contiguous_copies: dict[fx.Node, fx.Node]) -> implementations.Choice:
+           key_contiguous_copies: dict[fx.Node, fx.Node], needing_grad: set[fx.Node]) -> implementations.Choice:
     emit = _Emitter(graph, match.pv, fake_mode, key_contiguous_copies)
     try:
-        replacement, choice = _fused_call(match, emit, training, context_parallel)
+        replacement, choice = _fused_call(match, emit, training, context_parallel, needing_grad)
     except BaseException:
         # Leave the graph as it was: drop whatever was inserted for this match.
         for node in reversed(emit.inserted):

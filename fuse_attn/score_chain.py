@@ -57,10 +57,12 @@ class NotFused(Exception):
 
 @dataclass
 class MatchContext:
-    """What the matcher may know beyond the graph: real values of constant inputs (registered buffers)."""
+    """What the matcher may know beyond the graph: real values of constant inputs (registered buffers), and which
+    inputs require a gradient (the graph's own values say none: it is traced below autograd)."""
 
     constant_inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)
     gm: Optional[fx.GraphModule] = None
+    inputs_needing_grad: frozenset[fx.Node] = frozenset()
 
 
 # ---- pointwise ops, normalized -----------------------------------------------------------------------------------

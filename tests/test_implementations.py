@@ -48,11 +48,16 @@ def biased(q, k, v, bias):  # a precomputed bias (ALiBi's [1, H, N, N] buffer) a
     return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
 
 
-def rewritten(fn, shapes, *, dtype=torch.bfloat16, training=False):
-    """``fn`` traced on fake tensors and rewritten: (graph text, verdict lines)."""
-    inputs = [torch.randn(s, dtype=dtype) for s in shapes]
+def rewritten(fn, shapes, *, dtype=torch.bfloat16, training=False, needing_grad=(), integers=None):
+    """``fn`` traced on fake tensors and rewritten: (graph text, verdict lines). ``needing_grad``: the indices of the
+    inputs that require a gradient; ``integers``: {index: high} of int64 inputs in [0, high)."""
+    integers = integers or {}
+    inputs = [torch.randint(0, integers[i], s) if i in integers else torch.randn(s, dtype=dtype)
+              for i, s in enumerate(shapes)]
     traced = make_fx(fn, pre_dispatch=True, tracing_mode="fake")(*inputs)
-    report = rewrite_attention(traced, MatchContext(constant_inputs={}, gm=traced), capture=True, training=training)
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    ctx = MatchContext(constant_inputs={}, gm=traced, inputs_needing_grad=frozenset(placeholders[i] for i in needing_grad))
+    report = rewrite_attention(traced, ctx, capture=True, training=training)
     return graph_text(report), "\n".join(v.line() for v in report.verdicts)
 
 
@@ -196,6 +201,33 @@ class TestEmittedGraphs(TestCase):
                 timed.append(len(timings.timed))
         self.assertEqual(set(timings.timed), {TRITON, GLUON})
         self.assertEqual(timed, [timed[0], 2 * timed[0], 2 * timed[0]])  # the third: the first's choice, cached
+
+    def test_a_bias_computed_from_a_parameter_is_timed_with_its_gradient(self):
+        """The graph is traced below autograd (no value in it requires grad): which score tensors need a gradient
+        follows the graph from the inputs that require one (T5's position bias, from its embedding table), with grad
+        mode as the graph sets it and not through detach or integer ops."""
+        def learned(q, k, v, table, buckets):
+            return biased(q, k, v, table[buckets].permute(2, 0, 1).unsqueeze(0))
+
+        def detached(q, k, v, table, buckets):
+            return biased(q, k, v, table[buckets].permute(2, 0, 1).unsqueeze(0).detach())
+
+        def under_no_grad(q, k, v, table, buckets):
+            with torch.no_grad():
+                bias = table[buckets].permute(2, 0, 1).unsqueeze(0) * 2
+            return biased(q, k, v, bias)
+
+        def integer(q, k, v, table, buckets):  # (a bias from the buckets alone: nothing to differentiate)
+            return biased(q, k, v, (buckets * 2).to(q.dtype).unsqueeze(0).unsqueeze(0))
+
+        seen = []
+        choose = implementations.choose
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(implementations, "choose", lambda *a: seen.append(a[-1]) or choose(*a))
+            for fn in (learned, detached, under_no_grad, integer):
+                rewritten(fn, [(4, 16, 64, 64)] * 3 + [(32, 16), (64, 64)], training=True, needing_grad=(3,),
+                          integers={4: 32})
+        self.assertEqual(seen, [[True], [False], [False], [False]])
 
     def test_the_gluon_forward_is_timed_only_where_it_applies(self):
         with pytest.MonkeyPatch.context() as mp:

@@ -209,9 +209,12 @@ def set_aside(name: str, why: str):
 
 
 def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
-           score_tensors: Sequence[Tensor] = ()) -> Choice:
+           score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None) -> Choice:
     """The implementation of one matched attention (q, k, v and its score tensors: its fused op's operands, fake while
-    compiling; a score tensor that requires grad is timed with its gradient)."""
+    compiling). ``score_grads``: which score tensors need a gradient, timed with it (default: those that require
+    grad; a graph traced below autograd says it apart, :func:`fuse_attn.graph_utils.nodes_needing_grad`)."""
+    if score_grads is None:
+        score_grads = [t.requires_grad for t in score_tensors]
     allowed = [n for n in allowed_candidates() if n not in _SET_ASIDE]
     reasons = {n: [] for n in allowed if n == TRITON}
     if GLUON in allowed:
@@ -229,7 +232,7 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     Z, H, M, D = q.shape
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
-        kernel_id += " score_grads=" + "".join("1" if t.requires_grad else "0" for t in score_tensors)
+        kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
     key = autotune.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
                               hint(v.shape[3]), hint(M), hint(k.shape[2]))
     timed = "forward+backward" if training else "forward"
@@ -238,7 +241,7 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     if chosen is None:
         try:
             with _RealInputs():
-                steps = _CandidateSteps(spec, q, k, v, training, score_tensors)
+                steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads)
                 chosen = autotune.choose(key, [autotune.Implementation(n) for n in candidates], steps.replay)
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
@@ -253,11 +256,13 @@ class _CandidateSteps:
     of q, k, v and of the score tensors that require one."""
 
     def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
-                 score_tensors: Sequence[Tensor] = ()):
+                 score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None):
+        if score_grads is None:  # (as choose's)
+            score_grads = [t.requires_grad for t in score_tensors]
         self.spec, self.training = spec, training
         self.q, self.k, self.v = (_random_like(t).requires_grad_(training) for t in (q, k, v))
-        self.score_tensors = [_random_like(t).requires_grad_(training and t.requires_grad and t.is_floating_point())
-                              for t in score_tensors]
+        self.score_tensors = [_random_like(t).requires_grad_(training and needs and t.is_floating_point())
+                              for t, needs in zip(score_tensors, score_grads)]
         self.dout = torch.randn(self.q.shape, dtype=q.dtype, device=self.q.device)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
 

@@ -184,8 +184,9 @@ class TestEmittedGraphs(TestCase):
                          r"torch\.ops\.fuse_attn\.flash_attention_hopper\.default\(q_1, k_1, v_1, '\{.*\}', bias_1\)")
 
     def test_a_bias_with_and_without_its_gradient_is_timed_apart(self):
-        """The choice's cache key says whether the bias needs a gradient: the Gluon candidate's step differs (its own
-        backward, or the template's after its forward)."""
+        """The choice's cache key says whether the bias needs a gradient -- the Gluon candidate's step differs (its own
+        backward, or the template's after its forward) -- and whether TMA can read it in place (the Gluon kernels'
+        other path loads it: a bias whose keys are strided)."""
         spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_mod=(
             ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
             score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
@@ -195,12 +196,14 @@ class TestEmittedGraphs(TestCase):
             with FakeTensorMode():
                 q, k, v = (torch.empty(4, 16, 2048, 64, dtype=torch.bfloat16) for _ in range(3))
                 biases = [torch.empty(1, 16, 2048, 2048, dtype=torch.bfloat16, requires_grad=g) for g in (False, True, False)]
+                biases.append(torch.empty(1, 16, 2048, 2048, dtype=torch.bfloat16).transpose(2, 3))
             timed = []
             for bias in biases:
                 implementations.choose(spec, q, k, v, True, [bias])
                 timed.append(len(timings.timed))
         self.assertEqual(set(timings.timed), {TRITON, GLUON})
-        self.assertEqual(timed, [timed[0], 2 * timed[0], 2 * timed[0]])  # the third: the first's choice, cached
+        # the third: the first's choice, cached; the fourth (strided keys) timed again
+        self.assertEqual(timed, [timed[0], 2 * timed[0], 2 * timed[0], 3 * timed[0]])
 
     def test_a_bias_computed_from_a_parameter_is_timed_with_its_gradient(self):
         """The graph is traced below autograd (no value in it requires grad): which score tensors need a gradient

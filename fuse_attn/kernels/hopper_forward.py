@@ -53,7 +53,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from ..spec import AttentionSpec
 from . import ops
 from .flash_decoding import sm_count
-from .launch import _bcast_strides, _empty_outputs, batch_rows_innermost
+from .launch import _bcast_strides, _empty_outputs, batch_rows_innermost, hint
 
 # The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
 # async_copy_shared_to_global in 3.6 (the GPU machine's).
@@ -606,17 +606,23 @@ def _descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescrip
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
 
 
+def bias_layout_by_tma(bias: Tensor) -> bool:
+    """Whether the bias's layout lets TMA read it in place (:func:`_bias_by_tma` asks its base's alignment too):
+    keys contiguous, queries not broadcast, every stride a multiple of 16 bytes. Fake tensors too (hinted sizes): the
+    implementation choice times the Gluon kernels on a copy of this layout, and its key says which path that was."""
+    strides = [0 if hint(n) == 1 else hint(st) for n, st in zip(bias.shape, bias.stride())]  # (_bcast_strides')
+    return (strides[3] == 1 and strides[2] != 0
+            and not any(s * bias.element_size() % _TMA_ALIGN_BYTES for s in strides[:3]))
+
+
 def _bias_by_tma(bias: Tensor) -> Tensor | None:
     """The bias ``[Z | 1, H | 1, M, N]`` as TMA reads it in place -- the dims it is broadcast over (stride 0 or size 1,
     as the kernel indexes it: :func:`.launch._bcast_strides`) of size 1, keys contiguous, rows and the base 16-byte
     aligned -- or None where TMA cannot (keys or queries broadcast, keys strided, an odd row length or base: the
     consumers load it instead)."""
+    if not bias_layout_by_tma(bias) or bias.data_ptr() % _TMA_ALIGN_BYTES:
+        return None
     strides = _bcast_strides(bias)
-    size = bias.element_size()
-    if strides[3] != 1 or strides[2] == 0 or bias.data_ptr() % _TMA_ALIGN_BYTES:
-        return None
-    if any(s * size % _TMA_ALIGN_BYTES for s in strides[:3]):
-        return None
     shape = [1 if strides[d] == 0 else bias.shape[d] for d in range(4)]
     # a dim of size 1 is never stepped over: its stride need only be one TMA takes (that of a whole bias head)
     whole = bias.shape[2] * strides[2]

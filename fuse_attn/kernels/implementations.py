@@ -233,6 +233,10 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
         kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
+    if GLUON in candidates and score_tensors:  # (the Gluon kernels' two paths for a bias: by TMA, or loaded)
+        from .hopper_forward import bias_layout_by_tma
+
+        kernel_id += f" bias_tma={int(bias_layout_by_tma(score_tensors[0]))}"
     key = autotune.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
                               hint(v.shape[3]), hint(M), hint(k.shape[2]))
     timed = "forward+backward" if training else "forward"

@@ -23,8 +23,8 @@ causal only top-left with equal lengths; GQA by sharing each kv head), or ``soft
 the spec's program adds its one bias tensor (:func:`adds_a_bias`), the op's ``bias``, with the generated template's
 semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a consumer
 in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
-(:func:`bias_ring_stages`: two stages, not three, at head dim 128); else each consumer loads its rows of the tile
-from global memory into registers beside S. Outputs match the generated template's:
+(:data:`_BIAS_TMA_CONFIGS`: 64-key tiles at 4 stages, :func:`bias_ring_stages`); else each consumer loads its rows of
+the tile from global memory into registers beside S. Outputs match the generated template's:
 ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's autograd formula is the Gluon backward
 (:mod:`.hopper_backward`, its own op) on the GPU and the template's backward on CPU tensors. The reference is the
 template's own: :func:`.reference.reference_attention`; the tests compare both against it.

@@ -69,9 +69,10 @@ class _Emitter:
         copy = self.key_contiguous_copies.get(node)
         if copy is None:
             after = node if node.op != "placeholder" else [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+            contiguous = {"memory_format": torch.contiguous_format}
             with self.graph.inserting_after(after):
-                copy = self.graph.call_function(aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
-            self._fill_val(copy, aten.clone.default, (node,), {"memory_format": torch.contiguous_format})
+                copy = self.graph.call_function(aten.clone.default, (node,), contiguous)
+            self._fill_val(copy, aten.clone.default, (node,), contiguous)
             self.key_contiguous_copies[node] = copy
         return copy
 

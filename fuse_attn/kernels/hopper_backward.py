@@ -46,9 +46,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import (_BEYOND_THE_TILES, _RESERVED_A_CTA, _SHARED_MEMORY_AN_SM, LIBRARY, _batch_and_head,
-                             _bias_by_tma, _descriptor, _log2_units, _score_tensors, _tma_load, _tma_ready, _tma_store,
-                             checked_spec, fills_at_most)
+from .hopper_forward import (LIBRARY, _batch_and_head, _bias_by_tma, _descriptor, _log2_units, _score_tensors,
+                             _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most, shared_memory_for_tiles)
 from .launch import _bcast_strides, batch_rows_innermost
 
 _LOG2E = math.log2(math.e)
@@ -468,7 +467,7 @@ def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int,
     """The dQ buffers a config keeps with a bias tile in each ring stage: two, or one where only one leaves the
     room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory), or 0 where
     neither fits the shared memory a CTA may use (the compute warpgroups load the bias then)."""
-    budget = _SHARED_MEMORY_AN_SM - _RESERVED_A_CTA - _BEYOND_THE_TILES
+    budget = shared_memory_for_tiles()
     size = dtype.itemsize
     tiles = (2 * block_n * head_dim * size + stages * 2 * block_m * head_dim * size  # k, v; q and dO
              + 2 * block_m * block_n * size + stages * block_m * block_n * bias_dtype.itemsize)  # P, dS; bias

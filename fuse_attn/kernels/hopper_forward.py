@@ -629,13 +629,17 @@ def _bias_by_tma(bias: Tensor) -> Tensor | None:
     return bias.as_strided(shape, [strides[0] or shape[1] * (strides[1] or whole), strides[1] or whole, strides[2], 1])
 
 
+def shared_memory_for_tiles(ctas_an_sm: int = 1) -> int:
+    """Bytes of shared memory a CTA's tiles may take where ``ctas_an_sm`` CTAs share an SM."""
+    return _SHARED_MEMORY_AN_SM // ctas_an_sm - _RESERVED_A_CTA - _BEYOND_THE_TILES
+
+
 def bias_ring_stages(block_m: int, block_n: int, stages: int, consumers: int, head_dim: int, dtype: torch.dtype,
                      bias_dtype: torch.dtype) -> int:
     """Ring stages of a config whose stages also hold each consumer's bias tile: as many of its ``stages`` as fit the
     shared memory a CTA may use (half of it where one consumer lets two CTAs share an SM), or 0 where fewer than
     :data:`_MIN_BIAS_RING_STAGES` fit."""
-    ctas_an_sm = 2 if consumers in _LAUNCH_REGISTERS else 1
-    budget = _SHARED_MEMORY_AN_SM // ctas_an_sm - _RESERVED_A_CTA - _BEYOND_THE_TILES
+    budget = shared_memory_for_tiles(2 if consumers in _LAUNCH_REGISTERS else 1)
     q_bytes = consumers * block_m * head_dim * dtype.itemsize
     stage_bytes = 2 * block_n * head_dim * dtype.itemsize + consumers * block_m * block_n * bias_dtype.itemsize
     fitting = min(stages, (budget - q_bytes) // stage_bytes)

@@ -22,7 +22,7 @@ from .graph_utils import aten, erase_dead_nodes, is_static, nodes_needing_grad, 
 from .matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from . import sdpa_calls
 from .context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
-from .kernels import implementations
+from .kernels import embedding_backward, implementations
 from .kernels.launch import hint
 from .report import GraphReport, SoftmaxVerdict, log
 
@@ -268,6 +268,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     for copy in key_contiguous_copies.values():
         if not copy.users:  # (made for a match that then failed)
             graph.erase_node(copy)
+    if apply and training:
+        _few_row_table_lookups(graph, fake_mode, needing_grad)
     if apply or expansions:
         graph.lint()
         gm.recompile()
@@ -290,3 +292,25 @@ def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: boo
     # The matched nodes, their dead inputs, and inserted views that ended up unused (e.g. a transpose undone).
     erase_dead_nodes(graph, [match.pv, *emit.inserted], owned=set(match.matched_nodes))
     return choice
+
+
+def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node]) -> None:
+    """Each embedding lookup of a table with few rows that needs a gradient -- T5's relative position bias, a
+    [32, heads] table looked up at every (query, key) pair -- becomes ``fuse_attn::table_lookup``: the same lookup,
+    whose backward sums the gradient a program at a time (``fuse_attn.kernels.embedding_backward``) where Inductor's
+    decomposition adds each value atomically into the few rows' addresses."""
+    for node in list(graph.nodes):
+        if node.target is not aten.embedding.default or node.args[0] not in needing_grad:
+            continue
+        weight, indices = node.args[:2]
+        options = {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False}  # aten.embedding's defaults
+        options.update(zip(options, node.args[2:]), **node.kwargs)
+        if not embedding_backward.handles(val(weight), options["scale_grad_by_freq"], options["sparse"]):
+            continue
+        emit = _Emitter(graph, node, fake_mode)
+        lookup = emit(torch.ops.fuse_attn.table_lookup.default, weight, indices, options["padding_idx"])
+        lookup.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(lookup)
+        graph.erase_node(node)
+        log.info("fuse_attn: the gradient of %s's %s table (%s) by fuse_attn::table_gradient", node.name,
+                 shape_text(val(weight).shape), _source_line(lookup) or "")

@@ -8,12 +8,16 @@
   plain attention (or ``s + bias``, ``bias`` its score tensor) in Gluon for Hopper GPUs (:mod:`.hopper_forward`),
   whose backward is ``flash_attention_hopper_backward(dout, q, k, v, out, lse, spec_json, dlse=None, bias=None) ->
   (dq, dk, dv)`` (:mod:`.hopper_backward`, Gluon too)
+* ``torch.ops.fuse_attn.table_lookup(weight, indices, padding_idx)`` -- an embedding lookup of a few-row table whose
+  gradient ``table_gradient(grad, indices, rows, padding_idx)`` sums by programs, not atomics
+  (:mod:`.embedding_backward`: T5's relative position bias)
 * :func:`flash_attention` -- the same without torch.compile (differentiable in out and lse).
 * :func:`generated_source` -- the Triton source generated for a spec.
 """
 
 import torch
 
+from . import embedding_backward  # noqa: F401  (torch.ops.fuse_attn.table_lookup / table_gradient)
 from .codegen import generate_source
 from .ops import flash_attention, generated_source
 from .reference import blockwise_backward, blockwise_forward, reference_attention

@@ -1,0 +1,156 @@
+"""The gradient of a few-row embedding table (fuse_attn/kernels/embedding_backward.py): the kernel against fp64 and
+eager's ``embedding_dense_backward`` (the 2x rule), the backend's decomposition in compiled graphs (T5's relative
+position bias), and the tables it leaves to Inductor's decomposition."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+from torch._inductor.utils import fresh_cache, run_and_get_code
+
+from fuse_attn.kernels import embedding_backward as eb
+from fuse_attn.report import collect_reports
+from fuzz_cases import FLOOR
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs a GPU and TRITON_INTERPRET=0")
+DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default
+
+
+def _assert_2x(name, ours, eager, ref64, dtype):
+    err = (ours.double() - ref64).abs().max().item()
+    err_eager = (eager.double() - ref64).abs().max().item()
+    floor = FLOOR[dtype] * max(1.0, ref64.abs().max().item())
+    assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"
+
+
+def _t5_layout_grad(n: int, heads: int, dtype) -> torch.Tensor:
+    """A [N, N, heads] gradient laid out as T5's reaches the embedding: the permuted [1, heads, N, N] score gradient."""
+    return torch.randn(1, heads, n, n, dtype=dtype, device=DEVICE).permute(2, 3, 1, 0).squeeze(-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows, columns, positions, padding_idx", [
+    (32, 8, 1025, -1),  # T5's 32 buckets x 8 heads
+    (1, 1, 1, -1),
+    (5, 17, 97, 2),  # a padding row
+    (64, 100, 257, 0),  # the most rows; columns over two blocks
+    (3, 16, 0, -1),  # no positions: a zero table
+])
+def test_table_gradient_matches_fp64_within_twice_eagers_error(dtype, rows, columns, positions, padding_idx):
+    torch.manual_seed(rows * 131 + positions)
+    grad = torch.randn(positions, columns, dtype=dtype, device=DEVICE)
+    indices = torch.randint(0, rows, (positions,), device=DEVICE)
+    ours = eb.table_gradient(grad, indices, rows, padding_idx).to(dtype)
+    eager = EMBEDDING_BACKWARD(grad, indices, rows, padding_idx, False)
+    ref64 = eb.reference_table_gradient(grad.double(), indices, rows, padding_idx)
+    assert ours.dtype == eager.dtype and ours.shape == eager.shape == (rows, columns)
+    _assert_2x("table", ours, eager, ref64, dtype)
+    if 0 <= padding_idx < rows:
+        assert not ours[padding_idx].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_table_gradient_reads_a_strided_gradient_with_many_positions_a_program(dtype):
+    """T5's layout (each head's values N^2 apart, positions contiguous), more positions than the programs take in one
+    step (the grid-stride loop), indices of a 2-D lookup."""
+    torch.manual_seed(0)
+    n, heads = 67, 8
+    grad = _t5_layout_grad(n, heads, dtype)
+    relative = torch.arange(n, device=DEVICE)[None, :] - torch.arange(n, device=DEVICE)[:, None]
+    indices = relative.clamp(-15, 16) + 15  # 32 buckets
+    assert grad.stride() == (n, 1, n * n) and n * n > eb.INTERPRETER_PROGRAMS * eb.BLOCK_P
+    ours = eb.table_gradient(grad.reshape(-1, heads), indices.reshape(-1), 32, -1).to(dtype)
+    eager = EMBEDDING_BACKWARD(grad, indices, 32, -1, False)
+    ref64 = eb.reference_table_gradient(grad.double().reshape(-1, heads), indices.reshape(-1), 32, -1)
+    _assert_2x("table", ours, eager, ref64, dtype)
+
+
+def test_handles_a_few_row_table_and_leaves_the_rest():
+    table = torch.zeros(32, 8, device=DEVICE)
+    assert eb.handles(table) and eb.handles(torch.zeros(eb.MAX_ROWS, 1000, device=DEVICE))
+    assert not eb.handles(torch.zeros(eb.MAX_ROWS + 1, 8, device=DEVICE))  # a vocabulary: few lookups a row
+    assert not eb.handles(table, scale_grad_by_freq=True)
+    assert not eb.handles(table, sparse=True)
+    assert not eb.handles(table.double())
+
+
+class RelativeBiasAttention(torch.nn.Module):
+    """T5's self-attention core: a learned [buckets, heads] table looked up at each (query, key) pair's bucket,
+    permuted to [1, heads, N, N] and added to the scores (unscaled, as T5 does)."""
+
+    def __init__(self, heads: int, buckets: int = 32):
+        super().__init__()
+        self.buckets = buckets
+        self.relative_attention_bias = torch.nn.Embedding(buckets, heads)
+
+    def forward(self, q, k, v):
+        n = q.shape[2]
+        position = torch.arange(n, device=q.device)
+        relative = position[None, :] - position[:, None]
+        half = self.buckets // 2
+        bucket = relative.clamp(-half + 1, half) + half - 1
+        bias = self.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
+        scores = q @ k.transpose(-1, -2) + bias
+        return scores.softmax(-1) @ v
+
+
+def _compiled_step(module, q, k, v, dout):
+    compiled = torch.compile(module, backend="fuse_attn")
+
+    def step():
+        out = compiled(q, k, v)
+        out.backward(dout)
+        return out
+
+    with fresh_cache(), collect_reports() as reports:
+        out, codes = run_and_get_code(step)
+    return out, "\n".join(codes), reports
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relative_bias_table_gradient_runs_our_kernel_in_the_compiled_backward(dtype):
+    torch.manual_seed(0)
+    heads, n, d = 4, 37, 16
+    module = RelativeBiasAttention(heads).to(DEVICE, dtype)
+    q, k, v = (torch.randn(2, heads, n, d, device=DEVICE, dtype=dtype, requires_grad=True) for _ in range(3))
+    dout = torch.randn(2, heads, n, d, device=DEVICE, dtype=dtype)
+    out, code, reports = _compiled_step(module, q, k, v, dout)
+    assert [len(r.fused) for r in reports] == [1]
+    if DEVICE == "cuda":
+        assert "def _table_gradient_partials(" in code and "atomic_add" not in code
+    else:
+        assert "fuse_attn.table_gradient_cpu" in code
+    ours = module.relative_attention_bias.weight.grad
+
+    def table_grad(dtype):
+        twin = copy.deepcopy(module).to(dtype)
+        twin.zero_grad(set_to_none=True)
+        twin(*(t.detach().to(dtype) for t in (q, k, v))).backward(dout.to(dtype))
+        return twin.relative_attention_bias.weight.grad
+
+    _assert_2x("table", ours, table_grad(dtype), table_grad(torch.float64), dtype)
+
+
+@pytest.mark.parametrize("buckets, scale_grad_by_freq, frozen", [
+    (eb.MAX_ROWS + 1, False, False),  # more rows than a program's accumulator holds
+    (32, True, False),  # gradients scaled by the indices' frequencies
+    (32, False, True),  # a table that needs no gradient
+])
+def test_other_tables_keep_inductors_embedding(buckets, scale_grad_by_freq, frozen):
+    torch.manual_seed(0)
+    heads, n, d = 2, 20, 16
+    module = RelativeBiasAttention(heads, buckets).to(DEVICE)
+    module.relative_attention_bias.scale_grad_by_freq = scale_grad_by_freq
+    module.relative_attention_bias.weight.requires_grad_(not frozen)
+    q, k, v = (torch.randn(1, heads, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, heads, n, d, device=DEVICE)
+    out, code, reports = _compiled_step(module, q, k, v, dout)
+    assert [len(r.fused) for r in reports] == [1]
+    assert "table_gradient" not in code and "table_lookup" not in code
+    torch.testing.assert_close(out, module(q, k, v))

@@ -12,13 +12,14 @@ from fuse_attn.report import GraphReport
 from fuse_attn.rewrite import rewrite_attention
 
 
-def rewrite_reports(fn, *args, dynamic=None, **kwargs) -> list[GraphReport]:
-    """Each graph of ``fn(*args)`` after the rewrite; the original graphs run eagerly."""
+def rewrite_reports(fn, *args, dynamic=None, training=False, **kwargs) -> list[GraphReport]:
+    """Each graph of ``fn(*args)`` after the rewrite (as for a graph that will be trained, with ``training``); the
+    original graphs run eagerly."""
     reports: list[GraphReport] = []
 
     def capture(gm, example_inputs):
         traced, ctx = trace_pre_autograd(gm, example_inputs)
-        reports.append(rewrite_attention(traced, ctx, capture=True))
+        reports.append(rewrite_attention(traced, ctx, capture=True, training=training))
         return gm.forward
 
     torch._dynamo.reset()

@@ -9,11 +9,15 @@ import os
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch._inductor.utils import fresh_cache, run_and_get_code
+
+from expecttest import TestCase
 
 from fuse_attn.kernels import embedding_backward as eb
 from fuse_attn.report import collect_reports
 from fuzz_cases import FLOOR
+from graph_capture import graph_text, rewrite_reports
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU and TRITON_INTERPRET=0")
@@ -138,6 +142,31 @@ def test_relative_bias_table_gradient_runs_our_kernel_in_the_compiled_backward(d
     _assert_2x("table", ours, table_grad(dtype), table_grad(torch.float64), dtype)
 
 
+def test_relative_bias_table_gradient_under_symbolic_lengths():
+    """One compile (dynamic=True) serves two lengths; the table's gradient within the 2x rule at each."""
+    torch.manual_seed(0)
+    heads, d = 2, 16
+    module = RelativeBiasAttention(heads).to(DEVICE)
+    compiled = torch.compile(module, backend="fuse_attn", dynamic=True)
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        for n in (19, 33):
+            q, k, v = (torch.randn(1, heads, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
+            dout = torch.randn(1, heads, n, d, device=DEVICE)
+            module.zero_grad(set_to_none=True)
+            compiled(q, k, v).backward(dout)
+            ours = module.relative_attention_bias.weight.grad
+
+            def table_grad(dtype):
+                twin = copy.deepcopy(module).to(dtype)
+                twin.zero_grad(set_to_none=True)
+                twin(*(t.detach().to(dtype) for t in (q, k, v))).backward(dout.to(dtype))
+                return twin.relative_attention_bias.weight.grad
+
+            _assert_2x(f"table at N{n}", ours, table_grad(torch.float32), table_grad(torch.float64), torch.float32)
+    assert [len(r.fused) for r in reports] == [1]  # one graph, of symbolic length
+
+
 @pytest.mark.parametrize("buckets, scale_grad_by_freq, frozen", [
     (eb.MAX_ROWS + 1, False, False),  # more rows than a program's accumulator holds
     (32, True, False),  # gradients scaled by the indices' frequencies
@@ -156,3 +185,26 @@ def test_other_tables_keep_inductors_embedding(buckets, scale_grad_by_freq, froz
     assert "table_gradient" not in code and "table_lookup" not in code
     assert ("embedding_dense_backward" in code) == (not frozen)
     torch.testing.assert_close(out, module(q, k, v))
+
+
+class TestGoldenGraph(TestCase):
+    def test_a_trained_few_row_table_is_looked_up_by_the_op_whose_backward_sums_by_programs(self):
+        # T5's position bias: a [4, 3] table looked up at each (query, key) pair's bucket; the lookup keeps its
+        # place, as fuse_attn::table_lookup (its backward is fuse_attn::table_gradient), and the bias its copy
+        def fn(q, k, v, table, buckets):
+            bias = F.embedding(buckets, table).permute(2, 0, 1).unsqueeze(0)
+            return torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
+
+        torch.manual_seed(0)
+        q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
+        table = torch.randn(4, 3, requires_grad=True)
+        reports = rewrite_reports(fn, q, k, v, table, torch.randint(0, 4, (5, 5)), training=True)
+        self.assertExpectedInline(graph_text(reports[0]), """\
+    def forward(self, arg0_1: "i64[5, 5]", arg1_1: "f32[4, 3]", arg2_1: "f32[2, 3, 5, 8]", arg3_1: "f32[2, 3, 5, 8]", arg4_1: "f32[2, 3, 5, 8]"):
+        table_lookup_default: "f32[5, 5, 3]" = torch.ops.fuse_attn.table_lookup.default(arg1_1, arg0_1, -1)
+        permute: "f32[3, 5, 5]" = torch.ops.aten.permute.default(table_lookup_default, [2, 0, 1])
+        clone_default: "f32[3, 5, 5]" = torch.ops.aten.clone.default(permute, memory_format = torch.contiguous_format)
+        unsqueeze_default: "f32[1, 3, 5, 5]" = torch.ops.aten.unsqueeze.default(clone_default, 0)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg3_1, arg2_1, arg4_1, [unsqueeze_default], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")

@@ -25,13 +25,13 @@ import triton.language as tl
 from torch import Tensor
 
 from .flash_decoding import sm_count
-from .launch import _interpret, launch
+from .launch import _interpret, _pow2_at_least_16, launch
 
 aten = torch.ops.aten
 
 # The accumulator a program holds: ROWS x BLOCK_C fp32 values, at most 64 x 64 = 4096 -- 32 registers a thread at
-# Triton's default 4 warps (128 threads), beside the tile of grad in flight. So a table of at most 64 rows (its rows padded to
-# a power of two); columns come in blocks of BLOCK_C.
+# Triton's default 4 warps (128 threads), beside the tile of grad in flight. So a table of at most 64 rows (padded to
+# a power of two, 16 at least: tl.dot's smallest dim); columns come in blocks of BLOCK_C.
 MAX_ROWS = 64
 MAX_BLOCK_C = 64
 # Launch settings, from the sweep in benchmarks/2026-11-28-embedding-backward/ (H100, 64 settings): positions a loop
@@ -73,16 +73,10 @@ def _table_gradient_partials(
     tl.store(PARTIALS + (pid * ROWS + rows[:, None]) * table_columns + offs_c[None, :], acc)
 
 
-def _pow2_at_least_16(n: int) -> int:
-    return max(16, 1 << (max(n, 1) - 1).bit_length())  # tl.arange: a power of two; tl.dot: dims of 16 at least
-
-
 def handles(weight: Tensor, scale_grad_by_freq: bool = False, sparse: bool = False) -> bool:
     """Whether a lookup of ``weight`` gets its gradient from :func:`table_gradient`: a 2-D table of at most MAX_ROWS
     rows (a size known at compile time), a floating dtype of the kernel, dense and unscaled gradients, on a device
     where the kernel runs (CUDA, or the CPU under the Triton interpreter)."""
-    if torch.distributed.is_available() and isinstance(weight, torch.distributed.tensor.DTensor):
-        return False  # the ops have no sharding rule
     return (weight.dim() == 2 and isinstance(weight.shape[0], int) and 0 < weight.shape[0] <= MAX_ROWS
             and isinstance(weight.shape[1], int) and weight.dtype in DTYPES and not scale_grad_by_freq
             and not sparse and (weight.device.type == "cuda" or (weight.device.type == "cpu" and _interpret())))

@@ -117,6 +117,14 @@ def _compiled_step(module, q, k, v, dout):
     return out, "\n".join(codes), reports
 
 
+def _eager_table_grad(module, inputs, dout, dtype):
+    """The table's gradient of an eager copy of ``module`` in ``dtype``."""
+    twin = copy.deepcopy(module).to(dtype)
+    twin.zero_grad(set_to_none=True)
+    twin(*(t.detach().to(dtype) for t in inputs)).backward(dout.to(dtype))
+    return twin.relative_attention_bias.weight.grad
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_relative_bias_table_gradient_runs_our_kernel_in_the_compiled_backward(dtype):
     torch.manual_seed(0)
@@ -132,14 +140,8 @@ def test_relative_bias_table_gradient_runs_our_kernel_in_the_compiled_backward(d
     else:
         assert "fuse_attn.table_gradient_cpu" in code
     ours = module.relative_attention_bias.weight.grad
-
-    def table_grad(dtype):
-        twin = copy.deepcopy(module).to(dtype)
-        twin.zero_grad(set_to_none=True)
-        twin(*(t.detach().to(dtype) for t in (q, k, v))).backward(dout.to(dtype))
-        return twin.relative_attention_bias.weight.grad
-
-    _assert_2x("table", ours, table_grad(dtype), table_grad(torch.float64), dtype)
+    _assert_2x("table", ours, _eager_table_grad(module, (q, k, v), dout, dtype),
+               _eager_table_grad(module, (q, k, v), dout, torch.float64), dtype)
 
 
 def test_relative_bias_table_gradient_under_symbolic_lengths():
@@ -156,14 +158,8 @@ def test_relative_bias_table_gradient_under_symbolic_lengths():
             module.zero_grad(set_to_none=True)
             compiled(q, k, v).backward(dout)
             ours = module.relative_attention_bias.weight.grad
-
-            def table_grad(dtype):
-                twin = copy.deepcopy(module).to(dtype)
-                twin.zero_grad(set_to_none=True)
-                twin(*(t.detach().to(dtype) for t in (q, k, v))).backward(dout.to(dtype))
-                return twin.relative_attention_bias.weight.grad
-
-            _assert_2x(f"table at N{n}", ours, table_grad(torch.float32), table_grad(torch.float64), torch.float32)
+            _assert_2x(f"table at N{n}", ours, _eager_table_grad(module, (q, k, v), dout, torch.float32),
+                       _eager_table_grad(module, (q, k, v), dout, torch.float64), torch.float32)
     assert [len(r.fused) for r in reports] == [1]  # one graph, of symbolic length
 
 

@@ -317,6 +317,39 @@ def test_inductor_sees_each_kernel_write_exactly_its_outputs(name):
     assert stdout.count("_attn_") >= 3, stdout
 
 
+def compile_table_gradient(dtype_name: str) -> None:
+    """(In the subprocess.) The few-row table gradient's kernel (fuse_attn/kernels/embedding_backward.py) as a
+    launch for T5's table specializes it (a [32, 8] table, the gradient laid out as T5's: positions contiguous,
+    heads N^2 apart), compiled for sm90 and sm80; and torch's analysis sees it write its partial tables only."""
+    import types
+
+    from torch._higher_order_ops import triton_kernel_wrap
+
+    from fuse_attn.kernels import embedding_backward
+
+    n = 64
+    grad = torch.randn(1, 8, n, n, dtype=getattr(torch, dtype_name)).permute(2, 3, 1, 0).reshape(n * n, 8)
+    _, args, _ = embedding_backward.partials_launch(grad, torch.randint(0, 32, (n * n,)), 32, -1)
+    kernel = embedding_backward._table_gradient_partials
+    defaults = types.SimpleNamespace(num_warps=4, num_stages=3)  # Triton's, which the launch keeps
+    for target, (capability, smem) in TARGETS.items():
+        compiled = _compile(kernel, args, defaults, capability)
+        assert compiled.asm["cubin"] and compiled.metadata.shared <= smem, target
+        print(f"{target}: {compiled.metadata.shared} bytes of shared memory")
+    triton.runtime.driver.set_active(_TargetOnly())
+    if hasattr(triton_kernel_wrap, "identify_accessed_tensors"):  # torch 2.13
+        writes = {dep.name for dep in triton_kernel_wrap.identify_accessed_tensors(kernel, args, {}).read_writes.writes}
+    else:
+        writes = set(triton_kernel_wrap.identify_mutated_tensors(kernel, args, {}))
+    print("writes", " ".join(sorted(writes)))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_table_gradient_kernel_compiles_for_the_gpu_and_writes_only_its_partials(dtype):
+    stdout = _in_subprocess(f"t.compile_table_gradient({dtype!r})")
+    assert stdout.count("bytes of shared memory") == len(TARGETS) and "writes PARTIALS\n" in stdout, stdout
+
+
 # Every spec for the GPU the project is tuned on; the A100's target for one spec (compiles cost CI minutes)
 CASES = [(name, "sm90") for name in SPECS] + [("causal", "sm80")]
 

@@ -39,7 +39,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from .matching import MatchContext
-from .report import GraphReport, SoftmaxVerdict, log, publish
+from .report import GraphReport, SoftmaxVerdict, TableLookup, log, publish
 from .rewrite import rewrite_attention
 
 # Options taken out of ``torch.compile(..., options={...})``; all others go to Inductor as config patches.
@@ -74,7 +74,7 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
     if report is not None:
         publish(report)
-    if rewritten is None or log_only or not report.fused:
+    if rewritten is None or log_only or not report.changed:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     return compile_fx(rewritten, example_inputs, config_patches=config_patches)
 
@@ -93,7 +93,7 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
     if _checkpoint_regions(gm):
         return _analyze_checkpointed(gm, example_inputs, apply=apply, buffers=buffers,
                                      context_parallel=context_parallel)
-    if not _mentions_softmax(gm):
+    if not (_mentions_softmax(gm) or (_is_trained(example_inputs) and _looks_up_a_few_row_table(gm))):
         return None, None
     if _on_distributed_tensors(gm):
         return _analyze_plain_regions(gm, example_inputs, apply=apply, buffers=buffers,
@@ -151,9 +151,9 @@ def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, appl
     the region. The graph around the regions stays Dynamo's: ``make_fx`` cannot re-trace the checkpoint call, so a
     softmax outside every region is reported and left alone."""
     regions = _checkpoint_regions(gm)
-    verdicts, rewritten = _analyze_parts(gm, example_inputs, buffers,
-                                         [(getattr(gm, r.args[0].target), r.args[1:]) for r in regions],
-                                         apply=apply, context_parallel=context_parallel)
+    verdicts, tables, rewritten = _analyze_parts(gm, example_inputs, buffers,
+                                                 [(getattr(gm, r.args[0].target), r.args[1:]) for r in regions],
+                                                 apply=apply, context_parallel=context_parallel)
     reason = "outside the activation-checkpointed regions of its graph: only softmaxes inside them are fused"
     verdicts += [SoftmaxVerdict(n.name, False, reason=reason) for n in gm.graph.nodes if _is_softmax_call(n)]
 
@@ -161,18 +161,21 @@ def _analyze_checkpointed(gm: fx.GraphModule, example_inputs: list[Any], *, appl
         for i, body in rewritten.items():
             setattr(gm, regions[i].args[0].target, body)
 
-    return _with_parts_put_back(gm, verdicts, bool(rewritten), put_back, apply=apply)
+    return _with_parts_put_back(gm, verdicts, tables, bool(rewritten), put_back, apply=apply)
 
 
 def _analyze_parts(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bool], parts: list, *, apply: bool,
-                   context_parallel: Optional[Any]) -> tuple[list[SoftmaxVerdict], dict[int, fx.GraphModule]]:
+                   context_parallel: Optional[Any],
+                   ) -> tuple[list[SoftmaxVerdict], list[TableLookup], dict[int, fx.GraphModule]]:
     """Each part of ``gm`` -- (a graph of its own, the nodes of ``gm`` its placeholders take) -- analyzed like any
     graph: a part's input is real where it is a graph input of ``gm`` (buffers' values are read), fake elsewhere.
-    Returns the parts' verdicts and, by the part's index, the rewritten graph of each part that fused something."""
+    Returns the parts' verdicts and table lookups and, by the part's index, the rewritten graph of each part that
+    the rewrite changed."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     real = dict(zip(placeholders, example_inputs))
     outer_buffer = dict(zip(placeholders, buffers))
     verdicts: list[SoftmaxVerdict] = []
+    tables: list[TableLookup] = []
     rewritten_parts: dict[int, fx.GraphModule] = {}
     for i, (part, args) in enumerate(parts):
         rewritten, report = analyze_graph(part, [real[a] if a in real else a.meta.get("example_value") for a in args],
@@ -180,24 +183,25 @@ def _analyze_parts(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[
                                           context_parallel=context_parallel)
         if report is not None:
             verdicts += report.verdicts
-        if rewritten is not None and report.fused:
+            tables += report.tables
+        if rewritten is not None and report.changed:
             rewritten_parts[i] = rewritten
-    return verdicts, rewritten_parts
+    return verdicts, tables, rewritten_parts
 
 
-def _with_parts_put_back(gm: fx.GraphModule, verdicts: list[SoftmaxVerdict], fused: bool, put_back, *, apply: bool,
-                         ) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
-    """``gm`` with its rewritten parts put back (``put_back()``, when ``apply`` and a part ``fused``) and the report
-    of ``verdicts`` -- or None where nothing was looked at or changed."""
-    if not verdicts:
+def _with_parts_put_back(gm: fx.GraphModule, verdicts: list[SoftmaxVerdict], tables: list[TableLookup], changed: bool,
+                         put_back, *, apply: bool) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+    """``gm`` with its rewritten parts put back (``put_back()``, when ``apply`` and a part ``changed``) and the report
+    of ``verdicts`` and ``tables`` -- or None where nothing was looked at or changed."""
+    if not verdicts and not tables:
         return None, None
-    if not (apply and fused):
-        return None, GraphReport(verdicts, rewritten=False)
+    if not (apply and changed):
+        return None, GraphReport(verdicts, rewritten=False, tables=tables)
     before = gm.print_readable(print_output=False) if _capture_requested() else None
     put_back()
     gm.recompile()
     after = gm.print_readable(print_output=False) if before is not None else None
-    return gm, GraphReport(verdicts, before=before, after=after)
+    return gm, GraphReport(verdicts, before=before, after=after, tables=tables)
 
 
 def _is_distributed_value(value: Any) -> bool:
@@ -258,9 +262,9 @@ def _analyze_plain_regions(gm: fx.GraphModule, example_inputs: list[Any], *, app
         if _any_attention_candidate(nodes):
             name = f"fuse_attn_plain_region_{i}"
             regions.append((name, nodes, *fuse_as_graphmodule(gm, nodes, name, always_return_tuple=True)))
-    part_verdicts, rewritten = _analyze_parts(gm, example_inputs, buffers,
-                                              [(region, inputs) for _, _, region, inputs, _ in regions],
-                                              apply=apply, context_parallel=context_parallel)
+    part_verdicts, tables, rewritten = _analyze_parts(gm, example_inputs, buffers,
+                                                      [(region, inputs) for _, _, region, inputs, _ in regions],
+                                                      apply=apply, context_parallel=context_parallel)
 
     def put_back():
         for i, body in rewritten.items():
@@ -276,7 +280,7 @@ def _analyze_plain_regions(gm: fx.GraphModule, example_inputs: list[Any], *, app
         _sort_topologically(gm.graph)
         gm.graph.lint()
 
-    return _with_parts_put_back(gm, verdicts + part_verdicts, bool(rewritten), put_back, apply=apply)
+    return _with_parts_put_back(gm, verdicts + part_verdicts, tables, bool(rewritten), put_back, apply=apply)
 
 
 def _sort_topologically(graph: fx.Graph) -> None:
@@ -320,6 +324,21 @@ def _is_softmax_call(node: fx.Node) -> bool:
 def _mentions_softmax(gm: fx.GraphModule) -> bool:
     """Cheap pre-check on Dynamo's graph: without a softmax there is nothing to fuse."""
     return _any_attention_candidate(gm.graph.nodes)
+
+
+def _looks_up_a_few_row_table(gm: fx.GraphModule) -> bool:
+    """Whether Dynamo's graph looks up a trained embedding table of at most ``MAX_ROWS`` rows (``F.embedding``, an
+    ``nn.Embedding`` inlined): such a graph is traced for the table's gradient even without a softmax (a graph break
+    can put T5's position-bias lookup apart from its attentions)."""
+    from .kernels.embedding_backward import MAX_ROWS
+
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and getattr(node.target, "__name__", "") == "embedding" and len(node.args) > 1:
+            weight = node.args[1].meta.get("example_value") if isinstance(node.args[1], fx.Node) else None
+            if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.dim() == 2 \
+                    and isinstance(weight.shape[0], int) and weight.shape[0] <= MAX_ROWS:
+                return True
+    return False
 
 
 def _any_attention_candidate(nodes) -> bool:

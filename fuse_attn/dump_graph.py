@@ -44,6 +44,7 @@ def format_reports(reports: list[GraphReport], *, graphs: bool = True, kernel_so
                     from fuse_attn.kernels.ops import generated_source
 
                     lines += ["--- generated kernel source ---", generated_source(verdict.spec).rstrip()]
+        lines += [table.line() for table in report.tables]
     if not reports:
         lines.append("no graph reached the backend's rewrite (no softmax, or rewriting disabled)")
     return "\n".join(lines)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from .spec import AttentionSpec
@@ -30,18 +30,39 @@ class SoftmaxVerdict:
         return f"not fused {self.node}{where}: {self.reason}"
 
 
+@dataclass(frozen=True)
+class TableLookup:
+    """An embedding lookup of a few-row trained table (T5's relative position bias) that the rewrite gave the table
+    gradient by partial sums (``fuse_attn.kernels.embedding_backward``)."""
+
+    node: str  # the lookup's node name in the pre-autograd graph
+    table: str  # the table's shape
+    source: Optional[str] = None  # the user's code line, when known
+
+    def line(self) -> str:
+        where = f" ({self.source})" if self.source else ""
+        return f"table gradient by partial sums {self.node}{where}: a {self.table} table"
+
+
 @dataclass
 class GraphReport:
-    """One graph's rewrite: the verdicts and, when captured, the graph text before and after."""
+    """One graph's rewrite: the verdicts, the table lookups rewritten and, when captured, the graph text before and
+    after."""
 
     verdicts: list[SoftmaxVerdict]
     before: Optional[str] = None
     after: Optional[str] = None
     rewritten: bool = True
+    tables: list[TableLookup] = field(default_factory=list)
 
     @property
     def fused(self) -> list[SoftmaxVerdict]:
         return [v for v in self.verdicts if v.fused]
+
+    @property
+    def changed(self) -> bool:
+        """Whether the rewrite changed the graph: an attention fused or a table lookup rewritten."""
+        return bool(self.fused or self.tables)
 
     @property
     def not_fused(self) -> list[SoftmaxVerdict]:
@@ -65,6 +86,7 @@ class ExplainReport:
     def __str__(self) -> str:
         lines = [f"{len(self.fused)} attention(s) fused, {len(self.not_fused)} softmax(es) not fused, in {len(self.graphs)} graph(s)"]
         lines += [v.line() for g in self.graphs for v in g.verdicts]
+        lines += [t.line() for g in self.graphs for t in g.tables]
         return "\n".join(lines)
 
 
@@ -83,7 +105,7 @@ def collect_reports() -> Iterator[list[GraphReport]]:
 
 
 def publish(report: GraphReport) -> None:
-    for verdict in report.verdicts:
-        log.info(verdict.line())
+    for line in [v.line() for v in report.verdicts] + [t.line() for t in report.tables]:
+        log.info(line)
     for reports in _collectors:
         reports.append(report)

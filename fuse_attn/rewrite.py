@@ -24,7 +24,7 @@ from . import sdpa_calls
 from .context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
 from .kernels import embedding_backward, implementations
 from .kernels.launch import hint
-from .report import GraphReport, SoftmaxVerdict, log
+from .report import GraphReport, SoftmaxVerdict, TableLookup, log
 
 
 class _Emitter:
@@ -268,13 +268,12 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     for copy in key_contiguous_copies.values():
         if not copy.users:  # (made for a match that then failed)
             graph.erase_node(copy)
-    if apply and training:
-        _few_row_table_lookups(graph, fake_mode, needing_grad)
+    tables = _few_row_table_lookups(graph, fake_mode, needing_grad) if apply and training else []
     if apply or expansions:
         graph.lint()
         gm.recompile()
     after = gm.print_readable(print_output=False) if capture else None
-    return GraphReport(verdicts, before=before, after=after, rewritten=apply)
+    return GraphReport(verdicts, before=before, after=after, rewritten=apply, tables=tables)
 
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
@@ -294,11 +293,12 @@ def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: boo
     return choice
 
 
-def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node]) -> None:
+def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node]) -> list[TableLookup]:
     """Each embedding lookup of a table with few rows that needs a gradient -- T5's relative position bias, a
     [32, heads] table looked up at every (query, key) pair -- becomes ``fuse_attn::table_lookup``: the same lookup,
     whose backward sums the gradient a program at a time (``fuse_attn.kernels.embedding_backward``) where Inductor's
     decomposition adds each value atomically into the few rows' addresses."""
+    tables = []
     for node in list(graph.nodes):
         if node.target is not aten.embedding.default or node.args[0] not in needing_grad:
             continue
@@ -312,5 +312,5 @@ def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx
         lookup.meta["stack_trace"] = node.meta.get("stack_trace")
         node.replace_all_uses_with(lookup)
         graph.erase_node(node)
-        log.info("fuse_attn: the gradient of %s's %s table (%s) by fuse_attn::table_gradient", node.name,
-                 shape_text(val(weight).shape), _source_line(lookup) or "")
+        tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(lookup)))
+    return tables

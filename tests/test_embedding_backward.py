@@ -197,6 +197,32 @@ def test_t5s_encoder_and_decoder_tables_train_through_the_op():
         _assert_2x(f"{name} table", ours, eager, ref64, torch.float32)
 
 
+def test_a_trained_table_in_a_graph_without_attention_is_rewritten_too():
+    """A graph break can put the position-bias lookup in a graph of its own: a trained few-row table is traced and
+    rewritten there too, and the report names it."""
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(32, 8).to(DEVICE)
+    indices = torch.randint(0, 32, (50, 50), device=DEVICE)
+
+    def loss():
+        return (table(indices) ** 2).sum()
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="fuse_attn")
+    with fresh_cache(), collect_reports() as reports:
+        _, codes = run_and_get_code(lambda: compiled().backward())
+    code = "\n".join(codes)
+    assert [len(r.tables) for r in reports] == [1] and "a [32, 8] table" in reports[0].tables[0].line()
+    assert "embedding_dense_backward" not in code
+    ours = table.weight.grad.clone()
+    table.weight.grad = None
+    loss().backward()
+    eager = table.weight.grad
+    ref64 = eb.reference_table_gradient((2 * table.weight.detach().double())[indices.reshape(-1)],
+                                        indices.reshape(-1), 32, -1)
+    _assert_2x("table", ours, eager, ref64, torch.float32)
+
+
 @pytest.mark.parametrize("buckets, scale_grad_by_freq, frozen", [
     (eb.MAX_ROWS + 1, False, False),  # more rows than a program's accumulator holds
     (32, True, False),  # gradients scaled by the indices' frequencies

@@ -5,6 +5,7 @@ position bias), and the tables it leaves to Inductor's decomposition."""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 
 import pytest
@@ -221,6 +222,39 @@ def test_a_trained_table_in_a_graph_without_attention_is_rewritten_too():
     ref64 = eb.reference_table_gradient((2 * table.weight.detach().double())[indices.reshape(-1)],
                                         indices.reshape(-1), 32, -1)
     _assert_2x("table", ours, eager, ref64, torch.float32)
+
+
+@pytest.mark.parametrize("attention_in_the_region", [True, False])
+def test_a_table_looked_up_in_an_activation_checkpointed_region(attention_in_the_region):
+    """Hugging Face's gradient checkpointing wraps each block, T5's first one computing the bias: the region's lookup
+    is rewritten with its attention, or alone where the region holds only the lookup (the graph's softmax outside
+    every region is then left alone, as any)."""
+    torch.manual_seed(0)
+    heads, n, d = 2, 21, 16
+    module = RelativeBiasAttention(heads).to(DEVICE)
+    q, k, v = (torch.randn(1, heads, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, heads, n, d, device=DEVICE)
+    checkpoint = functools.partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+
+    def bias(q):
+        position = torch.arange(q.shape[2], device=q.device)
+        bucket = (position[None, :] - position[:, None]).clamp(-15, 16) + 15
+        return module.relative_attention_bias(bucket).permute(2, 0, 1).unsqueeze(0)
+
+    def fn(q, k, v):
+        if attention_in_the_region:
+            return checkpoint(module, q, k, v)
+        return (q @ k.transpose(-1, -2) + checkpoint(bias, q)).softmax(-1) @ v
+
+    torch._dynamo.reset()
+    with fresh_cache(), collect_reports() as reports:
+        _, codes = run_and_get_code(lambda: torch.compile(fn, backend="fuse_attn")(q, k, v).backward(dout))
+    assert [len(r.tables) for r in reports] == [1]
+    assert [len(r.fused) for r in reports] == [1 if attention_in_the_region else 0]
+    assert "embedding_dense_backward" not in "\n".join(codes)
+    ours = module.relative_attention_bias.weight.grad
+    _assert_2x("table", ours, _eager_table_grad(module, (q, k, v), dout, torch.float32),
+               _eager_table_grad(module, (q, k, v), dout, torch.float64), torch.float32)
 
 
 @pytest.mark.parametrize("buckets, scale_grad_by_freq, frozen", [

@@ -327,16 +327,15 @@ def _mentions_softmax(gm: fx.GraphModule) -> bool:
 
 
 def _looks_up_a_few_row_table(gm: fx.GraphModule) -> bool:
-    """Whether Dynamo's graph looks up a trained embedding table of at most ``MAX_ROWS`` rows (``F.embedding``, an
-    ``nn.Embedding`` inlined): such a graph is traced for the table's gradient even without a softmax (a graph break
-    can put T5's position-bias lookup apart from its attentions)."""
-    from .kernels.embedding_backward import MAX_ROWS
+    """Whether Dynamo's graph looks up a trained embedding table that the table gradient handles (``F.embedding``,
+    an ``nn.Embedding`` inlined): such a graph is traced for the table's gradient even without a softmax (a graph
+    break can put T5's position-bias lookup apart from its attentions)."""
+    from .kernels import embedding_backward
 
     for node in gm.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "embedding" and len(node.args) > 1:
             weight = node.args[1].meta.get("example_value") if isinstance(node.args[1], fx.Node) else None
-            if isinstance(weight, torch.Tensor) and weight.requires_grad and weight.dim() == 2 \
-                    and isinstance(weight.shape[0], int) and weight.shape[0] <= MAX_ROWS:
+            if isinstance(weight, torch.Tensor) and weight.requires_grad and embedding_backward.handles(weight):
                 return True
     return False
 

@@ -6,7 +6,9 @@ Pipeline for each graph Dynamo hands over:
    per op, grad-mode regions kept, no backward yet;
 2. match every softmax and replace each proven attention with ``torch.ops.fuse_attn.flash_attention``
    (``fuse_attn.rewrite``) -- or with SDPA's cuDNN / flash kernel where one computes it exactly and was timed faster
-   (``fuse_attn.kernels.implementations``); every softmax left alone gets a recorded reason;
+   (``fuse_attn.kernels.implementations``); every softmax left alone gets a recorded reason; in a trained graph,
+   each lookup of a few-row embedding table (T5's position bias) becomes ``fuse_attn::table_lookup``, whose
+   gradient sums by programs instead of atomic adds (``fuse_attn.kernels.embedding_backward``);
 3. hand the rewritten graph to Inductor's ``compile_fx``: AOTAutograd builds the joint graph -- the fused op's
    registered autograd formula puts our backward kernel into it -- then Inductor partitions, fuses and compiles
    everything else.
@@ -82,8 +84,9 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
 def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
                   buffers: Optional[list[bool]] = None, context_parallel: Optional[Any] = None,
                   ) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
-    """The pre-autograd graph of ``gm`` with its attentions replaced (when ``apply``) and the report; the graph
-    is None when ``gm`` must be compiled as it is. Never raises for a graph it cannot handle.
+    """The pre-autograd graph of ``gm`` with its attentions replaced (when ``apply``; in a trained graph also its
+    lookups of few-row tables, ``rewrite._few_row_table_lookups``) and the report; the graph is None when ``gm``
+    must be compiled as it is. Never raises for a graph it cannot handle.
 
     ``buffers`` says which placeholders are registered buffers (default: read from Dynamo's metadata); their
     values in ``example_inputs`` are real and masks built from them are evaluated at compile time.

@@ -16,7 +16,8 @@ def fuse_exported(ep):
 
 
 def explain(model, *args, **kwargs) -> ExplainReport:
-    """Say, for every softmax in ``model(*args, **kwargs)``, whether the backend fuses it and why not.
+    """Say, for every softmax in ``model(*args, **kwargs)``, whether the backend fuses it and why not (and, where the
+    call computes gradients, which few-row embedding tables get the table gradient by partial sums).
 
     Runs Dynamo and the backend's matcher only (the graphs then run eagerly; nothing is compiled by Inductor).
     """

@@ -268,7 +268,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     for copy in key_contiguous_copies.values():
         if not copy.users:  # (made for a match that then failed)
             graph.erase_node(copy)
-    tables = _few_row_table_lookups(graph, fake_mode, needing_grad) if apply and training else []
+    tables = _few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
     if apply or expansions:
         graph.lint()
         gm.recompile()
@@ -293,11 +293,13 @@ def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: boo
     return choice
 
 
-def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node]) -> list[TableLookup]:
+def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node],
+                           apply: bool) -> list[TableLookup]:
     """Each embedding lookup of a table with few rows that needs a gradient -- T5's relative position bias, a
-    [32, heads] table looked up at every (query, key) pair -- becomes ``fuse_attn::table_lookup``: the same lookup,
-    whose backward sums the gradient a program at a time (``fuse_attn.kernels.embedding_backward``) where Inductor's
-    decomposition adds each value atomically into the few rows' addresses."""
+    [32, heads] table looked up at every (query, key) pair -- becomes ``fuse_attn::table_lookup`` (when ``apply``;
+    otherwise it is only reported): the same lookup, whose backward sums the gradient a program at a time
+    (``fuse_attn.kernels.embedding_backward``) where Inductor's decomposition adds each value atomically into the
+    few rows' addresses."""
     tables = []
     for node in list(graph.nodes):
         if node.target is not aten.embedding.default or node.args[0] not in needing_grad:
@@ -306,6 +308,9 @@ def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx
         options = {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False}  # aten.embedding's defaults
         options.update(zip(options, node.args[2:]), **node.kwargs)
         if not embedding_backward.handles(val(weight), options["scale_grad_by_freq"], options["sparse"]):
+            continue
+        if not apply:
+            tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(node)))
             continue
         emit = _Emitter(graph, node, fake_mode)
         lookup = emit(torch.ops.fuse_attn.table_lookup.default, weight, indices, options["padding_idx"])

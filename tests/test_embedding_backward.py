@@ -15,6 +15,7 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 
 from expecttest import TestCase
 
+import fuse_attn
 from fuse_attn.kernels import embedding_backward as eb
 from fuse_attn.report import collect_reports
 from fuzz_cases import FLOOR
@@ -255,6 +256,18 @@ def test_a_table_looked_up_in_an_activation_checkpointed_region(attention_in_the
     ours = module.relative_attention_bias.weight.grad
     _assert_2x("table", ours, _eager_table_grad(module, (q, k, v), dout, torch.float32),
                _eager_table_grad(module, (q, k, v), dout, torch.float64), torch.float32)
+
+
+def test_explain_names_the_table_it_would_rewrite():
+    heads, n, d = 2, 9, 16
+    module = RelativeBiasAttention(heads).to(DEVICE)
+    q, k, v = (torch.randn(1, heads, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    torch._dynamo.reset()
+    text = str(fuse_attn.explain(module, q, k, v))
+    assert "1 attention(s) fused" in text and "table gradient by partial sums" in text and "a [32, 2] table" in text
+    with torch.no_grad():  # no gradient, no table gradient
+        torch._dynamo.reset()
+        assert "table gradient" not in str(fuse_attn.explain(module, q, k, v))
 
 
 @pytest.mark.parametrize("buckets, scale_grad_by_freq, frozen", [

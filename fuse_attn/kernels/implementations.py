@@ -208,13 +208,17 @@ def set_aside(name: str, why: str):
         _SET_ASIDE.pop(name, None)
 
 
+def _score_grads(score_tensors: Sequence[Tensor], score_grads: Optional[Sequence[bool]]) -> list[bool]:
+    """Which score tensors are timed with a gradient: ``score_grads`` where given, else those that require grad."""
+    return [t.requires_grad for t in score_tensors] if score_grads is None else list(score_grads)
+
+
 def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
            score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None) -> Choice:
     """The implementation of one matched attention (q, k, v and its score tensors: its fused op's operands, fake while
     compiling). ``score_grads``: which score tensors need a gradient, timed with it (default: those that require
     grad; a graph traced below autograd says it apart, :func:`fuse_attn.graph_utils.nodes_needing_grad`)."""
-    if score_grads is None:
-        score_grads = [t.requires_grad for t in score_tensors]
+    score_grads = _score_grads(score_tensors, score_grads)
     allowed = [n for n in allowed_candidates() if n not in _SET_ASIDE]
     reasons = {n: [] for n in allowed if n == TRITON}
     if GLUON in allowed:
@@ -261,8 +265,7 @@ class _CandidateSteps:
 
     def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
                  score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None):
-        if score_grads is None:  # (as choose's)
-            score_grads = [t.requires_grad for t in score_tensors]
+        score_grads = _score_grads(score_tensors, score_grads)
         self.spec, self.training = spec, training
         self.q, self.k, self.v = (_random_like(t).requires_grad_(training) for t in (q, k, v))
         self.score_tensors = [_random_like(t).requires_grad_(training and needs and t.is_floating_point())

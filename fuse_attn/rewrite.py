@@ -309,13 +309,12 @@ def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx
         options.update(zip(options, node.args[2:]), **node.kwargs)
         if not embedding_backward.handles(val(weight), options["scale_grad_by_freq"], options["sparse"]):
             continue
+        tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(node)))
         if not apply:
-            tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(node)))
             continue
         emit = _Emitter(graph, node, fake_mode)
         lookup = emit(torch.ops.fuse_attn.table_lookup.default, weight, indices, options["padding_idx"])
         lookup.meta["stack_trace"] = node.meta.get("stack_trace")
         node.replace_all_uses_with(lookup)
         graph.erase_node(node)
-        tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(lookup)))
     return tables

@@ -1,4 +1,5 @@
-"""Run the backend's trace + rewrite on what Dynamo captures, without compiling (for golden-graph tests)."""
+"""Run the backend's trace + rewrite on what Dynamo captures, without compiling (for golden-graph tests); and a
+compiled step's output code (:func:`compiled_code`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 import torch
 
 from fuse_attn.backend import trace_pre_autograd
-from fuse_attn.report import GraphReport
+from fuse_attn.report import GraphReport, collect_reports
 from fuse_attn.rewrite import rewrite_attention
 
 
@@ -57,3 +58,13 @@ def fused_specs(fn, *args, dynamic=None) -> str:
     verdicts = [v for r in reports for v in r.verdicts]
     assert verdicts and all(v.fused for v in verdicts), verdict_lines(reports)
     return "\n".join(v.spec.describe() for v in verdicts)
+
+
+def compiled_code(step):
+    """``step()`` run once with a fresh Inductor cache: its result, the output code Inductor generated for it (one
+    text) and the backend's reports of the graphs it compiled."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    with fresh_cache(), collect_reports() as reports:
+        result, codes = run_and_get_code(step)
+    return result, "\n".join(codes), reports

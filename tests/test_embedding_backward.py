@@ -11,7 +11,6 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._inductor.utils import fresh_cache, run_and_get_code
 
 from expecttest import TestCase
 
@@ -19,7 +18,7 @@ import fuse_attn
 from fuse_attn.kernels import embedding_backward as eb
 from fuse_attn.report import collect_reports
 from fuzz_cases import FLOOR
-from graph_capture import graph_text, rewrite_reports
+from graph_capture import compiled_code, graph_text, rewrite_reports
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU and TRITON_INTERPRET=0")
@@ -114,9 +113,7 @@ def _compiled_step(module, q, k, v, dout):
         out.backward(dout)
         return out
 
-    with fresh_cache(), collect_reports() as reports:
-        out, codes = run_and_get_code(step)
-    return out, "\n".join(codes), reports
+    return compiled_code(step)
 
 
 def _eager_table_grad(module, inputs, dout, dtype):
@@ -177,9 +174,7 @@ def test_t5s_encoder_and_decoder_tables_train_through_the_op():
     ids = torch.randint(3, 64, (2, 11), device=DEVICE)
     labels = torch.randint(3, 64, (2, 7), device=DEVICE)
     compiled = torch.compile(model, backend="fuse_attn")
-    with fresh_cache(), collect_reports() as reports:
-        _, codes = run_and_get_code(lambda: compiled(input_ids=ids, labels=labels).loss.backward())
-    code = "\n".join(codes)
+    _, code, reports = compiled_code(lambda: compiled(input_ids=ids, labels=labels).loss.backward())
     assert sum(len(r.fused) for r in reports) == 6  # 2 encoder, 2 decoder self-, 2 cross-attentions
     assert "embedding_dense_backward" not in code
     assert code.count("def _table_gradient_partials(" if DEVICE == "cuda" else "fuse_attn.table_gradient_cpu") >= 2
@@ -211,9 +206,7 @@ def test_a_trained_table_in_a_graph_without_attention_is_rewritten_too():
 
     torch._dynamo.reset()
     compiled = torch.compile(loss, backend="fuse_attn")
-    with fresh_cache(), collect_reports() as reports:
-        _, codes = run_and_get_code(lambda: compiled().backward())
-    code = "\n".join(codes)
+    _, code, reports = compiled_code(lambda: compiled().backward())
     assert [len(r.tables) for r in reports] == [1] and "a [32, 8] table" in reports[0].tables[0].line()
     assert "embedding_dense_backward" not in code
     ours = table.weight.grad.clone()
@@ -248,11 +241,10 @@ def test_a_table_looked_up_in_an_activation_checkpointed_region(attention_in_the
         return (q @ k.transpose(-1, -2) + checkpoint(bias, q)).softmax(-1) @ v
 
     torch._dynamo.reset()
-    with fresh_cache(), collect_reports() as reports:
-        _, codes = run_and_get_code(lambda: torch.compile(fn, backend="fuse_attn")(q, k, v).backward(dout))
+    _, code, reports = compiled_code(lambda: torch.compile(fn, backend="fuse_attn")(q, k, v).backward(dout))
     assert [len(r.tables) for r in reports] == [1]
     assert [len(r.fused) for r in reports] == [1 if attention_in_the_region else 0]
-    assert "embedding_dense_backward" not in "\n".join(codes)
+    assert "embedding_dense_backward" not in code
     ours = module.relative_attention_bias.weight.grad
     _assert_2x("table", ours, _eager_table_grad(module, (q, k, v), dout, torch.float32),
                _eager_table_grad(module, (q, k, v), dout, torch.float64), torch.float32)

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from fuse_attn.kernels import launch
 from fuse_attn.report import collect_reports
+from graph_capture import compiled_code
 from tools.bench_host_overhead import CausalAttention
 
 ops = importlib.import_module("fuse_attn.kernels.ops")
@@ -58,8 +59,6 @@ def test_a_config_copy_of_a_kernel_is_the_same_kernel_under_another_function():
 
 @needs_cuda
 def test_compiled_code_launches_the_generated_kernels_directly(monkeypatch):
-    from torch._inductor.utils import fresh_cache, run_and_get_code
-
     torch.manual_seed(0)
     B, H, N, D = 2, 4, 256, 64
     q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
@@ -71,10 +70,8 @@ def test_compiled_code_launches_the_generated_kernels_directly(monkeypatch):
         out.backward(dout)
         return out
 
-    with fresh_cache(), collect_reports() as reports:
-        out, codes = run_and_get_code(step)
+    out, code, reports = compiled_code(step)
     assert [len(r.fused) for r in reports] == [1]
-    code = "\n".join(codes)
     for kernel in ("_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"):
         assert f"def {kernel}(" in code, f"{kernel}'s source is not in Inductor's output code"
         assert f"{kernel}.run(" in code or f"{kernel}[" in code or f"{kernel}_" in code, f"no launch of {kernel}"
@@ -144,8 +141,6 @@ def test_only_the_launch_that_accumulates_a_bias_gradient_gets_its_buffer(monkey
 def test_cpu_tensors_run_the_opaque_cpu_op_under_compile():
     """A traced wrap_triton launch cannot run under the interpreter: on CPU tensors the compiled graph calls
     ``fuse_attn::flash_attention_cpu`` (and its backward op), whatever TRITON_INTERPRET says."""
-    from torch._inductor.utils import fresh_cache, run_and_get_code
-
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 17, 16, requires_grad=True) for _ in range(3))
     compiled = torch.compile(CausalAttention(17), backend="fuse_attn")
@@ -155,9 +150,7 @@ def test_cpu_tensors_run_the_opaque_cpu_op_under_compile():
         out.sum().backward()
         return out
 
-    with fresh_cache():
-        out, codes = run_and_get_code(step)
-    code = "\n".join(codes)
+    out, code, _ = compiled_code(step)
     assert "fuse_attn.flash_attention_cpu" in code and "fuse_attn.flash_attention_backward_cpu" in code
     torch.testing.assert_close(out, CausalAttention(17)(q, k, v), rtol=1e-4, atol=1e-5)
 

@@ -385,13 +385,14 @@ FORWARD_ONLY_CASES = {
 
 
 def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None,
-                   rows: int | None = None):
+                   rows: int | None = None, bias_grad: bool = False):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
     captured and not compiled.) ``sms``: the SMs the launcher sees (CPU tensors have none), which decides whether a
     CTA takes two key tiles (the causal backward) or two query blocks (the forward). ``bias``: a key of
-    :data:`BIAS_CASES`, the spec then ``s + bias``. ``rows``: a length other than the case's."""
+    :data:`BIAS_CASES`, the spec then ``s + bias``. ``rows``: a length other than the case's. ``bias_grad``: the backward
+    with the bias's gradient (its dS tiles stored)."""
     from fuse_attn.kernels import hopper_backward, hopper_forward
 
     head_dim, causal, group, dtype, case_rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
@@ -429,8 +430,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         else:
             hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec.scale, causal,
                                             group, bias=bias_tensor, zero_empty_rows=spec.empty_rows == "zero",
-                                            batch_inner=launch.batch_rows_innermost(spec))
-    (args, kwargs), = launches[launched[0]]  # one launch of the Gluon kernel
+                                            batch_inner=launch.batch_rows_innermost(spec), bias_grad=bias_grad)
+    (args, kwargs), *_ = launches[launched[0]]  # the Gluon kernel's launch (each chunk of heads the same kernel)
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
     cfg = autotune.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])
     capability, smem = TARGETS["sm90"]
@@ -444,7 +445,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         assert compiled.metadata.shared <= half, f"{name}: {compiled.metadata.shared} bytes"
     paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}, bias: {bound['HAS_BIAS']}, batch "
-          f"rows innermost: {bound['BATCH_INNER']}, bias tiles by TMA: {bound.get('BIAS_TMA', False)}")
+          f"rows innermost: {bound['BATCH_INNER']}, bias tiles by TMA: {bound.get('BIAS_TMA', False)}, dS stored: "
+          f"{bound.get('DS_OUT', False)}")
     return compiled
 
 
@@ -497,6 +499,14 @@ def test_the_gluon_kernels_with_a_bias_compile_for_hopper(direction, name, bias,
     assert "bias: True" in stdout, stdout
     assert f"batch rows innermost: {bias.startswith('[1,')}" in stdout, stdout
     assert f"bias tiles by TMA: {by_tma}" in stdout, stdout
+
+
+@pytest.mark.parametrize("name, bias", [("D64 causal GQA 2", "[1,H,M,N] bf16"),  # the bias loaded
+                                        ("D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16")])  # by TMA
+def test_the_gluon_backward_storing_the_bias_gradients_ds_compiles_for_hopper(name, bias):
+    """The backward where the bias needs a gradient: each tile's dS goes out from its shared tile by TMA."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward', bias={bias!r}, bias_grad=True)")
+    assert "dS stored: True" in stdout, stdout
 
 
 @pytest.mark.parametrize("name", list(HOPPER_CASES))

@@ -17,7 +17,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fuse_attn.kernels import reference_attention
+from fuse_attn.kernels import ops, reference_attention
+from fuse_attn.kernels.hopper_backward import dscore_kv_heads
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor, UnsupportedSpec
 from test_kernels import assert_close_2x
@@ -31,8 +32,15 @@ def test_the_ops_fake_gives_the_gradients_shapes():
         q, out = (torch.empty(2, 8, 77, 128, dtype=torch.bfloat16, device="cuda") for _ in range(2))
         k = torch.empty(2, 4, 77, 128, dtype=torch.bfloat16, device="cuda")
         lse = torch.empty(2, 8, 77, device="cuda")
-        dq, dk, dv = torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k, k, out, lse, spec)
+        dq, dk, dv, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k, k, out, lse, spec)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape) and dq.dtype == torch.bfloat16
+        assert dbias.numel() == 0  # (no bias_grad)
+        bias = torch.empty(1, 8, 77, 77, dtype=torch.bfloat16, device="cuda")
+        biased = dataclasses.replace(PLAIN, gqa_group=2, score_mod=BIAS_PROGRAM, score_tensors=(
+            ScoreTensor("bias", "bfloat16", (True, False, False, False)),)).to_json()
+        *_, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k, k, out, lse, biased, None, bias,
+                                                                        True)
+        assert dbias.shape == bias.shape and dbias.dtype == bias.dtype
         with pytest.raises(UnsupportedSpec, match="do not match q"):  # 3 kv heads for GQA 2 of 8
             k3 = torch.empty(2, 3, 77, 128, dtype=torch.bfloat16, device="cuda")
             torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k3, k3, out, lse, spec)
@@ -43,6 +51,29 @@ def test_the_op_refuses_what_it_cannot_compute():
     q = torch.randn(1, 2, 8, 128, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="Hopper"):
         torch.ops.fuse_attn.flash_attention_hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 8), PLAIN.to_json())
+
+
+def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
+    """The kv heads a launch takes where it stores dS for the bias's gradient: all where the bias has every dim (a bf16
+    dS buffer is half the template's fp32 one), chunks of heads where it is broadcast over the batch (T5's
+    [1, 8, N, N] bias at batch 4: two launches of 4 heads), none where it is broadcast over the heads (its gradient
+    sums every head, in no chunk of them), in another dtype than the inputs', or over the queries."""
+    from fuse_attn.kernels.hopper_backward import dscore_kv_heads
+
+    def heads(z, h, h_kv, n, bias_shape, bias_dtype=torch.bfloat16):
+        with FakeTensorMode():
+            q = torch.empty(z, h, n, 64, dtype=torch.bfloat16, device="cuda")
+            k = torch.empty(z, h_kv, n, 64, dtype=torch.bfloat16, device="cuda")
+            return dscore_kv_heads(q, k, torch.empty(bias_shape, dtype=bias_dtype, device="cuda"))
+
+    assert heads(4, 8, 8, 4096, (4, 8, 4096, 4096)) == 8
+    assert heads(4, 8, 8, 4096, (1, 8, 4096, 4096)) == 4
+    assert heads(4, 16, 16, 4096, (1, 16, 4096, 4096)) == 8
+    assert heads(8, 32, 8, 1024, (1, 32, 1024, 1024)) == 2  # GQA 4: two kv heads a launch, their 8 query heads
+    assert heads(2, 4, 4, 97, (1, 4, 97, 97)) == 3  # (rows padded to 104 keys for TMA)
+    assert heads(2, 4, 4, 520, (2, 1, 520, 520)) == 0
+    assert heads(2, 4, 4, 512, (2, 4, 512, 512), torch.float32) == 0
+    assert heads(2, 4, 4, 512, (2, 4, 1, 512)) == 0
 
 
 def test_the_backward_takes_every_head_dim_the_forward_does():
@@ -147,6 +178,7 @@ def test_a_dout_tma_cannot_read_in_place():
 
 # ---- s + bias: the bias loaded in both kernels ------------------------------------------------------------------------
 BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
+_templates_backward = ops._backward
 
 
 @hopper
@@ -155,7 +187,16 @@ BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add",
     (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", False),
     (128, False, 1025, (2, 4, "N", "N"), torch.bfloat16, "zero", False),
     (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", False),
-    (128, True, 300, (2, 4, "N", "N"), torch.bfloat16, "nan", True),  # the template's backward: the bias's gradient
+    # the bias's gradient (test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer: which backward):
+    # Gluon's dS stores, every dim, causal (zeros past the diagonal), rows of 300 keys padded for TMA
+    (128, True, 300, (2, 4, "N", "N"), torch.bfloat16, "nan", True),
+    # broadcast over the batch as T5's: chunks of 3 heads and 1 (97 keys, padded to 104), unmasked
+    (64, False, 97, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
+    # the ALiBi form, bias tiles by TMA, empty rows 0 (one launch: at batch 2 the bf16 dS is the fp32 buffer's size)
+    (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "zero", True),
+    # the template's backward computes these: a bias broadcast over the heads, an fp32 bias
+    (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", True),
+    (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", True),
     # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (hopper_forward._bias_by_tma),
     # in each config (one consumer, two CTAs an SM; two; three), keys and rows past the lengths in the last tiles
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "nan", False),
@@ -167,7 +208,8 @@ BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add",
 ])
 def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_grad):
     """``s + bias``: the forward and backward against fp64 under the 2x rule, the gradient of the bias too where it
-    needs one (the op's autograd then runs the generated template's backward on this forward's out and lse). Row 5
+    needs one (the Gluon backward, or the generated template's on this forward's out and lse where
+    :func:`~fuse_attn.kernels.hopper_backward.dscore_kv_heads` says so: which one ran is checked). Row 5
     of every (batch, head) is -inf everywhere, row 7 in its first half (its first tiles see no key); the other rows a
     random bias. ``empty_rows="nan"`` (softmax): row 5 is NaN, and with it dq's row 5, dk where row 5 sees a key and
     all of dv, as in eager; the reference is eager attention. ``"zero"`` (SDPA's ``_safe_softmax``): row 5 is 0 with no
@@ -195,11 +237,15 @@ def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_
 
     reference = sdpa_math if empty_rows == "zero" else lambda *t: reference_attention(*t[:3], t[3:], spec)[0]
     dout = torch.randn(q.shape, device="cuda", generator=g, dtype=torch.bfloat16)
-    results = []
-    for out, inputs in ((flash_attention_hopper(*ours_in[:3], spec, bias=ours_in[3]), ours_in),
-                        (reference(*ref_in), ref_in), (reference(*eager_in), eager_in)):
-        wanted = inputs if bias_grad else inputs[:3]
-        results.append((out, *torch.autograd.grad(out, wanted, dout.to(out.dtype))))
+    results, templates_backward = [], []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(ops, "_backward", lambda *a: templates_backward.append(1) or _templates_backward(*a))
+        for out, inputs in ((flash_attention_hopper(*ours_in[:3], spec, bias=ours_in[3]), ours_in),
+                            (reference(*ref_in), ref_in), (reference(*eager_in), eager_in)):
+            wanted = inputs if bias_grad else inputs[:3]
+            results.append((out, *torch.autograd.grad(out, wanted, dout.to(out.dtype))))
+    by_gluon = not bias_grad or bool(dscore_kv_heads(q, k, bias))
+    assert templates_backward == ([] if by_gluon else [1]), templates_backward
     for name, ours, ref64, eager in zip(("out", "dq", "dk", "dv", "dbias"), *results):
         if empty_rows == "zero":
             assert not ours.isnan().any(), name

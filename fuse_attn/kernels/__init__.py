@@ -6,8 +6,8 @@
   when the spec's dropout_p > 0, else None; ``dlse``: the gradient of lse, None for zero)
 * ``torch.ops.fuse_attn.flash_attention_hopper(q, k, v, spec_json, bias=None) -> (out, lse)`` -- the forward of
   plain attention (or ``s + bias``, ``bias`` its score tensor) in Gluon for Hopper GPUs (:mod:`.hopper_forward`),
-  whose backward is ``flash_attention_hopper_backward(dout, q, k, v, out, lse, spec_json, dlse=None, bias=None) ->
-  (dq, dk, dv)`` (:mod:`.hopper_backward`, Gluon too)
+  whose backward is ``flash_attention_hopper_backward(dout, q, k, v, out, lse, spec_json, dlse=None, bias=None,
+  bias_grad=False) -> (dq, dk, dv, dbias)`` (:mod:`.hopper_backward`, Gluon too; dbias empty without bias_grad)
 * ``torch.ops.fuse_attn.table_lookup(weight, indices, padding_idx)`` -- an embedding lookup of a few-row table whose
   gradient ``table_gradient(grad, indices, rows, padding_idx)`` sums by programs, not atomics
   (:mod:`.embedding_backward`: T5's relative position bias)

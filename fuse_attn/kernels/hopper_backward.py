@@ -18,15 +18,18 @@ P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttentio
 
 An ``s + bias`` attention's bias tiles come with q and dO into the ring where TMA reads the bias in place and they
 fit (:func:`bias_ring_dq_buffers`: at head dim 128 with a 2-byte bias, in the room of the second dQ buffer); else
-the compute warpgroups load them from global memory.
+the compute warpgroups load them from global memory. Where the bias needs a gradient (dS summed over the dims it is
+broadcast over, as eager's), each tile's dS goes out from its shared tile by TMA into a ``[Z, heads, M, N]`` buffer
+in the inputs' dtype (eager's dS is that rounding), in chunks of heads that keep the buffer within the fp32 one the
+generated template's backward accumulates by atomics (:func:`dscore_kv_heads`), and the sum comes after each chunk.
 
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
 diagonal, and only the tiles that cross it are masked.
 
 What it computes is the template's backward for the specs :func:`.hopper_forward.hopper_reasons` accepts, with the
-forward's out and lse (either forward's: same layout), but the bias's gradient of an ``s + bias`` spec (the forward's
-autograd runs the template's backward where the bias needs one); the reference is
+forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`dscore_kv_heads` admits
+it (the forward's autograd runs the template's backward for the others); the reference is
 :func:`.reference.reference_attention`'s autograd (SDPA's math kernel for rows a bias hides under
 ``empty_rows="zero"``), which the tests compare against under the 2x rule.
 """
@@ -191,14 +194,17 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 qk_scale, offs_n, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
                 MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
-                bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr):
+                bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
+                DS_OUT: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
     added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
     waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
     (in log2 units as the forward's, :func:`.hopper_forward._log2_units`), its tile loaded while S and dP are on the
     tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
-    out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room)."""
+    out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the
+    gradient of the scores, as the bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query
+    head h - ds_head0 and keys n0 on."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     ring = r0 + it
@@ -253,12 +259,17 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     ds = p * (dp - delta[:, None])
     if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
         ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
+    if DS_OUT:  # the previous tile's dS store, issued before its dQ add, has read the shared tile (the issuing thread
+        tma.store_wait(1)  # waits; the barrier holds the others until it has)
+        _cta_barrier()
     ds_smem.store(ds.to(dtype))
     fence_async_shared()
     tma.store_wait(DQ_BUFFERS - 1)  # the dQ add issued DQ_BUFFERS tiles ago has read its buffer (only the issuing
     # thread waits)
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
     # previous tile's stage; this tile's dQ buffer is free
+    if DS_OUT:  # (rows past M and keys past N are not written)
+        _tma_store(ds_desc, [z, h - ds_head0, m0, n0], ds_smem)
     if not FIRST:
         if ring > 0:  # the previous tile's q / dO stage: its dK / dV matmuls completed with this tile's S (or, the
             # previous key tile's last, before its dK / dV were stored)
@@ -307,9 +318,9 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
              HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr,
              HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
-             DQ_BUFFERS: gl.constexpr):
+             DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
-    tiles (causal: :func:`_causal_key_tile`; otherwise one, pid).
+    tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS.
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
     faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
     (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
@@ -341,13 +352,15 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False,
-                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)
+                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                         ds_head0, DS_OUT)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False,
-                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)
+                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                         ds_head0, DS_OUT)
             dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
             _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -363,13 +376,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)
+                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                         ds_head0, DS_OUT)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D,
                                  STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                                 BIAS_TMA, DQ_BUFFERS)
+                                 BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
         dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
         _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
 
@@ -406,13 +420,16 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
 
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
-                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr,
-                     CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-                     STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
-                     BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr,
-                     DQ_BUFFERS: gl.constexpr):
+                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
+                     GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
+                     BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr):
+    """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
+    launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads)."""
     pid = gl.program_id(0)
     z, h_kv = _batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
+    h_kv += kv_head0
     n_n = gl.cdiv(N, BLOCK_N)
     n_mb = gl.cdiv(M, BLOCK_M)
     if PAIRED:  # (causal) key tiles pid and n_n - 1 - pid, one where they are the same
@@ -449,7 +466,8 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
         (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
                     q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
                     pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS)),
+                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
+                    kv_head0 * GQA_GROUP, DS_OUT)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
                    stride_bz, stride_bh, BIAS_TMA)),
@@ -475,6 +493,31 @@ def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int,
     return fitting[0] if fitting else 0
 
 
+# dS rows go out by TMA, whose strides are multiples of 16 bytes: the dS buffer's rows are padded to this many 2-byte
+# elements
+_DS_ROW_ALIGN = 8
+
+
+def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
+    """The kv heads a launch of the backward takes where it also stores dS (the gradient of the scores) for the bias's
+    gradient, which is dS summed over the dims the bias is broadcast over: as many as keep the dS buffer of a launch
+    ``[Z, heads, M, N]`` within the fp32 gradient buffer that the generated template's backward would take (the bias's
+    own size; only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
+    the gradient). 0 where none fits, or where the bias's dtype is not the inputs' (eager's dS is then in the bias's
+    dtype, not rounded to the inputs'): the template's backward computes that gradient."""
+    Z, H, M, _ = q.shape
+    H_kv, N = k.shape[1], k.shape[2]
+    if bias.dtype != q.dtype:
+        return 0
+    template_bytes = bias.numel() * 4
+    kv_head_bytes = Z * (H // H_kv) * M * -(-N // _DS_ROW_ALIGN) * _DS_ROW_ALIGN * q.element_size()
+    if not kv_head_bytes:  # (no rows or keys: nothing to store)
+        return H_kv
+    if bias.shape[1] == H:
+        return min(H_kv, template_bytes // kv_head_bytes)
+    return H_kv if H_kv * kv_head_bytes <= template_bytes else 0
+
+
 def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:
     """Whether a call's CTAs take two key tiles each (:data:`_PAIR_UP_TO_WAVES`): causal, and one key tile a CTA would
     fill at most that many waves of the device's SMs (off a GPU, no SMs: one key tile a CTA)."""
@@ -483,11 +526,13 @@ def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.d
 
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
                     causal: bool, gqa_group: int, dlse: Tensor | None = None, bias: Tensor | None = None,
-                    zero_empty_rows: bool = False, batch_inner: bool = False) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the forward's
-    ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the score tensor of an
-    ``s + bias`` spec (no gradient: the template's backward computes that), ``zero_empty_rows`` its ``empty_rows``,
-    ``batch_inner`` its :func:`.launch.batch_rows_innermost`."""
+                    zero_empty_rows: bool = False, batch_inner: bool = False,
+                    bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(dq, dk, dv, dbias)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the
+    forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the score tensor of an
+    ``s + bias`` spec, ``zero_empty_rows`` its ``empty_rows``, ``batch_inner`` its :func:`.launch.batch_rows_innermost`.
+    ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast dims, a launch for each
+    chunk of :func:`dscore_kv_heads` kv heads (which must not be 0)."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
     block_m, block_n, stages = _CONFIGS[D]
@@ -506,43 +551,72 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
     n_n = triton.cdiv(N, block_n)  # key tiles
-    paired = pairs_key_tiles(causal, n_n, Z * H_kv, q.device)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
     bias_view = None if bias is None else _bias_by_tma(bias)
     ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
                                                                        bias.dtype)
     q_desc = _descriptor(q, block_m)
-    _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * H_kv)](
-        q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
-        _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m), lse, delta, H, H_kv, M, N,
-        scale * _LOG2E, scale, lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
-        _descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc,  # (q's: a stand-in, never read)
-        gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
-        batch_inner, zero_empty_rows, ring_dq_buffers > 0, ring_dq_buffers or _DQ_BUFFERS, num_warps=_NUM_WARPS)
+    descriptors = (q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
+                   _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m))
+    bias_desc = _descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc  # (q's: a stand-in, never read)
+    chunk = dscore_kv_heads(q, k, bias) if bias_grad else H_kv
+    dbias, ds_desc = None, q_desc  # (no dS out: q's descriptor stands in, never written)
+    if bias_grad:
+        # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
+        # from one chunk to the next: each chunk writes the same tiles)
+        n_pad = -(-N // _DS_ROW_ALIGN) * _DS_ROW_ALIGN
+        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, n_pad, dtype=q.dtype,
+                                                      device=q.device)[..., :N]
+        ds_desc = _descriptor(ds, block_m, block_n)
+        dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+    for kv_head0 in range(0, H_kv, chunk):
+        kv_heads = min(chunk, H_kv - kv_head0)
+        paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
+        _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads)](  # (no bias: lse stands in for it)
+            *descriptors, lse, delta, H, kv_heads, M, N, scale * _LOG2E, scale, lse if bias is None else bias,
+            *strides, Z, bias_desc, ds_desc, kv_head0,
+            gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None, batch_inner,
+            zero_empty_rows, ring_dq_buffers > 0, ring_dq_buffers or _DQ_BUFFERS, bias_grad, num_warps=_NUM_WARPS)
+        if bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
+            heads = slice(kv_head0 * gqa_group, (kv_head0 + kv_heads) * gqa_group)
+            chunk_ds = ds[:, :heads.stop - heads.start]
+            part = dbias[:, heads] if bias.shape[1] == H else dbias
+            summed = [d for d in range(4) if part.shape[d] == 1 and chunk_ds.shape[d] != 1]
+            if summed:  # (in fp32, as eager's sum over the broadcast dims)
+                torch.sum(chunk_ds, summed, keepdim=True, out=part)
+            else:
+                part.copy_(chunk_ds)
     if flag_nan_rows:
         _nan_dv_kernel[(triton.cdiv(N, _PRE_ROWS), Z * H_kv)](dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
-    return dq, dk, dv
+    return dq, dk, dv, dbias
 
 
 # ---- the op (on the forward's library: see there why not a custom_op) ------------------------------------------------
 LIBRARY.define("flash_attention_hopper_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-               "str spec, Tensor? dlse=None, Tensor? bias=None) -> (Tensor, Tensor, Tensor)")
+               "str spec, Tensor? dlse=None, Tensor? bias=None, bool bias_grad=False) "
+               "-> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
-                                       spec: str, dlse: Tensor | None = None,
-                                       bias: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``), ``bias`` its score
-    tensor where the spec adds one (no gradient for it). Opaque to torch.compile, as the forward. On CPU tensors it
-    refuses (its reasons say why)."""
+                                       spec: str, dlse: Tensor | None = None, bias: Tensor | None = None,
+                                       bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbias)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``), ``bias`` its
+    score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`dscore_kv_heads` must admit
+    it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its reasons say
+    why)."""
     s = checked_spec("flash_attention_hopper_backward", q, k, v, spec, bias)
     if ops._is_empty(q, k):
-        dq, dk, dv, _ = ops._empty_backward(q, k, v, [], [])
-        return dq, dk, dv
-    return hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None, s.gqa_group, dlse,
-                           bias, s.empty_rows == "zero", batch_rows_innermost(s))
+        dq, dk, dv, dbias = ops._empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
+        return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
+    if bias_grad and (bias is None or not dscore_kv_heads(q, k, bias)):
+        raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
+                         "dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
+    dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None,
+                                        s.gqa_group, dlse, bias, s.empty_rows == "zero", batch_rows_innermost(s),
+                                        bias_grad)
+    return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 
 for _device in ("CPU", "CUDA"):
@@ -550,6 +624,7 @@ for _device in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper_backward")
-def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None):
+def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None, bias_grad=False):
     ops.validate(q, k, v, _score_tensors(bias), ops.parse_spec(spec))
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            bias.new_empty(bias.shape) if bias_grad else q.new_empty(0))

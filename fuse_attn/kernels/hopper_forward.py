@@ -749,18 +749,22 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    """The Gluon backward (:mod:`.hopper_backward`) on the GPU; the generated template's on CPU tensors (the op's
-    forward there is the template's too) and where the bias needs a gradient (the Gluon backward computes none).
-    Both take this forward's out and lse as their own."""
+    """The Gluon backward (:mod:`.hopper_backward`) on the GPU, the bias's gradient too where
+    :func:`.hopper_backward.dscore_kv_heads` admits it; the generated template's on CPU tensors (the op's forward
+    there is the template's too) and for the other biases that need a gradient. Both take this forward's out and lse
+    as their own."""
+    from .hopper_backward import dscore_kv_heads  # (that module imports this one)
+
     q, k, v, out, lse, _, *bias = ctx.saved_tensors
-    if q.device.type != "cuda" or any(ctx.needs):
+    bias_grad = any(ctx.needs)
+    if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):
         dq, dk, dv, dbias, *_ = ops._backward(ctx, dout, dlse)
         return dq, dk, dv, None, (dbias[0] if bias else None)
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv = torch.ops.fuse_attn.flash_attention_hopper_backward(dout, q, k, v, out, lse, ctx.spec, dlse,
-                                                                     bias[0] if bias else None)
-    return dq, dk, dv, None, None
+    dq, dk, dv, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(dout, q, k, v, out, lse, ctx.spec, dlse,
+                                                                            bias[0] if bias else None, bias_grad)
+    return dq, dk, dv, None, dbias if bias_grad else None
 
 
 torch.library.register_autograd("fuse_attn::flash_attention_hopper", _backward, setup_context=_setup_context)

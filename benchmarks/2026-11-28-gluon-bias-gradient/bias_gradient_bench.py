@@ -8,6 +8,7 @@ allocates beyond its inputs, and dbias's error against fp64 (at N 1024, the same
     python3 benchmarks/2026-11-28-gluon-bias-gradient/bias_gradient_bench.py
 """
 import contextlib
+import faulthandler
 import time
 
 import torch
@@ -97,8 +98,8 @@ def measure(name, Z, H, N, D, bias_rows, causal):
         peak = (torch.cuda.max_memory_allocated() - base) / 2**20
         for t in tensors:
             t.grad = None
-        t_fwd = do_bench(fwd, warmup=50, rep=300)
-        t_both = do_bench(both, warmup=50, rep=300, grad_to_none=tensors)
+        t_fwd = do_bench(fwd, warmup=25, rep=100)
+        t_both = do_bench(both, warmup=25, rep=100, grad_to_none=tensors)
         start = time.perf_counter()
         for _ in range(20):
             both()
@@ -131,7 +132,11 @@ def error_check(name, Z, H, N, D, bias_rows, causal):
 
 def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    rows = [r for case in CASES for r in measure(*case)]
+    faulthandler.dump_traceback_later(230, exit=True)  # (where it is, should a kernel never finish)
+    rows = []
+    for case in CASES:
+        rows += measure(*case)
+        print(tabulate(rows[-len(METHODS):], floatfmt=".3f"), flush=True)
     print(tabulate(rows, headers=["case", "Z,H,N,D", "bias", "causal", "method", "fwd ms", "fwd+bwd ms", "bwd ms",
                                   "MiB allocated", "host ms a step"], floatfmt=".3f"))
     errs = [error_check(*case) for case in CASES]

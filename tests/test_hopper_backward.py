@@ -55,9 +55,10 @@ def test_the_op_refuses_what_it_cannot_compute():
 
 def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
     """The kv heads a launch takes where it stores dS for the bias's gradient: all where the bias has every dim (a bf16
-    dS buffer is half the template's fp32 one), chunks of heads where it is broadcast over the batch (T5's
-    [1, 8, N, N] bias at batch 4: two launches of 4 heads), none where it is broadcast over the heads (its gradient
-    sums every head, in no chunk of them), in another dtype than the inputs', or over the queries."""
+    dS buffer is half the template's fp32 one), equal chunks of heads where it is broadcast over the batch (T5's
+    [1, 8, N, N] bias at batch 4: 3 heads fit beside the dQ accumulator, launches of 3, 3 and 2), none where it is
+    broadcast over the heads (its gradient sums every head, in no chunk of them), in another dtype than the inputs',
+    or over the queries, or where not one head fits."""
     from fuse_attn.kernels.hopper_backward import dscore_kv_heads
 
     def heads(z, h, h_kv, n, bias_shape, bias_dtype=torch.bfloat16):
@@ -67,10 +68,11 @@ def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
             return dscore_kv_heads(q, k, torch.empty(bias_shape, dtype=bias_dtype, device="cuda"))
 
     assert heads(4, 8, 8, 4096, (4, 8, 4096, 4096)) == 8
-    assert heads(4, 8, 8, 4096, (1, 8, 4096, 4096)) == 4
-    assert heads(4, 16, 16, 4096, (1, 16, 4096, 4096)) == 8
-    assert heads(8, 32, 8, 1024, (1, 32, 1024, 1024)) == 2  # GQA 4: two kv heads a launch, their 8 query heads
-    assert heads(2, 4, 4, 97, (1, 4, 97, 97)) == 3  # (rows padded to 104 keys for TMA)
+    assert heads(4, 8, 8, 4096, (1, 8, 4096, 4096)) == 3
+    assert heads(4, 16, 16, 4096, (1, 16, 4096, 4096)) == 6  # (7 fit: launches of 6, 6 and 4)
+    assert heads(8, 32, 8, 1024, (1, 32, 1024, 1024)) == 1  # GQA 4: a kv head a launch, its 4 query heads
+    assert heads(2, 4, 4, 520, (1, 4, 520, 520)) == 2  # (3 fit: two launches of 2)
+    assert heads(2, 4, 4, 97, (1, 4, 97, 97)) == 0  # (the dQ accumulator is larger than the template's buffer)
     assert heads(2, 4, 4, 520, (2, 1, 520, 520)) == 0
     assert heads(2, 4, 4, 512, (2, 4, 512, 512), torch.float32) == 0
     assert heads(2, 4, 4, 512, (2, 4, 1, 512)) == 0
@@ -190,13 +192,15 @@ _templates_backward = ops._backward
     # the bias's gradient (test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer: which backward):
     # Gluon's dS stores, every dim, causal (zeros past the diagonal), rows of 300 keys padded for TMA
     (128, True, 300, (2, 4, "N", "N"), torch.bfloat16, "nan", True),
-    # broadcast over the batch as T5's: chunks of 3 heads and 1 (97 keys, padded to 104), unmasked
-    (64, False, 97, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
-    # the ALiBi form, bias tiles by TMA, empty rows 0 (one launch: at batch 2 the bf16 dS is the fp32 buffer's size)
+    # broadcast over the batch as T5's: two launches of 2 heads (520 keys, rows padded to 528), unmasked
+    (64, False, 520, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
+    # the ALiBi form, bias tiles by TMA, empty rows 0, two launches of 2 heads
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "zero", True),
-    # the template's backward computes these: a bias broadcast over the heads, an fp32 bias
+    # the template's backward computes these: a bias broadcast over the heads, an fp32 bias, one too small for a
+    # head's dS beside the dQ accumulator
     (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", True),
     (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", True),
+    (64, False, 97, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
     # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (hopper_forward._bias_by_tma),
     # in each config (one consumer, two CTAs an SM; two; three), keys and rows past the lengths in the last tiles
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "nan", False),

@@ -1,9 +1,10 @@
 """The gradient of an ``s + bias`` attention's bias on the GPU, op level: the Gluon forward and backward with each
 tile's dS stored (this session's ``hopper_backward`` with ``bias_grad``) against the Gluon forward with the generated
-template's backward (before: its dK/dV kernel adds dS into an fp32 buffer by atomics), and FlexAttention (compiled,
-the bias a captured buffer that needs a gradient). Forward + backward time (``do_bench``: these calls run 1-10 ms of
-kernels, so the host's share is small), the backward alone (the forward's time taken off), the memory the step
-allocates beyond its inputs, and dbias's error against fp64 (at N 1024, the same shapes otherwise).
+template's backward (before: its dK/dV kernel adds dS into an fp32 buffer by atomics), FlexAttention (compiled, the
+bias a captured buffer that needs a gradient), and the Gluon kernels with a bias that needs no gradient (what the
+gradient costs). Forward + backward time (``do_bench``: these calls run 1-10 ms of kernels, so the host's share is
+small), the backward alone (the forward's time taken off), the memory the step allocates beyond its inputs, the
+host's time to enqueue a step, and dbias's error against fp64 (at N 1024, the same shapes otherwise).
 
     python3 benchmarks/2026-11-28-gluon-bias-gradient/bias_gradient_bench.py
 """
@@ -69,7 +70,12 @@ def flex_run(q, k, v, bias, causal):
     return flex(q, k, v, score_mod=score_mod)
 
 
-METHODS = {"gluon + dS stores": ours, "gluon fwd + template bwd": ours, "flex": flex_run}
+def ours_without_bias_gradient(q, k, v, bias, causal):
+    return ours(q, k, v, bias.detach(), causal)
+
+
+METHODS = {"gluon + dS stores": ours, "gluon fwd + template bwd": ours, "flex": flex_run,
+           "gluon, no bias gradient": ours_without_bias_gradient}  # (the last: what the bias's gradient costs)
 
 
 def step(method, tensors, dout, causal):
@@ -118,7 +124,7 @@ def error_check(name, Z, H, N, D, bias_rows, causal):
     for method in ("gluon + dS stores", "gluon fwd + template bwd", "eager bf16", "fp64"):
         leaves = [t.detach().clone().requires_grad_() for t in tensors]
         if method == "fp64":
-            leaves = [t.double().requires_grad_() for t in leaves]
+            leaves = [t.detach().double().requires_grad_() for t in leaves]
         with backward_of(method):
             if method.startswith("gluon"):
                 o = METHODS[method](*leaves, causal)
@@ -132,7 +138,7 @@ def error_check(name, Z, H, N, D, bias_rows, causal):
 
 def main():
     print(torch.cuda.get_device_name(), "torch", torch.__version__)
-    faulthandler.dump_traceback_later(230, exit=True)  # (where it is, should a kernel never finish)
+    faulthandler.dump_traceback_later(280, exit=True)  # (where it is, should a kernel never finish)
     rows = []
     for case in CASES:
         rows += measure(*case)

@@ -501,21 +501,23 @@ _DS_ROW_ALIGN = 8
 def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
     """The kv heads a launch of the backward takes where it also stores dS (the gradient of the scores) for the bias's
     gradient, which is dS summed over the dims the bias is broadcast over: as many as keep the dS buffer of a launch
-    ``[Z, heads, M, N]`` within the fp32 gradient buffer that the generated template's backward would take (the bias's
-    own size; only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
-    the gradient). 0 where none fits, or where the bias's dtype is not the inputs' (eager's dS is then in the bias's
+    ``[Z, heads, M, N]`` and this backward's fp32 dQ accumulator within the fp32 gradient buffer that the generated
+    template's backward would take instead (the bias's own size), in launches of equal shares (the last may be
+    smaller). Only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
+    the gradient. 0 where none fits, or where the bias's dtype is not the inputs' (eager's dS is then in the bias's
     dtype, not rounded to the inputs'): the template's backward computes that gradient."""
-    Z, H, M, _ = q.shape
+    Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
     if bias.dtype != q.dtype:
         return 0
-    template_bytes = bias.numel() * 4
+    room = bias.numel() * 4 - Z * H * M * D * 4  # (the template's buffer less the dQ accumulator)
     kv_head_bytes = Z * (H // H_kv) * M * -(-N // _DS_ROW_ALIGN) * _DS_ROW_ALIGN * q.element_size()
     if not kv_head_bytes:  # (no rows or keys: nothing to store)
         return H_kv
-    if bias.shape[1] == H:
-        return min(H_kv, template_bytes // kv_head_bytes)
-    return H_kv if H_kv * kv_head_bytes <= template_bytes else 0
+    if bias.shape[1] != H:
+        return H_kv if H_kv * kv_head_bytes <= room else 0
+    fitting = min(H_kv, max(room, 0) // kv_head_bytes)
+    return -(-H_kv // -(-H_kv // fitting)) if fitting else 0  # (H_kv over as few launches as fit, shared equally)
 
 
 def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:

@@ -55,22 +55,23 @@ def test_the_op_refuses_what_it_cannot_compute():
 
 def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
     """The kv heads a launch takes where it stores dS for the bias's gradient: all where the bias has every dim (a bf16
-    dS buffer is half the template's fp32 one), equal chunks of heads where it is broadcast over the batch (T5's
+    dS buffer is half the template's fp32 one), equal chunks of heads where it is broadcast over the batch (a
     [1, 8, N, N] bias at batch 4: 3 heads fit beside the dQ accumulator, launches of 3, 3 and 2), none where it is
     broadcast over the heads (its gradient sums every head, in no chunk of them), in another dtype than the inputs',
-    or over the queries, or where not one head fits."""
+    or over the queries, where not one head fits, or at head dim 64 (T5's: the template's backward is faster there)."""
     from fuse_attn.kernels.hopper_backward import dscore_kv_heads
 
-    def heads(z, h, h_kv, n, bias_shape, bias_dtype=torch.bfloat16):
+    def heads(z, h, h_kv, n, bias_shape, bias_dtype=torch.bfloat16, head_dim=128):
         with FakeTensorMode():
-            q = torch.empty(z, h, n, 64, dtype=torch.bfloat16, device="cuda")
-            k = torch.empty(z, h_kv, n, 64, dtype=torch.bfloat16, device="cuda")
+            q = torch.empty(z, h, n, head_dim, dtype=torch.bfloat16, device="cuda")
+            k = torch.empty(z, h_kv, n, head_dim, dtype=torch.bfloat16, device="cuda")
             return dscore_kv_heads(q, k, torch.empty(bias_shape, dtype=bias_dtype, device="cuda"))
 
     assert heads(4, 8, 8, 4096, (4, 8, 4096, 4096)) == 8
     assert heads(4, 8, 8, 4096, (1, 8, 4096, 4096)) == 3
+    assert heads(4, 8, 8, 4096, (1, 8, 4096, 4096), head_dim=64) == 0
     assert heads(4, 16, 16, 4096, (1, 16, 4096, 4096)) == 6  # (7 fit: launches of 6, 6 and 4)
-    assert heads(8, 32, 8, 1024, (1, 32, 1024, 1024)) == 1  # GQA 4: a kv head a launch, its 4 query heads
+    assert heads(8, 32, 8, 2048, (1, 32, 2048, 2048)) == 1  # GQA 4: a kv head a launch, its 4 query heads
     assert heads(2, 4, 4, 520, (1, 4, 520, 520)) == 2  # (3 fit: two launches of 2)
     assert heads(2, 4, 4, 97, (1, 4, 97, 97)) == 0  # (the dQ accumulator is larger than the template's buffer)
     assert heads(2, 4, 4, 520, (2, 1, 520, 520)) == 0
@@ -193,11 +194,11 @@ _templates_backward = ops._backward
     # Gluon's dS stores, every dim, causal (zeros past the diagonal), rows of 300 keys padded for TMA
     (128, True, 300, (2, 4, "N", "N"), torch.bfloat16, "nan", True),
     # broadcast over the batch as T5's: two launches of 2 heads (520 keys, rows padded to 528), unmasked
-    (64, False, 520, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
+    (128, False, 520, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
     # the ALiBi form, bias tiles by TMA, empty rows 0, two launches of 2 heads
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "zero", True),
-    # the template's backward computes these: a bias broadcast over the heads, an fp32 bias, one too small for a
-    # head's dS beside the dQ accumulator
+    # the template's backward computes these (head dim 64: _DS_MIN_HEAD_DIM): a bias broadcast over the heads, an
+    # fp32 bias, a bias of T5's form
     (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", True),
     (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", True),
     (64, False, 97, (1, 4, "N", "N"), torch.bfloat16, "nan", True),

@@ -496,6 +496,11 @@ def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int,
 # dS rows go out by TMA, whose strides are multiples of 16 bytes: the dS buffer's rows are padded to this many 2-byte
 # elements
 _DS_ROW_ALIGN = 8
+# Head dims whose backward stores dS for a bias's gradient: at 64, whose tiles store twice the dS bytes a matmul FLOP
+# that 128's do, T5-small's encoder attention (B4 H8 N4096, a [1, 8, N, N] bias) ran its forward and backward in
+# 3.15 ms with dS stores against 2.60 with the template's backward; at 128, 5.78 against 7.43 (a [1, 16, N, N] bias,
+# B4 N4096) and 3.77 against 4.38 causal (H200, benchmarks/2026-11-28-gluon-bias-gradient, call3.log)
+_DS_MIN_HEAD_DIM = 128
 
 
 def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
@@ -504,11 +509,12 @@ def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
     ``[Z, heads, M, N]`` and this backward's fp32 dQ accumulator within the fp32 gradient buffer that the generated
     template's backward would take instead (the bias's own size), in launches of equal shares (the last may be
     smaller). Only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
-    the gradient. 0 where none fits, or where the bias's dtype is not the inputs' (eager's dS is then in the bias's
-    dtype, not rounded to the inputs'): the template's backward computes that gradient."""
+    the gradient. 0 where none fits, below :data:`_DS_MIN_HEAD_DIM`, or where the bias's dtype is not the inputs'
+    (eager's dS is then in the bias's dtype, not rounded to the inputs'): the template's backward computes that
+    gradient."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
-    if bias.dtype != q.dtype:
+    if bias.dtype != q.dtype or D < _DS_MIN_HEAD_DIM:
         return 0
     room = bias.numel() * 4 - Z * H * M * D * 4  # (the template's buffer less the dQ accumulator)
     kv_head_bytes = Z * (H // H_kv) * M * -(-N // _DS_ROW_ALIGN) * _DS_ROW_ALIGN * q.element_size()

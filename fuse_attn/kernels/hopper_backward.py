@@ -20,8 +20,9 @@ An ``s + bias`` attention's bias tiles come with q and dO into the ring where TM
 fit (:func:`bias_ring_dq_buffers`: at head dim 128 with a 2-byte bias, in the room of the second dQ buffer); else
 the compute warpgroups load them from global memory. Where the bias needs a gradient (dS summed over the dims it is
 broadcast over, as eager's), each tile's dS goes out from its shared tile by TMA into a ``[Z, heads, M, N]`` buffer
-in the inputs' dtype (eager's dS is that rounding), in chunks of heads that keep the buffer within the fp32 one the
-generated template's backward accumulates by atomics (:func:`dscore_kv_heads`), and the sum comes after each chunk.
+in the inputs' dtype (eager's dS is that rounding), and the sum comes after each launch; a launch takes as many heads
+as keep that buffer and the dQ accumulator within the fp32 one the generated template's backward accumulates by
+atomics (:func:`dscore_kv_heads`, which keeps this to head dim 128).
 
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
@@ -376,8 +377,8 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                         ds_head0, DS_OUT)
+                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
+                             n0, ds_head0, DS_OUT)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
@@ -498,8 +499,9 @@ def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int,
 _DS_ROW_ALIGN = 8
 # Head dims whose backward stores dS for a bias's gradient: at 64, whose tiles store twice the dS bytes a matmul FLOP
 # that 128's do, T5-small's encoder attention (B4 H8 N4096, a [1, 8, N, N] bias) ran its forward and backward in
-# 3.15 ms with dS stores against 2.60 with the template's backward; at 128, 5.78 against 7.43 (a [1, 16, N, N] bias,
-# B4 N4096) and 3.77 against 4.38 causal (H200, benchmarks/2026-11-28-gluon-bias-gradient, call3.log)
+# 3.15 ms with dS stores (three launches) against 2.60 with the template's backward (2.59 against 2.61 in two
+# launches, before the dQ accumulator was counted: call2.log); at 128, 5.78 against 7.43 (a [1, 16, N, N] bias, B4
+# N4096) and 3.77 against 4.38 causal (H200, benchmarks/2026-11-28-gluon-bias-gradient, call3.log)
 _DS_MIN_HEAD_DIM = 128
 
 

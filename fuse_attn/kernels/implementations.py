@@ -18,8 +18,9 @@ compiling, makes no choice.
 Our kernels are two candidates: ``triton``, the generated template (forward and backward, every spec), and
 ``gluon``, :mod:`.hopper_forward`'s forward of plain attention or of one added bias (``s + bias``) on sm90 GPUs
 (:func:`.hopper_forward.hopper_reasons` says which) with :mod:`.hopper_backward`'s backward (the bias's gradient too
-where :func:`.hopper_backward.dscore_kv_heads` admits it; the template's backward for the others). Where both are allowed they are timed against each other like the rest, on random score
-tensors of the attention's shapes and the gradients it needs.
+where :func:`.hopper_backward.dscore_kv_heads` admits it; the template's backward for the others). Where both are
+allowed they are timed against each other like the rest, on random score tensors of the attention's shapes and the
+gradients it needs.
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
 all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our

@@ -422,6 +422,58 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
         assert_close_2x(name, a, b, c, torch.bfloat16)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU (H100 / H200)")
+def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(monkeypatch):
+    """A learned ``[1, H, N, N]`` bias at head dim 128, compiled with the Gluon candidate forced: the graph's backward
+    computes the bias's gradient in the Gluon backward (dS stored, summed over the batch; here in two launches of 2
+    heads), not in the template's (``ops._backward``, recorded), and q, k, v and the bias's gradients satisfy the 2x
+    rule against fp64."""
+    from test_kernels import assert_close_2x
+
+    from fuse_attn.kernels import hopper_backward, ops
+
+    monkeypatch.setattr(implementations, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+    monkeypatch.setenv(implementations.ENV_CANDIDATES, "triton,gluon")
+    time_config = autotune._time_config
+
+    def forced_choice(launch, candidate, rep):
+        if not isinstance(candidate, autotune.Implementation):
+            return time_config(launch, candidate, rep)
+        launch(candidate)
+        return 0.0 if candidate.name == GLUON else 1.0
+
+    monkeypatch.setattr(autotune, "_time_config", forced_choice)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    templates_backward = []
+    original = ops._backward
+    monkeypatch.setattr(ops, "_backward", lambda *a: templates_backward.append(1) or original(*a))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 512, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(1, 4, 512, 512, device="cuda", generator=g, dtype=torch.bfloat16)
+    assert hopper_backward.dscore_kv_heads(q, k, bias) == 2
+    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v, bias)]  # noqa: E731
+    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+
+    def attention(q, k, v, bias):
+        return (q @ k.transpose(-1, -2) * 128 ** -0.5 + bias).softmax(-1) @ v
+
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(attention, backend="fuse_attn")(*ours_in)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True] and verdicts[0].runs.startswith("runs gluon"), verdicts
+    templates_backward.clear()  # (the choice ran each candidate's step once, the template's too)
+    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    results = [(out, *torch.autograd.grad(out, ours_in, dout))]
+    assert templates_backward == []
+    for inputs in (ref_in, eager_in):
+        result = attention(*inputs)
+        results.append((result, *torch.autograd.grad(result, inputs, dout.to(result.dtype))))
+    for name, ours, ref64, eager in zip(("out", "dq", "dk", "dv", "dbias"), *results):
+        assert_close_2x(name, ours, ref64, eager, torch.bfloat16)
+
+
 @pytest.mark.parametrize("bias_grad", [False, True])
 def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
     """Each candidate's trained step runs on random copies of the score tensors, the gradient of a bias that

@@ -79,6 +79,17 @@ def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
     assert heads(2, 4, 4, 512, (2, 4, 1, 512)) == 0
 
 
+def test_the_backward_refuses_a_bias_gradient_it_does_not_compute():
+    """Asked for the gradient of a bias that dscore_kv_heads does not admit (head dim 64, an fp32 bias), or of none,
+    the launcher says so before any launch."""
+    from fuse_attn.kernels.hopper_backward import hopper_backward
+
+    q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
+    for bias in (torch.randn(1, 2, 64, 64, dtype=torch.bfloat16), None):
+        with pytest.raises(ValueError, match="dscore_kv_heads"):
+            hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 64), 0.125, False, 1, bias=bias, bias_grad=True)
+
+
 def test_the_backward_takes_every_head_dim_the_forward_does():
     """``hopper_reasons`` admits the forward's head dims for both kernels: the backward needs a config for each."""
     from fuse_attn.kernels import hopper_backward, hopper_forward

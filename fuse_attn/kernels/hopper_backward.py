@@ -50,8 +50,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from . import ops
-from .hopper_forward import (LIBRARY, _batch_and_head, _bias_by_tma, _descriptor, _log2_units, _score_tensors,
-                             _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most, shared_memory_for_tiles)
+from .hopper_forward import (_TMA_ALIGN_BYTES, LIBRARY, _batch_and_head, _bias_by_tma, _descriptor, _log2_units,
+                             _score_tensors, _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most,
+                             shared_memory_for_tiles)
 from .launch import _bcast_strides, batch_rows_innermost
 
 _LOG2E = math.log2(math.e)
@@ -494,15 +495,18 @@ def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int,
     return fitting[0] if fitting else 0
 
 
-# dS rows go out by TMA, whose strides are multiples of 16 bytes: the dS buffer's rows are padded to this many 2-byte
-# elements
-_DS_ROW_ALIGN = 8
 # Head dims whose backward stores dS for a bias's gradient: at 64, whose tiles store twice the dS bytes a matmul FLOP
 # that 128's do, T5-small's encoder attention (B4 H8 N4096, a [1, 8, N, N] bias) ran its forward and backward in
 # 3.15 ms with dS stores (three launches) against 2.60 with the template's backward (2.59 against 2.61 in two
 # launches, before the dQ accumulator was counted: call2.log); at 128, 5.78 against 7.43 (a [1, 16, N, N] bias, B4
 # N4096) and 3.77 against 4.38 causal (H200, benchmarks/2026-11-28-gluon-bias-gradient, call3.log)
 _DS_MIN_HEAD_DIM = 128
+
+
+def _ds_row_keys(n: int, element_size: int) -> int:
+    """The length of a dS buffer's rows: n keys padded so that a row's stride is one TMA takes."""
+    per_granule = _TMA_ALIGN_BYTES // element_size
+    return -(-n // per_granule) * per_granule
 
 
 def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
@@ -519,7 +523,7 @@ def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
     if bias.dtype != q.dtype or D < _DS_MIN_HEAD_DIM:
         return 0
     room = bias.numel() * 4 - Z * H * M * D * 4  # (the template's buffer less the dQ accumulator)
-    kv_head_bytes = Z * (H // H_kv) * M * -(-N // _DS_ROW_ALIGN) * _DS_ROW_ALIGN * q.element_size()
+    kv_head_bytes = Z * (H // H_kv) * M * _ds_row_keys(N, q.element_size()) * q.element_size()
     if not kv_head_bytes:  # (no rows or keys: nothing to store)
         return H_kv
     if bias.shape[1] != H:
@@ -542,9 +546,13 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the score tensor of an
     ``s + bias`` spec, ``zero_empty_rows`` its ``empty_rows``, ``batch_inner`` its :func:`.launch.batch_rows_innermost`.
     ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast dims, a launch for each
-    chunk of :func:`dscore_kv_heads` kv heads (which must not be 0)."""
+    chunk of :func:`dscore_kv_heads` kv heads (a ValueError where it admits none)."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
+    chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
+    if not chunk:
+        raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
+                         "dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
     block_m, block_n, stages = _CONFIGS[D]
     q, k, v, dout = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(dout)
     lse = lse.contiguous()
@@ -569,14 +577,12 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     descriptors = (q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
                    _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m))
     bias_desc = _descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc  # (q's: a stand-in, never read)
-    chunk = dscore_kv_heads(q, k, bias) if bias_grad else H_kv
     dbias, ds_desc = None, q_desc  # (no dS out: q's descriptor stands in, never written)
     if bias_grad:
         # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
         # from one chunk to the next: each chunk writes the same tiles)
-        n_pad = -(-N // _DS_ROW_ALIGN) * _DS_ROW_ALIGN
-        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, n_pad, dtype=q.dtype,
-                                                      device=q.device)[..., :N]
+        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, _ds_row_keys(N, q.element_size()),
+                                                      dtype=q.dtype, device=q.device)[..., :N]
         ds_desc = _descriptor(ds, block_m, block_n)
         dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
     for kv_head0 in range(0, H_kv, chunk):
@@ -620,9 +626,6 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     if ops._is_empty(q, k):
         dq, dk, dv, dbias = ops._empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
-    if bias_grad and (bias is None or not dscore_kv_heads(q, k, bias)):
-        raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
-                         "dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
     dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None,
                                         s.gqa_group, dlse, bias, s.empty_rows == "zero", batch_rows_innermost(s),
                                         bias_grad)

@@ -147,7 +147,7 @@ def _compile(kernel, args: dict, cfg, capability: int, maxnreg: int | None = Non
         else:
             signature[name] = "fp32"
     options = dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if maxnreg is not None:  # a launch's register cap (the Gluon forward's configs of two CTAs an SM)
+    if maxnreg is not None:  # a launch's register cap (the Gluon forward's configs of CTAs sharing an SM)
         options["maxnreg"] = maxnreg
     source_type = GluonASTSource if kernel.is_gluon() else triton.compiler.ASTSource
     source = source_type(fn=kernel, signature=signature, constexprs=constants, attrs=attrs)
@@ -376,7 +376,7 @@ BIAS_CASES = {
 BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 # the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups of 128-key tiles,
 # unmasked and causal over 4096 rows; D128 causal over 2048 rows, two consumers (the 300-row causal cases above take
-# the short causal config: one consumer of 64-key tiles, two CTAs an SM)
+# the short causal config: one consumer of 64-key tiles, two CTAs an SM at D128, three at D64)
 FORWARD_ONLY_CASES = {
     "D64 three consumers": (64, False, 1, torch.bfloat16, 300),
     "D64 causal 4096 rows, three consumers": (64, True, 1, torch.bfloat16, 4096),
@@ -437,12 +437,14 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     capability, smem = TARGETS["sm90"]
     compiled = _compile(kernel, bound, cfg, capability, kwargs.get("maxnreg"))
     assert compiled.asm["cubin"], name
-    if "maxnreg" in kwargs:  # launched for two CTAs an SM: the register cap is the kernel's
+    if "maxnreg" in kwargs:  # launched for CTAs sharing an SM: the register cap is the kernel's
         assert f".maxnreg {kwargs['maxnreg']}" in compiled.asm["ptx"], name
     assert compiled.metadata.shared <= smem, f"{name}: {compiled.metadata.shared} bytes"
-    if "maxnreg" in kwargs:  # two CTAs an SM: each within half the SM's shared memory, less what CUDA reserves a CTA
-        half = hopper_forward._SHARED_MEMORY_AN_SM // 2 - hopper_forward._RESERVED_A_CTA
-        assert compiled.metadata.shared <= half, f"{name}: {compiled.metadata.shared} bytes"
+    if "maxnreg" in kwargs:  # the forward's CTAs sharing an SM: each within its share of the SM's shared memory, less
+        # what CUDA reserves a CTA
+        ctas = hopper_forward.resident_ctas(head_dim, bound["CONSUMERS"])
+        share = hopper_forward._SHARED_MEMORY_AN_SM // ctas - hopper_forward._RESERVED_A_CTA
+        assert compiled.metadata.shared <= share, f"{name}: {compiled.metadata.shared} bytes, {ctas} CTAs an SM"
     paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}, bias: {bound['HAS_BIAS']}, batch "
           f"rows innermost: {bound['BATCH_INNER']}, bias tiles by TMA: {bound.get('BIAS_TMA', False)}, dS stored: "
@@ -483,13 +485,14 @@ def test_the_gluon_forward_with_paired_query_blocks_compiles_for_hopper(name):
 
 @pytest.mark.parametrize("direction, name, bias, rows, by_tma", [
     # the forward's bias tiles in the k / v ring (rows of 16-byte multiples), in each config: two consumers, three,
-    # and one (two CTAs an SM: half the shared memory), two and one with an fp32 bias too; loaded by the consumers
-    # (600-byte rows)
+    # and one (CTAs sharing an SM: their share of the shared memory), two and one with an fp32 bias too; loaded by the
+    # consumers (600-byte rows)
     ("forward", "D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16", None, True),
     ("forward", "D128 causal 2048 rows, two consumers", "[Z,1,M,N] fp32, empty rows 0", None, True),
     ("forward", "D64 causal 4096 rows, three consumers", "[1,H,M,N] bf16", None, True),
     ("forward", "D128 causal fp16", "[Z,1,M,N] fp32, empty rows 0", 1024, True),
     ("forward", "D128 causal fp16", "[1,H,M,N] bf16", None, False),
+    ("forward", "D64 causal GQA 2", "[Z,1,M,N] fp32, empty rows 0", 1024, True),  # (three CTAs an SM: the tightest)
     # the backward's in the q / dO ring at head dim 128 (one dQ buffer), loaded by the compute warpgroups at 64
     ("backward", "D128 causal 2048 rows, two consumers", "[1,H,M,N] bf16", None, True),
     ("backward", "D64 causal GQA 2", "[Z,1,M,N] fp32, empty rows 0", None, False),

@@ -70,18 +70,23 @@ def test_hopper_reasons_name_the_gpu(monkeypatch):
 
 def test_every_config_has_a_register_split_within_an_sm():
     """setmaxnreg asks for registers a warpgroup at a time: consumers' and producer's budgets must fit what the CTA
-    holds -- the 65536 registers of an SM, or its share where two CTAs share one (launched with fewer registers a
-    thread: 256 threads, the producer's warp padded to a warpgroup) -- 128 lanes a warpgroup (a split that does not
-    fit would stall the CTA, not fail)."""
-    configs = [*hopper_forward._CONFIGS.values(), *(c for _, c in hopper_forward._SHORT_CAUSAL_CONFIGS.values()),
-               *hopper_forward._BIAS_TMA_CONFIGS.values()]
-    for block_m, block_n, stages, consumers in configs:
-        consumer_regs, producer_regs = hopper_forward._REGISTERS[consumers]
-        launch = hopper_forward._LAUNCH_REGISTERS.get(consumers)
+    holds -- the 65536 registers of an SM, or its share where CTAs share one (launched with fewer registers a thread:
+    256 threads, the producer's warp padded to a warpgroup) -- 128 lanes a warpgroup (a split that does not fit would
+    stall the CTA, not fail); and the CTAs an SM must fit its shared memory."""
+    configs = [*((d, c) for d, c in hopper_forward._CONFIGS.items()),
+               *((d, c) for d, (_, c) in hopper_forward._SHORT_CAUSAL_CONFIGS.items()),
+               *((d, c) for d, c in hopper_forward._BIAS_TMA_CONFIGS.items())]
+    for head_dim, (block_m, block_n, stages, consumers) in configs:
+        consumer_regs, producer_regs = hopper_forward.register_split(head_dim, consumers)
+        ctas = hopper_forward.resident_ctas(head_dim, consumers)
+        launch = hopper_forward.launch_registers(ctas)
         held = 65536 if launch is None else launch * 128 * (consumers + 1)
-        assert (consumers * consumer_regs + producer_regs) * 128 <= held, (block_m, block_n, stages, consumers)
-        if launch is not None:  # launched for two CTAs an SM
-            assert 2 * held <= 65536, consumers
+        assert (consumers * consumer_regs + producer_regs) * 128 <= held, (head_dim, consumers)
+        assert ctas * held <= 65536 and consumer_regs % 8 == 0 and producer_regs >= 24, (head_dim, consumers)
+        tiles = (consumers * block_m + 2 * stages * block_n) * head_dim * 2  # q, and k and v's ring, 2-byte
+        assert tiles <= hopper_forward.shared_memory_for_tiles(ctas), (head_dim, consumers, ctas)
+    assert [hopper_forward.resident_ctas(d, 1) for d in (64, 128)] == [3, 2]  # (what the short configs were timed at)
+    assert [hopper_forward.register_split(d, 1) for d in (64, 128)] == [(136, 24), (232, 24)]
     # causal rows below each head dim's crossover take the short config; the rest the head dim's
     for head_dim, (below, config) in hopper_forward._SHORT_CAUSAL_CONFIGS.items():
         assert hopper_forward.forward_config(head_dim, True, below - 1) == config
@@ -213,7 +218,7 @@ def test_a_causal_call_of_many_ctas_takes_one_query_block_a_cta(head_dim):
     that each takes one."""
     Z, H, N = 16, 8, 2048
     block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, N)
-    assert not hopper_forward.pairs_query_blocks(True, -(-N // (consumers * block_m)), Z * H, consumers,
+    assert not hopper_forward.pairs_query_blocks(True, -(-N // (consumers * block_m)), Z * H, head_dim, consumers,
                                                  torch.device("cuda"))
     spec = dataclasses.replace(PLAIN, head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
                                causal=CausalMask())

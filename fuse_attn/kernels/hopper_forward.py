@@ -5,11 +5,11 @@ the softmax and the matmuls one after the other (0.70-0.97x cuDNN, BENCHMARKS.md
 language, states the schedule instead, as FlashAttention-3 does:
 
 * warp specialization: a CTA takes ``CONSUMERS * BLOCK_M`` query rows. One to three consumer warpgroups (the
-  default partition and 4-warp workers; one for short causal rows, two CTAs then sharing an SM) own ``BLOCK_M`` rows
+  default partition and 4-warp workers; one for short causal rows, CTAs then sharing an SM) own ``BLOCK_M`` rows
   each; a 1-warp producer loads the q tiles and a ring of k / v tiles by TMA.
   A consumer frees a ring stage with an mbarrier arrive, never a CTA-wide barrier, so the two warpgroups drift apart
   and one's softmax overlaps the other's matmuls. Registers move from the producer to the consumers
-  (``setmaxnreg``: :data:`_REGISTERS`).
+  (``setmaxnreg``: :func:`register_split`).
 * within a consumer, tile j's q k^T and tile j-1's P v are issued together, and tile j's softmax runs while P v is
   on the tensor cores (FA3's intra-warpgroup overlap).
 * causal calls of few CTAs (:data:`_PAIR_UP_TO_WAVES`): a CTA takes two query blocks, a long row band and a short one,
@@ -69,11 +69,13 @@ _LOG2E = math.log2(math.e)
 # N 4k-16k unmasked and 0.91-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
 _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
 # Causal attention over fewer rows: per head dim, (rows below which, config). Short causal rows leave a CTA's
-# prologue and epilogue (q's load, the output's store) exposed; one consumer a CTA lets two CTAs share an SM and
-# overlap them. D64 with 64-key tiles at 3 stages: 1.16x the three-consumer (64, 64, 4, 3) at N1024 (0.83x cuDNN
-# against 0.72x) and 1.04x at N2048, 0.93x at N4096; D128: 1.04x the two-consumer config at N1024, 0.96x at N2048
-# (benchmarks/2026-11-27-dq-tma-reduce/fwd_1c_ab.log, H100). (Fourteenth session, D64: three consumers of 64-key
-# tiles 0.73x / 0.90x at N1024 / 2048 against 0.59x / 0.83x with 128-key tiles: configs_run2.log, configs_n2048.log.)
+# prologue and epilogue (q's load, the output's store) exposed; one consumer a CTA lets CTAs share an SM
+# (:data:`_ONE_CONSUMER_CTAS_AN_SM`) and overlap them. Two CTAs an SM, D64 with 64-key tiles at 3 stages: 1.16x the
+# three-consumer (64, 64, 4, 3) at N1024 (0.83x cuDNN against 0.72x) and 1.04x at N2048, 0.93x at N4096; D128: 1.04x
+# the two-consumer config at N1024, 0.96x at N2048 (benchmarks/2026-11-27-dq-tma-reduce/fwd_1c_ab.log, H100). Three
+# CTAs an SM at D64 (twenty-fourth session, H200): 1.00x the three-consumer config at N4096, so the crossover stays.
+# (Fourteenth session, D64: three consumers of 64-key tiles 0.73x / 0.90x at N1024 / 2048 against 0.59x / 0.83x with
+# 128-key tiles: configs_run2.log, configs_n2048.log.)
 _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (2048, (64, 64, 3, 1))}
 # Where the bias tiles come by TMA in the k / v ring (_bias_by_tma): the multi-consumer configs with 64-key tiles at 4
 # stages (a bf16 bias fits 4, an fp32 one 3: bias_ring_stages). The 128-key configs keep only 2 stages beside their
@@ -82,19 +84,24 @@ _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (2048, (64, 64, 3, 1))
 # 1.08-1.09x unmasked and 1.01-1.06x causal over the 128-key configs; D64 at 5 stages 0.96x unmasked, 0.99-1.01x
 # causal against 4.
 _BIAS_TMA_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 2)}
-# setmaxnreg budgets per thread, by the number of consumer warpgroups: (consumer, producer). The consumers' and the
-# producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of 128 lanes: 2 x 232 + 40 = 504 and
-# 3 x 160 + 32 = 512 (FlashAttention-3's split for three). 232 holds a consumer's S, P and O tiles and the in-flight
-# wgmma operands without spills at D128 (ptxas, sm90a); 240 / 24 timed the same at 2 stages
-# (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log). 160 holds D64's without spills; D128's 128-key tiles
-# with three consumers spill 1.2 KB at 160 (ptxas), so D128 keeps two.
-_REGISTERS = {1: (232, 24), 2: (232, 40), 3: (160, 32)}
-# Registers a thread at launch where a config runs two CTAs an SM (one consumer): Triton pads the producer's warp to a
-# warpgroup, so a CTA has 256 threads, and 65536 / (2 x 256) = 128, which setmaxnreg then moves to the consumer
-# (128 x 232 + 128 x 24 = 32768: the consumer, Triton's default partition, gets what the producer leaves, 232 in the
-# PTX; _REGISTERS[1] states it). Shared memory fits two too: D128's (64, 64, 3, 1) takes 115 KB a CTA (ptxas, sm90a).
-# Other configs: Triton's default, the whole register file for one CTA.
-_LAUNCH_REGISTERS = {1: 128}
+# setmaxnreg budgets per thread of the multi-consumer configs, by the number of consumer warpgroups: (consumer,
+# producer). The consumers' and the producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of
+# 128 lanes: 2 x 232 + 40 = 504 and 3 x 160 + 32 = 512 (FlashAttention-3's split for three). 232 holds a consumer's S, P
+# and O tiles and the in-flight wgmma operands without spills at D128 (ptxas, sm90a); 240 / 24 timed the same at 2
+# stages (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log). 160 holds D64's without spills; D128's 128-key
+# tiles with three consumers spill 1.2 KB at 160 (ptxas), so D128 keeps two. (One consumer: :func:`register_split`.)
+_REGISTERS = {2: (232, 40), 3: (160, 32)}
+_REGISTERS_AN_SM = 65536  # Hopper's register file, 32-bit registers
+_THREADS_A_WARPGROUP = 128
+_REGISTER_UNIT = 8  # setmaxnreg's counts and a launch's registers a thread are multiples of 8
+# One consumer warpgroup a CTA (the short causal configs) lets CTAs share an SM, launched with the registers a thread
+# that many leave each (:func:`launch_registers`). Per head dim, how many: D64's (64, 64, 3, 1) takes 57 KB of shared
+# memory a CTA, so three fit (80 registers a thread at launch, 136 for the consumer: no spills, ptxas sm90a); on an
+# H200 three ran 1.15x / 1.11x two at N1024 / 2048 and 1.00x at N4096, four of 2 stages (64 registers, 104 for the
+# consumer, 32 bytes of spills) 0.98-1.02x (benchmarks/2026-11-28-forward-ctas-an-sm, call1.log). D128's takes 115 KB:
+# two fit.
+_ONE_CONSUMER_CTAS_AN_SM = {64: 3, 128: 2}
+_ONE_CONSUMER_PRODUCER_REGISTERS = 24  # setmaxnreg's least: the producer's one warp only issues TMA copies
 # Causal, a CTA a query block makes CTAs of unequal length (the last block's rows meet every key tile, the first's
 # one), and where they are few the longest of the last heads run on alone at the end. Where one block a CTA would fill
 # at most this many waves of CTAs, a CTA takes two, blocks n - 1 - pid and pid (as the backward pairs key tiles). On
@@ -629,6 +636,28 @@ def _bias_by_tma(bias: Tensor) -> Tensor | None:
     return bias.as_strided(shape, [strides[0] or shape[1] * (strides[1] or whole), strides[1] or whole, strides[2], 1])
 
 
+def resident_ctas(head_dim: int, consumers: int) -> int:
+    """How many CTAs of a config share an SM: :data:`_ONE_CONSUMER_CTAS_AN_SM` for one consumer, else one."""
+    return _ONE_CONSUMER_CTAS_AN_SM[head_dim] if consumers == 1 else 1
+
+
+def launch_registers(ctas: int) -> int | None:
+    """Registers a thread at launch where ``ctas`` CTAs share an SM: the register file over their threads, 256 a CTA
+    (Triton pads the producer's warp to a warpgroup), in whole units; None for one CTA an SM (Triton's default)."""
+    if ctas == 1:
+        return None
+    return _REGISTERS_AN_SM // (ctas * 2 * _THREADS_A_WARPGROUP) // _REGISTER_UNIT * _REGISTER_UNIT
+
+
+def register_split(head_dim: int, consumers: int) -> tuple[int, int]:
+    """setmaxnreg's budgets a thread, (consumer, producer). One consumer: the producer takes the least and the
+    consumer, Triton's default partition, what it leaves of the CTA's launch registers (two warpgroups' worth)."""
+    if consumers != 1:
+        return _REGISTERS[consumers]
+    launch = launch_registers(resident_ctas(head_dim, consumers))
+    return 2 * launch - _ONE_CONSUMER_PRODUCER_REGISTERS, _ONE_CONSUMER_PRODUCER_REGISTERS
+
+
 def shared_memory_for_tiles(ctas_an_sm: int = 1) -> int:
     """Bytes of shared memory a CTA's tiles may take where ``ctas_an_sm`` CTAs share an SM."""
     return _SHARED_MEMORY_AN_SM // ctas_an_sm - _RESERVED_A_CTA - _BEYOND_THE_TILES
@@ -637,9 +666,9 @@ def shared_memory_for_tiles(ctas_an_sm: int = 1) -> int:
 def bias_ring_stages(block_m: int, block_n: int, stages: int, consumers: int, head_dim: int, dtype: torch.dtype,
                      bias_dtype: torch.dtype) -> int:
     """Ring stages of a config whose stages also hold each consumer's bias tile: as many of its ``stages`` as fit the
-    shared memory a CTA may use (half of it where one consumer lets two CTAs share an SM), or 0 where fewer than
+    shared memory a CTA may use (its share where one consumer lets CTAs share an SM), or 0 where fewer than
     :data:`_MIN_BIAS_RING_STAGES` fit."""
-    budget = shared_memory_for_tiles(2 if consumers in _LAUNCH_REGISTERS else 1)
+    budget = shared_memory_for_tiles(resident_ctas(head_dim, consumers))
     q_bytes = consumers * block_m * head_dim * dtype.itemsize
     stage_bytes = 2 * block_n * head_dim * dtype.itemsize + consumers * block_m * block_n * bias_dtype.itemsize
     fitting = min(stages, (budget - q_bytes) // stage_bytes)
@@ -652,13 +681,13 @@ def fills_at_most(ctas: int, waves: int, device: torch.device, ctas_an_sm: int =
     return ctas <= waves * ctas_an_sm * (sm_count(device) or 0)
 
 
-def pairs_query_blocks(causal: bool, blocks: int, heads: int, consumers: int, device: torch.device) -> bool:
+def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, consumers: int,
+                       device: torch.device) -> bool:
     """Whether a call's CTAs take two query blocks each (:data:`_PAIR_UP_TO_WAVES`): causal, a config of at most two
     consumers, and one block a CTA would fill at most that many waves of the device's SMs (off a GPU, no SMs: one
     block a CTA)."""
-    ctas_an_sm = 2 if consumers == 1 else 1  # (one consumer: two CTAs share an SM, _LAUNCH_REGISTERS)
     return (causal and consumers <= _PAIR_UP_TO_CONSUMERS
-            and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, ctas_an_sm))
+            and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, resident_ctas(head_dim, consumers)))
 
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
@@ -677,22 +706,23 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
-    paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, consumers, q.device)
+    paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, D, consumers, q.device)
     grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
     q_desc = _descriptor(q, block_m)
+    launch = launch_registers(resident_ctas(D, consumers))
     _hopper_attn_fwd[grid](
         q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         _descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
         spec.gqa_group,
-        spec.causal is not None, block_m, block_n, D, stages, consumers, *_REGISTERS[consumers], paired,
+        spec.causal is not None, block_m, block_n, D, stages, consumers, *register_split(D, consumers), paired,
         bias is not None, batch_rows_innermost(spec),
         bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
         ring_stages > 0,
         num_warps=4,
-        **({"maxnreg": _LAUNCH_REGISTERS[consumers]} if consumers in _LAUNCH_REGISTERS else {}))
+        **({} if launch is None else {"maxnreg": launch}))
     return out, lse
 
 

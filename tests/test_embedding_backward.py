@@ -290,10 +290,11 @@ class TestGoldenGraph(TestCase):
             bias = F.embedding(buckets, table).permute(2, 0, 1).unsqueeze(0)
             return torch.softmax(q @ k.transpose(-1, -2) + bias, -1) @ v
 
+        # (on the device the table's kernel runs on: CUDA, or the CPU under the interpreter -- eb.handles)
         torch.manual_seed(0)
-        q, k, v = (torch.randn(2, 3, 5, 8) for _ in range(3))
-        table = torch.randn(4, 3, requires_grad=True)
-        reports = rewrite_reports(fn, q, k, v, table, torch.randint(0, 4, (5, 5)), training=True)
+        q, k, v = (torch.randn(2, 3, 5, 8, device=DEVICE) for _ in range(3))
+        table = torch.randn(4, 3, device=DEVICE, requires_grad=True)
+        reports = rewrite_reports(fn, q, k, v, table, torch.randint(0, 4, (5, 5), device=DEVICE), training=True)
         self.assertExpectedInline(graph_text(reports[0]), """\
     def forward(self, arg0_1: "i64[5, 5]", arg1_1: "f32[4, 3]", arg2_1: "f32[2, 3, 5, 8]", arg3_1: "f32[2, 3, 5, 8]", arg4_1: "f32[2, 3, 5, 8]"):
         table_lookup_default: "f32[5, 5, 3]" = torch.ops.fuse_attn.table_lookup.default(arg1_1, arg0_1, -1)

@@ -96,10 +96,11 @@ _THREADS_A_WARPGROUP = 128
 _REGISTER_UNIT = 8  # setmaxnreg's counts and a launch's registers a thread are multiples of 8
 # One consumer warpgroup a CTA (the short causal configs) lets CTAs share an SM, launched with the registers a thread
 # that many leave each (:func:`launch_registers`). Per head dim, how many: D64's (64, 64, 3, 1) takes 57 KB of shared
-# memory a CTA, so three fit (80 registers a thread at launch, 136 for the consumer: no spills, ptxas sm90a); on an
-# H200 three ran 1.15x / 1.11x two at N1024 / 2048 and 1.00x at N4096, four of 2 stages (64 registers, 104 for the
-# consumer, 32 bytes of spills) 0.98-1.02x (benchmarks/2026-11-28-forward-ctas-an-sm, call1.log). D128's takes 115 KB:
-# two fit.
+# memory a CTA, so three fit (80 registers a thread at launch, 136 for the consumer: no spills, ptxas sm90a, with a
+# bias too). On an H200 (benchmarks/2026-11-28-forward-ctas-an-sm) three ran 1.11-1.15x two at N1024 / 2048 (cuDNN's
+# time / ours 0.83-0.87 -> 0.94-0.97), 1.02-1.10x with a bias (call2.log) and 1.00x the three-consumer config at
+# N4096; four of 2 stages (64 registers, 104 for the consumer, 32 bytes of spills) 0.98-1.02x two (call1.log); at three
+# 4 stages timed as 3 (1.00-1.02x) and 2 stages 0.94-0.96x (call4.log). D128's takes 115 KB: two fit.
 _ONE_CONSUMER_CTAS_AN_SM = {64: 3, 128: 2}
 _ONE_CONSUMER_PRODUCER_REGISTERS = 24  # setmaxnreg's least: the producer's one warp only issues TMA copies
 # Causal, a CTA a query block makes CTAs of unequal length (the last block's rows meet every key tile, the first's
@@ -109,7 +110,9 @@ _ONE_CONSUMER_PRODUCER_REGISTERS = 24  # setmaxnreg's least: the producer's one 
 # two-consumer configs at 3.9 waves 1.08-1.18x, at 7.8 waves 1.03-1.09x, at 15.5 waves 0.99-1.03x at N1024-8192 and
 # 0.96x at N16384. D64's three-consumer config (causal from 4096 rows) paired ran 0.88x at 2.7 waves and 0.92-0.996x
 # from 5.3 (its paired kernel spills 88 bytes a thread, ptxas): never paired. Unmasked calls (equal CTAs, nothing to
-# balance) paired ran 0.82-1.02x in a first form: never paired.
+# balance) paired ran 0.82-1.02x in a first form: never paired. D64's one-consumer config at three CTAs an SM (waves
+# counted at three): paired 1.30x at 1.3 waves, 1.05-1.07x at 2.6-5.2, 1.03x at 7.8 (H200,
+# benchmarks/2026-11-28-forward-ctas-an-sm/call6.log).
 _PAIR_UP_TO_WAVES = 8
 _PAIR_UP_TO_CONSUMERS = 2
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}

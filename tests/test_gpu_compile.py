@@ -428,9 +428,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor)
         else:
-            hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec.scale, causal,
-                                            group, bias=bias_tensor, zero_empty_rows=spec.empty_rows == "zero",
-                                            batch_inner=launch.batch_rows_innermost(spec), bias_grad=bias_grad)
+            hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec,
+                                            bias=bias_tensor, bias_grad=bias_grad)
     (args, kwargs), *_ = launches[launched[0]]  # the Gluon kernel's launch (each chunk of heads the same kernel)
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
     cfg = autotune.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])

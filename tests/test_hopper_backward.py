@@ -85,9 +85,12 @@ def test_the_backward_refuses_a_bias_gradient_it_does_not_compute():
     from fuse_attn.kernels.hopper_backward import hopper_backward
 
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
-    for bias in (torch.randn(1, 2, 64, 64, dtype=torch.bfloat16), None):
+    plain = dataclasses.replace(PLAIN, head_dim=64, head_dim_v=64, scale=0.125)
+    biased = dataclasses.replace(plain, score_mod=BIAS_PROGRAM,
+                                 score_tensors=(ScoreTensor("bias", "bfloat16", (False, False, False, False)),))
+    for spec, bias in ((biased, torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)), (plain, None)):
         with pytest.raises(ValueError, match="dscore_kv_heads"):
-            hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 64), 0.125, False, 1, bias=bias, bias_grad=True)
+            hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 64), spec, bias=bias, bias_grad=True)
 
 
 def test_the_backward_takes_every_head_dim_the_forward_does():

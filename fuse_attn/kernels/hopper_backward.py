@@ -49,6 +49,7 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
+from ..spec import AttentionSpec
 from . import ops
 from .hopper_forward import (_TMA_ALIGN_BYTES, LIBRARY, _batch_and_head, _bias_by_tma, _descriptor, _log2_units,
                              _score_tensors, _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most,
@@ -538,17 +539,16 @@ def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.d
     return causal and fills_at_most(key_tiles * kv_heads, _PAIR_UP_TO_WAVES, device)
 
 
-def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, scale: float,
-                    causal: bool, gqa_group: int, dlse: Tensor | None = None, bias: Tensor | None = None,
-                    zero_empty_rows: bool = False, batch_inner: bool = False,
+def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec,
+                    dlse: Tensor | None = None, bias: Tensor | None = None,
                     bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dbias)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the
-    forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the score tensor of an
-    ``s + bias`` spec, ``zero_empty_rows`` its ``empty_rows``, ``batch_inner`` its :func:`.launch.batch_rows_innermost`.
-    ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast dims, a launch for each
-    chunk of :func:`dscore_kv_heads` kv heads (a ValueError where it admits none)."""
+    forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the spec's score
+    tensor where it adds one. ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast
+    dims, a launch for each chunk of :func:`dscore_kv_heads` kv heads (a ValueError where it admits none)."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
+    scale, causal, gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
     chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
     if not chunk:
         raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
@@ -558,7 +558,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     lse = lse.contiguous()
     out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
     delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
-    zero_empty_rows = zero_empty_rows and bias is not None  # (no row of plain attention is empty: one kernel for both)
+    # (no row of plain attention is empty: one kernel for both)
+    zero_empty_rows = bias is not None and spec.empty_rows == "zero"
     # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
     flag_nan_rows = bias is not None and causal
     nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=q.device) if flag_nan_rows else lse  # (lse: not read)
@@ -591,7 +592,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads)](  # (no bias: lse stands in for it)
             *descriptors, lse, delta, H, kv_heads, M, N, scale * _LOG2E, scale, lse if bias is None else bias,
             *strides, Z, bias_desc, ds_desc, kv_head0,
-            gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None, batch_inner,
+            gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
+            batch_rows_innermost(spec),
             zero_empty_rows, ring_dq_buffers > 0, ring_dq_buffers or _DQ_BUFFERS, bias_grad, num_warps=_NUM_WARPS)
         if bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
             heads = slice(kv_head0 * gqa_group, (kv_head0 + kv_heads) * gqa_group)
@@ -626,9 +628,7 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     if ops._is_empty(q, k):
         dq, dk, dv, dbias = ops._empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
-    dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s.scale_for(q.shape[3]), s.causal is not None,
-                                        s.gqa_group, dlse, bias, s.empty_rows == "zero", batch_rows_innermost(s),
-                                        bias_grad)
+    dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s, dlse, bias, bias_grad)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 

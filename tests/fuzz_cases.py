@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from fuse_attn.kernels import flash_attention, reference_attention
 
 _op_module = importlib.import_module("fuse_attn.kernels.ops")
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, dtype_name
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreProgramBuilder, ScoreTensor, dtype_name
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Absolute floors of the 2x rule, relative to max|ref|: about one unit in the last place of each dtype (as in
@@ -34,6 +34,9 @@ HEAD_DIMS = (1, 8, 16, 24, 40, 64, 80)
 LONG_HEAD_DIMS = HEAD_DIMS + (96, 128, 160, 256)
 LAYOUTS = ("contiguous", "transposed", "sliced", "expanded")
 MASK_FILLS = (float("-inf"), "finfo.min", -1e4)
+# The ``s + bias`` score program: the scaled score plus the spec's one score tensor (what the Gluon kernels take:
+# hopper_forward.adds_a_bias)
+BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 
 
 @dataclass(frozen=True)

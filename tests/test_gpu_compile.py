@@ -26,7 +26,8 @@ import pytest
 import torch
 
 from fuse_attn.kernels import autotune, launch
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuzz_cases import BIAS_PROGRAM
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -373,7 +374,6 @@ BIAS_CASES = {
     "[1,H,M,N] bf16": ((1, 4, "M", "M"), torch.bfloat16, "nan"),
     "[Z,1,M,N] fp32, empty rows 0": ((2, 1, "M", "M"), torch.float32, "zero"),
 }
-BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 # the forward's other configs (hopper_forward.forward_config): D64 with three consumer warpgroups of 128-key tiles,
 # unmasked and causal over 4096 rows; D128 causal over 2048 rows, two consumers (the 300-row causal cases above take
 # the short causal config: one consumer of 64-key tiles, two CTAs an SM at D128, three at D64)

@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from fuse_attn.kernels import ops, reference_attention
 from fuse_attn.kernels.hopper_backward import dscore_kv_heads
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor, UnsupportedSpec
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreTensor, UnsupportedSpec
+from fuzz_cases import BIAS_PROGRAM
 from test_kernels import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -194,7 +195,6 @@ def test_a_dout_tma_cannot_read_in_place():
 
 
 # ---- s + bias: the bias loaded in both kernels ------------------------------------------------------------------------
-BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 _templates_backward = ops._backward
 
 

@@ -19,6 +19,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from fuse_attn.kernels import hopper_forward, reference_attention
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper, hopper_reasons
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor, UnsupportedSpec
+from fuzz_cases import BIAS_PROGRAM
 from test_kernels import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -32,8 +33,7 @@ def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
 
 # a precomputed ALiBi-style bias [1, H, M, N] added to the scores: what the Gluon kernels load (a [Z, 1, 1, N] one, a
 # key padding bias whose keys the generated kernels skip by its values, they refuse: above)
-ALIBI = dict(score_mod=(ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
-             score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+ALIBI = dict(score_mod=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
 
 
 @pytest.mark.parametrize("change, qk, reason", [
@@ -41,7 +41,7 @@ ALIBI = dict(score_mod=(ScoreNode("score"), ScoreNode("load", value=0), ScoreNod
     ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention or add one bias"),
     ({"score_mod": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
       "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
-    ({"score_mod": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
+    ({"score_mod": BIAS_PROGRAM,
       "score_tensors": (ScoreTensor("bias", "bfloat16", (False, True, True, False)),)}, {}, "skip per call"),
     ({"dropout_p": 0.1}, {}, "no dropout"),
     ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims [64, 128], not 96/96"),

@@ -23,6 +23,7 @@ from fuse_attn.matching import MatchContext
 from fuse_attn.report import collect_reports
 from fuse_attn.rewrite import rewrite_attention
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor
+from fuzz_cases import BIAS_PROGRAM
 from graph_capture import graph_text
 
 
@@ -187,9 +188,8 @@ class TestEmittedGraphs(TestCase):
         """The choice's cache key says whether the bias needs a gradient -- the Gluon candidate's step differs (its own
         backward, or the template's after its forward) -- and whether TMA can read it in place (the Gluon kernels'
         other path loads it: a bias whose keys are strided)."""
-        spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_mod=(
-            ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
-            score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+        spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_mod=BIAS_PROGRAM,
+                             score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
         with pytest.MonkeyPatch.context() as mp:
             on_hopper(mp)
             timings = self.gpu({TRITON: 0.30, GLUON: 0.18})
@@ -479,8 +479,7 @@ def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
     """Each candidate's trained step runs on random copies of the score tensors, the gradient of a bias that
     requires one with the rest (on CPU tensors: the steps without recording, each op's CPU path)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25,
-                         score_mod=(ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1))),
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=BIAS_PROGRAM,
                          score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
     q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
     bias = torch.randn(1, 2, 17, 17, requires_grad=bias_grad)

@@ -616,13 +616,18 @@ def _descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescrip
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
 
 
-def bias_layout_by_tma(bias: Tensor) -> bool:
-    """Whether the bias's layout lets TMA read it in place (:func:`_bias_by_tma` asks its base's alignment too):
-    keys contiguous, queries not broadcast, every stride a multiple of 16 bytes. Fake tensors too (hinted sizes): the
-    implementation choice times the Gluon kernels on a copy of this layout, and its key says which path that was."""
-    strides = [0 if hint(n) == 1 else hint(st) for n, st in zip(bias.shape, bias.stride())]  # (_bcast_strides')
+def _strides_tma_reads(strides: list, element_size: int) -> bool:
+    """Whether TMA can read a bias of these strides (as the kernels index it: :func:`.launch._bcast_strides`) in place:
+    keys contiguous, queries not broadcast, every other stride a multiple of 16 bytes."""
     return (strides[3] == 1 and strides[2] != 0
-            and not any(s * bias.element_size() % _TMA_ALIGN_BYTES for s in strides[:3]))
+            and not any(s * element_size % _TMA_ALIGN_BYTES for s in strides[:3]))
+
+
+def bias_layout_by_tma(bias: Tensor) -> bool:
+    """Whether the bias's layout lets TMA read it in place (:func:`_bias_by_tma` asks its base's alignment too).
+    Fake tensors too (hinted sizes): the implementation choice times the Gluon kernels on a copy of this layout, and
+    its key says which path that was."""
+    return _strides_tma_reads(_bcast_strides(bias, hint), bias.element_size())
 
 
 def _bias_by_tma(bias: Tensor) -> Tensor | None:
@@ -630,9 +635,9 @@ def _bias_by_tma(bias: Tensor) -> Tensor | None:
     as the kernel indexes it: :func:`.launch._bcast_strides`) of size 1, keys contiguous, rows and the base 16-byte
     aligned -- or None where TMA cannot (keys or queries broadcast, keys strided, an odd row length or base: the
     consumers load it instead)."""
-    if not bias_layout_by_tma(bias) or bias.data_ptr() % _TMA_ALIGN_BYTES:
-        return None
     strides = _bcast_strides(bias)
+    if not _strides_tma_reads(strides, bias.element_size()) or bias.data_ptr() % _TMA_ALIGN_BYTES:
+        return None
     shape = [1 if strides[d] == 0 else bias.shape[d] for d in range(4)]
     # a dim of size 1 is never stepped over: its stride need only be one TMA takes (that of a whole bias head)
     whole = bias.shape[2] * strides[2]

@@ -136,9 +136,10 @@ def launch(kernel, grid: tuple, args: dict, cfg: Optional[autotune.KernelConfig]
 
 
 # ---- arguments -------------------------------------------------------------------------------------------------------
-def _bcast_strides(t: Tensor) -> list:
-    """Strides with 0 for size-1 dims: the kernels index a broadcast tensor without a dense copy."""
-    return [0 if size == 1 else stride for size, stride in zip(t.shape, t.stride())]
+def _bcast_strides(t: Tensor, read=lambda n: n) -> list:
+    """Strides with 0 for size-1 dims: the kernels index a broadcast tensor without a dense copy. ``read``: how a size
+    or stride is taken (as it is, symbolic ones too; :func:`hint` for a choice made without a guard)."""
+    return [0 if read(size) == 1 else read(stride) for size, stride in zip(t.shape, t.stride())]
 
 
 def batch_rows_innermost(spec) -> bool:

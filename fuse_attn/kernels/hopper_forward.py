@@ -100,7 +100,8 @@ _REGISTER_UNIT = 8  # setmaxnreg's counts and a launch's registers a thread are 
 # bias too). On an H200 (benchmarks/2026-11-28-forward-ctas-an-sm) three ran 1.11-1.15x two at N1024 / 2048 (cuDNN's
 # time / ours 0.83-0.87 -> 0.94-0.97), 1.02-1.10x with a bias (call2.log) and 1.00x the three-consumer config at
 # N4096; four of 2 stages (64 registers, 104 for the consumer, 32 bytes of spills) 0.98-1.02x two (call1.log); at three
-# 4 stages timed as 3 (1.00-1.02x) and 2 stages 0.94-0.96x (call4.log). D128's takes 115 KB: two fit.
+# 4 stages timed as 3 (1.00-1.02x) and 2 stages 0.94-0.96x (call4.log). D128's takes 115 KB: two fit (with 32-key
+# tiles, 64 KB, three would, but ptxas refuses that kernel at 80 registers a thread: C7602, an instruction needs 94).
 _ONE_CONSUMER_CTAS_AN_SM = {64: 3, 128: 2}
 _ONE_CONSUMER_PRODUCER_REGISTERS = 24  # setmaxnreg's least: the producer's one warp only issues TMA copies
 # Causal, a CTA a query block makes CTAs of unequal length (the last block's rows meet every key tile, the first's

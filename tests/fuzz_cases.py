@@ -39,6 +39,14 @@ MASK_FILLS = (float("-inf"), "finfo.min", -1e4)
 BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 
 
+def record_templates_backward(monkeypatch) -> list:
+    """The generated template's backward (``ops._backward``) recorded from now on: the returned list gets a 1 at each
+    call (the Gluon forward's autograd runs it where the Gluon backward does not compute a gradient)."""
+    calls, templates_backward = [], _op_module._backward
+    monkeypatch.setattr(_op_module, "_backward", lambda *a: calls.append(1) or templates_backward(*a))
+    return calls
+
+
 @dataclass(frozen=True)
 class Case:
     Z: int

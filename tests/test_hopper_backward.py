@@ -17,11 +17,11 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fuse_attn.kernels import ops, reference_attention
+from fuse_attn.kernels import reference_attention
 from fuse_attn.kernels.hopper_backward import dscore_kv_heads
 from fuse_attn.kernels.hopper_forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreTensor, UnsupportedSpec
-from fuzz_cases import BIAS_PROGRAM
+from fuzz_cases import BIAS_PROGRAM, record_templates_backward
 from test_kernels import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -60,8 +60,6 @@ def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
     [1, 8, N, N] bias at batch 4: 3 heads fit beside the dQ accumulator, launches of 3, 3 and 2), none where it is
     broadcast over the heads (its gradient sums every head, in no chunk of them), in another dtype than the inputs',
     or over the queries, where not one head fits, or at head dim 64 (T5's: the template's backward is faster there)."""
-    from fuse_attn.kernels.hopper_backward import dscore_kv_heads
-
     def heads(z, h, h_kv, n, bias_shape, bias_dtype=torch.bfloat16, head_dim=128):
         with FakeTensorMode():
             q = torch.empty(z, h, n, head_dim, dtype=torch.bfloat16, device="cuda")
@@ -195,7 +193,6 @@ def test_a_dout_tma_cannot_read_in_place():
 
 
 # ---- s + bias: the bias loaded in both kernels ------------------------------------------------------------------------
-_templates_backward = ops._backward
 
 
 @hopper
@@ -256,9 +253,9 @@ def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_
 
     reference = sdpa_math if empty_rows == "zero" else lambda *t: reference_attention(*t[:3], t[3:], spec)[0]
     dout = torch.randn(q.shape, device="cuda", generator=g, dtype=torch.bfloat16)
-    results, templates_backward = [], []
+    results = []
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(ops, "_backward", lambda *a: templates_backward.append(1) or _templates_backward(*a))
+        templates_backward = record_templates_backward(monkeypatch)
         for out, inputs in ((flash_attention_hopper(*ours_in[:3], spec, bias=ours_in[3]), ours_in),
                             (reference(*ref_in), ref_in), (reference(*eager_in), eager_in)):
             wanted = inputs if bias_grad else inputs[:3]

@@ -445,6 +445,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         share = hopper_forward._SHARED_MEMORY_AN_SM // ctas - hopper_forward._RESERVED_A_CTA
         assert compiled.metadata.shared <= share, f"{name}: {compiled.metadata.shared} bytes, {ctas} CTAs an SM"
     paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
+    if direction == "forward":
+        paired += f", persistent: {bound['PERSISTENT']}"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}, bias: {bound['HAS_BIAS']}, batch "
           f"rows innermost: {bound['BATCH_INNER']}, bias tiles by TMA: {bound.get('BIAS_TMA', False)}, dS stored: "
           f"{bound.get('DS_OUT', False)}")
@@ -480,6 +482,13 @@ def test_the_gluon_forward_with_paired_query_blocks_compiles_for_hopper(name):
     other causal case, D64's three-consumer config, never pairs)."""
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward', sms=132)")
     assert "bytes of shared memory, query blocks paired: True" in stdout, stdout
+
+
+def test_the_gluon_forward_with_a_persistent_grid_compiles_for_hopper():
+    """Unmasked on an H100's 132 SMs, D128's two-consumer config runs a persistent grid
+    (hopper_forward.runs_persistent); without SMs to count (the case above) one block a CTA."""
+    stdout = _in_subprocess("t.compile_hopper('D128', 'forward', sms=132)")
+    assert "query blocks paired: False, persistent: True" in stdout, stdout
 
 
 @pytest.mark.parametrize("direction, name, bias, rows, by_tma", [

@@ -231,6 +231,25 @@ def test_a_causal_call_of_many_ctas_takes_one_query_block_a_cta(head_dim):
 
 
 @hopper
+def test_a_persistent_grid_takes_many_query_blocks_a_cta():
+    """Unmasked D128 runs a persistent grid (hopper_forward.runs_persistent): here each CTA takes 7-8 query blocks of
+    several heads in turn, the ring running on across them; 4100 rows leave each head's last block one warpgroup of
+    rows (the other only releases the tiles), keys are fewer than rows, and k / v serve two heads each (GQA)."""
+    Z, H, M, N = 2, 8, 4100, 1031
+    block_m, _, _, consumers = hopper_forward.forward_config(128, False, M)
+    assert hopper_forward.runs_persistent(False, False, consumers, torch.device("cuda"))
+    spec = dataclasses.replace(PLAIN, gqa_group=2)
+    g = torch.Generator(device="cuda").manual_seed(M)
+    q = torch.randn(Z, H, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(Z, H // 2, N, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    out, lse = flash_attention_hopper(q, k, v, spec, return_lse=True)
+    ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [], spec)
+    eager, eager_lse = reference_attention(q, k, v, [], spec)
+    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+    assert_close_2x("lse", lse, ref_lse, eager_lse, torch.bfloat16)
+
+
+@hopper
 def test_a_layout_tma_cannot_read_is_copied_first():
     q = torch.randn(1, 2, 64, 129, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 258 bytes
     assert hopper_forward._tma_ready(q) is not q and hopper_forward._tma_ready(q).is_contiguous()

@@ -116,6 +116,16 @@ _ONE_CONSUMER_PRODUCER_REGISTERS = 24  # setmaxnreg's least: the producer's one 
 # benchmarks/2026-11-28-forward-ctas-an-sm/call6.log).
 _PAIR_UP_TO_WAVES = 8
 _PAIR_UP_TO_CONSUMERS = 2
+# A persistent grid (as many CTAs as the SMs hold, each taking every grid-th query block of all the heads', a head's
+# blocks side by side) where its config leaves one CTA alone on an SM: its next block's k / v tiles load while it
+# finishes a block, where a fresh CTA would start from an empty ring. Unmasked plain attention, H200
+# (benchmarks/2026-11-28-short-unmasked-forward, call2.log, against one block a CTA in the same run): D128's
+# two-consumer config 1.077x at N1024, 1.045x at N2048, 1.020x at N4096, 1.005x at N16384; D64's three-consumer
+# config 0.965-0.992x (it spills already, 128 bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the
+# loaded bias's kernel spills 760 bytes persistent against 360) nor causal (unequal blocks: pairing balances them).
+# Storing the output from registers instead of by TMA (to give q's tile back before the last P v) ran 0.91-0.97x
+# one block a CTA, and persistent at D128 0.96-1.00x the persistent grid storing by TMA (call2.log): not kept.
+_PERSISTENT_CONSUMERS = 2
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
@@ -307,14 +317,24 @@ def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr)
 
 
 @gluon.jit
-def _query_block(first, second, it, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The CTA's it-th query block (``first``, then ``second``): its first row and its key tiles."""
-    row0 = (first + it * (second - first)) * ROWS  # it is 0 or 1
+def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
+              PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr):
+    """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: block pid_m + it x
+    (the grid's CTAs) of every head's blocks, a head's blocks in a row; else block ``pid_m``, then (paired) block
+    ``second``, of grid row bh's head."""
+    if PERSISTENT:
+        blocks = gl.cdiv(M, ROWS)
+        t = pid_m + it * gl.num_programs(0)
+        z, h = _batch_and_head(t // blocks, Z, H, BATCH_INNER)
+        row0 = (t % blocks) * ROWS
+    else:
+        z, h = _batch_and_head(bh, Z, H, BATCH_INNER)
+        row0 = (pid_m + it * (second - pid_m)) * ROWS  # it is 0 or 1
     if CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N)
     else:
         n_tiles = gl.cdiv(N, BLOCK_N)
-    return row0, n_tiles
+    return z, h, row0, n_tiles
 
 
 @gluon.jit
@@ -401,35 +421,49 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 
 
 @gluon.jit
-def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-              first, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr,
+def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
+              n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, C: gl.constexpr,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, HAS_BIAS: gl.constexpr,
-              ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr):
-    """Consumer warpgroup C: the CTA's query block (rows row0 on, n_tiles key tiles); paired, each of its n_blocks
+              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, PERSISTENT: gl.constexpr,
+              BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem,
+              BIAS_TMA: gl.constexpr):
+    """Consumer warpgroup C: the CTA's query block (:func:`_block_of`); paired or persistent, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
-    if PAIRED:
+    if PAIRED or PERSISTENT:
         r0 = 0  # the ring position of the block's key tile 0
         for it in range(n_blocks):
-            row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+            z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
+                                            PERSISTENT, BATCH_INNER)
             _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
-                            n_tiles, r0, it & 1, qk_scale, bias_head, stride_bm, stride_bn, C, CAUSAL, BLOCK_M,
-                            BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
+                            n_tiles, r0, it & 1, qk_scale, _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
+                            stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS,
+                            ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
+        z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
+                                        PERSISTENT, BATCH_INNER)
         _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                        0, 0, qk_scale, bias_head, stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                        HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
+                        0, 0, qk_scale, _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
+                        C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS,
+                        BIAS_TMA)
+
+
+@gluon.jit
+def _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
+    """The bias of batch row z and head h (0 strides where it broadcasts); Bias itself where there is none."""
+    if HAS_BIAS:
+        return Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
+    return Bias
 
 
 @gluon.jit
 def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr,
-            PAIRED: gl.constexpr):
-    """Every consumer's q tile of the CTA's it-th query block; paired, each once its consumer freed the last one (a
-    fresh barrier passes a wait on parity 1: block 0's loads do not wait)."""
+            MANY_BLOCKS: gl.constexpr):
+    """Every consumer's q tile of the CTA's it-th query block; where a CTA takes MANY_BLOCKS, each once its consumer
+    gave the last one back (a fresh barrier passes a wait on parity 1: block 0's loads do not wait)."""
     for c in gl.static_range(CONSUMERS):
-        if PAIRED:
+        if MANY_BLOCKS:
             mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
         _tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
@@ -438,12 +472,12 @@ def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexp
 @gluon.jit
 def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
                    row0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                   CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, bias_desc, bias_smem, bz, bh,
+                   CONSUMERS: gl.constexpr, MANY_BLOCKS: gl.constexpr, bias_desc, bias_smem, bz, bh,
                    BIAS_TMA: gl.constexpr):
     """The it-th query block's n_tiles k / v tiles into the ring (from position r0) as stages come free, and
-    (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and head bh; paired, a second block's q
-    tiles once its first STAGES tiles are asked for (those stages come free while the consumers finish the first
-    block, its q buffers only after the consumers' output stores have read them)."""
+    (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and head bh; where a CTA takes
+    MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those stages come free while the
+    consumers finish the last block, its q buffers only after the consumers' output stores have read them)."""
     for j in range(n_tiles):
         r = r0 + j
         stage = r % STAGES
@@ -461,33 +495,39 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
             for c in gl.static_range(CONSUMERS):
                 _tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, j * BLOCK_N], ready,
                           bias_smem.index(stage * CONSUMERS + c))
-        if PAIRED:
+        if MANY_BLOCKS:
             if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
-                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, PAIRED)
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, MANY_BLOCKS)
 
 
 @gluon.jit
-def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv, N, row0,
-              n_tiles, first, second, n_blocks, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, bias_desc, bias_smem, bz, bh,
+def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m,
+              second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
+              BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+              PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, bias_desc, bias_smem,
               BIAS_TMA: gl.constexpr):
-    """The q tiles of every consumer, then the k / v tiles into the ring; paired, so for each query block in turn
-    (the ring runs on)."""
-    if PAIRED:
+    """The q tiles of every consumer, then the k / v tiles into the ring; paired or persistent, so for each query
+    block in turn (the ring runs on). BIAS_TMA: the bias tiles of the bias's batch row and head where it has them
+    (else 0)."""
+    if PAIRED or PERSISTENT:
         r0 = 0
         for it in range(n_blocks):
-            row0, n_tiles = _query_block(first, second, it, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
+            z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
+                                            PERSISTENT, BATCH_INNER)
             if it == 0:
-                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, PAIRED)
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                           h_kv, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, bias_desc,
-                           bias_smem, bz, bh, BIAS_TMA)
+                           h // GQA_GROUP, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
+                           bias_desc, bias_smem, gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h),
+                           BIAS_TMA)
             r0 += n_tiles
     else:
-        _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, PAIRED)
-        _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
-                       row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, bias_desc, bias_smem, bz,
-                       bh, BIAS_TMA)
+        z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
+                                        PERSISTENT, BATCH_INNER)
+        _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False)
+        _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
+                       h // GQA_GROUP, row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
+                       bias_smem, gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h), BIAS_TMA)
 
 
 @gluon.jit
@@ -500,17 +540,22 @@ def _batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
 
 
 @gluon.jit
-def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh, stride_bm,
-                     stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr,
-                     BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
-                     HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
-                     BIAS_TMA: gl.constexpr):
+def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh,
+                     stride_bm, stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
+                     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
+                     PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                     BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
+    gl.static_assert(not (CAUSAL and PERSISTENT), "causal calls are not persistent (their blocks are unequal)")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
-    # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet)
+    # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet); persistent
+    # (:func:`runs_persistent`), every grid-th block from pid (:func:`_block_of`)
     pid_m = gl.program_id(0)
-    if PAIRED:
+    if PERSISTENT:
+        second = pid_m
+        n_blocks = gl.cdiv(gl.cdiv(M, CONSUMERS * BLOCK_M) * Z * H - pid_m, gl.num_programs(0))
+    elif PAIRED:
         second = pid_m
         pid_m = gl.cdiv(M, CONSUMERS * BLOCK_M) - 1 - pid_m
         n_blocks = gl.where(pid_m == second, 1, 2)
@@ -519,11 +564,7 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
             pid_m = gl.num_programs(0) - 1 - pid_m
         second = pid_m
         n_blocks = 1
-    z, h = _batch_and_head(gl.program_id(1), Z, H, BATCH_INNER)
-    row0, n_tiles = _query_block(pid_m, second, 0, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N)
-    bias_head = Bias
-    if HAS_BIAS:
-        bias_head = Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
+    bh = gl.program_id(1)
 
     smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
     q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
@@ -536,14 +577,12 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     # BIAS_TMA: a bias tile a consumer a ring stage, of the bias's batch row and head where it has them (else 0)
     bias_smem = k_smem  # (no BIAS_TMA: a stand-in, never read)
-    bz = gl.where(stride_bz == 0, 0, z)
-    bh = gl.where(stride_bh == 0, 0, h)
     if BIAS_TMA:
         bias_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], bias_desc.dtype)
         bias_smem = gl.allocate_shared_memory(bias_desc.dtype, [STAGES * CONSUMERS, BLOCK_M, BLOCK_N], bias_layout)
     for c in gl.static_range(CONSUMERS):
         mbarrier.init(q_bars.index(c), count=1)
-        if PAIRED:  # (unpaired, q_free is never used)
+        if PAIRED or PERSISTENT:  # (one block a CTA, q_free is never used)
             mbarrier.init(q_free.index(c), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(kv_ready.index(i), count=1)
@@ -552,45 +591,45 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
     # (a partition list cannot hold tuples made beforehand: each entry is written out)
     if CONSUMERS == 3:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                         BIAS_TMA)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 1, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                         BIAS_TMA)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 2, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                         BIAS_TMA)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
-                         CONSUMERS, PAIRED, bias_desc, bias_smem, bz, bh, BIAS_TMA)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                         0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
+                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                         1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
+                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                         2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
+                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M,
+                         N, pid_m, second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N,
+                         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, bias_desc, bias_smem, BIAS_TMA)),
         ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 1:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                         BIAS_TMA)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
-                         CONSUMERS, PAIRED, bias_desc, bias_smem, bz, bh, BIAS_TMA)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                         0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
+                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M,
+                         N, pid_m, second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N,
+                         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, bias_desc, bias_smem, BIAS_TMA)),
         ], [1], [PRODUCER_REGS])
     else:
         gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 0, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                         BIAS_TMA)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, H, M, N, row0,
-                         n_tiles, pid_m, second, n_blocks, qk_scale, bias_head, stride_bm, stride_bn, 1, CAUSAL,
-                         BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                         BIAS_TMA)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                         h // GQA_GROUP, N, row0, n_tiles, pid_m, second, n_blocks, CAUSAL, BLOCK_M, BLOCK_N, STAGES,
-                         CONSUMERS, PAIRED, bias_desc, bias_smem, bz, bh, BIAS_TMA)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                         0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
+                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
+            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                         1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
+                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
+            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M,
+                         N, pid_m, second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N,
+                         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, bias_desc, bias_smem, BIAS_TMA)),
         ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
 
 
@@ -699,6 +738,13 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, con
             and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, resident_ctas(head_dim, consumers)))
 
 
+def runs_persistent(causal: bool, has_bias: bool, consumers: int, device: torch.device) -> bool:
+    """Whether a call's grid is persistent (:data:`_PERSISTENT_CONSUMERS`): unmasked plain attention on the
+    two-consumer config, on a GPU (off one, no SMs to count: one block a CTA)."""
+    return (not causal and not has_bias and consumers == _PERSISTENT_CONSUMERS
+            and sm_count(device) is not None)
+
+
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU; ``bias``
@@ -716,10 +762,15 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, D, consumers, q.device)
-    grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
+    ctas_an_sm = resident_ctas(D, consumers)
+    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, q.device)
+    if persistent:
+        grid = (min(blocks * Z * H, ctas_an_sm * sm_count(q.device)), 1)
+    else:
+        grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
     q_desc = _descriptor(q, block_m)
-    launch = launch_registers(resident_ctas(D, consumers))
+    launch = launch_registers(ctas_an_sm)
     _hopper_attn_fwd[grid](
         q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E,
@@ -727,7 +778,7 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
         _descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
         spec.gqa_group,
         spec.causal is not None, block_m, block_n, D, stages, consumers, *register_split(D, consumers), paired,
-        bias is not None, batch_rows_innermost(spec),
+        persistent, bias is not None, batch_rows_innermost(spec),
         bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
         ring_stages > 0,
         num_warps=4,

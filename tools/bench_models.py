@@ -1,6 +1,7 @@
 """Model-level benchmark: Hugging Face models built from configs (random weights), a training step and an inference
 forward, with the attention compiled five ways. Models: ``gpt2`` and ``llama`` (4-layer decoders, below),
 ``gpt2-small`` (GPT-2 small), ``bert-padded`` (BERT-base, masked-LM, batches padded to lengths N, 3N/4, N/2, N/3),
+``bert-d128`` (BERT's encoder with 16 heads of 128, 8 layers, unpadded: unmasked attention at head dim 128),
 ``llama-1b`` (Llama-3.2-1B's shape: 16 layers, 32 heads of 64, GQA 4), ``mistral-window`` (the ``llama`` decoder's
 sizes as a Mistral with a sliding window of N/4), ``t5`` (T5-small's encoder-decoder, whose relative position bias
 is one learned ``[1, H, N, N]`` tensor shared by the batch; input ids also as decoder input ids), ``gemma2``
@@ -100,7 +101,7 @@ FUSED_VARIANTS = [name for name, (_, backend, _) in VARIANTS.items() if backend 
 # (ours, the other): the speed-up columns of the table
 RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
           ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor")]
-MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "llama-1b", "mistral-window", "t5", "gemma2", "phi3"]
+MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3"]
 MODES = ["train", "infer"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
@@ -126,6 +127,14 @@ def model_and_config(name, attention, tiny, length):
     elif name == "bert-padded":  # BERT-base (12 layers, width 768, 12 heads), run with padded batches (make_inputs)
         size = (dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=64)
                 if tiny else {})
+        config = T.BertConfig(**size, max_position_embeddings=max(512, length), hidden_dropout_prob=0.0,
+                              attention_probs_dropout_prob=0.0)
+        model_cls = T.BertForMaskedLM
+    elif name == "bert-d128":  # BERT's encoder with heads of 128 (width 2048, 16 heads, MLP 8192, 8 layers), no
+        # padding: unmasked attention at head dim 128, the attention of diffusion transformers' blocks (DiT, Flux)
+        size = (dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64, vocab_size=64)
+                if tiny else dict(hidden_size=2048, num_attention_heads=16, num_hidden_layers=8,
+                                  intermediate_size=8192))
         config = T.BertConfig(**size, max_position_embeddings=max(512, length), hidden_dropout_prob=0.0,
                               attention_probs_dropout_prob=0.0)
         model_cls = T.BertForMaskedLM

@@ -485,9 +485,10 @@ def test_the_gluon_forward_with_paired_query_blocks_compiles_for_hopper(name):
 
 
 def test_the_gluon_forward_with_a_persistent_grid_compiles_for_hopper():
-    """Unmasked on an H100's 132 SMs, D128's two-consumer config runs a persistent grid
-    (hopper_forward.runs_persistent); without SMs to count (the case above) one block a CTA."""
-    stdout = _in_subprocess("t.compile_hopper('D128', 'forward', sms=132)")
+    """Unmasked, D128's two-consumer config runs a persistent grid where its query blocks (here 24) outnumber what the
+    SMs take at once (hopper_forward.runs_persistent; 8 SMs said); without SMs to count (the case above) one block a
+    CTA."""
+    stdout = _in_subprocess("t.compile_hopper('D128', 'forward', sms=8)")
     assert "query blocks paired: False, persistent: True" in stdout, stdout
 
 

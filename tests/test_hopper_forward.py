@@ -11,6 +11,7 @@ test_gpu_compile.py.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
@@ -97,6 +98,24 @@ def test_every_config_has_a_register_split_within_an_sm():
         assert (hopper_forward.forward_config(head_dim, True, below, bias_by_tma=True)
                 == hopper_forward.forward_config(head_dim, False, 1024, bias_by_tma=True)
                 == hopper_forward._BIAS_TMA_CONFIGS[head_dim])
+
+
+def test_which_calls_run_a_persistent_grid(monkeypatch):
+    """Unmasked plain attention on the two-consumer config (D128) over fewer than 4096 keys, with more query blocks
+    than the SMs take at once; nothing else, and nothing off a GPU."""
+    cuda = torch.device("cuda")
+    consumers = {d: hopper_forward.forward_config(d, False, 2048)[3] for d in (64, 128)}
+    monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 132)
+    persistent = functools.partial(hopper_forward.runs_persistent, device=cuda)
+    assert persistent(False, False, consumers[128], 16, 128, 2048)
+    assert persistent(False, False, consumers[128], 1, 133, 4095)
+    assert not persistent(False, False, consumers[128], 1, 132, 2048)  # one block for each CTA: nothing to gain
+    assert not persistent(False, False, consumers[128], 32, 64, 4096)
+    assert not persistent(True, False, consumers[128], 16, 128, 2048)
+    assert not persistent(False, True, consumers[128], 16, 128, 2048)
+    assert not persistent(False, False, consumers[64], 16, 128, 2048)
+    monkeypatch.setattr(hopper_forward, "sm_count", lambda device: None)
+    assert not persistent(False, False, consumers[128], 16, 128, 2048)
 
 
 def test_which_biases_come_by_tma_and_in_how_many_ring_stages():
@@ -237,7 +256,8 @@ def test_a_persistent_grid_takes_many_query_blocks_a_cta():
     rows (the other only releases the tiles), keys are fewer than rows, and k / v serve two heads each (GQA)."""
     Z, H, M, N = 2, 8, 4100, 1031
     block_m, _, _, consumers = hopper_forward.forward_config(128, False, M)
-    assert hopper_forward.runs_persistent(False, False, consumers, torch.device("cuda"))
+    blocks = -(-M // (consumers * block_m))
+    assert hopper_forward.runs_persistent(False, False, consumers, blocks, Z * H, N, torch.device("cuda"))
     spec = dataclasses.replace(PLAIN, gqa_group=2)
     g = torch.Generator(device="cuda").manual_seed(M)
     q = torch.randn(Z, H, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)

@@ -119,13 +119,16 @@ _PAIR_UP_TO_CONSUMERS = 2
 # A persistent grid (as many CTAs as the SMs hold, each taking every grid-th query block of all the heads', a head's
 # blocks side by side) where its config leaves one CTA alone on an SM: its next block's k / v tiles load while it
 # finishes a block, where a fresh CTA would start from an empty ring. Unmasked plain attention, H200
-# (benchmarks/2026-11-28-short-unmasked-forward, call2.log, against one block a CTA in the same run): D128's
-# two-consumer config 1.077x at N1024, 1.045x at N2048, 1.020x at N4096, 1.005x at N16384; D64's three-consumer
-# config 0.965-0.992x (it spills already, 128 bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the
-# loaded bias's kernel spills 760 bytes persistent against 360) nor causal (unequal blocks: pairing balances them).
+# (benchmarks/2026-11-28-short-unmasked-forward, against one block a CTA in the same run, two runs: call2.log,
+# call3.log): D128's two-consumer config 1.077x / 1.049x at N1024, 1.045x / 1.011x at N2048; from N4096 no gain
+# shown (1.020x / 1.029x B4 H16, 0.995x GQA 32/8, 0.989x N4100, 1.005x / 0.954x N16384, whose runs differed by up
+# to 12%): one block a CTA there. D64's three-consumer config 0.965-0.992x at N1024-16384 (it spills already, 128
+# bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the loaded bias's kernel spills 760 bytes
+# persistent against 360) nor causal (unequal blocks: pairing balances them).
 # Storing the output from registers instead of by TMA (to give q's tile back before the last P v) ran 0.91-0.97x
 # one block a CTA, and persistent at D128 0.96-1.00x the persistent grid storing by TMA (call2.log): not kept.
 _PERSISTENT_CONSUMERS = 2
+_PERSISTENT_BELOW_KEYS = 4096
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 _TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
@@ -738,11 +741,13 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, con
             and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, resident_ctas(head_dim, consumers)))
 
 
-def runs_persistent(causal: bool, has_bias: bool, consumers: int, device: torch.device) -> bool:
+def runs_persistent(causal: bool, has_bias: bool, consumers: int, blocks: int, heads: int, keys: int,
+                    device: torch.device) -> bool:
     """Whether a call's grid is persistent (:data:`_PERSISTENT_CONSUMERS`): unmasked plain attention on the
-    two-consumer config, on a GPU (off one, no SMs to count: one block a CTA)."""
-    return (not causal and not has_bias and consumers == _PERSISTENT_CONSUMERS
-            and sm_count(device) is not None)
+    two-consumer config over fewer than :data:`_PERSISTENT_BELOW_KEYS` keys, whose query blocks outnumber the CTAs
+    the device's SMs hold at once (fewer, each CTA would take one anyway); off a GPU (no SMs to count) never."""
+    return (not causal and not has_bias and consumers == _PERSISTENT_CONSUMERS and keys < _PERSISTENT_BELOW_KEYS
+            and sm_count(device) is not None and not fills_at_most(blocks * heads, 1, device))
 
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
@@ -763,7 +768,7 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, D, consumers, q.device)
     ctas_an_sm = resident_ctas(D, consumers)
-    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, q.device)
+    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, blocks, Z * H, N, q.device)
     if persistent:
         grid = (min(blocks * Z * H, ctas_an_sm * sm_count(q.device)), 1)
     else:

@@ -107,15 +107,16 @@ def test_which_calls_run_a_persistent_grid(monkeypatch):
     consumers = {d: hopper_forward.forward_config(d, False, 2048)[3] for d in (64, 128)}
     monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 132)
     persistent = functools.partial(hopper_forward.runs_persistent, device=cuda)
-    assert persistent(False, False, consumers[128], 16, 128, 2048)
-    assert persistent(False, False, consumers[128], 1, 133, 4095)
-    assert not persistent(False, False, consumers[128], 1, 132, 2048)  # one block for each CTA: nothing to gain
-    assert not persistent(False, False, consumers[128], 32, 64, 4096)
-    assert not persistent(True, False, consumers[128], 16, 128, 2048)
-    assert not persistent(False, True, consumers[128], 16, 128, 2048)
-    assert not persistent(False, False, consumers[64], 16, 128, 2048)
+    assert persistent(False, False, consumers[128], 2048, 16, 128, 2048)
+    assert persistent(False, False, consumers[128], 2, 1, 133, 4095)
+    assert not persistent(False, False, consumers[128], 1, 1, 133, 4095)  # one row: Triton 3.6 cannot lower it
+    assert not persistent(False, False, consumers[128], 2048, 1, 132, 2048)  # a block for each CTA: nothing to gain
+    assert not persistent(False, False, consumers[128], 4096, 32, 64, 4096)
+    assert not persistent(True, False, consumers[128], 2048, 16, 128, 2048)
+    assert not persistent(False, True, consumers[128], 2048, 16, 128, 2048)
+    assert not persistent(False, False, consumers[64], 2048, 16, 128, 2048)
     monkeypatch.setattr(hopper_forward, "sm_count", lambda device: None)
-    assert not persistent(False, False, consumers[128], 16, 128, 2048)
+    assert not persistent(False, False, consumers[128], 2048, 16, 128, 2048)
 
 
 def test_which_biases_come_by_tma_and_in_how_many_ring_stages():
@@ -257,7 +258,7 @@ def test_a_persistent_grid_takes_many_query_blocks_a_cta():
     Z, H, M, N = 2, 8, 4100, 1031
     block_m, _, _, consumers = hopper_forward.forward_config(128, False, M)
     blocks = -(-M // (consumers * block_m))
-    assert hopper_forward.runs_persistent(False, False, consumers, blocks, Z * H, N, torch.device("cuda"))
+    assert hopper_forward.runs_persistent(False, False, consumers, M, blocks, Z * H, N, torch.device("cuda"))
     spec = dataclasses.replace(PLAIN, gqa_group=2)
     g = torch.Generator(device="cuda").manual_seed(M)
     q = torch.randn(Z, H, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)

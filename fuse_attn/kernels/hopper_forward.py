@@ -741,13 +741,15 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, con
             and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, resident_ctas(head_dim, consumers)))
 
 
-def runs_persistent(causal: bool, has_bias: bool, consumers: int, blocks: int, heads: int, keys: int,
+def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blocks: int, heads: int, keys: int,
                     device: torch.device) -> bool:
     """Whether a call's grid is persistent (:data:`_PERSISTENT_CONSUMERS`): unmasked plain attention on the
     two-consumer config over fewer than :data:`_PERSISTENT_BELOW_KEYS` keys, whose query blocks outnumber the CTAs
-    the device's SMs hold at once (fewer, each CTA would take one anyway); off a GPU (no SMs to count) never."""
+    the device's SMs hold at once (fewer, each CTA would take one anyway); off a GPU (no SMs to count) never. Nor
+    for one query row: Triton 3.6 fails to lower that kernel (its launch specializes the length 1; a
+    ConvertTritonGPUToLLVM assertion on the H200 machine, at any key length; Triton 3.9 compiles it)."""
     return (not causal and not has_bias and consumers == _PERSISTENT_CONSUMERS and keys < _PERSISTENT_BELOW_KEYS
-            and sm_count(device) is not None and not fills_at_most(blocks * heads, 1, device))
+            and rows > 1 and sm_count(device) is not None and not fills_at_most(blocks * heads, 1, device))
 
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
@@ -768,7 +770,8 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, D, consumers, q.device)
     ctas_an_sm = resident_ctas(D, consumers)
-    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, blocks, Z * H, N, q.device)
+    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, M, blocks, Z * H, N,
+                                 q.device)
     if persistent:
         grid = (min(blocks * Z * H, ctas_an_sm * sm_count(q.device)), 1)
     else:

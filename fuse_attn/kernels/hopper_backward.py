@@ -51,9 +51,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from ..spec import AttentionSpec
 from . import ops
-from .hopper_forward import (_TMA_ALIGN_BYTES, LIBRARY, _batch_and_head, _bias_by_tma, _descriptor, _log2_units,
-                             _score_tensors, _tma_load, _tma_ready, _tma_store, checked_spec, fills_at_most,
-                             shared_memory_for_tiles)
+from .hopper_forward import (_TMA_ALIGN_BYTES, LIBRARY, _batch_and_head, _bias_by_tma, _bias_head, _bias_tma_head,
+                             _descriptor, _log2_units, _score_tensors, _tma_load, _tma_ready, _tma_store,
+                             checked_spec, fills_at_most, shared_memory_for_tiles)
 from .launch import _bcast_strides, batch_rows_innermost
 
 _LOG2E = math.log2(math.e)
@@ -242,7 +242,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         if BIAS_TMA:
             bias = bias_smem.index(stage).load(s_layout)
         else:
-            bias_rows = (Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
+            bias_rows = (_bias_head(Bias, z, h, stride_bz, stride_bh, True)
                          + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
             bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)
 
@@ -399,7 +399,6 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
     """One warp: for each of the CTA's key tiles, its k and v (once the previous key tile's dK and dV are stored from
     their buffers), then every query tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head
     where it has them, else 0) into the ring as the compute warpgroups free its stages."""
-    bz = gl.where(stride_bz == 0, 0, z)
     r0 = 0
     for t in range(n_kt):
         if CAUSAL:
@@ -416,8 +415,9 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             stage = ring % STAGES
             mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
             h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
-            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem, bz,
-                       gl.where(stride_bh == 0, 0, h), n0, BIAS_TMA)
+            bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem,
+                       bias_z, bias_h, n0, BIAS_TMA)
         r0 += GQA_GROUP * per_head
 
 

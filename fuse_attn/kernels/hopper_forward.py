@@ -461,6 +461,13 @@ def _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
 
 
 @gluon.jit
+def _bias_tma_head(z, h, stride_bz, stride_bh):
+    """The (batch row, head) coordinates in the bias's TMA view (:func:`_bias_by_tma`) of batch row z and head h: 0
+    along a dim the bias is broadcast over (size 1 there)."""
+    return gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h)
+
+
+@gluon.jit
 def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr,
             MANY_BLOCKS: gl.constexpr):
     """Every consumer's q tile of the CTA's it-th query block; where a CTA takes MANY_BLOCKS, each once its consumer
@@ -519,18 +526,19 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
                                             PERSISTENT, BATCH_INNER)
             if it == 0:
                 _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True)
+            bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                            h // GQA_GROUP, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
-                           bias_desc, bias_smem, gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h),
-                           BIAS_TMA)
+                           bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA)
             r0 += n_tiles
     else:
         z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
                                         PERSISTENT, BATCH_INNER)
         _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False)
+        bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
         _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                        h // GQA_GROUP, row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
-                       bias_smem, gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h), BIAS_TMA)
+                       bias_smem, bias_z, bias_h, BIAS_TMA)
 
 
 @gluon.jit

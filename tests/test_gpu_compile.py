@@ -492,6 +492,16 @@ def test_the_gluon_forward_with_a_persistent_grid_compiles_for_hopper():
     assert "query blocks paired: False, persistent: True" in stdout, stdout
 
 
+@pytest.mark.parametrize("name, rows", [("D64 causal GQA 2", 384), ("D128 causal fp16", 384),
+                                        ("D128 causal 2048 rows, two consumers", None)])
+def test_the_gluon_forward_with_a_causal_persistent_grid_compiles_for_hopper(name, rows):
+    """Causal, the configs that pair run a persistent grid of items of two query blocks where their blocks (an even
+    number a head: 6 of 384 rows, 16 of 2048) outnumber what pairing takes (hopper_forward.runs_persistent; one SM
+    said)."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'forward', sms=1, rows={rows})")
+    assert "query blocks paired: False, persistent: True" in stdout, stdout
+
+
 @pytest.mark.parametrize("direction, name, bias, rows, by_tma", [
     # the forward's bias tiles in the k / v ring (rows of 16-byte multiples), in each config: two consumers, three,
     # and one (CTAs sharing an SM: their share of the shared memory), two and one with an fp32 bias too; loaded by the

@@ -101,22 +101,35 @@ def test_every_config_has_a_register_split_within_an_sm():
 
 
 def test_which_calls_run_a_persistent_grid(monkeypatch):
-    """Unmasked plain attention on the two-consumer config (D128) over fewer than 4096 keys, with more query blocks
-    than the SMs take at once; nothing else, and nothing off a GPU."""
+    """Over fewer than 4096 keys: unmasked plain attention on the two-consumer config (D128) with more query blocks
+    than the SMs take at once; causal calls of the configs that pair, of an even number of blocks a head, with more
+    blocks than pairing takes; nothing else, and nothing off a GPU."""
     cuda = torch.device("cuda")
     consumers = {d: hopper_forward.forward_config(d, False, 2048)[3] for d in (64, 128)}
     monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 132)
     persistent = functools.partial(hopper_forward.runs_persistent, device=cuda)
-    assert persistent(False, False, consumers[128], 2048, 16, 128, 2048)
-    assert persistent(False, False, consumers[128], 2, 1, 133, 4095)
-    assert not persistent(False, False, consumers[128], 1, 1, 133, 4095)  # one row: Triton 3.6 cannot lower it
-    assert not persistent(False, False, consumers[128], 2048, 1, 132, 2048)  # a block for each CTA: nothing to gain
-    assert not persistent(False, False, consumers[128], 4096, 32, 64, 4096)
-    assert not persistent(True, False, consumers[128], 2048, 16, 128, 2048)
-    assert not persistent(False, True, consumers[128], 2048, 16, 128, 2048)
-    assert not persistent(False, False, consumers[64], 2048, 16, 128, 2048)
+    assert persistent(False, False, consumers[128], 2048, 16, 128, 2048, 128)
+    assert persistent(False, False, consumers[128], 2, 1, 133, 4095, 128)
+    assert not persistent(False, False, consumers[128], 1, 1, 133, 4095, 128)  # one row: Triton 3.6 cannot lower it
+    assert not persistent(False, False, consumers[128], 2048, 1, 132, 2048, 128)  # a block a CTA: nothing to gain
+    assert not persistent(False, False, consumers[128], 4096, 32, 64, 4096, 128)
+    assert not persistent(False, True, consumers[128], 2048, 16, 128, 2048, 128)
+    assert not persistent(False, False, consumers[64], 2048, 16, 128, 2048, 64)
+    # causal: past the waves that pair (8 of 132 SMs, at 1, 2 and 3 CTAs an SM), an even number of blocks a head
+    short = {d: hopper_forward.forward_config(d, True, 1024)[3] for d in (64, 128)}
+    assert persistent(True, False, consumers[128], 2048, 16, 128, 2048, 128)
+    assert not persistent(True, False, consumers[128], 2048, 16, 66, 2048, 128)  # 8 waves: paired
+    assert not persistent(True, False, consumers[128], 2048, 15, 128, 2048, 128)  # an odd number of blocks
+    assert not persistent(True, True, consumers[128], 2048, 16, 128, 2048, 128)
+    assert persistent(True, False, short[128], 1024, 16, 133, 1024, 128)
+    assert not persistent(True, False, short[128], 1024, 16, 132, 1024, 128)
+    assert persistent(True, False, short[64], 1024, 16, 199, 1024, 64)
+    assert not persistent(True, False, short[64], 1024, 16, 198, 1024, 64)
+    assert not persistent(True, False, consumers[64], 4096, 22, 256, 4096, 64)  # three consumers never pair
+    assert not persistent(True, False, consumers[128], 4096, 32, 128, 4096, 128)
     monkeypatch.setattr(hopper_forward, "sm_count", lambda device: None)
-    assert not persistent(False, False, consumers[128], 2048, 16, 128, 2048)
+    assert not persistent(False, False, consumers[128], 2048, 16, 128, 2048, 128)
+    assert not persistent(True, False, consumers[128], 2048, 16, 128, 2048, 128)
 
 
 def test_which_biases_come_by_tma_and_in_how_many_ring_stages():
@@ -232,14 +245,17 @@ def test_long_rows_and_unequal_lengths():
 
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_a_causal_call_of_many_ctas_takes_one_query_block_a_cta(head_dim):
+def test_a_causal_call_of_many_ctas_and_an_odd_number_of_blocks_takes_one_query_block_a_cta(head_dim):
     """The causal calls above pair query blocks in a CTA where their config allows it (their few CTAs:
     hopper_forward._PAIR_UP_TO_WAVES; D64's three-consumer config at 4096 rows never pairs); this call has enough CTAs
-    that each takes one."""
-    Z, H, N = 16, 8, 2048
+    not to pair, and an odd number of blocks a head (17, the last of 26 rows), which a persistent grid's items of two
+    blocks would not cover: each CTA takes one."""
+    Z, H, N = 24, 8, 1050
     block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, N)
-    assert not hopper_forward.pairs_query_blocks(True, -(-N // (consumers * block_m)), Z * H, head_dim, consumers,
-                                                 torch.device("cuda"))
+    blocks = -(-N // (consumers * block_m))
+    assert not hopper_forward.pairs_query_blocks(True, blocks, Z * H, head_dim, consumers, torch.device("cuda"))
+    assert not hopper_forward.runs_persistent(True, False, consumers, N, blocks, Z * H, N, head_dim,
+                                              torch.device("cuda"))
     spec = dataclasses.replace(PLAIN, head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
                                causal=CausalMask())
     g = torch.Generator(device="cuda").manual_seed(N)
@@ -251,6 +267,32 @@ def test_a_causal_call_of_many_ctas_takes_one_query_block_a_cta(head_dim):
 
 
 @hopper
+@pytest.mark.parametrize("head_dim, rows", [(64, 1000), (128, 1000), (128, 2200)])
+def test_a_causal_persistent_grid_takes_many_pairs_of_query_blocks_a_cta(head_dim, rows, monkeypatch):
+    """Causal calls of many CTAs run a persistent grid of items of two blocks of a head
+    (hopper_forward.runs_persistent; _block_of). With 8 SMs said, each CTA takes 5-18 items, 10-36 blocks of several
+    heads in turn, each head's last block part rows: the one-consumer configs (1000 rows; 3 and 2 CTAs an SM) and
+    D128's two-consumer one (2200), GQA 2; output and lse."""
+    monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 8)
+    Z, H = 2, 8
+    block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, rows)
+    blocks = -(-rows // (consumers * block_m))
+    assert hopper_forward.runs_persistent(True, False, consumers, rows, blocks, Z * H, rows, head_dim,
+                                          torch.device("cuda"))
+    spec = dataclasses.replace(PLAIN, head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
+                               causal=CausalMask(), gqa_group=2)
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    q = torch.randn(Z, H, rows, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(Z, H // 2, rows, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+            for _ in range(2))
+    out, lse = flash_attention_hopper(q, k, v, spec, return_lse=True)
+    ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [], spec)
+    eager, eager_lse = reference_attention(q, k, v, [], spec)
+    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+    assert_close_2x("lse", lse, ref_lse, eager_lse, torch.bfloat16)
+
+
+@hopper
 def test_a_persistent_grid_takes_many_query_blocks_a_cta():
     """Unmasked D128 runs a persistent grid (hopper_forward.runs_persistent): here each CTA takes 7-8 query blocks of
     several heads in turn, the ring running on across them; 4100 rows leave each head's last block one warpgroup of
@@ -258,7 +300,7 @@ def test_a_persistent_grid_takes_many_query_blocks_a_cta():
     Z, H, M, N = 2, 8, 4100, 1031
     block_m, _, _, consumers = hopper_forward.forward_config(128, False, M)
     blocks = -(-M // (consumers * block_m))
-    assert hopper_forward.runs_persistent(False, False, consumers, M, blocks, Z * H, N, torch.device("cuda"))
+    assert hopper_forward.runs_persistent(False, False, consumers, M, blocks, Z * H, N, 128, torch.device("cuda"))
     spec = dataclasses.replace(PLAIN, gqa_group=2)
     g = torch.Generator(device="cuda").manual_seed(M)
     q = torch.randn(Z, H, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)

@@ -124,7 +124,14 @@ _PAIR_UP_TO_CONSUMERS = 2
 # shown (1.020x / 1.029x B4 H16, 0.995x GQA 32/8, 0.989x N4100, 1.005x / 0.954x N16384, whose runs differed by up
 # to 12%): one block a CTA there. D64's three-consumer config 0.965-0.992x at N1024-16384 (it spills already, 128
 # bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the loaded bias's kernel spills 760 bytes
-# persistent against 360) nor causal (unequal blocks: pairing balances them).
+# persistent against 360).
+# Causal, the grid's items are two blocks of a head, blocks - 1 - p and p (equal work), and only where pairing would
+# not take the call (more than _PAIR_UP_TO_WAVES waves of single blocks). H200
+# (benchmarks/2026-11-28-causal-persistent-forward, call2.log, against one block a CTA and paired in the same run):
+# 1.03-1.05x one block a CTA, 1.02-1.03x paired at 10-16 waves at N1024-2048 (D64's one-consumer config, D128's one-
+# and two-consumer configs, GQA 32/8 too); at 7.8 waves 1.00-1.02x paired, at 5.2 waves 0.92x (paired there). From
+# N4096 0.97-0.99x (call1.log: 1.06x at N4096 in a run whose other launch drifted by 4%): below 4096 keys, as
+# unmasked. D64's three-consumer config (from N4096) 0.90x.
 # Storing the output from registers instead of by TMA (to give q's tile back before the last P v) ran 0.91-0.97x
 # one block a CTA, and persistent at D128 0.96-1.00x the persistent grid storing by TMA (call2.log): not kept.
 _PERSISTENT_CONSUMERS = 2
@@ -322,10 +329,17 @@ def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr)
 @gluon.jit
 def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
               PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr):
-    """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: block pid_m + it x
-    (the grid's CTAs) of every head's blocks, a head's blocks in a row; else block ``pid_m``, then (paired) block
-    ``second``, of grid row bh's head."""
-    if PERSISTENT:
+    """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: of every head's
+    blocks, a head's blocks in a row, unmasked block pid_m + it x (the grid's CTAs); causal, item pid_m + (it // 2) x
+    (the grid's CTAs) of items of two blocks of a head, blocks - 1 - p and p (equal work: an even number of blocks a
+    head), the longer first. Else block ``pid_m``, then (paired) block ``second``, of grid row bh's head."""
+    if PERSISTENT and CAUSAL:
+        pairs = gl.cdiv(M, ROWS) // 2
+        t = pid_m + (it // 2) * gl.num_programs(0)
+        z, h = _batch_and_head(t // pairs, Z, H, BATCH_INNER)
+        p = t % pairs
+        row0 = gl.where(it % 2 == 0, 2 * pairs - 1 - p, p) * ROWS
+    elif PERSISTENT:
         blocks = gl.cdiv(M, ROWS)
         t = pid_m + it * gl.num_programs(0)
         z, h = _batch_and_head(t // blocks, Z, H, BATCH_INNER)
@@ -558,12 +572,14 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
                      PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr,
                      BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
-    gl.static_assert(not (CAUSAL and PERSISTENT), "causal calls are not persistent (their blocks are unequal)")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
     # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet); persistent
-    # (:func:`runs_persistent`), every grid-th block from pid (:func:`_block_of`)
+    # (:func:`runs_persistent`), every grid-th block, causal every grid-th pair of blocks, from pid (:func:`_block_of`)
     pid_m = gl.program_id(0)
-    if PERSISTENT:
+    if PERSISTENT and CAUSAL:
+        second = pid_m
+        n_blocks = 2 * gl.cdiv(gl.cdiv(M, CONSUMERS * BLOCK_M) // 2 * Z * H - pid_m, gl.num_programs(0))
+    elif PERSISTENT:
         second = pid_m
         n_blocks = gl.cdiv(gl.cdiv(M, CONSUMERS * BLOCK_M) * Z * H - pid_m, gl.num_programs(0))
     elif PAIRED:
@@ -750,14 +766,20 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, con
 
 
 def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blocks: int, heads: int, keys: int,
-                    device: torch.device) -> bool:
-    """Whether a call's grid is persistent (:data:`_PERSISTENT_CONSUMERS`): unmasked plain attention on the
-    two-consumer config over fewer than :data:`_PERSISTENT_BELOW_KEYS` keys, whose query blocks outnumber the CTAs
-    the device's SMs hold at once (fewer, each CTA would take one anyway); off a GPU (no SMs to count) never. Nor
-    for one query row: Triton 3.6 fails to lower that kernel (its launch specializes the length 1; a
-    ConvertTritonGPUToLLVM assertion on the H200 machine, at any key length; Triton 3.9 compiles it)."""
-    return (not causal and not has_bias and consumers == _PERSISTENT_CONSUMERS and keys < _PERSISTENT_BELOW_KEYS
-            and rows > 1 and sm_count(device) is not None and not fills_at_most(blocks * heads, 1, device))
+                    head_dim: int, device: torch.device) -> bool:
+    """Whether a call's grid is persistent: plain attention over more than one query row (Triton 3.6 fails to lower
+    that kernel for one: its launch specializes the length 1; a ConvertTritonGPUToLLVM assertion on the H200
+    machine, at any key length; Triton 3.9 compiles it) over fewer than :data:`_PERSISTENT_BELOW_KEYS` keys, on a
+    GPU (off one, no SMs to count: never). Unmasked (:data:`_PERSISTENT_CONSUMERS`): the two-consumer config, whose
+    query blocks outnumber the CTAs the device's SMs hold at once (fewer, each CTA would take one anyway). Causal
+    (:data:`_PAIR_UP_TO_WAVES`): an even number of blocks a head (the grid's items are pairs of them) on a config that
+    pairs, where one block a CTA would fill more waves than pairing takes (:func:`pairs_query_blocks`)."""
+    if has_bias or rows <= 1 or keys >= _PERSISTENT_BELOW_KEYS or sm_count(device) is None:
+        return False
+    if causal:
+        return (consumers <= _PAIR_UP_TO_CONSUMERS and blocks % 2 == 0
+                and not pairs_query_blocks(True, blocks, heads, head_dim, consumers, device))
+    return consumers == _PERSISTENT_CONSUMERS and not fills_at_most(blocks * heads, 1, device)
 
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
@@ -778,10 +800,12 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, D, consumers, q.device)
     ctas_an_sm = resident_ctas(D, consumers)
-    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, M, blocks, Z * H, N,
+    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, M, blocks, Z * H, N, D,
                                  q.device)
-    if persistent:
-        grid = (min(blocks * Z * H, ctas_an_sm * sm_count(q.device)), 1)
+    if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
+        items = (blocks // 2 if spec.causal is not None else blocks) * Z * H
+        grid = (min(items, ctas_an_sm * sm_count(q.device)), 1)
+        paired = False
     else:
         grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)

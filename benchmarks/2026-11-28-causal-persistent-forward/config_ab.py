@@ -3,7 +3,9 @@ GPU time (ms), outputs compared with the first's, cuDNN beside. A config is (row
 consumers); "persistent" forces a persistent grid, "rule" takes runs_persistent's word. H16, bf16. Asks: D128 causal,
 where the one-consumer config (two CTAs an SM) should give way to the two-consumer one now that both run persistent;
 D64 unmasked at N1024 / 2048 (0.93 / 1.02 cuDNN on its three-consumer config), on one consumer (three CTAs an SM) or
-two, each persistent. Run from the repository root on an H100/H200."""
+two, each persistent; with the argument ``crossover``, lengths between. Run from the repository root on an
+H100/H200."""
+import sys
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -18,6 +20,10 @@ CASES = [(128, True, B, N, [(ONE_128, "rule"), (TWO_128, "rule")])
          for B, N in ((16, 1024), (10, 1536), (8, 2000), (8, 2048))]
 CASES += [(64, False, B, N, [(THREE_64, "rule"), (ONE_64, "one"), (ONE_64, "persistent"), (TWO_64, "persistent")])
           for B, N in ((16, 1024), (8, 2048))]
+if sys.argv[1:] == ["crossover"]:  # (call 4) between the lengths above: where each head dim's shorter config stops
+    CASES = [(128, True, B, N, [(ONE_128, "rule"), (TWO_128, "rule")]) for B, N in ((9, 1792), (8, 1920), (10, 1664))]
+    CASES += [(64, False, B, N, [(THREE_64, "rule"), (ONE_64, "persistent")])
+              for B, N in ((16, 1024), (12, 1280), (10, 1536), (9, 1792))]
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 print("shape,config,launch,ms,ms_again,vs_first,cudnn_ms,cudnn_vs_this,max_abs_diff_vs_first", flush=True)
 for D, causal, B, N, variants in CASES:

@@ -3,7 +3,8 @@ GPU time (ms), outputs compared with the first's, cuDNN beside. A config is (row
 consumers); "persistent" forces a persistent grid, "rule" takes runs_persistent's word. H16, bf16. Asks: D128 causal,
 where the one-consumer config (two CTAs an SM) should give way to the two-consumer one now that both run persistent;
 D64 unmasked at N1024 / 2048 (0.93 / 1.02 cuDNN on its three-consumer config), on one consumer (three CTAs an SM) or
-two, each persistent; with the argument ``crossover``, lengths between. Run from the repository root on an
+two, each persistent; with the argument ``crossover``, lengths between (``crossover-odd``: D128 where two consumers
+have an odd number of blocks a head). Run from the repository root on an
 H100/H200."""
 import sys
 import torch, triton
@@ -24,6 +25,8 @@ if sys.argv[1:] == ["crossover"]:  # (call 4) between the lengths above: where e
     CASES = [(128, True, B, N, [(ONE_128, "rule"), (TWO_128, "rule")]) for B, N in ((9, 1792), (8, 1920), (10, 1664))]
     CASES += [(64, False, B, N, [(THREE_64, "rule"), (ONE_64, "persistent")])
               for B, N in ((16, 1024), (12, 1280), (10, 1536), (9, 1792))]
+if sys.argv[1:] == ["crossover-odd"]:  # (call 5) D128's two consumers persistent over 13 and 15 blocks a head too
+    CASES = [(128, True, B, N, [(ONE_128, "rule"), (TWO_128, "rule")]) for B, N in ((10, 1664), (8, 1920))]
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 print("shape,config,launch,ms,ms_again,vs_first,cudnn_ms,cudnn_vs_this,max_abs_diff_vs_first", flush=True)
 for D, causal, B, N, variants in CASES:

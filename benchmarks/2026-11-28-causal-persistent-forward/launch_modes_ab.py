@@ -2,7 +2,9 @@
 and persistent (causal_persistent.patch: items of two blocks, every grid-th item), in the order one, paired,
 persistent, persistent, paired, one; CUDA-graph GPU time (ms), outputs compared with one block a CTA's, cuDNN beside.
 H16 (GQA 32/8 where said), bf16. Prints "waves": one block a CTA's CTAs over what the SMs hold at once. Run from the
-repository root on an H100/H200 with the patch applied."""
+repository root on an H100/H200 with the patch applied (call 2), or with odd block counts taken too and the argument
+``odd`` (call 5)."""
+import sys
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -14,11 +16,14 @@ MODES = {"one": (False, False), "paired": (True, False), "persistent": (False, T
 print(torch.cuda.get_device_name(), torch.__version__, triton.__version__, flush=True)
 print("shape,config,waves," + ",".join(f"{m}_ms" for m in MODES) + ",persistent_vs_one,persistent_vs_paired,"
       "cudnn_ms,best_other_vs_cudnn,persistent_vs_cudnn,max_abs_diff", flush=True)
-for D, B, H, KV, N in ((64, 16, 16, 16, 1024), (64, 8, 16, 16, 2048), (64, 6, 16, 16, 2048), (64, 4, 16, 16, 2048),
-                       (128, 16, 16, 16, 1024), (128, 8, 16, 16, 1024), (128, 8, 16, 16, 2048),
-                       (128, 6, 16, 16, 2048), (128, 4, 16, 16, 2048), (128, 4, 32, 8, 2048),
-                       (128, 8, 16, 16, 2000), (128, 4, 16, 16, 4096), (128, 2, 16, 16, 8192),
-                       (128, 1, 16, 16, 16384)):
+SHAPES = ((64, 16, 16, 16, 1024), (64, 8, 16, 16, 2048), (64, 6, 16, 16, 2048), (64, 4, 16, 16, 2048),
+          (128, 16, 16, 16, 1024), (128, 8, 16, 16, 1024), (128, 8, 16, 16, 2048), (128, 6, 16, 16, 2048),
+          (128, 4, 16, 16, 2048), (128, 4, 32, 8, 2048), (128, 8, 16, 16, 2000), (128, 4, 16, 16, 4096),
+          (128, 2, 16, 16, 8192), (128, 1, 16, 16, 16384))
+if sys.argv[1:] == ["odd"]:  # (call 5) odd numbers of blocks a head: the middle blocks of two heads an item
+    SHAPES = ((64, 16, 16, 16, 1050), (64, 15, 15, 15, 1050), (128, 16, 16, 16, 1050), (128, 8, 16, 16, 2100),
+              (128, 10, 16, 16, 1664), (128, 8, 16, 16, 1920), (128, 8, 16, 16, 2048))
+for D, B, H, KV, N in SHAPES:
     spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask(),
                          gqa_group=H // KV)
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -102,8 +102,8 @@ def test_every_config_has_a_register_split_within_an_sm():
 
 def test_which_calls_run_a_persistent_grid(monkeypatch):
     """Over fewer than 4096 keys: unmasked plain attention on the two-consumer config (D128) with more query blocks
-    than the SMs take at once; causal calls of the configs that pair, of an even number of blocks a head, with more
-    blocks than pairing takes; nothing else, and nothing off a GPU."""
+    than the SMs take at once; causal calls of the configs that pair with more blocks than pairing takes; nothing
+    else, and nothing off a GPU."""
     cuda = torch.device("cuda")
     consumers = {d: hopper_forward.forward_config(d, False, 2048)[3] for d in (64, 128)}
     monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 132)
@@ -115,11 +115,12 @@ def test_which_calls_run_a_persistent_grid(monkeypatch):
     assert not persistent(False, False, consumers[128], 4096, 32, 64, 4096, 128)
     assert not persistent(False, True, consumers[128], 2048, 16, 128, 2048, 128)
     assert not persistent(False, False, consumers[64], 2048, 16, 128, 2048, 64)
-    # causal: past the waves that pair (8 of 132 SMs, at 1, 2 and 3 CTAs an SM), an even number of blocks a head
+    # causal: past the waves that pair (8 of 132 SMs, at 1, 2 and 3 CTAs an SM), below 4096 keys
     short = {d: hopper_forward.forward_config(d, True, 1024)[3] for d in (64, 128)}
     assert persistent(True, False, consumers[128], 2048, 16, 128, 2048, 128)
+    assert persistent(True, False, consumers[128], 2048, 15, 128, 2048, 128)  # an odd number of blocks too
     assert not persistent(True, False, consumers[128], 2048, 16, 66, 2048, 128)  # 8 waves: paired
-    assert not persistent(True, False, consumers[128], 2048, 15, 128, 2048, 128)  # an odd number of blocks
+    assert not persistent(True, False, consumers[128], 128, 1, 3000, 128, 128)  # one block a head
     assert not persistent(True, True, consumers[128], 2048, 16, 128, 2048, 128)
     assert persistent(True, False, short[128], 1024, 16, 133, 1024, 128)
     assert not persistent(True, False, short[128], 1024, 16, 132, 1024, 128)
@@ -245,12 +246,12 @@ def test_long_rows_and_unequal_lengths():
 
 @hopper
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_a_causal_call_of_many_ctas_and_an_odd_number_of_blocks_takes_one_query_block_a_cta(head_dim):
+def test_a_causal_call_of_many_ctas_over_4096_keys_takes_one_query_block_a_cta(head_dim):
     """The causal calls above pair query blocks in a CTA where their config allows it (their few CTAs:
-    hopper_forward._PAIR_UP_TO_WAVES; D64's three-consumer config at 4096 rows never pairs); this call has enough CTAs
-    not to pair, and an odd number of blocks a head (17, the last of 26 rows), which a persistent grid's items of two
-    blocks would not cover: each CTA takes one."""
-    Z, H, N = 24, 8, 1050
+    hopper_forward._PAIR_UP_TO_WAVES; D64's three-consumer config at 4096 rows never pairs); shorter calls of many
+    CTAs run a persistent grid (below); this one has enough CTAs not to pair and too many keys for a persistent grid:
+    each CTA takes one block."""
+    Z, H, N = 4, 9, 4096
     block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, N)
     blocks = -(-N // (consumers * block_m))
     assert not hopper_forward.pairs_query_blocks(True, blocks, Z * H, head_dim, consumers, torch.device("cuda"))
@@ -267,29 +268,51 @@ def test_a_causal_call_of_many_ctas_and_an_odd_number_of_blocks_takes_one_query_
 
 
 @hopper
-@pytest.mark.parametrize("head_dim, rows", [(64, 1000), (128, 1000), (128, 2200)])
-def test_a_causal_persistent_grid_takes_many_pairs_of_query_blocks_a_cta(head_dim, rows, monkeypatch):
-    """Causal calls of many CTAs run a persistent grid of items of two blocks of a head
-    (hopper_forward.runs_persistent; _block_of). With 8 SMs said, each CTA takes 5-18 items, 10-36 blocks of several
-    heads in turn, each head's last block part rows: the one-consumer configs (1000 rows; 3 and 2 CTAs an SM) and
-    D128's two-consumer one (2200), GQA 2; output and lse."""
+@pytest.mark.parametrize("head_dim, rows, batch, heads, group", [
+    (64, 1000, 2, 8, 2),  # 16 blocks a head
+    (64, 1050, 3, 5, 1),  # 17 blocks, 15 heads: a middle block alone in the last item
+    (128, 1000, 2, 8, 2),
+    (128, 2100, 3, 6, 2),  # two consumers, 17 blocks: the middle blocks of two heads an item
+])
+def test_a_causal_persistent_grid_takes_many_items_of_two_query_blocks_a_cta(head_dim, rows, batch, heads, group,
+                                                                           monkeypatch):
+    """Causal calls of many CTAs run a persistent grid of items of two query blocks (hopper_forward.runs_persistent,
+    causal_items, _block_of). With 8 SMs said, each CTA takes 5-20 items of several heads in turn, each head's last
+    block part rows: the one-consumer configs (3 and 2 CTAs an SM) and D128's two-consumer one, even and odd
+    numbers of blocks a head; output and lse."""
     monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 8)
-    Z, H = 2, 8
     block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, rows)
     blocks = -(-rows // (consumers * block_m))
-    assert hopper_forward.runs_persistent(True, False, consumers, rows, blocks, Z * H, rows, head_dim,
+    assert hopper_forward.runs_persistent(True, False, consumers, rows, blocks, batch * heads, rows, head_dim,
                                           torch.device("cuda"))
     spec = dataclasses.replace(PLAIN, head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
-                               causal=CausalMask(), gqa_group=2)
+                               causal=CausalMask(), gqa_group=group)
     g = torch.Generator(device="cuda").manual_seed(rows)
-    q = torch.randn(Z, H, rows, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
-    k, v = (torch.randn(Z, H // 2, rows, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    q = torch.randn(batch, heads, rows, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, heads // group, rows, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
             for _ in range(2))
     out, lse = flash_attention_hopper(q, k, v, spec, return_lse=True)
     ref, ref_lse = reference_attention(q.double(), k.double(), v.double(), [], spec)
     eager, eager_lse = reference_attention(q, k, v, [], spec)
     assert_close_2x("out", out, ref, eager, torch.bfloat16)
     assert_close_2x("lse", lse, ref_lse, eager_lse, torch.bfloat16)
+
+
+def test_the_items_of_a_causal_persistent_grid_cover_every_block_once_at_equal_work():
+    """causal_items and the kernel's walk over them (_block_of's arithmetic, here in Python): every (head, block)
+    once; every item two blocks of blocks + 1 key tiles together, but the last where blocks and heads are odd."""
+    for blocks, heads in ((16, 16), (17, 15), (17, 18), (3, 5), (2, 3)):
+        items = hopper_forward.causal_items(blocks, heads)
+        pairs = blocks // 2
+        seen = []
+        for t in range(items):
+            of_a_head = t < pairs * heads
+            item = ([(t // pairs, blocks - 1 - t % pairs), (t // pairs, t % pairs)] if of_a_head
+                    else [(h, pairs) for h in (2 * (t - pairs * heads), 2 * (t - pairs * heads) + 1) if h < heads])
+            lone = t == items - 1 and blocks % 2 == 1 and heads % 2 == 1
+            assert len(item) == (1 if lone else 2) and sum(b + 1 for _, b in item) == (blocks + 1) // (2 if lone else 1)
+            seen += item
+        assert sorted(seen) == [(h, b) for h in range(heads) for b in range(blocks)], (blocks, heads)
 
 
 @hopper

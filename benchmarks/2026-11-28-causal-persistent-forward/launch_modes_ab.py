@@ -3,7 +3,7 @@ and persistent (causal_persistent.patch: items of two blocks, every grid-th item
 persistent, persistent, paired, one; CUDA-graph GPU time (ms), outputs compared with one block a CTA's, cuDNN beside.
 H16 (GQA 32/8 where said), bf16. Prints "waves": one block a CTA's CTAs over what the SMs hold at once. Run from the
 repository root on an H100/H200 with the patch applied (call 2), or with odd block counts taken too and the argument
-``odd`` (call 5)."""
+``odd`` (call 5) or ``odd+even`` (call 6)."""
 import sys
 import torch, triton
 import torch.nn.functional as F
@@ -23,6 +23,10 @@ SHAPES = ((64, 16, 16, 16, 1024), (64, 8, 16, 16, 2048), (64, 6, 16, 16, 2048), 
 if sys.argv[1:] == ["odd"]:  # (call 5) odd numbers of blocks a head: the middle blocks of two heads an item
     SHAPES = ((64, 16, 16, 16, 1050), (64, 15, 15, 15, 1050), (128, 16, 16, 16, 1050), (128, 8, 16, 16, 2100),
               (128, 10, 16, 16, 1664), (128, 8, 16, 16, 1920), (128, 8, 16, 16, 2048))
+if sys.argv[1:] == ["odd+even"]:  # (call 6) the same, less _block_of's arithmetic (no spills), and even ones
+    SHAPES = ((64, 16, 16, 16, 1050), (64, 15, 15, 15, 1050), (128, 16, 16, 16, 1050), (128, 8, 16, 16, 2100),
+              (128, 10, 16, 16, 1664), (128, 8, 16, 16, 1920), (128, 8, 16, 16, 2048), (64, 16, 16, 16, 1024),
+              (128, 16, 16, 16, 1024), (64, 8, 16, 16, 2048))
 for D, B, H, KV, N in SHAPES:
     spec = AttentionSpec(dtype="bfloat16", head_dim=D, head_dim_v=D, scale=D ** -0.5, causal=CausalMask(),
                          gqa_group=H // KV)

@@ -75,8 +75,11 @@ _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
 # the two-consumer config at N1024, 0.96x at N2048 (benchmarks/2026-11-27-dq-tma-reduce/fwd_1c_ab.log, H100). Three
 # CTAs an SM at D64 (twenty-fourth session, H200): 1.00x the three-consumer config at N4096, so the crossover stays.
 # (Fourteenth session, D64: three consumers of 64-key tiles 0.73x / 0.90x at N1024 / 2048 against 0.59x / 0.83x with
-# 128-key tiles: configs_run2.log, configs_n2048.log.)
-_SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (2048, (64, 64, 3, 1))}
+# 128-key tiles: configs_run2.log, configs_n2048.log.) D128's crossover, both configs persistent where their blocks
+# allow (runs_persistent; H200, benchmarks/2026-11-28-causal-persistent-forward, config_ab.py in call3.log and
+# call4.log): two consumers 0.95x one at N1024, 0.985x at 1536, 1.00x at 1664 and 1920 (13 and 15 blocks a head: one
+# block a CTA), 1.03x at 1792, 1.06-1.09x at 2000-2048; so one consumer below 1664 rows.
+_SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (1664, (64, 64, 3, 1))}
 # Where the bias tiles come by TMA in the k / v ring (_bias_by_tma): the multi-consumer configs with 64-key tiles at 4
 # stages (a bf16 bias fits 4, an fp32 one 3: bias_ring_stages). The 128-key configs keep only 2 stages beside their
 # bias tiles and D64's spills 412 bytes (ptxas, sm90a). H100, B4 H16 N4096, a [1,H,N,N] bf16 bias, forward
@@ -125,8 +128,8 @@ _PAIR_UP_TO_CONSUMERS = 2
 # to 12%): one block a CTA there. D64's three-consumer config 0.965-0.992x at N1024-16384 (it spills already, 128
 # bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the loaded bias's kernel spills 760 bytes
 # persistent against 360).
-# Causal, the grid's items are two blocks of a head, blocks - 1 - p and p (equal work), and only where pairing would
-# not take the call (more than _PAIR_UP_TO_WAVES waves of single blocks). H200
+# Causal, the grid's items are two blocks of equal work (causal_items), and only where pairing would not take the
+# call (more than _PAIR_UP_TO_WAVES waves of single blocks). H200
 # (benchmarks/2026-11-28-causal-persistent-forward, call2.log, against one block a CTA and paired in the same run):
 # 1.03-1.05x one block a CTA, 1.02-1.03x paired at 10-16 waves at N1024-2048 (D64's one-consumer config, D128's one-
 # and two-consumer configs, GQA 32/8 too); at 7.8 waves 1.00-1.02x paired, at 5.2 waves 0.92x (paired there). From
@@ -329,16 +332,20 @@ def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr)
 @gluon.jit
 def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
               PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr):
-    """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: of every head's
-    blocks, a head's blocks in a row, unmasked block pid_m + it x (the grid's CTAs); causal, item pid_m + (it // 2) x
-    (the grid's CTAs) of items of two blocks of a head, blocks - 1 - p and p (equal work: an even number of blocks a
-    head), the longer first. Else block ``pid_m``, then (paired) block ``second``, of grid row bh's head."""
+    """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: unmasked, block
+    pid_m + it x (the grid's CTAs) of every head's blocks, a head's blocks in a row; causal, block it % 2 of item
+    pid_m + (it // 2) x (the grid's CTAs) of :func:`causal_items` (blocks - 1 - p and p of a head, the longer first,
+    then, where the blocks a head are odd, the middle blocks of two heads: items of equal work). Else block
+    ``pid_m``, then (paired) block ``second``, of grid row bh's head."""
     if PERSISTENT and CAUSAL:
-        pairs = gl.cdiv(M, ROWS) // 2
+        blocks = gl.cdiv(M, ROWS)
+        pairs = blocks // 2
         t = pid_m + (it // 2) * gl.num_programs(0)
-        z, h = _batch_and_head(t // pairs, Z, H, BATCH_INNER)
-        p = t % pairs
-        row0 = gl.where(it % 2 == 0, 2 * pairs - 1 - p, p) * ROWS
+        middle = t - pairs * Z * H  # from 0: items of the middle blocks of heads 2 middle and 2 middle + 1
+        head = gl.where(middle < 0, t // pairs, 2 * middle + it % 2)  # (pairs >= 1: runs_persistent)
+        z, h = _batch_and_head(head, Z, H, BATCH_INNER)
+        p = t - head * pairs
+        row0 = gl.where(middle < 0, gl.where(it % 2 == 0, blocks - 1 - p, p), pairs) * ROWS
     elif PERSISTENT:
         blocks = gl.cdiv(M, ROWS)
         t = pid_m + it * gl.num_programs(0)
@@ -574,11 +581,14 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
     # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet); persistent
-    # (:func:`runs_persistent`), every grid-th block, causal every grid-th pair of blocks, from pid (:func:`_block_of`)
+    # (:func:`runs_persistent`), every grid-th block, causal every grid-th item of two, from pid (:func:`_block_of`)
     pid_m = gl.program_id(0)
-    if PERSISTENT and CAUSAL:
+    if PERSISTENT and CAUSAL:  # two blocks an item, but the last item where both blocks and heads are odd
         second = pid_m
-        n_blocks = 2 * gl.cdiv(gl.cdiv(M, CONSUMERS * BLOCK_M) // 2 * Z * H - pid_m, gl.num_programs(0))
+        blocks = gl.cdiv(M, CONSUMERS * BLOCK_M)
+        items = blocks // 2 * Z * H + blocks % 2 * gl.cdiv(Z * H, 2)
+        lone = (blocks % 2 == 1) & (Z * H % 2 == 1) & ((items - 1) % gl.num_programs(0) == pid_m)
+        n_blocks = 2 * gl.cdiv(items - pid_m, gl.num_programs(0)) - gl.where(lone, 1, 0)
     elif PERSISTENT:
         second = pid_m
         n_blocks = gl.cdiv(gl.cdiv(M, CONSUMERS * BLOCK_M) * Z * H - pid_m, gl.num_programs(0))
@@ -765,6 +775,14 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, con
             and fills_at_most(blocks * heads, _PAIR_UP_TO_WAVES, device, resident_ctas(head_dim, consumers)))
 
 
+def causal_items(blocks: int, heads: int) -> int:
+    """The items of a causal persistent grid (:func:`_block_of`): each head's blocks ``blocks - 1 - p`` and ``p`` in
+    pairs, then, where ``blocks`` is odd, the middle blocks of two heads an item (the last alone where ``heads`` is
+    odd). Block ``b`` meets ``b + 1`` key tiles (the configs that pair take key tiles of a block's rows; causal, M ==
+    N), so each item meets ``blocks + 1``."""
+    return blocks // 2 * heads + blocks % 2 * -(-heads // 2)
+
+
 def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blocks: int, heads: int, keys: int,
                     head_dim: int, device: torch.device) -> bool:
     """Whether a call's grid is persistent: plain attention over more than one query row (Triton 3.6 fails to lower
@@ -772,12 +790,13 @@ def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blo
     machine, at any key length; Triton 3.9 compiles it) over fewer than :data:`_PERSISTENT_BELOW_KEYS` keys, on a
     GPU (off one, no SMs to count: never). Unmasked (:data:`_PERSISTENT_CONSUMERS`): the two-consumer config, whose
     query blocks outnumber the CTAs the device's SMs hold at once (fewer, each CTA would take one anyway). Causal
-    (:data:`_PAIR_UP_TO_WAVES`): an even number of blocks a head (the grid's items are pairs of them) on a config that
-    pairs, where one block a CTA would fill more waves than pairing takes (:func:`pairs_query_blocks`)."""
+    (:data:`_PAIR_UP_TO_WAVES`): a config that pairs (the grid's items are two blocks, :func:`causal_items`), more
+    than one block a head (one: blocks of equal work), where one block a CTA would fill more waves than pairing
+    takes (:func:`pairs_query_blocks`)."""
     if has_bias or rows <= 1 or keys >= _PERSISTENT_BELOW_KEYS or sm_count(device) is None:
         return False
     if causal:
-        return (consumers <= _PAIR_UP_TO_CONSUMERS and blocks % 2 == 0
+        return (consumers <= _PAIR_UP_TO_CONSUMERS and blocks > 1
                 and not pairs_query_blocks(True, blocks, heads, head_dim, consumers, device))
     return consumers == _PERSISTENT_CONSUMERS and not fills_at_most(blocks * heads, 1, device)
 
@@ -803,7 +822,7 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, M, blocks, Z * H, N, D,
                                  q.device)
     if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
-        items = (blocks // 2 if spec.causal is not None else blocks) * Z * H
+        items = causal_items(blocks, Z * H) if spec.causal is not None else blocks * Z * H
         grid = (min(items, ctas_an_sm * sm_count(q.device)), 1)
         paired = False
     else:

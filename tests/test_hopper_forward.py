@@ -300,17 +300,22 @@ def test_a_causal_persistent_grid_takes_many_items_of_two_query_blocks_a_cta(hea
 
 def test_the_items_of_a_causal_persistent_grid_cover_every_block_once_at_equal_work():
     """causal_items and the kernel's walk over them (_block_of's arithmetic, here in Python): every (head, block)
-    once; every item two blocks of blocks + 1 key tiles together, but the last where blocks and heads are odd."""
-    for blocks, heads in ((16, 16), (17, 15), (17, 18), (3, 5), (2, 3)):
+    once; every item two blocks of blocks + 1 key tiles together, but the last where blocks and heads are odd; heads
+    2 g and 2 g + 1's items side by side."""
+    for blocks, heads in ((16, 16), (17, 15), (17, 18), (3, 5), (2, 3), (1, 5)):
         items = hopper_forward.causal_items(blocks, heads)
-        pairs = blocks // 2
+        pairs, odd = blocks // 2, blocks % 2
         seen = []
         for t in range(items):
-            of_a_head = t < pairs * heads
-            item = ([(t // pairs, blocks - 1 - t % pairs), (t // pairs, t % pairs)] if of_a_head
-                    else [(h, pairs) for h in (2 * (t - pairs * heads), 2 * (t - pairs * heads) + 1) if h < heads])
+            r = t % (2 * pairs + odd)
+            middle, second_head = odd == 1 and r == pairs, int(r >= pairs + odd)
+            p = r - second_head * (pairs + odd)
+            item = [(2 * (t // (2 * pairs + odd)) + (i if middle else second_head),
+                     pairs if middle else (blocks - 1 - p, p)[i]) for i in (0, 1)]
             lone = t == items - 1 and blocks % 2 == 1 and heads % 2 == 1
-            assert len(item) == (1 if lone else 2) and sum(b + 1 for _, b in item) == (blocks + 1) // (2 if lone else 1)
+            item = item[:1] if lone else item
+            assert sum(b + 1 for _, b in item) == (blocks + 1) // (2 if lone else 1), (blocks, heads, t)
+            assert item[0][0] // 2 == t // (2 * pairs + odd)
             seen += item
         assert sorted(seen) == [(h, b) for h in range(heads) for b in range(blocks)], (blocks, heads)
 

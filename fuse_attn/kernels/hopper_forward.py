@@ -335,17 +335,20 @@ def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.
     """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: unmasked, block
     pid_m + it x (the grid's CTAs) of every head's blocks, a head's blocks in a row; causal, block it % 2 of item
     pid_m + (it // 2) x (the grid's CTAs) of :func:`causal_items` (blocks - 1 - p and p of a head, the longer first,
-    then, where the blocks a head are odd, the middle blocks of two heads: items of equal work). Else block
+    and where the blocks a head are odd the middle blocks of two heads: items of equal work). Else block
     ``pid_m``, then (paired) block ``second``, of grid row bh's head."""
     if PERSISTENT and CAUSAL:
         blocks = gl.cdiv(M, ROWS)
         pairs = blocks // 2
+        odd = blocks % 2
         t = pid_m + (it // 2) * gl.num_programs(0)
-        middle = t - pairs * Z * H  # from 0: items of the middle blocks of heads 2 middle and 2 middle + 1
-        head = gl.where(middle < 0, t // pairs, 2 * middle + it % 2)  # (pairs >= 1: runs_persistent)
+        r = t % (2 * pairs + odd)  # in heads 2 g and 2 g + 1's items: 2 g's pairs, their middle blocks, 2 g + 1's
+        middle = (odd == 1) & (r == pairs)
+        second_head = (r >= pairs + odd).to(gl.int32)
+        head = 2 * (t // (2 * pairs + odd)) + gl.where(middle, it % 2, second_head)
         z, h = _batch_and_head(head, Z, H, BATCH_INNER)
-        p = t - head * pairs
-        row0 = gl.where(middle < 0, gl.where(it % 2 == 0, blocks - 1 - p, p), pairs) * ROWS
+        p = r - second_head * (pairs + odd)
+        row0 = gl.where(middle, pairs, gl.where(it % 2 == 0, blocks - 1 - p, p)) * ROWS
     elif PERSISTENT:
         blocks = gl.cdiv(M, ROWS)
         t = pid_m + it * gl.num_programs(0)
@@ -777,8 +780,9 @@ def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, con
 
 def causal_items(blocks: int, heads: int) -> int:
     """The items of a causal persistent grid (:func:`_block_of`): each head's blocks ``blocks - 1 - p`` and ``p`` in
-    pairs, then, where ``blocks`` is odd, the middle blocks of two heads an item (the last alone where ``heads`` is
-    odd). Block ``b`` meets ``b + 1`` key tiles (the configs that pair take key tiles of a block's rows; causal, M ==
+    pairs and, where ``blocks`` is odd, the middle blocks of two heads an item (the last alone where ``heads`` is
+    odd), heads 2 g and 2 g + 1 side by side: 2 g's pairs, their middle blocks, 2 g + 1's pairs (their k / v tiles
+    in L2 for the next). Block ``b`` meets ``b + 1`` key tiles (the configs that pair take key tiles of a block's rows; causal, M ==
     N), so each item meets ``blocks + 1``."""
     return blocks // 2 * heads + blocks % 2 * -(-heads // 2)
 

@@ -14,6 +14,10 @@ language, states the schedule instead, as FlashAttention-3 does:
   on the tensor cores (FA3's intra-warpgroup overlap).
 * causal calls of few CTAs (:data:`_PAIR_UP_TO_WAVES`): a CTA takes two query blocks, a long row band and a short one,
   one after the other (the k / v ring runs on; each consumer's q tile is reloaded once its output is stored).
+* calls of many CTAs over fewer than 4096 keys (:func:`runs_persistent`): a persistent grid, as many CTAs as the SMs
+  hold, each taking every grid-th query block of all the heads' (unmasked, D128's two-consumer config) or every
+  grid-th item of two blocks of equal work (causal, past the waves that pair: :func:`causal_items`), the ring running
+  on from one block to the next.
 * 4-D TMA descriptors over q, k, v and the output as they lie in memory (any strides TMA takes): rows past a length
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
@@ -128,15 +132,18 @@ _PAIR_UP_TO_CONSUMERS = 2
 # to 12%): one block a CTA there. D64's three-consumer config 0.965-0.992x at N1024-16384 (it spills already, 128
 # bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the loaded bias's kernel spills 760 bytes
 # persistent against 360).
-# Causal, the grid's items are two blocks of equal work (causal_items), and only where pairing would not take the
-# call (more than _PAIR_UP_TO_WAVES waves of single blocks). H200
-# (benchmarks/2026-11-28-causal-persistent-forward, call2.log, against one block a CTA and paired in the same run):
-# 1.03-1.05x one block a CTA, 1.02-1.03x paired at 10-16 waves at N1024-2048 (D64's one-consumer config, D128's one-
-# and two-consumer configs, GQA 32/8 too); at 7.8 waves 1.00-1.02x paired, at 5.2 waves 0.92x (paired there). From
-# N4096 0.97-0.99x (call1.log: 1.06x at N4096 in a run whose other launch drifted by 4%): below 4096 keys, as
-# unmasked. D64's three-consumer config (from N4096) 0.90x.
 # Storing the output from registers instead of by TMA (to give q's tile back before the last P v) ran 0.91-0.97x
 # one block a CTA, and persistent at D128 0.96-1.00x the persistent grid storing by TMA (call2.log): not kept.
+# Causal, the grid's items are two blocks of equal work (causal_items), and only where pairing would not take the
+# call (more than _PAIR_UP_TO_WAVES waves of single blocks). H200, benchmarks/2026-11-28-causal-persistent-forward,
+# against one block a CTA and paired in the same run: at 10-16 waves and N1024-2048, even numbers of blocks a head,
+# 1.03-1.06x one block a CTA and 1.00-1.04x paired (call2.log, call7.log: D64's one-consumer config, D128's one- and
+# two-consumer configs, GQA 32/8); at 7.8 waves 1.00-1.02x paired, at 5.2 waves 0.92x (paired there). Odd numbers
+# (the middle blocks of two heads an item; call7.log, with heads 2 g and 2 g + 1's items side by side): 1.04-1.08x
+# one block a CTA at D128 over 1050 and 1664 rows, 0.995x at 1920 and 2100, 1.01x D64 with odd heads, 0.97x D64
+# B16 H16 N1050 (0.96-0.97x in calls 5-7: not understood). From N4096 0.97-0.99x (call2.log; call1.log 1.06x at
+# N4096 in a run whose other launch drifted by 4%): below 4096 keys, as unmasked. D64's three-consumer config (from
+# N4096) 0.90x.
 _PERSISTENT_CONSUMERS = 2
 _PERSISTENT_BELOW_KEYS = 4096
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
@@ -782,8 +789,8 @@ def causal_items(blocks: int, heads: int) -> int:
     """The items of a causal persistent grid (:func:`_block_of`): each head's blocks ``blocks - 1 - p`` and ``p`` in
     pairs and, where ``blocks`` is odd, the middle blocks of two heads an item (the last alone where ``heads`` is
     odd), heads 2 g and 2 g + 1 side by side: 2 g's pairs, their middle blocks, 2 g + 1's pairs (their k / v tiles
-    in L2 for the next). Block ``b`` meets ``b + 1`` key tiles (the configs that pair take key tiles of a block's rows; causal, M ==
-    N), so each item meets ``blocks + 1``."""
+    in L2 for the next). Block ``b`` meets ``b + 1`` key tiles (the configs that pair take key tiles of a block's
+    rows; causal, M == N), so each item meets ``blocks + 1``."""
     return blocks // 2 * heads + blocks % 2 * -(-heads // 2)
 
 

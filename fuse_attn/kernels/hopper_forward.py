@@ -834,8 +834,7 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                                  q.device)
     if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
         items = causal_items(blocks, Z * H) if spec.causal is not None else blocks * Z * H
-        grid = (min(items, ctas_an_sm * sm_count(q.device)), 1)
-        paired = False
+        grid = (min(items, ctas_an_sm * sm_count(q.device)), 1)  # (never paired: runs_persistent asks that)
     else:
         grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)

@@ -124,17 +124,16 @@ def model_and_config(name, attention, tiny, length):
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
                               use_cache=False)
         model_cls = T.GPT2LMHeadModel
-    elif name == "bert-padded":  # BERT-base (12 layers, width 768, 12 heads), run with padded batches (make_inputs)
-        size = (dict(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=64)
-                if tiny else {})
-        config = T.BertConfig(**size, max_position_embeddings=max(512, length), hidden_dropout_prob=0.0,
-                              attention_probs_dropout_prob=0.0)
-        model_cls = T.BertForMaskedLM
-    elif name == "bert-d128":  # BERT's encoder with heads of 128 (width 2048, 16 heads, MLP 8192, 8 layers), no
-        # padding: unmasked attention at head dim 128, the attention of diffusion transformers' blocks (DiT, Flux)
-        size = (dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64, vocab_size=64)
-                if tiny else dict(hidden_size=2048, num_attention_heads=16, num_hidden_layers=8,
-                                  intermediate_size=8192))
+    elif name in ("bert-padded", "bert-d128"):
+        # bert-padded: BERT-base (12 layers, width 768, 12 heads), run with padded batches (make_inputs); bert-d128:
+        # BERT's encoder with heads of 128 (width 2048, 16 heads, MLP 8192, 8 layers), no padding: unmasked attention
+        # at head dim 128, the attention of diffusion transformers' blocks (DiT, Flux)
+        if tiny:
+            size = dict(hidden_size=32, num_attention_heads=4 if name == "bert-padded" else 2, num_hidden_layers=2,
+                        intermediate_size=64, vocab_size=64)
+        else:
+            size = ({} if name == "bert-padded" else
+                    dict(hidden_size=2048, num_attention_heads=16, num_hidden_layers=8, intermediate_size=8192))
         config = T.BertConfig(**size, max_position_embeddings=max(512, length), hidden_dropout_prob=0.0,
                               attention_probs_dropout_prob=0.0)
         model_cls = T.BertForMaskedLM

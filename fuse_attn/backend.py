@@ -40,6 +40,7 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
+from .kernels import implementations
 from .matching import MatchContext
 from .report import GraphReport, SoftmaxVerdict, TableLookup, log, publish
 from .rewrite import rewrite_attention
@@ -73,7 +74,9 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
 
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
-    rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
+    cuda_graphs = bool(config_patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
+    with implementations.replayed_as_cuda_graphs(cuda_graphs):
+        rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
     if report is not None:
         publish(report)
     if rewritten is None or log_only or not report.changed:

@@ -257,6 +257,37 @@ class TestEmittedGraphs(TestCase):
         self.assertNotIn("runs", verdicts)
 
 
+def test_under_cuda_graphs_the_gluon_kernels_are_timed_at_every_size(gpu, monkeypatch):
+    """A graph that replays as a CUDA graph (mode="reduce-overhead") runs no launcher on a replay: the Gluon kernels are
+    timed for a step under GLUON_MIN_STEP_FLOPS too, and that choice is stored under a key of its own, so a graph
+    compiled without CUDA graphs at the same size neither reads it nor runs them."""
+    on_hopper(monkeypatch)
+    timings = gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    with implementations.replayed_as_cuda_graphs():
+        graph, verdicts = rewritten(gqa_attention, GQA, training=True)  # 4 x 8 x 128^2 x 64 x 2 x 3.5 FLOPs
+    assert set(timings.timed) == {TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH}
+    assert "runs gluon" in verdicts and "flash_attention_hopper" in graph
+    assert not implementations._CUDA_GRAPHS  # (the block's end restores it)
+    timings.timed.clear()
+    graph, verdicts = rewritten(gqa_attention, GQA, training=True)
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
+    assert "runs sdpa_cudnn" in verdicts and "flash_attention_hopper" not in graph
+
+
+def test_the_backend_tells_the_choice_whether_its_graphs_replay_as_cuda_graphs(monkeypatch):
+    """mode="reduce-overhead" (Inductor's CUDA graphs) is known to each attention's choice while the backend rewrites;
+    the default mode's graphs are not replayed so."""
+    seen = []
+    choose = implementations.choose
+    monkeypatch.setattr(implementations, "choose",
+                        lambda *args, **kwargs: seen.append(implementations._CUDA_GRAPHS) or choose(*args, **kwargs))
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    for mode in ("reduce-overhead", "default"):
+        torch._dynamo.reset()
+        torch.compile(causal_attention, backend="fuse_attn", mode=mode)(q, k, v)
+    assert seen == [True, False]
+
+
 def test_an_exported_program_never_times_the_gluon_forward(gpu, monkeypatch):
     """``fuse_exported`` sets the Gluon forward aside (its Python custom op was never tried in an AOTInductor package);
     the backend's rewrite of the same attention times it."""

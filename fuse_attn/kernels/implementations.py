@@ -8,7 +8,10 @@ inputs of the attention's (hinted) sizes, strides and dtype -- the forward alone
 together when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton
 templates for a matmul. Times are GPU times: each candidate's step is recorded once as a CUDA graph and the graph's
 replay is timed (``autotune``'s median of ``do_bench``), so the host cost of calling our op outside a compiled graph
-(which the compiled graph does not have) does not count against it.
+(which the compiled graph does not have) does not count against it. The Gluon kernels' ops do have a host cost in
+the compiled graph (their Python launchers): they are offered only for steps whose GPU time hides it
+(:data:`GLUON_MIN_STEP_FLOPS`), or at every size where the graph replays as a CUDA graph
+(:func:`replayed_as_cuda_graphs`).
 
 The choice is per GPU and shape and persists with the launch configs (:mod:`.autotune`, key kind ``impl_fwd`` /
 ``impl_train``; the kernel id holds the spec digest and the batch and head counts). The attention's verdict line
@@ -159,8 +162,25 @@ def _run(target, *args, **kwargs):
 # plain_vs_cudnn_1k.log). Since then (ops on a torch.library.Library, benchmarks/2026-11-27-gluon-backward,
 # host_breakdown_library.log) the forward op's host time is 0.11 ms a call and the backward op's 0.20 ms, where a
 # training step of about 2^37 FLOPs (B16 H16 N1024 D64 causal) took the GPU 0.51 ms for both. The choice itself times
-# GPU time only, where a smaller step would look faster than it runs.
+# GPU time only, where a smaller step would look faster than it runs. Where the compiled graph replays as a CUDA graph
+# (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon kernels are offered at every size.
 GLUON_MIN_STEP_FLOPS = 2**37
+# Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
+# mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.
+_CUDA_GRAPHS = False
+
+
+@contextlib.contextmanager
+def replayed_as_cuda_graphs(on: bool = True):
+    """Within the block (where ``on``), the graphs rewritten replay as CUDA graphs: their ops' Python launchers run only
+    while a graph is recorded, never on a replay, so the Gluon kernels' host cost no longer rules them out of small
+    steps (:func:`gluon_reasons`)."""
+    global _CUDA_GRAPHS
+    before, _CUDA_GRAPHS = _CUDA_GRAPHS, on
+    try:
+        yield
+    finally:
+        _CUDA_GRAPHS = before
 
 
 def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> float:
@@ -183,7 +203,7 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
             return ["the Gluon kernels have no DTensor sharding rule"]
     reasons = hopper_reasons(spec, q, k)
     flops = _step_flops(spec, q, k, training)
-    if not reasons and flops < GLUON_MIN_STEP_FLOPS:
+    if not reasons and flops < GLUON_MIN_STEP_FLOPS and not _CUDA_GRAPHS:
         reasons.append(f"a step of {flops:.3g} FLOPs, under the {GLUON_MIN_STEP_FLOPS:.3g} whose GPU time hides the "
                        "Gluon op's host cost")
     return reasons
@@ -238,6 +258,8 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
         kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
+    if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS:
+        kernel_id += " cuda_graphs=1"  # (the Gluon kernels a candidate only because no launcher runs on a replay)
     if GLUON in candidates and score_tensors:  # (the Gluon kernels' two paths for a bias: by TMA, or loaded)
         from .hopper_forward import bias_layout_by_tma
 

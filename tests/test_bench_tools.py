@@ -4,6 +4,7 @@ to eager."""
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
 import shutil
@@ -63,6 +64,23 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
         assert int(row["fused"]) == int(row["sdpa fused"]) == expected > 0, done.stdout
         assert float(row["fuse_attn tok/s"].replace(",", "")) > 0 and float(row["sdpa+fuse_attn tok/s"].replace(",", "")) > 0
     assert (tmp_path / "bench_models.csv").read_text().count("\n") == 11  # header and the ten cells
+
+
+def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path):
+    """--compile-mode reduce-overhead: the model compiled in that mode (a CPU's Inductor skips the CUDA graphs), its
+    training steps each a new step of CUDA graph trees, the CSV's variant named with the mode; every layer fused."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
+               "--models", "gpt2", "--modes", "train", "--variants", "sdpa+fuse_attn", "--compile-mode",
+               "reduce-overhead", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = table_rows(done.stdout)
+    assert int(row["sdpa fused"]) == int(row["layers"]) > 0 and "sdpa+fuse_attn@reduce-overhead tok/s" in row, row
+    with open(tmp_path / "bench_models.csv", newline="") as f:
+        (cell,) = csv.DictReader(f)
+    assert cell["variant"] == "sdpa+fuse_attn@reduce-overhead" and float(cell["tokens_per_s"]) > 0, cell
 
 
 def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):

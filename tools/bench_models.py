@@ -11,7 +11,7 @@ and ``phi3`` (Phi-3-mini's layers, 4 of them: 32 heads of 96, a head dim the ker
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
                                                [--variants fuse_attn inductor sdpa+inductor sdpa+fuse_attn]
-                                               [--eager] [--batch-tokens 16384]
+                                               [--eager] [--batch-tokens 16384] [--compile-mode reduce-overhead]
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR --compile-time [--models gpt2] [--compile-time-length 4096]
     PYTHONPATH=. python3 tools/bench_models.py --device cpu --tiny        # smoke test: tiny configs, N=32, fp32
 
@@ -25,6 +25,11 @@ Variants (the model's ``config._attn_implementation`` and the ``torch.compile`` 
   sdpa+fuse_attn:ours    the same with ``FUSE_ATTN_CANDIDATES=triton,gluon``: our kernels only, the Gluon forward
                  on Hopper included where it times faster (not in the default set)
   eager          eager attention, not compiled (with ``--eager``)
+
+``--compile-mode reduce-overhead`` compiles every variant with ``mode="reduce-overhead"`` (Inductor's CUDA graph trees:
+a step replays recorded graphs, so no Python launcher runs on it, and fuse_attn then offers the Gluon kernels at every
+size); each step starts with ``torch.compiler.cudagraph_mark_step_begin()``, and the CSV's variant names carry
+``@reduce-overhead``.
 
 A training step is forward + Hugging Face's own loss (cross entropy of the logits against the random input ids as
 labels) + backward, gradients set to None between steps (no optimizer); inference is a forward under
@@ -103,6 +108,9 @@ RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse
           ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3"]
 MODES = ["train", "infer"]
+# torch.compile's modes a run may take for all its compiled variants
+DEFAULT_COMPILE_MODE = "default"
+COMPILE_MODES = [DEFAULT_COMPILE_MODE, "reduce-overhead"]
 FIRST_STEP_MARK = "first step:"  # the line a --first-step subprocess prints its result on
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
                  "peak_bytes", "device", "torch", "triton", "transformers", "date"]
@@ -216,22 +224,31 @@ def make_inputs(name, vocab, batch, length, device) -> dict:
     return inputs
 
 
-def make_step(model, inputs, train):
-    if train:
-        def step():
+def make_step(model, inputs, train, cuda_graphs=False):
+    """One training step or inference forward; with ``cuda_graphs``, each begins a new step of CUDA graph trees (the
+    last step's outputs are not read again)."""
+    def step():
+        if cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        if train:
             model(**inputs, labels=inputs["input_ids"]).loss.backward()
-    else:
-        def step():
+        else:
             with torch.no_grad():
                 model(**inputs)
     return step
 
 
-def compiled(model, variant):
+def labelled(variant, compile_mode):
+    """The variant's name in the CSV and the printed lines: with the compile mode where it is not the default."""
+    return variant if compile_mode == DEFAULT_COMPILE_MODE else f"{variant}@{compile_mode}"
+
+
+def compiled(model, variant, compile_mode):
     backend = VARIANTS[variant][1]
     if backend is None:
         return model
-    return torch.compile(model, backend=fuse_attn_backend if backend == "fuse_attn" else backend)
+    return torch.compile(model, backend=fuse_attn_backend if backend == "fuse_attn" else backend,
+                         mode=None if compile_mode == DEFAULT_COMPILE_MODE else compile_mode)
 
 
 def synchronize(device):
@@ -244,7 +261,9 @@ def measure(name, variant, mode, length, batch, args):
     train = mode == "train"
     model = build(name, VARIANTS[variant][0], args.tiny, length, args.device, args.dtype, train)
     vocab = model.config.vocab_size
-    step = make_step(compiled(model, variant), make_inputs(name, vocab, batch, length, args.device), train)
+    cuda_graphs = args.compile_mode == "reduce-overhead" and VARIANTS[variant][1] is not None
+    step = make_step(compiled(model, variant, args.compile_mode), make_inputs(name, vocab, batch, length, args.device),
+                     train, cuda_graphs)
     params = list(model.parameters())
 
     def drop_grads():
@@ -291,6 +310,7 @@ def speed(args, record):
                 layers = model_and_config(name, "eager", args.tiny, length)[1].num_hidden_layers
                 rates, cells, fused = {}, {}, {variant: "-" for variant in FUSED_VARIANTS}
                 for variant in args.variants:
+                    label = labelled(variant, args.compile_mode)
                     torch._dynamo.reset()
                     t0 = time.time()
                     try:
@@ -299,26 +319,27 @@ def speed(args, record):
                         cells[variant] = f"{rates[variant]:,.0f}"
                         if variant in fused:
                             fused[variant] = count
-                        record([name, mode, batch, length, variant, layers, count if variant in fused else "",
+                        record([name, mode, batch, length, label, layers, count if variant in fused else "",
                                 f"{ms:.3f}", f"{rates[variant]:.1f}", "" if peak is None else peak])
                     except torch.cuda.OutOfMemoryError:
                         cells[variant] = "OOM"
-                        record([name, mode, batch, length, variant, layers, "", "OOM", "", ""])
+                        record([name, mode, batch, length, label, layers, "", "OOM", "", ""])
                     except Exception as e:  # report and go on: one failure must not hide the rest
                         traceback.print_exc()
                         cells[variant] = f"error: {type(e).__name__}"
                         ok = False
-                        record([name, mode, batch, length, variant, layers, "", "error", "", ""])
+                        record([name, mode, batch, length, label, layers, "", "error", "", ""])
                     gc.collect()
                     if args.device == "cuda":
                         torch.cuda.empty_cache()
-                    print(f"  {name} {mode} N={length} {variant}: {cells[variant]} tokens/s ({time.time() - t0:.1f}s)",
+                    print(f"  {name} {mode} N={length} {label}: {cells[variant]} tokens/s ({time.time() - t0:.1f}s)",
                           flush=True)
                 ratios = [f"{rates[ours] / rates[other]:.2f}x" if ours in rates and other in rates else "-"
                           for ours, other in RATIOS]
                 rows.append([name, mode, f"{batch}x{length}", layers, fused["fuse_attn"], fused["sdpa+fuse_attn"],
                              *(cells[v] for v in args.variants), *ratios])
-    headers = ["model", "mode", "BxN", "layers", "fused", "sdpa fused", *(f"{v} tok/s" for v in args.variants),
+    headers = ["model", "mode", "BxN", "layers", "fused", "sdpa fused",
+               *(f"{labelled(v, args.compile_mode)} tok/s" for v in args.variants),
                *(f"{ours} / {other}" for ours, other in RATIOS)]
     return rows, headers, ok
 
@@ -332,7 +353,7 @@ def first_step(args):
     synchronize(args.device)
     start = time.perf_counter()
     with collect_reports() as reports:
-        make_step(compiled(model, args.first_step), inputs, train=True)()
+        make_step(compiled(model, args.first_step, DEFAULT_COMPILE_MODE), inputs, train=True)()
     synchronize(args.device)
     seconds = time.perf_counter() - start
     print(FIRST_STEP_MARK, json.dumps({"seconds": seconds, "fused": sum(len(r.fused) for r in reports)}), flush=True)
@@ -399,6 +420,8 @@ def main(argv=None):
                     help=f"B*N per step, B = max(1, this // N) (default {DEFAULT_BATCH_TOKENS}, {TINY_BATCH_TOKENS} with --tiny)")
     ap.add_argument("--variants", nargs="*", default=DEFAULT_VARIANTS, choices=COMPILED_VARIANTS)
     ap.add_argument("--eager", action="store_true", help="also time the uncompiled eager-attention model")
+    ap.add_argument("--compile-mode", default=DEFAULT_COMPILE_MODE, choices=COMPILE_MODES,
+                    help="torch.compile's mode for every compiled variant (reduce-overhead: CUDA graph trees)")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="tiny configs (a smoke test)")
     ap.add_argument("--compile-time", action="store_true", help="measure cold and warm first-step times instead")

@@ -351,61 +351,16 @@ def test_a_layout_tma_cannot_read_is_copied_first():
     assert_close_2x("out", out, ref, eager, torch.bfloat16)
 
 
-@hopper
-def test_a_graph_replayed_as_cuda_graphs_runs_it_below_the_size_that_hides_its_host_cost(monkeypatch):
-    """mode="reduce-overhead": a training graph whose step is far under GLUON_MIN_STEP_FLOPS (B2 H4 N300 D64, GQA 2)
-    may take the Gluon kernels (the choice sees that its graphs replay as CUDA graphs; here forced to them, whatever
-    this GPU times), recorded into CUDA graph trees (none skipped) and replayed on new inputs: output and gradients
-    under the 2x rule at every step."""
-    from torch._dynamo.utils import counters
-
-    from fuse_attn.kernels import implementations
-    from fuse_attn.report import collect_reports
-
-    replayed = []
-    monkeypatch.setattr(implementations, "choose", lambda *args, **kwargs: replayed.append(
-        implementations._CUDA_GRAPHS) or implementations.Choice(implementations.GLUON, "forced"))
-
-    def attention(q, k, v):
-        k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
-        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-        causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
-        return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
-
-    torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(attention, backend="fuse_attn", mode="reduce-overhead")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    with collect_reports() as reports:
-        for _ in range(3):  # a warm-up run, the recording, a replay
-            inputs = [torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
-                      for s in [(2, 4, 300, 64)] + [(2, 2, 300, 64)] * 2]
-            torch.compiler.cudagraph_mark_step_begin()
-            out = compiled(*inputs)
-            ref_in = [t.detach().double().requires_grad_() for t in inputs]
-            eager_in = [t.detach().clone().requires_grad_() for t in inputs]
-            ref, eager = attention(*ref_in), attention(*eager_in)
-            assert_close_2x("out", out, ref, eager, torch.bfloat16)
-            dout = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
-            for name, ours, exact, same_dtype in zip(("dq", "dk", "dv"), torch.autograd.grad(out, inputs, dout),
-                                                     torch.autograd.grad(ref, ref_in, dout.double()),
-                                                     torch.autograd.grad(eager, eager_in, dout)):
-                assert_close_2x(name, ours, exact, same_dtype, torch.bfloat16)
-    assert replayed and all(replayed)
-    assert "fuse_attn.flash_attention_hopper.default" in "".join(r.after or "" for r in reports)
-    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
-
-
 def _causal_attention(q, k, v):
     k, v = (t.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for t in (k, v))
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
-    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
 
 def _biased_causal_attention(q, k, v, bias):  # ALiBi's precomputed [1, H, N, N] buffer, or a learned bias
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias
-    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
 
@@ -445,3 +400,42 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monk
                           torch.autograd.grad(ref, [ref_in[i] for i in wanted], dout.double()),
                           torch.autograd.grad(eager, [eager_in[i] for i in wanted], dout)):
         assert_close_2x(("dq", "dk", "dv", "dbias")[i], a, b, c, torch.float32)
+
+
+@hopper
+def test_a_graph_replayed_as_cuda_graphs_runs_it_below_the_size_that_hides_its_host_cost(monkeypatch):
+    """mode="reduce-overhead": a training graph whose step is far under GLUON_MIN_STEP_FLOPS (B2 H4 N300 D64, GQA 2)
+    may take the Gluon kernels (the choice sees that its graphs replay as CUDA graphs; here forced to them, whatever
+    this GPU times), recorded into CUDA graph trees (none skipped) and replayed on new inputs: output and gradients
+    under the 2x rule at every step."""
+    from torch._dynamo.utils import counters
+
+    from fuse_attn.kernels import implementations
+    from fuse_attn.report import collect_reports
+
+    replayed = []
+    monkeypatch.setattr(implementations, "choose", lambda *args, **kwargs: replayed.append(
+        implementations._CUDA_GRAPHS) or implementations.Choice(implementations.GLUON, "forced"))
+
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(_causal_attention, backend="fuse_attn", mode="reduce-overhead")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    with collect_reports() as reports:
+        for _ in range(3):  # a warm-up run, the recording, a replay
+            inputs = [torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=g, requires_grad=True)
+                      for s in [(2, 4, 300, 64)] + [(2, 2, 300, 64)] * 2]
+            torch.compiler.cudagraph_mark_step_begin()
+            out = compiled(*inputs)
+            ref_in = [t.detach().double().requires_grad_() for t in inputs]
+            eager_in = [t.detach().clone().requires_grad_() for t in inputs]
+            ref, eager = _causal_attention(*ref_in), _causal_attention(*eager_in)
+            assert_close_2x("out", out, ref, eager, torch.bfloat16)
+            dout = torch.randn(out.shape, device="cuda", dtype=torch.bfloat16, generator=g)
+            for name, ours, exact, same_dtype in zip(("dq", "dk", "dv"), torch.autograd.grad(out, inputs, dout),
+                                                     torch.autograd.grad(ref, ref_in, dout.double()),
+                                                     torch.autograd.grad(eager, eager_in, dout)):
+                assert_close_2x(name, ours, exact, same_dtype, torch.bfloat16)
+    assert replayed and all(replayed)
+    assert "fuse_attn.flash_attention_hopper.default" in "".join(r.after or "" for r in reports)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])

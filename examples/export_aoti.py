@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fuse_attn  # noqa: E402
-from fuse_attn.kernels import implementations  # noqa: E402
+from fuse_attn.kernels import dispatch  # noqa: E402
 from examples.common import Checks, median_ms, parse_setup  # noqa: E402
 
 
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
             from torch._inductor import aoti_compile_and_package, aoti_load_package
 
             path = aoti_compile_and_package(fused, package_path=f"{folder}/fused.pt2")
-            on_generated = sum(v.fused and (v.runs is None or v.runs.startswith(f"runs {implementations.TRITON}:"))
+            on_generated = sum(v.fused and (v.runs is None or v.runs.startswith(f"runs {dispatch.TRITON}:"))
                                for r in reports for v in r.verdicts)
             kernels = generated_kernels(path)
             print(f"package: {on_generated} attention(s) run the generated kernels; its code launches "

@@ -6,7 +6,7 @@ parallel: fuse_attn's ring), against the same training on the whole sequence in 
 
 Both variants are compiled with ``backend="fuse_attn"`` from the same weights and see the same batch (one sequence,
 the same on every rank). The sharded one gets its tokens, labels, position ids and an all-ones padding mask through
-``fuse_attn.context_parallel.shard_sequence``, sums its loss and gradients over the ranks, and steps AdamW on the
+``fuse_attn.graph.context_parallel.shard_sequence``, sums its loss and gradients over the ranks, and steps AdamW on the
 result. Rank 0 prints the attentions fused as rings, the losses of both variants (the sharded one's within
 train_distributed's loss floor of the whole-sequence run's: 1e-4 in fp32, 2e-2 in bf16, two implementations'
 rounding drifting over the AdamW steps), and on a GPU the median step time and peak memory of each.
@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.train_distributed import LOSS_FLOOR, build_model, init_distributed  # noqa: E402
-from fuse_attn.context_parallel import ContextParallel, shard_sequence  # noqa: E402
+from fuse_attn.graph.context_parallel import ContextParallel, shard_sequence  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def train(args, device, dtype, tokens, cp) -> dict:
     model, layers = build_model("llama", args.tiny, "eager", args.length)
     model = model.to(device=device, dtype=dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    options = {} if cp is None else {"fuse_attn.context_parallel": cp}
+    options = {} if cp is None else {"fuse_attn.graph.context_parallel": cp}
     run = torch.compile(model, backend="fuse_attn", options=options)
     labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], 1)  # the next token; none for the last
     positions = torch.arange(args.length, device=device).expand_as(tokens)

@@ -164,7 +164,7 @@ def profile_steps(step, batches: list, device: torch.device) -> dict:
 
 def init_distributed(device_type: str) -> tuple[torch.device, torch.dtype]:
     """The process group (NCCL on GPUs, gloo on CPUs; kept as it is where the caller has made it already, as
-    tests/distributed_examples.py does to run several trainings in one torchrun), this process's device (torchrun's
+    tests/e2e/distributed_examples.py does to run several trainings in one torchrun), this process's device (torchrun's
     LOCAL_RANK) and the dtype the examples train in there (bf16 on a GPU, fp32 on a CPU)."""
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")

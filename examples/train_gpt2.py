@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     setup, args = parse_setup(__doc__, argv, lambda p: p.add_argument("--steps", type=int, default=3))
     # full: GPT-2 small (124M: GPT2Config's defaults); tiny: width 32, 4 heads of 8, 2 layers, vocabulary 64
     size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if setup.tiny else {}
-    batch, length = (2, 9) if setup.tiny else (8, 1024)  # tiny: the sizes of tests/test_model_zoo.py
+    batch, length = (2, 9) if setup.tiny else (8, 1024)  # tiny: the sizes of tests/e2e/test_model_zoo.py
     config = transformers.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
                                      use_cache=False, bos_token_id=0, eos_token_id=0)
     config._attn_implementation = "eager"  # the attention as written in modeling_gpt2.py, which fuse_attn rewrites

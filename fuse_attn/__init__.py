@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .report import ExplainReport, collect_reports
+from fuse_attn.report import ExplainReport, collect_reports
 
 __all__ = ["explain", "collect_reports", "ExplainReport", "fuse_exported"]
 
@@ -10,7 +10,7 @@ __all__ = ["explain", "collect_reports", "ExplainReport", "fuse_exported"]
 def fuse_exported(ep):
     """Replace every attention of an exported program (``torch.export.export``) with the fused op, in place, for
     export flows such as AOTInductor packages; returns the program (:mod:`fuse_attn.export`)."""
-    from .export import fuse_exported as rewrite
+    from fuse_attn.export import fuse_exported as rewrite
 
     return rewrite(ep)
 
@@ -23,7 +23,7 @@ def explain(model, *args, **kwargs) -> ExplainReport:
     """
     import torch
 
-    from .backend import analyze_graph
+    from fuse_attn.backend import analyze_graph
 
     graphs = []
 

@@ -5,8 +5,8 @@ Pipeline for each graph Dynamo hands over:
 1. trace it to a pre-autograd ATen graph (``make_fx(pre_dispatch=True)`` on Dynamo's fake inputs): one spelling
    per op, grad-mode regions kept, no backward yet;
 2. match every softmax and replace each proven attention with ``torch.ops.fuse_attn.flash_attention``
-   (``fuse_attn.rewrite``) -- or with SDPA's cuDNN / flash kernel where one computes it exactly and was timed faster
-   (``fuse_attn.kernels.implementations``); every softmax left alone gets a recorded reason; in a trained graph,
+   (``fuse_attn.graph.rewrite``) -- or with SDPA's cuDNN / flash kernel where one computes it exactly and was timed faster
+   (``fuse_attn.kernels.dispatch``); every softmax left alone gets a recorded reason; in a trained graph,
    each lookup of a few-row embedding table (T5's position bias) becomes ``fuse_attn::table_lookup``, whose
    gradient sums by programs instead of atomic adds (``fuse_attn.kernels.embedding_backward``);
 3. hand the rewritten graph to Inductor's ``compile_fx``: AOTAutograd builds the joint graph -- the fused op's
@@ -40,16 +40,16 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
-from .kernels import implementations
-from .matching import MatchContext
-from .report import GraphReport, SoftmaxVerdict, TableLookup, log, publish
-from .rewrite import rewrite_attention
+from fuse_attn.kernels import dispatch
+from fuse_attn.graph.matching import MatchContext
+from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log, publish
+from fuse_attn.graph.rewrite import rewrite_attention
 
 # Options taken out of ``torch.compile(..., options={...})``; all others go to Inductor as config patches.
 OPTION_ENABLED = "fuse_attn.enabled"  # False: no rewriting, plain Inductor
 OPTION_LOG_ONLY = "fuse_attn.log_only"  # True: match and log, but compile the graph unchanged
-# A fuse_attn.context_parallel.ContextParallel: the graph's sequence is sharded over ranks; attentions run as a ring
-OPTION_CONTEXT_PARALLEL = "fuse_attn.context_parallel"
+# A fuse_attn.graph.context_parallel.ContextParallel: the graph's sequence is sharded over ranks; attentions run as a ring
+OPTION_CONTEXT_PARALLEL = "fuse_attn.graph.context_parallel"
 # Environment switch for bisecting: FUSE_ATTN_DISABLE=1 turns every rewrite off.
 ENV_DISABLE = "FUSE_ATTN_DISABLE"
 SETTINGS_PREFIX = "FUSE_ATTN_"  # every environment setting of the package starts with it
@@ -75,7 +75,7 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     cuda_graphs = bool(config_patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
-    with implementations.replayed_as_cuda_graphs(cuda_graphs):
+    with dispatch.replayed_as_cuda_graphs(cuda_graphs):
         rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
     if report is not None:
         publish(report)
@@ -93,7 +93,7 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
 
     ``buffers`` says which placeholders are registered buffers (default: read from Dynamo's metadata); their
     values in ``example_inputs`` are real and masks built from them are evaluated at compile time.
-    ``context_parallel``: a :class:`fuse_attn.context_parallel.ContextParallel` when the graph's sequence is
+    ``context_parallel``: a :class:`fuse_attn.graph.context_parallel.ContextParallel` when the graph's sequence is
     sharded over ranks (each attention then runs as a ring over them)."""
     buffers = _buffer_flags(gm) if buffers is None else buffers
     if _checkpoint_regions(gm):
@@ -336,7 +336,7 @@ def _looks_up_a_few_row_table(gm: fx.GraphModule) -> bool:
     """Whether Dynamo's graph looks up a trained embedding table that the table gradient handles (``F.embedding``,
     an ``nn.Embedding`` inlined): such a graph is traced for the table's gradient even without a softmax (a graph
     break can put T5's position-bias lookup apart from its attentions)."""
-    from .kernels import embedding_backward
+    from fuse_attn.kernels import embedding_backward
 
     for node in gm.graph.nodes:
         if node.op == "call_function" and getattr(node.target, "__name__", "") == "embedding" and len(node.args) > 1:
@@ -416,7 +416,7 @@ def _inductor_mode_options(mode: Any) -> dict:
 
 
 def _capture_requested() -> bool:
-    from .report import _collectors
+    from fuse_attn.report import _collectors
 
     return bool(_collectors)
 

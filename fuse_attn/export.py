@@ -5,7 +5,7 @@
     path = torch._inductor.aoti_compile_and_package(ep)   # on a GPU: the generated kernels inside the package
     model = torch._inductor.aoti_load_package(path)       # runs without re-tracing (fuse_attn must be importable)
 
-The program's graph is matched and rewritten by the backend's own matcher (:func:`fuse_attn.rewrite.rewrite_attention`)
+The program's graph is matched and rewritten by the backend's own matcher (:func:`fuse_attn.graph.rewrite.rewrite_attention`)
 with the same verdicts: published to :func:`fuse_attn.collect_reports` and logged. Registered buffers and lifted
 constants are read from the program, so masks built from them are evaluated as in the backend. Export adds
 ``aten._assert_tensor_metadata`` checks after dtype conversions; those on intermediate values (the softmax's cast
@@ -22,11 +22,11 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
-from .backend import _capture_requested
-from .kernels import implementations
-from .matching import MatchContext
-from .report import publish
-from .rewrite import rewrite_attention
+from fuse_attn.backend import _capture_requested
+from fuse_attn.kernels import dispatch
+from fuse_attn.graph.matching import MatchContext
+from fuse_attn.report import publish
+from fuse_attn.graph.rewrite import rewrite_attention
 
 
 def fuse_exported(ep: ExportedProgram) -> ExportedProgram:
@@ -34,7 +34,7 @@ def fuse_exported(ep: ExportedProgram) -> ExportedProgram:
     gm = ep.graph_module
     _drop_intermediate_metadata_asserts(gm.graph)
     # (the Gluon forward's op is a Python custom op with no AOTInductor lowering, never tried in a package)
-    with implementations.set_aside(implementations.GLUON, "an exported program: the Gluon forward was never tried "
+    with dispatch.set_aside(dispatch.GLUON, "an exported program: the Gluon forward was never tried "
                                                           "in an AOTInductor package"):
         report = rewrite_attention(gm, MatchContext(constant_inputs=_constant_inputs(ep), gm=gm),
                                    capture=_capture_requested())

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-from .spec import AttentionSpec
+from fuse_attn.spec import AttentionSpec
 
 log = logging.getLogger("fuse_attn")
 

@@ -1,6 +1,6 @@
 """The one object matching and code generation share: a frozen description of one matched attention.
 
-The matcher (``fuse_attn.matching``) builds an :class:`AttentionSpec` from FX nodes; the kernels
+The matcher (``fuse_attn.graph.matching``) builds an :class:`AttentionSpec` from FX nodes; the kernels
 (``fuse_attn.kernels``) receive it -- as the JSON string argument of the fused op -- and never see a node.
 
 Semantics, for q ``[Z, H, M, D]``, k ``[Z, H // gqa_group, N, D]``, v ``[Z, H // gqa_group, N, DV]`` and the

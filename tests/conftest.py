@@ -5,7 +5,7 @@ before anything imports triton: CPU tensors then run the real kernels in the int
 plain-PyTorch CPU path set ``TRITON_INTERPRET=0`` for the call (the op reads it at run time).
 
 On a GPU, compiled attentions run the generated kernels (``FUSE_ATTN_CANDIDATES=triton``): the tests check those,
-not whichever of SDPA's kernels the GPU would time faster; ``test_implementations`` opts into the choice itself.
+not whichever of SDPA's kernels the GPU would time faster; ``test_dispatch`` opts into the choice itself.
 
 The interpreter's fp32 -> bf16 conversion truncates where the GPU rounds to nearest even; it is patched to round
 (``interpreter_rounding.py``), so bf16 kernels tested here are as far from fp64 as on the GPU, not up to twice as far.
@@ -17,17 +17,13 @@ Kernel configs tuned during the session (on a GPU) go to a temporary cache direc
 """
 
 import os
-import sys
 
 import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
-tests = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [tests, os.path.dirname(tests)]  # test helpers, and examples/ from the repository root
-
-from interpreter_patching import skip_repatching_inside_a_launch  # noqa: E402
-from interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
+from tests.support.interpreter_patching import skip_repatching_inside_a_launch  # noqa: E402
+from tests.support.interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
 
 round_bf16_to_nearest_even()  # the interpreter's fp32 -> bf16 as the GPU's (interpreter_rounding.py says why)
 skip_repatching_inside_a_launch()  # a third of an interpreted kernel's time, the same bits (interpreter_patching.py)

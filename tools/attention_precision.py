@@ -1,5 +1,5 @@
 """Whether a model-level precision gap comes from the attention itself: run a model of the model-zoo test
-(tests/test_model_zoo.py) with ``attn_implementation="sdpa"`` in fp64, capturing each SDPA call's q, k, v, mask and
+(tests/e2e/test_model_zoo.py) with ``attn_implementation="sdpa"`` in fp64, capturing each SDPA call's q, k, v, mask and
 the gradient that reaches its output; then compute every captured attention alone in a half dtype -- fuse_attn's
 kernels (compiled), each SDPA backend the device runs, and the eager math Hugging Face's eager attention does
 (scores in the dtype, softmax in fp32, P cast back) -- and print each one's max error against the fp64 attention:
@@ -32,10 +32,10 @@ os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
 from fuse_attn.backend import fuse_attn_backend  # noqa: E402
-from interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
+from tests.support.interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
 from test_model_zoo import MODELS, first_tensor  # noqa: E402
 
-round_bf16_to_nearest_even()  # on a CPU: the interpreter's bf16 rounding as the GPU's (tests/interpreter_rounding.py)
+round_bf16_to_nearest_even()  # on a CPU: the interpreter's bf16 rounding as the GPU's (tests/support/interpreter_rounding.py)
 
 GRADIENTS = ["dq", "dk", "dv", "dmask"]
 SDPA_BACKENDS = {"sdpa math": SDPBackend.MATH, "sdpa efficient": SDPBackend.EFFICIENT_ATTENTION,

@@ -42,7 +42,7 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.kernels import flash_attention, reference_attention  # noqa: E402
-from fuse_attn.kernels import autotune  # noqa: E402
+from fuse_attn.kernels import tuning  # noqa: E402
 from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402
 
@@ -185,7 +185,7 @@ def backward_config_sweep(head_dims=None):
     """
     import importlib
 
-    launcher = importlib.import_module("fuse_attn.kernels.launch")
+    launcher = importlib.import_module("fuse_attn.kernels.generated.launch")
     shapes = [shape for shape in BACKWARD_CONFIG_SHAPES if head_dims is None or shape[0] in head_dims]
     failures, total = [], 0
     for D, M, N, causal, group in shapes:
@@ -203,18 +203,18 @@ def backward_config_sweep(head_dims=None):
         ref = grads(torch.float64, lambda *a: reference_attention(*a, [], spec)[0])
         eager = grads(torch.bfloat16, lambda *a: reference_attention(*a, [], spec)[0])
         common = launcher._common(q, k, v, spec)
-        smem = autotune.max_shared_memory(q.device)
-        for kind, candidates in (("bwd_dkdv", autotune.dkdv_candidates), ("bwd_dq", autotune.dq_candidates)):
-            key = autotune.tuning_key(kind, q.device, launcher.codegen.load_module(spec).KERNEL_ID, q.dtype, D, D, M, N)
+        smem = tuning.max_shared_memory(q.device)
+        for kind, candidates in (("bwd_dkdv", tuning.dkdv_candidates), ("bwd_dq", tuning.dq_candidates)):
+            key = tuning.tuning_key(kind, q.device, launcher.codegen.load_module(spec).KERNEL_ID, q.dtype, D, D, M, N)
             for cfg in candidates(common["BLOCK_D"], common["BLOCK_DV"], 2, causal, smem):
-                autotune._chosen[key] = cfg  # force this config for the kernel under test
+                tuning._chosen[key] = cfg  # force this config for the kernel under test
                 ours = grads(torch.bfloat16, lambda *a: flash_attention(*a, spec))
                 total += 1
                 errors = [(_err(o, r), _err(e, r)) for o, e, r in zip(ours, eager, ref)]
                 if any(err > 2 * err_e + FLOOR[torch.bfloat16] for err, err_e in errors):
                     failures.append([f"D={D} M={M} N={N} causal={causal} GQA {group}", kind, str(cfg),
                                      "; ".join(f"{n} {a:.2e}/{b:.2e}" for n, (a, b) in zip(("dq", "dk", "dv"), errors))])
-            autotune._chosen.pop(key, None)
+            tuning._chosen.pop(key, None)
     print(f"backward config sweep: {len(failures)} of {total} config runs broke the 2x rule", flush=True)
     if failures:
         print(tabulate(failures, headers=["shape", "kernel", "config", "err ours/eager"]), flush=True)
@@ -481,7 +481,7 @@ def main(argv=None):
             rows = speed(shapes, args.methods, record, args.mods, getattr(torch, args.dtype))
         headers = ["B,H,N,D", "mask", "mode", "dtype"] + [TABLE_NAMES.get(name, name) for name in METHOD_NAMES]
         print(tabulate(rows, headers=headers, tablefmt="github"), flush=True)
-        for key, cfg in autotune.chosen_configs().items():
+        for key, cfg in tuning.chosen_configs().items():
             print("tuned:", key, "->", cfg, flush=True)
     if args.plot:
         if os.path.exists(path):

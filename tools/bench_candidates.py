@@ -1,6 +1,6 @@
 """What the implementation choice sees: the GPU time of each candidate of a plain attention -- the generated kernels,
 the Gluon forward (sm90; "failed" elsewhere) and SDPA's cuDNN and flash kernels -- per shape, forward and
-forward+backward, timed as the tuner times them (``fuse_attn.kernels.implementations``: each step recorded as a CUDA
+forward+backward, timed as the tuner times them (``fuse_attn.kernels.dispatch``: each step recorded as a CUDA
 graph, the replay timed, median), and the one it keeps.
 
     PYTHONPATH=. python3 tools/bench_candidates.py [--out OUTDIR]
@@ -21,8 +21,8 @@ import torch
 import triton
 from tabulate import tabulate
 
-from fuse_attn.kernels import autotune, implementations
-from fuse_attn.kernels.autotune import Implementation
+from fuse_attn.kernels import tuning, dispatch
+from fuse_attn.kernels.tuning import Implementation
 from fuse_attn.spec import AttentionSpec, CausalMask
 from tools.bench_csv import appending
 
@@ -36,15 +36,15 @@ SHAPES = [
 
 
 def candidate_times(spec: AttentionSpec, shape, training: bool) -> dict[str, float]:
-    """Milliseconds per step of each candidate (None where it failed), timed as ``implementations.choose`` does."""
+    """Milliseconds per step of each candidate (None where it failed), timed as ``dispatch.choose`` does."""
     _, Z, H, H_kv, N, D, _ = shape
     q = torch.empty(Z, H, N, D, device="cuda", dtype=torch.bfloat16)
     k = torch.empty(Z, H_kv, N, D, device="cuda", dtype=torch.bfloat16)
-    steps = implementations._CandidateSteps(spec, q, k, k, training)
+    steps = dispatch._CandidateSteps(spec, q, k, k, training)
     times = {}
-    for name in implementations.ALL_CANDIDATES:
+    for name in dispatch.ALL_CANDIDATES:
         try:
-            times[name] = autotune._time_config(steps.replay, Implementation(name), autotune._FINAL_PASS_REP_MS)
+            times[name] = tuning._time_config(steps.replay, Implementation(name), tuning._FINAL_PASS_REP_MS)
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot run this shape
             print(f"  {name} failed on {shape}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             times[name] = None
@@ -71,12 +71,12 @@ def main(argv=None):
                 for candidate, ms in times.items():
                     record([name, Z, H, H_kv, N, D, causal, mode, candidate, "" if ms is None else f"{ms:.5f}"])
                 ran = {n: t for n, t in times.items() if t is not None}
-                sdpa = [t for n, t in ran.items() if n in (implementations.SDPA_CUDNN, implementations.SDPA_FLASH)]
+                sdpa = [t for n, t in ran.items() if n in (dispatch.SDPA_CUDNN, dispatch.SDPA_FLASH)]
                 rows.append([name, f"{Z},{H}/{H_kv},{N},{D}", "causal" if causal else "full", mode,
-                             *("failed" if times[n] is None else f"{times[n] * 1e3:.1f}" for n in implementations.ALL_CANDIDATES),
+                             *("failed" if times[n] is None else f"{times[n] * 1e3:.1f}" for n in dispatch.ALL_CANDIDATES),
                              min(ran, key=ran.get),
                              f"{times['triton'] / min(sdpa):.2f}" if sdpa and times["triton"] is not None else "-"])
-    headers = ["model", "Z,H/H_kv,N,D", "mask", "mode", *(f"{n} us" for n in implementations.ALL_CANDIDATES), "kept",
+    headers = ["model", "Z,H/H_kv,N,D", "mask", "mode", *(f"{n} us" for n in dispatch.ALL_CANDIDATES), "kept",
                "triton / best SDPA"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     return 0

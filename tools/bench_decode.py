@@ -5,7 +5,7 @@
     PYTHONPATH=. python3 tools/bench_decode.py --device cpu --tiny        # smoke test: tiny sizes, fp32
 
 Part ``op``: the fused op for q_len 1 (LLaMA-3-8B's attention: 32 query heads of 128, 8 kv heads, bf16) at each
-cache length, with the op's own dispatch (split-K, ``fuse_attn/kernels/flash_decoding.py``) and with the ordinary
+cache length, with the op's own dispatch (split-K, ``fuse_attn/kernels/decode.py``) and with the ordinary
 forward kernel, against ``scaled_dot_product_attention`` with each backend that runs (flash, cuDNN, efficient;
 with ``enable_gqa=True``, else on kv heads expanded beforehand, which the table says). Timed with
 ``triton.testing.do_bench`` (median); GB/s counts the K and V bytes read once. Rows go to OUTDIR/bench_decode_op.csv.
@@ -49,8 +49,8 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.backend import fuse_attn_backend  # noqa: E402
-from fuse_attn.kernels import flash_decoding  # noqa: E402
-from fuse_attn.kernels.launch import triton_forward  # noqa: E402
+from fuse_attn.kernels.generated import decode  # noqa: E402
+from fuse_attn.kernels.generated.launch import triton_forward  # noqa: E402
 from fuse_attn.kernels.ops import flash_attention  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
 from fuse_attn.spec import AttentionSpec, dtype_name  # noqa: E402
@@ -109,7 +109,7 @@ def op_kernels(q, k, v, spec):
     """(name, callable, note, splits) of each kernel that runs for these inputs."""
     group = q.shape[1] // k.shape[1]
     kernels = [("fuse_attn", lambda: flash_attention(q, k, v, spec), "op dispatch",
-                flash_decoding.dispatch_splits(q, k, spec) if q.is_cuda else 1)]
+                decode.dispatch_splits(q, k, spec) if q.is_cuda else 1)]
     if q.is_cuda:
         kernels.append(("fuse_attn_no_split", lambda: triton_forward(q, k, v, [], spec), "forward kernel", 1))
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -24,7 +24,7 @@ import triton
 from tabulate import tabulate
 
 # What is measured is the generated kernels' launch path: the compiled attention must not run SDPA's kernel
-# instead (fuse_attn.kernels.implementations), whatever this GPU would time faster.
+# instead (fuse_attn.kernels.dispatch), whatever this GPU would time faster.
 os.environ["FUSE_ATTN_CANDIDATES"] = "triton"
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -35,7 +35,7 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What is measured is the generated kernels' launch path: the compiled attention must not run SDPA's kernel
-# instead (fuse_attn.kernels.implementations), whatever this GPU would time faster. (Only when run: a tool that
+# instead (fuse_attn.kernels.dispatch), whatever this GPU would time faster. (Only when run: a tool that
 # imports from here, tools/bench_variants.py, sets its own.)
 if __name__ == "__main__":
     os.environ["FUSE_ATTN_CANDIDATES"] = "triton"

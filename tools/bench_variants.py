@@ -60,7 +60,7 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # What is measured is our kernels: a fused attention must not run SDPA's kernel instead
-# (fuse_attn.kernels.implementations), whatever this GPU would time faster. The generated template by default;
+# (fuse_attn.kernels.dispatch), whatever this GPU would time faster. The generated template by default;
 # FUSE_ATTN_CANDIDATES=triton,gluon set by the caller lets the Gluon kernels of plain attention on Hopper compete.
 if os.environ.get("FUSE_ATTN_CANDIDATES") != "triton,gluon":
     os.environ["FUSE_ATTN_CANDIDATES"] = "triton"

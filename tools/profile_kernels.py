@@ -21,9 +21,9 @@ import tempfile
 import torch
 from tabulate import tabulate
 
-from fuse_attn.kernels.autotune import KernelConfig
+from fuse_attn.kernels.tuning import KernelConfig
 
-LOGGER = "fuse_attn.kernels.autotune"
+LOGGER = "fuse_attn.kernels.tuning"
 KERNELS = {"fwd": "_attn_fwd", "bwd_dkdv": "_attn_bwd_dkdv", "bwd_dq": "_attn_bwd_dq"}
 
 
@@ -81,7 +81,8 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory(prefix="profile_kernels_") as cache:
         os.environ["FUSE_ATTN_CACHE_DIR"] = cache  # empty: every candidate is compiled and timed
-        from fuse_attn.kernels import codegen, flash_attention
+        from fuse_attn.kernels.generated import codegen
+        from fuse_attn.kernels import flash_attention
         from fuse_attn.spec import AttentionSpec, CausalMask
 
         timings = TimingLog()

@@ -17,18 +17,18 @@
 
 import torch
 
-from . import embedding_backward  # noqa: F401  (torch.ops.fuse_attn.table_lookup / table_gradient)
-from .codegen import generate_source
-from .ops import flash_attention, generated_source
-from .reference import blockwise_backward, blockwise_forward, reference_attention
+from fuse_attn.kernels import embedding_backward  # noqa: F401  (torch.ops.fuse_attn.table_lookup / table_gradient)
+from fuse_attn.kernels.generated.codegen import generate_source
+from fuse_attn.kernels.ops import flash_attention, generated_source
+from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward, reference_attention
 
 try:  # torch.ops.fuse_attn.flash_attention_hopper(_backward): the Gluon forward and backward on Hopper (Triton 3.6 on)
-    from . import hopper_backward, hopper_forward  # noqa: F401
+    from fuse_attn.kernels import hopper  # noqa: F401
 except ImportError:  # (implementations.gluon_reasons says why it is no candidate)
     pass
 
 if torch.distributed.is_available():
-    from . import sharding  # noqa: F401  (the ops' DTensor sharding rules)
+    from fuse_attn.kernels import sharding  # noqa: F401  (the ops' DTensor sharding rules)
 
 __all__ = [
     "flash_attention",

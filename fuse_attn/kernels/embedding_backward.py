@@ -11,7 +11,7 @@ held in registers (a ``tl.dot``: the one-hot is exact in any dtype, so the produ
 like the decomposition's, which sums in fp32 too); it stores the accumulator once, and the programs' partial tables
 are summed after it -- deterministic, no atomics.
 
-The rewrite (``fuse_attn.rewrite``) replaces each embedding lookup whose table :func:`handles` says fits, and whose
+The rewrite (``fuse_attn.graph.rewrite``) replaces each embedding lookup whose table :func:`handles` says fits, and whose
 table needs a gradient, with ``fuse_attn::table_lookup``: the same lookup, whose registered backward is
 ``fuse_attn::table_gradient`` (this kernel, traced into the backward graph as the attention kernels are). Other
 embeddings keep Inductor's decomposition. :func:`reference_table_gradient` is the plain-PyTorch definition.
@@ -24,8 +24,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .flash_decoding import sm_count
-from .launch import _interpret, _pow2_at_least_16, launch
+from fuse_attn.kernels.generated.decode import sm_count
+from fuse_attn.kernels.generated.launch import _interpret, _pow2_at_least_16, launch
 
 aten = torch.ops.aten
 

@@ -25,10 +25,10 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..spec import AttentionSpec, UnsupportedSpec
-from . import codegen, flash_decoding
-from .launch import _empty_outputs, _interpret, triton_backward, triton_forward
-from .reference import blockwise_backward, blockwise_forward
+from fuse_attn.spec import AttentionSpec, UnsupportedSpec
+from fuse_attn.kernels.generated import codegen, decode
+from fuse_attn.kernels.generated.launch import _empty_outputs, _interpret, triton_backward, triton_forward
+from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward
 
 log = logging.getLogger("fuse_attn.kernels")
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -167,9 +167,9 @@ def _with_fallback(direction: str, spec: AttentionSpec, q: Tensor, v: Tensor, ke
 def _forward(q, k, v, score_tensors, dropout_seed, spec: AttentionSpec) -> tuple[Tensor, Tensor]:
     """(out, lse) of validated, non-empty inputs: the kernels (split-K for few rows and many keys) or blockwise."""
     def kernels():
-        splits = flash_decoding.dispatch_splits(q, k, spec)
+        splits = decode.dispatch_splits(q, k, spec)
         if splits > 1:
-            return flash_decoding.triton_forward(q, k, v, score_tensors, spec, splits)
+            return decode.triton_forward(q, k, v, score_tensors, spec, splits)
         return triton_forward(q, k, v, score_tensors, spec, dropout_seed)
 
     return _with_fallback("forward", spec, q, v, kernels,
@@ -275,7 +275,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, dout, dlse):
     """Gradients of ``out`` and of ``lse`` (differentiable too: context parallelism merges partial outputs by their
-    lse, :mod:`fuse_attn.context_parallel`)."""
+    lse, :mod:`fuse_attn.graph.context_parallel`)."""
     q, k, v, out, lse, dropout_seed, *score_tensors = ctx.saved_tensors
     if dout is None:
         dout = torch.zeros_like(out)

@@ -15,8 +15,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..spec import AttentionSpec
-from . import philox, score_program
+from fuse_attn.spec import AttentionSpec
+from fuse_attn.kernels import philox, score_program_eval
 
 # Query rows per step of the CPU blockwise path: a [Z, H, 128, N] fp32 score block is 0.5 MiB per (z, h)
 # at N = 1024 -- far below the N x N matrix, and large enough that matmuls dominate the Python overhead.
@@ -71,8 +71,8 @@ def _score_mod(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, 
         return [s]
     Z, H, rows, _ = s.shape
     tensors = [t if t.shape[2] == 1 else t[:, :, row0:row0 + rows] for t in score_tensors]
-    ops = score_program.TorchOps(s, tensors, score_program.torch_indices(row0, rows, Z, H, M, N, s.device))
-    vals = score_program.forward(spec.score_mod, ops)
+    ops = score_program_eval.TorchOps(s, tensors, score_program_eval.torch_indices(row0, rows, Z, H, M, N, s.device))
+    vals = score_program_eval.forward(spec.score_mod, ops)
     vals[-1] = torch.broadcast_to(vals[-1], s.shape)
     return vals
 
@@ -144,8 +144,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
     dts = {i: torch.zeros(t.shape, dtype=ct, device=q.device) for i, (t, need) in enumerate(zip(score_tensors, needs_grad)) if need}
     program = spec.score_mod
-    scores = score_program.score_sources(program)
-    bias_loads = {t: nodes for t, nodes in score_program.bias_load_sources(program, spec.score_tensors).items() if t in dts}
+    scores = score_program_eval.score_sources(program)
+    bias_loads = {t: nodes for t, nodes in score_program_eval.bias_load_sources(program, spec.score_tensors).items() if t in dts}
     sources = scores.union(*bias_loads.values())
     kc, vc = k.to(ct), v.to(ct)
     scale = spec.scale_for(D)
@@ -171,8 +171,8 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
         if spec.causal is not None:  # masked_fill's backward: no gradient outside the band, even where P is NaN
             ds = ds.masked_fill(~_causal_visible(r0, rows, M, N, spec, ds.device), 0.0)
         if program:
-            ops = score_program.TorchOps(ds, (), {})  # the reverse pass reads no leaves: only the dtype, device
-            adj = score_program.backward(program, spec.score_tensors, vals, ops, ds, sources)
+            ops = score_program_eval.TorchOps(ds, (), {})  # the reverse pass reads no leaves: only the dtype, device
+            adj = score_program_eval.backward(program, spec.score_tensors, vals, ops, ds, sources)
             for t, nodes in bias_loads.items():
                 for node in nodes:
                     if node in adj:

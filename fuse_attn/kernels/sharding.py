@@ -24,7 +24,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
 
-from .ops import parse_spec
+from fuse_attn.kernels.ops import parse_spec
 
 log = logging.getLogger("fuse_attn.kernels")
 

@@ -1,0 +1,446 @@
+"""Find attentions in a pre-autograd ATen graph by what they compute.
+
+Anchor: every softmax over the last dim. From it the matcher walks
+
+* backwards along the *score path* (:mod:`fuse_attn.graph.score_reader`) -- any pointwise ops, casts, batch-only
+  reshapes, clones and their in-place forms -- to a batched matrix product (the scores ``q @ k^T``: ``matmul`` /
+  ``bmm``, a ``baddbmm`` whose added input becomes a bias, or a two-operand ``einsum``). The ops become the
+  spec's score program; constant masks equal to a causal band become ``spec.causal``. Scalar factors applied to
+  ``q`` or ``k`` before the product (behind any views) are peeled into the scale.
+* forwards through casts, batch-only reshapes, identity ops and dropout (eval mode: the identity; training:
+  the spec's ``dropout_p``, applied in the kernel) to the product ``P @ V``.
+
+Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head) are folded into ``gqa_group``.
+
+Whatever cannot be proven equivalent raises :class:`NotFused` with the reason; the caller records it.
+The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an ``AttentionSpec``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+import torch.fx as fx
+
+from fuse_attn.graph.nodes import (
+    CAST_OPS,
+    CONTRACTION_OPS,
+    IDENTITY_OPS,
+    SOFTMAX_OPS,
+    VIEW_OPS,
+    all_ones,
+    aten,
+    cast_dtype,
+    is_static,
+    same_shape,
+    shape_text,
+    val,
+)
+from fuse_attn.graph.score_reader import (
+    SCORE,
+    ConstantEvaluator,
+    MatchContext,
+    NotFused,
+    PathOp,
+    SideExpressions,
+    build_program,
+    masking_band,
+    op_name,
+    stays_masked,
+    symbolic_masking_band,
+    target_of,
+    walk_score_path,
+)
+from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, ScoreTensor, UnsupportedSpec, dtype_name
+
+_SCALAR_TYPES = (int, float)
+
+
+@dataclass
+class Operand:
+    """``node`` with ``views`` (nodes whose first arg is the previous value) replayed on it, then permuted by
+    ``permute`` (an einsum operand), times ``factor``."""
+
+    node: fx.Node
+    views: list[fx.Node] = field(default_factory=list)
+    factor: float = 1.0
+    permute: Optional[list[int]] = None
+    # the half-precision dtype of ``node`` when the product read it upcast to fp32 (an exact cast, peeled)
+    upcast_from: Optional[torch.dtype] = None
+
+
+@dataclass
+class AttentionMatch:
+    softmax: fx.Node
+    qk: fx.Node
+    pv: fx.Node
+    q: Operand  # [*b_qk, M, D]
+    k: Operand  # the product's right operand k^T [*b_qk, D, N] -- or, when it has a permute (einsum), k itself
+    v: Operand  # [*b_pv, N, DV] (after its permute, for einsum)
+    qk_batch: tuple  # batch shape of the scores at the product
+    pv_batch: tuple  # batch shape of the output
+    batch: tuple  # the batch shape the fused op works in (laid out as [Z, H] = [prod(batch[:-1]), batch[-1]])
+    # GQA/MQA: the un-repeated k and v ([Z, H // gqa_group, N, D]) to hand to the kernel instead of k and v
+    kv_heads_source: Optional[tuple[fx.Node, fx.Node]]
+    tensors: list["ScoreTensorUse"]
+    spec: AttentionSpec
+    matched_nodes: list[fx.Node]
+
+
+# --------------------------------------------------------------------------------------------------------------
+def softmax_dim_is_last(node: fx.Node) -> bool:
+    x = val(node.args[0])
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    return isinstance(dim, int) and x is not None and dim % x.dim() == x.dim() - 1
+
+
+def _scalar_factor(node: fx.Node, source: fx.Node) -> Optional[float]:
+    """If ``node`` is ``source * c`` / ``c * source`` / ``source / c`` with a Python number c, return the factor."""
+    target = target_of(node)
+    if target in (aten.mul.Tensor, aten.mul.Scalar):
+        a, b = node.args[:2]
+        other = b if a is source else a if b is source else None
+        if isinstance(other, _SCALAR_TYPES) and not isinstance(other, bool):
+            return float(other)
+    if target in (aten.div.Tensor, aten.div.Scalar) and node.args[0] is source and not node.kwargs.get("rounding_mode"):
+        c = node.args[1]
+        if isinstance(c, _SCALAR_TYPES) and not isinstance(c, bool) and c != 0:
+            return 1.0 / float(c)
+    return None
+
+
+def peel_scale(node: fx.Node, upcast: bool = True) -> Operand:
+    """Walk back from ``node`` through views/identity ops; fold scalar multiplications into a factor, and peel one
+    upcast of a half-precision tensor to fp32 (exact: the kernels multiply half-precision tiles in fp32 anyway).
+
+    Views commute with a scalar multiplication and with a cast, so the unscaled operand is the source of the last
+    (most upstream) multiplication or upcast with the views met on the way replayed on it in forward order.
+    ``upcast=False``: casts are not peeled.
+    """
+    views: list[fx.Node] = []
+    factor = 1.0
+    upcast_from = None
+    result = Operand(node)
+    current = node
+    while isinstance(current, fx.Node) and current.op == "call_function":
+        if current.target in VIEW_OPS or current.target in IDENTITY_OPS:
+            views.append(current)
+            current = current.args[0]
+            continue
+        if upcast and upcast_from is None and _is_exact_upcast(current):
+            current = current.args[0]
+            upcast_from = val(current).dtype
+            result = Operand(current, list(reversed(views)), factor, upcast_from=upcast_from)
+            continue
+        source = next((a for a in current.args[:2] if isinstance(a, fx.Node)), None)
+        c = _scalar_factor(current, source) if source is not None else None
+        if c is None:
+            break
+        factor *= c
+        current = source
+        result = Operand(current, list(reversed(views)), factor, upcast_from=upcast_from)
+    return result
+
+
+def _is_exact_upcast(node: fx.Node) -> bool:
+    """A cast of an fp16 / bf16 tensor to fp32 (``q.float()``), which changes no value."""
+    source = node.args[0] if node.args else None
+    return (cast_dtype(node) == torch.float32 and isinstance(source, fx.Node)
+            and getattr(val(source), "dtype", None) in (torch.float16, torch.bfloat16))
+
+
+# --------------------------------------------------------------------------------------------------------------
+def einsum_as_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list[int]]]:
+    """A two-operand ``einsum`` that is a batched matrix product ``[batch, m, c] x [batch, n, c] -> [batch, m, n]``:
+    the permutations that bring the left operand to ``[batch, m, c]`` and the right one to ``[batch, c, n]`` and
+    to ``[batch, n, c]``. None for any other einsum (ellipsis, broadcasting letters, several contractions...)."""
+    if node.target != aten.einsum.default or len(node.args[1]) != 2:
+        return None
+    equation = node.args[0].replace(" ", "")
+    if "..." in equation or "->" not in equation:
+        return None
+    inputs, out = equation.split("->")
+    x, y = inputs.split(",")
+    if any(len(set(t)) != len(t) for t in (x, y, out)) or len(out) < 2:
+        return None
+    batch, m, n = out[:-2], out[-2], out[-1]
+    contracted = [c for c in x if c in y and c not in out]
+    if len(contracted) != 1 or m not in x or m in y or n not in y or n in x:
+        return None
+    c = contracted[0]
+    if set(x) != set(batch) | {m, c} or set(y) != set(batch) | {n, c}:
+        return None
+    return ([x.index(l) for l in batch + m + c], [y.index(l) for l in batch + c + n], [y.index(l) for l in batch + n + c])
+
+
+def _is_qk_product(node: fx.Node) -> bool:
+    target = target_of(node)
+    return target in CONTRACTION_OPS or target == aten.baddbmm.default or einsum_as_matmul(node) is not None
+
+
+def _walk_to_pv(softmax: fx.Node):
+    """From the softmax forward to ``P @ V``. Returns (pv node, chain nodes, the training dropout's p or 0)."""
+    chain = [softmax]
+    node = softmax
+    dropout_p = 0.0
+    while True:
+        users = list(node.users)
+        if len(users) != 1:
+            names = ", ".join(u.name for u in users) or "nothing"
+            raise NotFused(f"the attention weights {node.name} are used by {names}, not by one P @ V product", node)
+        user = users[0]
+        if user.op != "call_function":
+            raise NotFused(f"the attention weights {node.name} are returned or passed to {user.op} {user.name}", node)
+        target = user.target
+        if target in CONTRACTION_OPS:
+            if user.args[0] is not node or user.args[1] is node:
+                raise NotFused(f"{user.name} multiplies the attention weights from the right", user)
+            return user, chain, dropout_p
+        einsum = einsum_as_matmul(user)
+        if einsum is not None:
+            left_perm = einsum[0]
+            if user.args[1][0] is not node or user.args[1][1] is node or left_perm != sorted(left_perm):
+                raise NotFused(f"{user.name}: the einsum does not multiply the weights [.., q, k] from the left", user)
+            return user, chain, dropout_p
+        if target in IDENTITY_OPS or (target in CAST_OPS and cast_dtype(user) is not None):
+            pass
+        elif target in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
+            if not same_shape(val(node).shape[-2:], val(user).shape[-2:]):
+                raise NotFused(f"{user.name} reshapes the attention weights across their last two dims", user)
+        elif target in (aten.dropout.default, aten.native_dropout.default):
+            p, train = user.args[1], user.args[2]
+            if target == aten.native_dropout.default:
+                raise NotFused(f"{user.name}: native_dropout on the attention weights is not folded", user)
+            if train and p > 0:
+                if dropout_p:
+                    raise NotFused(f"{user.name}: a second dropout on the attention weights", user)
+                if not isinstance(p, float) or not 0 < p < 1:
+                    raise NotFused(f"{user.name}: dropout with p={p}", user)
+                dropout_p = p
+        else:
+            raise NotFused(f"the attention weights {node.name} go through {op_name(target)} ({user.name}) before P @ V", user)
+        chain.append(user)
+        node = user
+
+
+# --------------------------------------------------------------------------------------------------------------
+def _skip_noop_slices(node: fx.Node) -> fx.Node:
+    """Through ``x[:, :, ...]``-style slices that keep every element."""
+    while (
+        isinstance(node, fx.Node)
+        and node.target == aten.slice.Tensor
+        and same_shape(val(node).shape, val(node.args[0]).shape)
+        and (len(node.args) < 5 or node.args[4] == 1)
+    ):
+        node = node.args[0]
+    return node
+
+
+def _repeated_heads(node: fx.Node) -> Optional[tuple[fx.Node, int]]:
+    """``(x, g)`` when ``node`` [Z, H*g, N, D] repeats each head of ``x`` [Z, H, N, D] g times in place
+    (head h of node is head h // g of x): Hugging Face's ``repeat_kv`` (``x[:, :, None].expand(...).reshape``)
+    or ``repeat_interleave(x, g, dim=1)``."""
+    if node.target == aten.repeat_interleave.self_int:
+        x, repeats = node.args[:2]
+        dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim")
+        if isinstance(repeats, int) and val(x).dim() == 4 and dim is not None and dim % 4 == 1:
+            return x, repeats
+        return None
+    if node.target not in (aten.reshape.default, aten.view.default, aten._unsafe_view.default):
+        return None
+    expanded = node.args[0]
+    while expanded.target in IDENTITY_OPS:
+        expanded = expanded.args[0]
+    if expanded.target != aten.expand.default:
+        return None
+    unsqueezed = _skip_noop_slices(expanded.args[0])
+    if unsqueezed.target != aten.unsqueeze.default or unsqueezed.args[1] % 5 != 2:
+        return None
+    x = _skip_noop_slices(unsqueezed.args[0])
+    source, repeated, out = val(x).shape, val(expanded).shape, val(node).shape
+    if len(source) != 4 or len(repeated) != 5 or not isinstance(repeated[2], int):
+        return None
+    g = repeated[2]
+    expected = (source[0], source[1] * g, source[2], source[3])
+    if not same_shape(repeated[:2], source[:2]) or not same_shape(repeated[3:], source[2:]) or not same_shape(out, expected):
+        return None
+    return x, g
+
+
+def _fold_kv_heads(k_operand: Operand, b: fx.Node, v: fx.Node, batch: tuple, qk_batch: tuple, pv_batch: tuple):
+    """GQA / MQA: ``(group, k source, v source)`` when k and v repeat (or broadcast) kv heads over the q heads;
+    the kernel then indexes the shared head instead of reading copies. ``(1, None, None)`` otherwise."""
+    if len(batch) != 2 or not same_shape(qk_batch, batch) or not same_shape(pv_batch, batch) or k_operand.node is not b:
+        return 1, None, None
+    if b.target != aten.transpose.int or {d % 4 for d in b.args[1:3]} != {2, 3}:
+        return 1, None, None
+    k = b.args[0]
+    k_rep, v_rep = _repeated_heads(k), _repeated_heads(v)
+    if k_rep and v_rep and k_rep[1] == v_rep[1] > 1:
+        return k_rep[1], k_rep[0], v_rep[0]
+    heads = batch[1]
+    k_heads, v_heads = val(k).shape[1], val(v).shape[1]
+    if isinstance(heads, int) and heads > 1 and all_ones((k_heads, v_heads)) and same_shape(val(k).shape[:1], batch[:1]):
+        return heads, k, v  # one kv head broadcast over every q head (MQA written with broadcasting)
+    return 1, None, None
+
+
+def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
+    if not softmax_dim_is_last(softmax):
+        raise NotFused("the softmax is not over the last dim", softmax)
+    evaluate = ConstantEvaluator(ctx)
+    qk, path, score_chain = walk_score_path(softmax, _is_qk_product)
+    pv, weight_chain, dropout_p = _walk_to_pv(softmax)
+
+    qk_einsum, pv_einsum = einsum_as_matmul(qk), einsum_as_matmul(pv)
+    if qk_einsum is not None:
+        a, b = qk.args[1]
+    else:
+        a, b = qk.args[1:3] if qk.target == aten.baddbmm.default else qk.args[:2]
+    v_node = pv.args[1][1] if pv_einsum is not None else pv.args[1]
+    a_val, b_val, v_val, s_val, out_val = val(a), val(b), val(v_node), val(qk), val(pv)
+    if any(t is None or t.dim() < 2 for t in (a_val, b_val, v_val)):
+        raise NotFused(f"{qk.name}: operands are not batched matrices", qk)
+    m, n = s_val.shape[-2:]
+    d = a_val.shape[qk_einsum[0][-1]] if qk_einsum else a_val.shape[-1]
+    dv = v_val.shape[pv_einsum[1][-1]] if pv_einsum else v_val.shape[-1]
+
+    q_operand, k_operand = peel_scale(a), peel_scale(b)
+    q_dtype, k_dtype = a_val.dtype, b_val.dtype
+    if q_operand.upcast_from is not None and q_operand.upcast_from == k_operand.upcast_from == v_val.dtype:
+        # q and k upcast from v's half precision for the scores (softmax in fp32, the weights cast back for P @ V):
+        # the kernels' own arithmetic in that dtype
+        q_dtype = k_dtype = v_val.dtype
+    else:
+        q_operand, k_operand = peel_scale(a, upcast=False), peel_scale(b, upcast=False)
+    for name, dtype in (("k", k_dtype), ("v", v_val.dtype)):
+        if dtype != q_dtype:
+            raise NotFused(f"q is {q_dtype} but {name} is {dtype}", qk)
+    for name, t in (("k", b_val), ("v", v_val)):
+        if t.device != a_val.device:
+            raise NotFused(f"q is on {a_val.device} but {name} is on {t.device}", qk)
+    for name, dim in (("head dim", d), ("value head dim", dv)):
+        if isinstance(dim, int) and dim > MAX_HEAD_DIM:
+            raise NotFused(f"the {name} {dim} is over {MAX_HEAD_DIM}", qk)
+    for name, length in (("query", m), ("key", n)):
+        if isinstance(length, int) and length == 0:
+            raise NotFused(f"the {name} length is 0", qk)
+
+    if qk.target == aten.baddbmm.default:
+        # baddbmm(input, q, k^T, beta, alpha) = beta * input + alpha * (q @ k^T)
+        beta, alpha = qk.kwargs.get("beta", 1), qk.kwargs.get("alpha", 1)
+        if beta not in (0, 1) or not isinstance(alpha, (int, float)):
+            raise NotFused(f"{qk.name}: baddbmm with beta={beta}, alpha={alpha} is not folded", qk)
+        steps = [("mul", [SCORE, alpha])] + ([("add", [SCORE, qk.args[0]])] if beta == 1 else [])
+        path.insert(0, PathOp(qk, steps, tuple(s_val.shape[:-2])))
+
+    # Constant masks that are a causal band (and stay masking through the ops after them) leave the program.
+    band = None
+    original_path = list(path)  # "what follows a mask" is read here, unchanged by the removals below
+    static = isinstance(m, int) and isinstance(n, int)
+    for position, op in enumerate(original_path):
+        proof = masking_band(op, evaluate, m, n) if static else symbolic_masking_band(op, SideExpressions(evaluate, m, n), m, n)
+        if proof is None or (proof[0] == "band" and not stays_masked(proof[2], original_path[position + 1 :], evaluate)):
+            continue
+        if proof[0] == "band":
+            if band is not None and band != proof[1]:
+                raise NotFused(f"{op.node.name}: two causal masks with different bands", op.node)
+            band = proof[1]
+        path.remove(op)
+
+    program = build_program(path, SideExpressions(evaluate, m, n), d)
+    pv_batch = tuple(out_val.shape[:-2])
+    # All batch shapes along the attention are row-major reshapes of one another. Work in the longest one at which
+    # a mask/bias applies (so that none of them needs a reshape, which would copy a broadcast tensor densely).
+    batch = max([pv_batch] + [op.batch for _, op in program.loads], key=len)
+    tensors = [_place_tensor(node, op, batch, a_val.device) for node, op in program.loads]
+    score_tensors = [
+        ScoreTensor("mask" if val(node).dtype == torch.bool else "bias", dtype_name(val(node).dtype), use.broadcast)
+        for (node, _), use in zip(program.loads, tensors)
+    ]
+    scale = q_operand.factor * k_operand.factor * program.scale_factor
+    if qk_einsum is not None:  # einsum operands: permute q to [batch, m, d] and k to [batch, n, d]
+        q_operand.permute, k_operand.permute = qk_einsum[0], qk_einsum[2]
+        gqa_group, k_source, v_source = 1, None, None
+    else:
+        gqa_group, k_source, v_source = _fold_kv_heads(k_operand, b, v_node, batch, tuple(s_val.shape[:-2]), pv_batch)
+
+    try:
+        spec = AttentionSpec(
+            dtype=dtype_name(q_dtype),
+            head_dim=d if isinstance(d, int) else None,
+            head_dim_v=dv if isinstance(dv, int) else None,
+            scale=scale,
+            scale_head_dim_power=program.head_dim_power,
+            causal=CausalMask(band.diagonal, window=band.window) if band is not None else None,
+            score_mod=program.nodes,
+            score_tensors=tuple(score_tensors),
+            gqa_group=gqa_group,
+            dropout_p=dropout_p,
+            empty_rows="zero" if softmax.target == aten._safe_softmax.default else "nan",
+            q_len=m if isinstance(m, int) else None,
+            kv_len=n if isinstance(n, int) else None,
+            num_heads=int(out_val.shape[-3]) if out_val.dim() >= 3 and isinstance(out_val.shape[-3], int) else None,
+        )
+    except UnsupportedSpec as e:
+        raise NotFused(str(e), softmax) from None
+
+    return AttentionMatch(
+        softmax=softmax,
+        qk=qk,
+        pv=pv,
+        q=q_operand,
+        k=k_operand,
+        v=Operand(v_node, permute=pv_einsum[1] if pv_einsum else None),
+        qk_batch=tuple(s_val.shape[:-2]),
+        pv_batch=pv_batch,
+        batch=batch,
+        kv_heads_source=(k_source, v_source) if k_source is not None else None,
+        tensors=tensors,
+        spec=spec,
+        matched_nodes=[qk, *score_chain, *weight_chain, pv],
+    )
+
+
+@dataclass
+class ScoreTensorUse:
+    """A mask/bias node as the fused op receives it: ``node`` (at ``tensor_batch``), reshaped to the attention's
+    batch when ``rebatch``, then laid out 4-D; ``broadcast`` is its (Z, H, M, N) broadcast pattern there."""
+
+    node: fx.Node
+    tensor_batch: tuple
+    rebatch: bool
+    broadcast: tuple[bool, bool, bool, bool]
+
+
+def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device) -> ScoreTensorUse:
+    """How the fused op receives ``tensor``, a side input of path op ``op`` broadcast against its value."""
+    fake = val(tensor)
+    rank = len(op.batch) + 2
+    if fake.dim() > rank:
+        raise NotFused(f"{op.node.name}: the mask/bias {shape_text(fake.shape)} has more dims than the scores", op.node)
+    if fake.device != device:
+        raise NotFused(f"{op.node.name}: the mask/bias is on {fake.device}, q on {device}", op.node)
+    shape = (1,) * (rank - fake.dim()) + tuple(fake.shape)
+    own_batch, tail = shape[:-2], shape[-2:]
+    rebatch = False
+    if all_ones(own_batch):
+        batch_part = ()
+    elif same_shape(op.batch, batch):
+        batch_part = own_batch
+    elif is_static(own_batch) and same_shape(own_batch, op.batch) and is_static(batch):
+        batch_part, rebatch = batch, True  # a view: the tensor is not broadcast over its batch dims
+    else:
+        raise NotFused(
+            f"{op.node.name}: a mask/bias broadcast over part of batch {shape_text(op.batch)} while the attention "
+            f"works in batch {shape_text(batch)}",
+            op.node,
+        )
+    broadcast = (all_ones(batch_part[:-1]), all_ones(batch_part[-1:]), all_ones(tail[:1]), all_ones(tail[1:]))
+    return ScoreTensorUse(tensor, op.batch, rebatch, broadcast)
+
+
+def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in SOFTMAX_OPS]

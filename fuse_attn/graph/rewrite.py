@@ -1,0 +1,320 @@
+"""Replace matched attentions in a pre-autograd ATen graph with one call of ``fuse_attn::flash_attention`` (or of
+SDPA's cuDNN / flash kernel, where :mod:`fuse_attn.kernels.dispatch` timed it faster on this GPU and shape).
+
+The fused op takes 4-D ``[Z, H, len, dim]`` operands. Batch dims are brought to that form with size-free view
+ops (``unsqueeze`` / ``flatten``), so the rewrite also works when lengths are symbolic; only a batch reshape
+between the two products or a broadcast of q/k/v needs static sizes.
+"""
+
+from __future__ import annotations
+
+import operator
+import os
+import re
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import detect_fake_mode
+
+from fuse_attn.graph.nodes import aten, erase_dead_nodes, is_static, nodes_needing_grad, same_shape, shape_text, val
+from fuse_attn.graph.matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
+from fuse_attn.graph import sdpa_calls
+from fuse_attn.graph.context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
+from fuse_attn.kernels import embedding_backward, dispatch
+from fuse_attn.kernels.generated.launch import hint
+from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log
+
+
+class _Emitter:
+    """Inserts nodes before ``anchor`` and fills their ``meta['val']`` by running them on fake tensors."""
+
+    def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode,
+                 key_contiguous_copies: Optional[dict[fx.Node, fx.Node]] = None):
+        self.graph = graph
+        self.anchor = anchor
+        self.fake_mode = fake_mode
+        self.inserted: list[fx.Node] = []
+        self.key_contiguous_copies = {} if key_contiguous_copies is None else key_contiguous_copies
+
+    def __call__(self, target, *args, **kwargs) -> fx.Node:
+        with self.graph.inserting_before(self.anchor):
+            node = self.graph.call_function(target, args, kwargs)
+        self.inserted.append(node)
+        self._fill_val(node, target, args, kwargs)
+        return node
+
+    def _fill_val(self, node: fx.Node, target, args, kwargs) -> None:
+        if self.fake_mode is not None:
+            fake_args, fake_kwargs = fx.node.map_arg((args, kwargs), val)
+            # the Python dispatcher runs composite ops (matmul) through their symbolic-shape-aware Python
+            # decompositions, as Dynamo's tracing does; without it torch 2.11's C++ matmul specialized every size of
+            # a dynamic shape (one compile per length)
+            with self.fake_mode, enable_python_dispatcher():
+                node.meta["val"] = target(*fake_args, **fake_kwargs)
+
+    def keys_contiguous(self, node: fx.Node) -> fx.Node:
+        """A score tensor ``[..., M, N]`` whose keys are strided in memory (T5's position bias: an embedding's
+        ``[N, N, H]`` output permuted to ``[1, H, N, N]``), copied once a graph to the contiguous layout, or ``node``
+        itself where its keys are adjacent (or one), or where a dim is broadcast by a zero stride (a copy would store
+        it in full). Each kernel tile then reads whole rows of keys -- 16-byte runs that TMA can bring -- instead of
+        one element every stride; Inductor writes the copy from the producer's loop (the permuted buffer is not kept
+        where nothing else reads it), and the attentions that share the tensor (every T5 layer) share the copy.
+        The copy is placed after ``node`` (after the graph's inputs where ``node`` is one), before every use."""
+        t = val(node)
+        sizes, strides = [hint(n) for n in t.shape], [hint(n) for n in t.stride()]
+        if strides[-1] == 1 or sizes[-1] == 1 or any(st == 0 and n > 1 for n, st in zip(sizes, strides)):
+            return node
+        copy = self.key_contiguous_copies.get(node)
+        if copy is None:
+            after = node if node.op != "placeholder" else [n for n in self.graph.nodes if n.op == "placeholder"][-1]
+            contiguous = {"memory_format": torch.contiguous_format}
+            with self.graph.inserting_after(after):
+                copy = self.graph.call_function(aten.clone.default, (node,), contiguous)
+            self._fill_val(copy, aten.clone.default, (node,), contiguous)
+            self.key_contiguous_copies[node] = copy
+        return copy
+
+    def operand(self, operand) -> fx.Node:
+        """An operand's node with its views replayed and its permutation applied."""
+        node = operand.node
+        for view in operand.views:
+            node = self(view.target, node, *view.args[1:])
+        if operand.permute is not None and operand.permute != sorted(operand.permute):
+            node = self(aten.permute.default, node, list(operand.permute))
+        return node
+
+    def transpose_last(self, node: fx.Node) -> fx.Node:
+        """Swap the last two dims; when ``node`` is itself such a swap, return its input instead."""
+        if node.op == "call_function" and node.target in (aten.transpose.int, aten.t.default):
+            rank = val(node).dim()
+            dims = {d % rank for d in node.args[1:3]} if node.target == aten.transpose.int else {0, 1}
+            if dims == {rank - 2, rank - 1}:
+                return node.args[0]
+        return self(aten.transpose.int, node, -2, -1)
+
+    def to_4d(self, node: fx.Node, batch_rank: int) -> fx.Node:
+        """[*b, L, E] -> [Z, H, L, E] with Z = prod(b[:-1]) and H = b[-1] (ones where b is shorter)."""
+        if batch_rank > 2:
+            return self(aten.flatten.using_ints, node, 0, batch_rank - 2)
+        for _ in range(2 - batch_rank):
+            node = self(aten.unsqueeze.default, node, 0)
+        return node
+
+    def from_4d(self, node: fx.Node, batch: tuple, tail: list) -> fx.Node:
+        if len(batch) > 2:
+            if not is_static(batch) or not is_static(tail):
+                raise NotFused(f"cannot restore the output batch {shape_text(batch)} with symbolic sizes")
+            return self(aten.view.default, node, [*batch, *tail])
+        for _ in range(2 - len(batch)):
+            node = self(aten.squeeze.dim, node, 0)
+        return node
+
+    def broadcast_to(self, node: fx.Node, batch: tuple, what: str) -> fx.Node:
+        shape = tuple(val(node).shape)
+        if same_shape(shape[:-2], batch):
+            return node
+        if not is_static(batch) or not is_static(shape):
+            raise NotFused(f"{what} {shape_text(shape)} is broadcast to batch {shape_text(batch)} with symbolic sizes")
+        return self(aten.expand.default, node, [*batch, *shape[-2:]])
+
+    def rebatch(self, node: fx.Node, source_batch: tuple, target_batch: tuple, what: str) -> fx.Node:
+        """Reshape batch dims (the score chain reshaped the scores' batch between the two products)."""
+        if same_shape(source_batch, target_batch):
+            return node
+        shape = tuple(val(node).shape)
+        if not is_static(target_batch) or not is_static(shape):
+            raise NotFused(f"{what}: batch reshape {shape_text(source_batch)} -> {shape_text(target_batch)} with symbolic sizes")
+        return self(aten.reshape.default, node, [*target_batch, *shape[-2:]])
+
+
+def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_parallel: Optional[ContextParallel],
+                needing_grad: set[fx.Node]) -> tuple[fx.Node, dispatch.Choice]:
+    """The nodes computing the match (the fused op; the Gluon forward's op or SDPA's kernel where it was timed faster;
+    the ring over the ranks under ``context_parallel``) and that choice (``needing_grad``: the graph's values that
+    autograd differentiates, :func:`nodes_needing_grad`)."""
+    qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
+    q = emit.operand(match.q)
+    q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
+    if match.kv_heads_source is not None:
+        k4, v4 = match.kv_heads_source  # already [Z, H // gqa_group, N, D]: the kernel shares each kv head
+    else:
+        k = emit.operand(match.k)
+        if match.k.permute is None:
+            k = emit.transpose_last(k)  # the product's right operand is k^T
+        k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, batch, "k")
+        v = emit.rebatch(emit.broadcast_to(emit.operand(match.v), pv_batch, "v"), pv_batch, batch, "v")
+        k4, v4 = emit.to_4d(k, len(batch)), emit.to_4d(v, len(batch))
+
+    tensors = []
+    for use in match.tensors:
+        tensor = emit.keys_contiguous(use.node)
+        for _ in range(len(use.tensor_batch) + 2 - val(tensor).dim()):
+            tensor = emit(aten.unsqueeze.default, tensor, 0)
+        if use.rebatch:
+            tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
+        tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
+
+    if context_parallel is not None:
+        return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
+    choice = dispatch.choose(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors],
+                                    [use.node in needing_grad for use in match.tensors])
+    if choice.is_sdpa:
+        out = dispatch.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
+        return _restored_output(match, emit, out), choice
+    if choice.name == dispatch.GLUON:  # (plain, or s + bias with the bias its one score tensor; no dropout)
+        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(),
+                     *tensors[:1])
+        return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
+
+    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
+                 match.spec.to_json())
+    return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
+
+
+def _dropout_seed(match: AttentionMatch, emit: _Emitter, q4: fx.Node) -> Optional[fx.Node]:
+    if match.spec.dropout_p == 0:
+        return None
+    # The keep-mask's Philox seed, drawn from torch's generator of q's device on every call (so torch.manual_seed
+    # governs it, as it does eager dropout); the backward reuses the saved seed.
+    return emit(aten.randint.low, 0, 2**62, [], dtype=torch.int64, device=val(q4).device)
+
+
+def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
+               cp: ContextParallel) -> tuple[fx.Node, dispatch.Choice]:
+    """The attention over the sequence sharded as ``cp`` says (:func:`fuse_attn.graph.context_parallel.ring_attention`)."""
+    rank, world = cp.rank_and_size()
+    uneven = uneven_total(cp.sequence_length, world, cp.load_balance)
+    problem = unshardable_reason(val(q4).shape[2], [val(t).shape for t in tensors], cp.load_balance, uneven)
+    if problem is not None:
+        raise NotFused(f"context parallel: {problem}; the attention cannot run on the sharded sequence")
+    out = emit(ring_attention_call, q4, k4, v4, tensors, _dropout_seed(match, emit, q4), match.spec.to_json(),
+               cp.group_name, rank, world, cp.load_balance, cp.sequence_length)
+    shards = f"{'load-balanced' if cp.load_balance else 'contiguous'} shards"
+    if uneven is not None:
+        shards += f" of an uneven sequence of {uneven}, run gathered"
+    return _restored_output(match, emit, out), dispatch.Choice(
+        dispatch.TRITON, f"context parallel over {world} ranks ({shards})")
+
+
+def _restored_output(match: AttentionMatch, emit: _Emitter, out: fx.Node) -> fx.Node:
+    """The ``[Z, H, M, DV]`` output back in the shape of the matched product."""
+    out = emit.from_4d(out, match.batch, list(val(match.pv).shape[-2:]))
+    return emit.rebatch(out, match.batch, match.pv_batch, "the output")
+
+
+def _source_line(node: fx.Node) -> Optional[str]:
+    """``file:line  code`` of the user's line that created ``node`` (from the innermost stack frame)."""
+    lines = (node.meta.get("stack_trace") or "").splitlines()
+    frames = [i for i, line in enumerate(lines) if line.strip().startswith("File ")]
+    if not frames:
+        return None
+    frame = lines[frames[-1]].strip()
+    match = re.match(r'File "(?P<file>[^"]+)", line (?P<line>\d+)', frame)
+    code = lines[frames[-1] + 1].strip() if frames[-1] + 1 < len(lines) else ""
+    if match is None:
+        return None
+    return f"{os.path.basename(match['file'])}:{match['line']} `{code}`"
+
+
+def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False,
+                      training: bool = False, context_parallel: Optional[ContextParallel] = None) -> GraphReport:
+    """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place (or with SDPA's
+    kernel, where :mod:`fuse_attn.kernels.dispatch` timed it faster: forward and backward when ``training``;
+    with the ring over the ranks when the graph's sequence is sharded as ``context_parallel`` says)."""
+    import fuse_attn.kernels  # noqa: F401  (registers torch.ops.fuse_attn.*)
+
+    graph = gm.graph
+    before = gm.print_readable(print_output=False) if capture else None
+    fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
+    verdicts: list[SoftmaxVerdict] = []
+    key_contiguous_copies: dict[fx.Node, fx.Node] = {}  # shared by the matches (_Emitter.keys_contiguous)
+    # which values autograd differentiates: the choice times a score tensor's gradient where it has one
+    needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
+    # SDPA calls are matched through their expansion (fuse_attn.graph.sdpa_calls); each verdict is the call's
+    expansions: dict[fx.Node, sdpa_calls.Expansion] = {}
+    for call in sdpa_calls.find_calls(graph):
+        try:
+            expansion = sdpa_calls.expand(call, _Emitter(graph, call, fake_mode))
+        except NotFused as e:
+            verdicts.append(SoftmaxVerdict(call.name, False, reason=e.reason, about=call.name, source=_source_line(call)))
+            continue
+        expansions[expansion.softmax] = expansion
+    for softmax in find_softmaxes(graph):
+        if getattr(softmax, "_erased", False):
+            continue
+        expansion = expansions.get(softmax)
+        anchor = expansion.call if expansion is not None else softmax
+        name, source = anchor.name, _source_line(anchor)
+        try:
+            match = match_attention(softmax, ctx)
+            choice = (_apply(graph, match, fake_mode, training, context_parallel, key_contiguous_copies,
+                             needing_grad) if apply else None)
+        except NotFused as e:
+            about = e.node.name if e.node is not None else None
+            verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
+            continue
+        except Exception as e:  # a bug of ours must cost the fusion, never the user's model
+            log.warning("fuse_attn: internal error while matching %s", name, exc_info=True)
+            verdicts.append(SoftmaxVerdict(name, False, reason=f"internal error: {type(e).__name__}: {e}", source=source))
+            continue
+        finally:
+            if expansion is not None:
+                fused = apply and getattr(expansion.output, "_erased", False)
+                sdpa_calls.settle(expansion, fused, graph)
+        verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
+                                       runs=choice.text() if choice is not None else None))
+    for copy in key_contiguous_copies.values():
+        if not copy.users:  # (made for a match that then failed)
+            graph.erase_node(copy)
+    tables = _few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
+    if apply or expansions:
+        graph.lint()
+        gm.recompile()
+    after = gm.print_readable(print_output=False) if capture else None
+    return GraphReport(verdicts, before=before, after=after, rewritten=apply, tables=tables)
+
+
+def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
+           context_parallel: Optional[ContextParallel],
+           key_contiguous_copies: dict[fx.Node, fx.Node], needing_grad: set[fx.Node]) -> dispatch.Choice:
+    emit = _Emitter(graph, match.pv, fake_mode, key_contiguous_copies)
+    try:
+        replacement, choice = _fused_call(match, emit, training, context_parallel, needing_grad)
+    except BaseException:
+        # Leave the graph as it was: drop whatever was inserted for this match.
+        for node in reversed(emit.inserted):
+            graph.erase_node(node)
+        raise
+    match.pv.replace_all_uses_with(replacement)
+    # The matched nodes, their dead inputs, and inserted views that ended up unused (e.g. a transpose undone).
+    erase_dead_nodes(graph, [match.pv, *emit.inserted], owned=set(match.matched_nodes))
+    return choice
+
+
+def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node],
+                           apply: bool) -> list[TableLookup]:
+    """Each embedding lookup of a table with few rows that needs a gradient -- T5's relative position bias, a
+    [32, heads] table looked up at every (query, key) pair -- becomes ``fuse_attn::table_lookup`` (when ``apply``;
+    otherwise it is only reported): the same lookup, whose backward sums the gradient a program at a time
+    (``fuse_attn.kernels.embedding_backward``) where Inductor's decomposition adds each value atomically into the
+    few rows' addresses."""
+    tables = []
+    for node in list(graph.nodes):
+        if node.target is not aten.embedding.default or node.args[0] not in needing_grad:
+            continue
+        weight, indices = node.args[:2]
+        options = {"padding_idx": -1, "scale_grad_by_freq": False, "sparse": False}  # aten.embedding's defaults
+        options.update(zip(options, node.args[2:]), **node.kwargs)
+        if not embedding_backward.handles(val(weight), options["scale_grad_by_freq"], options["sparse"]):
+            continue
+        tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(node)))
+        if not apply:
+            continue
+        emit = _Emitter(graph, node, fake_mode)
+        lookup = emit(torch.ops.fuse_attn.table_lookup.default, weight, indices, options["padding_idx"])
+        lookup.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(lookup)
+        graph.erase_node(node)
+    return tables

@@ -1,0 +1,344 @@
+"""Which implementation runs a matched attention: the generated kernels, the Gluon kernels on Hopper, or one of
+SDPA's (cuDNN, flash).
+
+For an attention that SDPA computes exactly (:func:`sdpa_reasons` says why not otherwise: no score modification
+beyond the scale, no mask or bias tensor, no dropout, causal only with equal lengths, fp16/bf16, equal head dims that
+SDPA's kernels take), the rewrite asks :func:`choose` while compiling. It times each allowed candidate on random
+inputs of the attention's (hinted) sizes, strides and dtype -- the forward alone in inference, forward and backward
+together when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton
+templates for a matmul. Times are GPU times: each candidate's step is recorded once as a CUDA graph and the graph's
+replay is timed (``autotune``'s median of ``do_bench``), so the host cost of calling our op outside a compiled graph
+(which the compiled graph does not have) does not count against it. The Gluon kernels' ops do have a host cost in
+the compiled graph (their Python launchers): they are offered only for steps whose GPU time hides it
+(:data:`GLUON_MIN_STEP_FLOPS`), or at every size where the graph replays as a CUDA graph
+(:func:`replayed_as_cuda_graphs`).
+
+The choice is per GPU and shape and persists with the launch configs (:mod:`.autotune`, key kind ``impl_fwd`` /
+``impl_train``; the kernel id holds the spec digest and the batch and head counts). The attention's verdict line
+says which runs (``dump_graph``, the ``fuse_attn`` log, ``collect_reports``); ``explain()``, which matches without
+compiling, makes no choice.
+
+Our kernels are two candidates: ``triton``, the generated template (forward and backward, every spec), and
+``gluon``, :mod:`.hopper_forward`'s forward of plain attention or of one added bias (``s + bias``) on sm90 GPUs
+(:func:`.hopper_forward.hopper_reasons` says which) with :mod:`.hopper_backward`'s backward (the bias's gradient too
+where :func:`.hopper_backward.dscore_kv_heads` admits it; the template's backward for the others). Where both are
+allowed they are timed against each other like the rest, on random score tensors of the attention's shapes and the
+gradients it needs.
+
+Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
+all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our
+kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it); ``triton`` alone, the template.
+SDPA's candidates also follow torch's switches (``torch.backends.cuda.enable_cudnn_sdp``, ``enable_flash_sdp``). The
+generated kernels stay the fallback of every attention that the others cannot compute.
+
+SDPA's kernels run in the compiled graph as ``aten._scaled_dot_product_cudnn_attention`` /
+``aten._scaled_dot_product_flash_attention`` (each with its ATen backward): :func:`sdpa_attention` emits them, and
+the timing runs that same function, so the timed computation is the one the graph runs. Grouped heads (GQA) are
+repeated to the query heads first (``repeat_interleave``, as Hugging Face's ``repeat_kv``), which the timing includes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from fuse_attn.spec import AttentionSpec
+from fuse_attn.kernels import tuning
+from fuse_attn.kernels.generated.launch import _RealInputs, _random_like, hint
+
+log = logging.getLogger("fuse_attn.kernels")
+aten = torch.ops.aten
+
+TRITON = "triton"
+GLUON = "gluon"
+SDPA_CUDNN = "sdpa_cudnn"
+SDPA_FLASH = "sdpa_flash"
+# Candidate order: the first one that runs is taken untimed under FUSE_ATTN_AUTOTUNE=0.
+ALL_CANDIDATES = (TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH)
+ENV_CANDIDATES = "FUSE_ATTN_CANDIDATES"
+_SDPA_DTYPES = (torch.float16, torch.bfloat16)  # what SDPA's flash and cuDNN kernels take
+_SDPA_DEVICE_TYPES = ("cuda",)
+# Head dims SDPA's flash kernel takes (FA2: multiples of 8 up to 256); cuDNN's limits vary by version and GPU, and a
+# shape it refuses fails while timed and is dropped with its reason.
+_SDPA_HEAD_DIM_MULTIPLE = 8
+_SDPA_MAX_HEAD_DIM = 256
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The implementation a matched attention runs, and how it was picked (for the report)."""
+
+    name: str
+    # None: nothing to choose from (the generated kernels); else e.g. "fastest of triton, sdpa_cudnn, sdpa_flash,
+    # forward+backward timed on NVIDIA H100 80GB HBM3"
+    how: Optional[str] = None
+
+    @property
+    def is_sdpa(self) -> bool:
+        return self.name in (SDPA_CUDNN, SDPA_FLASH)
+
+    def text(self) -> Optional[str]:
+        """What the report says, where there was a choice."""
+        return None if self.how is None else f"runs {self.name}: {self.how}"
+
+
+def allowed_candidates() -> tuple[str, ...]:
+    """The candidates ``FUSE_ATTN_CANDIDATES`` allows (unknown names are ignored with a warning), in
+    :data:`ALL_CANDIDATES` order, with SDPA's backends that torch's switches turned off removed. The generated
+    kernels are always one: they are what runs where SDPA's kernels cannot (a shape cuDNN refuses fails while
+    timed), so an SDPA kernel is never taken untimed."""
+    text = os.environ.get(ENV_CANDIDATES)
+    names = ALL_CANDIDATES if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in ALL_CANDIDATES]
+    if unknown:
+        log.warning("fuse_attn: %s names unknown candidates %s (known: %s); ignoring them", ENV_CANDIDATES, unknown,
+                    ", ".join(ALL_CANDIDATES))
+    switched_off = {SDPA_CUDNN: not torch.backends.cuda.cudnn_sdp_enabled(),
+                    SDPA_FLASH: not torch.backends.cuda.flash_sdp_enabled()}
+    return tuple(n for n in ALL_CANDIDATES if n == TRITON or n in names and not switched_off.get(n, False))
+
+
+def sdpa_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
+    """Why SDPA's kernels cannot compute this attention exactly (empty: they can). q ``[Z, H, M, D]`` and k
+    ``[Z, H // g, N, D]`` may be fake, with symbolic lengths."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    reasons = []
+    if q.device.type not in _SDPA_DEVICE_TYPES:
+        reasons.append(f"SDPA's cuDNN and flash kernels run on CUDA devices, not {q.device.type}")
+    if q.dtype not in _SDPA_DTYPES:
+        reasons.append(f"SDPA's cuDNN and flash kernels take fp16/bf16, not {q.dtype}")
+    if spec.score_mod or spec.score_tensors:
+        reasons.append("the scores are modified beyond the scale (a score program, mask or bias)")
+    if spec.dropout_p:
+        reasons.append("dropout: the generated kernels draw the keep-mask from the graph's seed")
+    if spec.head_dim is None or spec.head_dim != spec.head_dim_v:
+        reasons.append(f"head dims {spec.head_dim}/{spec.head_dim_v} are symbolic or differ")
+    elif spec.head_dim % _SDPA_HEAD_DIM_MULTIPLE or spec.head_dim > _SDPA_MAX_HEAD_DIM:
+        reasons.append(f"head dim {spec.head_dim} is not a multiple of {_SDPA_HEAD_DIM_MULTIPLE} up to {_SDPA_MAX_HEAD_DIM}")
+    if spec.causal is not None:
+        if spec.causal.window is not None or spec.causal.diagonal != 0:
+            reasons.append("a sliding window or a shifted causal diagonal")
+        elif not statically_known_true(q.shape[2] == k.shape[2]):
+            # SDPA's is_causal aligns the diagonal top-left, its kernels differ where M != N: equal lengths only
+            reasons.append("causal with query and key lengths that may differ")
+    return reasons
+
+
+def sdpa_attention(call: Callable[..., Any], name: str, q, k, v, spec: AttentionSpec, training: bool):
+    """SDPA's kernel ``name`` on q ``[Z, H, M, D]``, k/v ``[Z, H // g, N, D]``: its output ``[Z, H, M, D]``.
+
+    ``call(target, *args, **kwargs)`` runs or records each op: graph nodes while rewriting (the rewrite's
+    emitter), tensors while timing (:func:`_run`). ``training``: cuDNN keeps the log-sum-exp its backward needs."""
+    if spec.gqa_group > 1:
+        k = call(aten.repeat_interleave.self_int, k, spec.gqa_group, 1)
+        v = call(aten.repeat_interleave.self_int, v, spec.gqa_group, 1)
+    causal = spec.causal is not None
+    scale = spec.scale_for(spec.head_dim)
+    if name == SDPA_CUDNN:
+        result = call(aten._scaled_dot_product_cudnn_attention.default, q, k, v, None, training, 0.0, causal, False,
+                      scale=scale)
+    elif name == SDPA_FLASH:
+        result = call(aten._scaled_dot_product_flash_attention.default, q, k, v, 0.0, causal, False, scale=scale)
+    else:
+        raise ValueError(f"{name!r} is not one of SDPA's candidates")
+    return call(operator.getitem, result, 0)
+
+
+def _run(target, *args, **kwargs):
+    return target(*args, **kwargs)
+
+
+# The Gluon kernels are offered only where the timed step's GPU work hides most of their host cost: the forward op's
+# Python launcher (a custom op Inductor calls, four TMA descriptors, Gluon's JIT launch) took up to 0.305 ms a call on
+# an H100, and 2^37 FLOPs (B16 H16 N1024 D128, not causal) took its kernel 0.286 ms (benchmarks/2026-11-27-gluon-forward,
+# plain_vs_cudnn_1k.log). Since then (ops on a torch.library.Library, benchmarks/2026-11-27-gluon-backward,
+# host_breakdown_library.log) the forward op's host time is 0.11 ms a call and the backward op's 0.20 ms, where a
+# training step of about 2^37 FLOPs (B16 H16 N1024 D64 causal) took the GPU 0.51 ms for both. The choice itself times
+# GPU time only, where a smaller step would look faster than it runs. Where the compiled graph replays as a CUDA graph
+# (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon kernels are offered at every size.
+GLUON_MIN_STEP_FLOPS = 2**37
+# Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
+# mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.
+_CUDA_GRAPHS = False
+
+
+@contextlib.contextmanager
+def replayed_as_cuda_graphs(on: bool = True):
+    """Within the block (where ``on``), the graphs rewritten replay as CUDA graphs: their ops' Python launchers run only
+    while a graph is recorded, never on a replay, so the Gluon kernels' host cost no longer rules them out of small
+    steps (:func:`gluon_reasons`)."""
+    global _CUDA_GRAPHS
+    before, _CUDA_GRAPHS = _CUDA_GRAPHS, on
+    try:
+        yield
+    finally:
+        _CUDA_GRAPHS = before
+
+
+def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> float:
+    """The matmul FLOPs of the timed step at the hinted sizes: 4 Z H M N D, halved when causal, 3.5x for the forward
+    and backward together (as tools/bench_attention.py counts them)."""
+    Z, H, M, D = (hint(n) for n in q.shape)
+    return 4 * Z * H * M * hint(k.shape[2]) * D * (0.5 if spec.causal is not None else 1.0) * (3.5 if training else 1.0)
+
+
+def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> list[str]:
+    """Why the Gluon kernels are no candidate for this attention (empty: they are one)."""
+    try:
+        from fuse_attn.kernels.hopper.forward import hopper_reasons
+    except ImportError as e:  # a Triton without Gluon's Hopper API (it is there from 3.6 on)
+        return [f"Triton {_triton_version()} lacks Gluon's Hopper API ({e})"]
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(q, DTensor):
+            return ["the Gluon kernels have no DTensor sharding rule"]
+    reasons = hopper_reasons(spec, q, k)
+    flops = _step_flops(spec, q, k, training)
+    if not reasons and flops < GLUON_MIN_STEP_FLOPS and not _CUDA_GRAPHS:
+        reasons.append(f"a step of {flops:.3g} FLOPs, under the {GLUON_MIN_STEP_FLOPS:.3g} whose GPU time hides the "
+                       "Gluon op's host cost")
+    return reasons
+
+
+def _triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
+# Candidates a caller sets aside while it rewrites (name -> why), beyond what FUSE_ATTN_CANDIDATES allows
+_SET_ASIDE: dict[str, str] = {}
+
+
+@contextlib.contextmanager
+def set_aside(name: str, why: str):
+    """Within the block, ``name`` is no candidate (the report's debug line says ``why``)."""
+    _SET_ASIDE[name] = why
+    try:
+        yield
+    finally:
+        _SET_ASIDE.pop(name, None)
+
+
+def _score_grads(score_tensors: Sequence[Tensor], score_grads: Optional[Sequence[bool]]) -> list[bool]:
+    """Which score tensors are timed with a gradient: ``score_grads`` where given, else those that require grad."""
+    return [t.requires_grad for t in score_tensors] if score_grads is None else list(score_grads)
+
+
+def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
+           score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None) -> Choice:
+    """The implementation of one matched attention (q, k, v and its score tensors: its fused op's operands, fake while
+    compiling). ``score_grads``: which score tensors need a gradient, timed with it (default: those that require
+    grad; a graph traced below autograd says it apart, :func:`fuse_attn.graph.nodes.nodes_needing_grad`)."""
+    score_grads = _score_grads(score_tensors, score_grads)
+    allowed = [n for n in allowed_candidates() if n not in _SET_ASIDE]
+    reasons = {n: [] for n in allowed if n == TRITON}
+    if GLUON in allowed:
+        reasons[GLUON] = gluon_reasons(spec, q, k, training)
+    sdpa = [n for n in allowed if n in (SDPA_CUDNN, SDPA_FLASH)]
+    if sdpa:
+        reasons.update(dict.fromkeys(sdpa, sdpa_reasons(spec, q, k)))
+    reasons.update({n: [why] for n, why in _SET_ASIDE.items()})
+    candidates = [n for n in allowed if not reasons[n]]
+    if candidates == [TRITON]:
+        log.debug("fuse_attn: %s runs the generated kernels: %s", spec.describe(),
+                  "; ".join(f"{n}: {'; '.join(r)}" for n, r in reasons.items() if r)
+                  or f"{ENV_CANDIDATES} allows only triton")
+        return Choice(TRITON)
+    Z, H, M, D = q.shape
+    kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
+    if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
+        kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
+    if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS:
+        kernel_id += " cuda_graphs=1"  # (the Gluon kernels a candidate only because no launcher runs on a replay)
+    if GLUON in candidates and score_tensors:  # (the Gluon kernels' two paths for a bias: by TMA, or loaded)
+        from fuse_attn.kernels.hopper.forward import bias_layout_by_tma
+
+        kernel_id += f" bias_tma={int(bias_layout_by_tma(score_tensors[0]))}"
+    key = tuning.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
+                              hint(v.shape[3]), hint(M), hint(k.shape[2]))
+    timed = "forward+backward" if training else "forward"
+    how = f"fastest of {', '.join(candidates)}, {timed} timed on {key.gpu}"
+    chosen = tuning.cached(key)
+    if chosen is None:
+        try:
+            with _RealInputs():
+                steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads)
+                chosen = tuning.choose(key, [tuning.Implementation(n) for n in candidates], steps.replay)
+        except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
+            log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
+                        spec.describe(), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
+            return Choice(TRITON, f"timing the candidates failed ({type(e).__name__})")
+    return Choice(chosen.name, how)
+
+
+class _CandidateSteps:
+    """Each candidate's step (forward, or forward and backward) on one set of random inputs, recorded once as a
+    CUDA graph; ``replay(candidate)`` runs it (the first replay records it). Trained, the step takes the gradients
+    of q, k, v and of the score tensors that require one."""
+
+    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
+                 score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None):
+        score_grads = _score_grads(score_tensors, score_grads)
+        self.spec, self.training = spec, training
+        self.q, self.k, self.v = (_random_like(t).requires_grad_(training) for t in (q, k, v))
+        self.score_tensors = [_random_like(t).requires_grad_(training and needs and t.is_floating_point())
+                              for t, needs in zip(score_tensors, score_grads)]
+        self.dout = torch.randn(self.q.shape, dtype=q.dtype, device=self.q.device)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+
+    def _step(self, name: str) -> Callable[[], None]:
+        from fuse_attn.kernels.ops import flash_attention
+
+        def forward():
+            if name == TRITON:
+                return flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors)
+            if name == GLUON:  # (a score tensor here: an s + bias spec's bias, hopper_forward.adds_a_bias)
+                from fuse_attn.kernels.hopper.forward import flash_attention_hopper
+
+                return flash_attention_hopper(self.q, self.k, self.v, self.spec,
+                                              bias=self.score_tensors[0] if self.score_tensors else None)
+            return sdpa_attention(_run, name, self.q, self.k, self.v, self.spec, self.training)
+
+        def step():
+            with torch.enable_grad() if self.training else torch.no_grad():
+                out = forward()
+                if self.training:
+                    inputs = [self.q, self.k, self.v] + [t for t in self.score_tensors if t.requires_grad]
+                    torch.autograd.grad(out, inputs, self.dout)
+
+        return step
+
+    def replay(self, candidate: tuning.Implementation) -> None:
+        graph = self.graphs.get(candidate.name)
+        if graph is None:
+            graph = self.graphs[candidate.name] = _record(self._step(candidate.name))
+        graph.replay()
+
+
+# Steps run before recording: the first tunes the generated kernels' launch configs and compiles them (or builds
+# cuDNN's plan); the second runs as the recorded step will, so the allocator's pool holds its buffers.
+_WARMUP_STEPS = 2
+
+
+def _record(step: Callable[[], None]) -> "torch.cuda.CUDAGraph":
+    """``step`` as a CUDA graph, warmed up on a side stream first (as ``torch.cuda.make_graphed_callables`` does)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(_WARMUP_STEPS):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph

@@ -1,0 +1,834 @@
+"""Launching the generated flash-attention kernels: argument binding, launch-config choice, and the launch itself.
+
+Every launch goes through :func:`launch`, which has two ways to run a kernel:
+
+* **traced** (a torch dispatch mode is active: Dynamo's fake propagation, AOTAutograd's functional trace of the
+  ``triton_op`` in :mod:`.ops`, ``make_fx``): through ``torch.library.wrap_triton``, so the kernel and its launch
+  become a ``triton_kernel_wrapper`` node that Inductor emits in its own output code. Everything computed here --
+  the generated module, the launch config, strides, grid, scalar arguments -- is computed once, while tracing,
+  and baked into that code; the hot path is Inductor's launcher.
+* **direct** (real tensors, no mode: the op called outside a compiled graph, or the CPU op under the Triton
+  interpreter): ``kernel[grid](*args)`` with the arguments in the kernel's parameter order (positional binding is
+  the cheaper one in Triton's launcher; Triton caches the compiled kernel per argument signature).
+
+Launch configs (:mod:`.autotune`) are chosen per GPU and per shape: the in-process choice, else the persistent
+cache, else tuning. Tuning never touches the caller's tensors: it runs on random real tensors with the same
+(hinted) sizes, strides, dtypes and device (:func:`_random_like`), with every dispatch mode switched off, so it
+works the same while tracing fake tensors (a symbolic length tunes for its hint) and in eager.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import types
+from typing import Callable, NamedTuple, Optional, Sequence
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor
+
+from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec
+from fuse_attn.kernels import tuning
+from fuse_attn.kernels.generated import codegen
+
+log = logging.getLogger("fuse_attn.kernels")
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _pow2_at_least_16(n: int) -> int:
+    # tl.arange needs a power of two and tl.dot an inner dim >= 16.
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def _head_dim_parts(d: int) -> tuple[int, int]:
+    """(first, tail): the column parts of head dim ``d`` in the attention kernels (the template's BLOCK_D and
+    BLOCK_D_TAIL). One power of two >= 16 covering it, (that, 0); or, where two pad it less, the power of two below it
+    and one >= 16 covering the rest: 80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16, 160 = 128 + 32 (112 stays 128:
+    64 + 64 pads as much). A pad column costs a whole column of every matmul over that dim."""
+    whole = _pow2_at_least_16(d)
+    first = whole // 2
+    if first >= 16 and d > first:
+        tail = _pow2_at_least_16(d - first)
+        if first + tail < whole:
+            return first, tail
+    return whole, 0
+
+
+def _with_head_dim_parts(common: dict) -> dict:
+    """``common`` for the attention kernels: their BLOCK_D / BLOCK_DV are a head dim's first part, BLOCK_D_TAIL /
+    BLOCK_DV_TAIL its second (0: none). Elsewhere (the tuner's candidates, decoding) BLOCK_D / BLOCK_DV
+    stay the head dims padded to one power of two."""
+    (block_d, block_d_tail), (block_dv, block_dv_tail) = _head_dim_parts(common["D"]), _head_dim_parts(common["DV"])
+    return dict(common, BLOCK_D=block_d, BLOCK_D_TAIL=block_d_tail, BLOCK_DV=block_dv, BLOCK_DV_TAIL=block_dv_tail)
+
+
+def triton_cdiv(a, b: int):
+    """ceil(a / b); symbolic when ``a`` is (a grid over a symbolic length stays symbolic)."""
+    return (a + b - 1) // b
+
+
+def hint(x) -> int:
+    """An int for a size that may be symbolic: its hint (the example value Dynamo traced with), with no guard --
+    for choices that change speed, never results (launch configs, split counts)."""
+    if isinstance(x, torch.SymInt):
+        from torch.fx.experimental import symbolic_shapes
+
+        # torch 2.13 names it optimization_hint; torch 2.11 hint_int (both: no guard)
+        no_guard_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+        return no_guard_hint(x)
+    return int(x)
+
+
+# ---- the launch ------------------------------------------------------------------------------------------------------
+def _tracing() -> bool:
+    """Whether a launch now must be recorded (wrap_triton) rather than run: a dispatch mode (fake, functional,
+    proxy) is active and the op's eager backend has not turned wrap_triton off."""
+    from torch._library.triton import is_wrap_triton_enabled
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return is_wrap_triton_enabled() and _get_current_dispatch_mode() is not None
+
+
+# Inductor's output code defines a user kernel once per Python function (`id(kernel.fn)`) and non-tensor arguments,
+# and launches every later use of that definition with the warps and stages of the first one (the cache key of
+# `define_user_defined_triton_kernel` in torch/_inductor/codegen/wrapper.py leaves the launch config out, torch
+# 2.11-2.13). A dynamic graph's length buckets launch one kernel with configs that can differ in warps or stages
+# only; measured on the H100 (BENCHMARKS.md): the dK/dV kernel of every length above 1024 ran with another bucket's
+# 4 warps and 1 stage, 6x slower than its own tuned config. So each (kernel, warps, stages) traces as its own
+# JITFunction of its own copy of the Python function (same code, globals and source file): one definition per config.
+_KERNEL_COPIES: dict = {}
+
+
+def _kernel_of_config(kernel, cfg: Optional[tuning.KernelConfig]):
+    from triton.runtime.jit import JITFunction
+
+    if cfg is None or not isinstance(kernel, JITFunction):  # the interpreter's kernels are never traced by Inductor
+        return kernel
+    key = (kernel, cfg.num_warps, cfg.num_stages)
+    copy = _KERNEL_COPIES.get(key)
+    if copy is None:
+        fn = kernel.fn
+        fn_copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        # the annotations mark the constexpr parameters
+        for attribute in ("__qualname__", "__module__", "__doc__", "__annotations__", "__kwdefaults__"):
+            setattr(fn_copy, attribute, getattr(fn, attribute))
+        copy = _KERNEL_COPIES[key] = JITFunction(
+            fn_copy, do_not_specialize=kernel.do_not_specialize,
+            do_not_specialize_on_alignment=kernel.do_not_specialize_on_alignment, debug=kernel.debug,
+            noinline=kernel.noinline)
+    return copy
+
+
+def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] = None, warmup: bool = False) -> None:
+    """Run ``kernel`` on ``grid`` with ``args`` (every parameter, constexprs included) and cfg's warps and stages;
+    ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them)."""
+    options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if warmup:
+        kernel.warmup(**args, **options, grid=grid)
+    elif _tracing():
+        torch.library.wrap_triton(_kernel_of_config(kernel, cfg))[grid](**args, **options)
+    else:
+        kernel[grid](*[args[name] for name in kernel.arg_names], **options)
+
+
+# ---- arguments -------------------------------------------------------------------------------------------------------
+def _bcast_strides(t: Tensor, read=lambda n: n) -> list:
+    """Strides with 0 for size-1 dims: the kernels index a broadcast tensor without a dense copy. ``read``: how a size
+    or stride is taken (as it is, symbolic ones too; :func:`hint` for a choice made without a guard)."""
+    return [0 if read(size) == 1 else read(stride) for size, stride in zip(t.shape, t.stride())]
+
+
+def batch_rows_innermost(spec) -> bool:
+    """Whether the kernels' programs take a head's batch rows side by side (the template's ``_block_batch_head``, the
+    Gluon kernels' ``_batch_and_head``): a score tensor read per (query, key) pair that is the same for every batch
+    row, whose tiles those programs then read from L2."""
+    return any(t.broadcast[0] and not t.broadcast[2] and not t.broadcast[3] for t in spec.score_tensors)
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # fp32 inputs: full-precision dots unless the user opted into TF32 (as eager matmul does).
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not _interpret():
+        return "tf32"
+    return "ieee"
+
+
+def _score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
+    kw = {}
+    for i, t in enumerate(score_tensors):
+        # bool masks as they are: Triton loads a bool pointer as bytes (a traced bool -> uint8 view is what Inductor
+        # could not lower: "torch.bool is not supported by torch.iinfo", torch 2.11)
+        kw[f"T{i}"] = t
+        for d, stride in zip("zhmn", _bcast_strides(t)):
+            kw[f"stride_t{i}_{d}"] = stride
+    return kw
+
+
+def _strides(prefix: str, t: Tensor) -> dict:
+    return {f"stride_{prefix}{d}": s for d, s in zip("zhmd" if prefix in ("q", "o", "do", "dq") else "zhnd", t.stride())}
+
+
+def _common(q, k, v, spec) -> dict:
+    Z, H, M, D = q.shape
+    N, DV = k.shape[2], v.shape[3]
+    D, DV = int(D), int(DV)  # constexprs: a symbolic head dim specializes (a guard), lengths stay symbolic
+    padding = spec.key_padding()
+    return dict(
+        Z=Z, H=H, M=M, N=N,
+        BATCH_INNER=batch_rows_innermost(spec),
+        # the causal band's offset: the spec's, or that of a band written into the program with a key padding vector
+        causal_offset=(spec.causal.offset(M, N) if spec.causal else
+                       padding.band if padding is not None and padding.band is not None else 0),
+        qk_scale=spec.scale_for(D) * math.log2(math.e),
+        D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
+        GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
+        WINDOW=spec.causal.window if spec.causal is not None and spec.causal.window is not None else 0,
+        PRECISION=_precision(q.dtype), INTERPRETED=_interpret(),
+        # qk_scale and dropout_p are constexprs: both are fixed by the spec (and head dim), which the generated module is
+        # already specific to; as run-time floats, Inductor would pass them as fp64.
+        DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,
+        ZERO_EMPTY_ROWS=spec.empty_rows == "zero",
+    )
+
+
+def _grid(blocks, Z, heads) -> tuple:
+    """The kernels' grid: one dimension over (blocks, batch rows, heads), which the template's _block_batch_head
+    reads in the order its BATCH_INNER says."""
+    return (blocks * Z * heads,)
+
+
+# Programs of one config resident on an SM at once, by its warps: the 8-warp configs the tuner picks on an H100 hold
+# one program per SM (shared memory), the 4-warp ones two. What the launch order is sized by (_head_group).
+_PROGRAMS_PER_SM = {4: 2, 8: 1}
+
+
+def _head_group(q: Tensor, blocks, cfg: tuning.KernelConfig):
+    """The template's ``head_group`` (_block_batch_head): how many (batch row, head) pairs run their blocks side by
+    side, about one wave of programs. Measured at 1 (the old order), 4 and 8 pairs on 21 tuned kernels (H100,
+    BENCHMARKS.md, 2026-11-26 sixth session): 4 won where 32 blocks of an 8-warp config fill the 132 SMs, 8 where
+    4-warp configs or 16 blocks do, as this rule picks: within 2% of the best on 19 of them. The D64 causal forward
+    (8 warps, but a small tile: two programs may fit an SM) ran 4.5% faster at 8 pairs than at the 4 picked here;
+    the D256 dK/dV kernel (64 blocks of 8 warps) gets 2, which was not measured (4 and 8 tied there)."""
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132  # (an H100's)
+    wave = sms * _PROGRAMS_PER_SM.get(cfg.num_warps, 1)
+    return torch.sym_max(1, (wave + blocks // 2) // blocks)
+
+
+def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
+    # Without dropout the kernels never read Seed (DROPOUT is a constexpr); any pointer fills the parameter.
+    return placeholder if dropout_seed is None else dropout_seed
+
+
+def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor,
+                    full_tiles: bool = True) -> dict:
+    """``KeyRange``, ``KEY_RANGE``, ``KEY_BAND`` and ``KEY_FULL`` of the forward, dQ and dK/dV kernels. With a key
+    padding vector (``spec.key_padding``): int32 ``[Z, 4]``, per batch row the range of keys to visit and the run of
+    keys proven visible, computed on the device from the vector -- traced into the graph under torch.compile, where
+    Inductor fuses it into one small reduction -- so the kernels skip the key blocks outside the first and run the
+    program of visible keys (``spec.visible_spec``, ``KEY_FULL``) without loading the vector on the tiles inside the
+    second.
+
+    The range: -inf kinds: first visible key .. one past the last (0, 0 for a row with none); the "masking" kind: the
+    same, but from key 0 under a causal mask, and every key for a row with none visible. With a band in the program
+    (``KEY_BAND`` 1 for the -inf kind, 2 for the masking kind) the range is the visible keys' for both, and the
+    kernels narrow it per query block (the band's end; the masking kind only where every row of the block keeps a
+    visible key). The proven run: first visible key .. one past the last where every key between them is visible (no
+    hole) and, for a bias, exactly 0 there (what the visible program takes it to be); else empty, and every tile runs
+    the whole program. ``full_tiles``: False where the vector needs a gradient (it has one in the full tiles too).
+    Without a padding vector any tensor fills the parameter (not read)."""
+    padding = spec.key_padding()
+    if padding is None:
+        return dict(KeyRange=placeholder, KEY_RANGE=False, KEY_BAND=0, KEY_FULL=False)
+    keys = score_tensors[padding.tensor][:, 0, 0, :]  # [Z or 1, N]
+    visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf"),
+               "fill": lambda: keys > MASKING_FILL_LIMIT}[padding.hidden]()
+    visible = visible.to(torch.int32)
+    positions = torch.arange(1, N + 1, device=keys.device, dtype=torch.int32)
+    end = (visible * positions).amax(-1)  # 0 for a row with none
+    first = torch.minimum(torch.argmax(visible, -1).to(torch.int32), end)  # argmax: the first maximum; [0, 0) if none
+    exact = visible if keys.dtype == torch.bool else (keys == 0).to(torch.int32)  # where the visible program holds
+    proven = exact.sum(-1, dtype=torch.int32) == end - first
+    full_first, full_end = torch.where(proven, first, 0), torch.where(proven, end, 0)
+    band = 0 if padding.band is None else 1 if padding.kind == "-inf" else 2
+    if padding.kind == "masking" and not band:
+        none_visible = end == 0
+        first = torch.zeros_like(first) if spec.causal is not None else torch.where(none_visible, 0, first)
+        end = torch.where(none_visible, positions[-1], end)  # N, not as a scalar operand (it may be symbolic)
+    key_range = torch.stack([first, end, full_first, full_end], -1).expand(Z, 4).contiguous()
+    return dict(KeyRange=key_range, KEY_RANGE=True, KEY_BAND=band,
+                KEY_FULL=full_tiles and spec.visible_spec() is not None)
+
+
+def mask_blocks_enabled() -> bool:
+    """``FUSE_ATTN_MASK_BLOCKS=0`` turns the per-call tile summaries of :meth:`AttentionSpec.mask_blocks` off: every
+    tile then loads the mask and runs the score program (the same results; for measuring what the summaries save)."""
+    return os.environ.get("FUSE_ATTN_MASK_BLOCKS", "1") != "0"
+
+
+# tile classes of a mask summary, in the order the block lists hold them
+_FULL, _PARTIAL, _EMPTY = 0, 1, 2
+
+
+class _MaskGranules(NamedTuple):
+    """A summarized mask (:meth:`AttentionSpec.mask_blocks`) read once: per query row and per granule of
+    ``granule`` consecutive keys, whether the mask hides every entry (``hidden``) and whether it changes none
+    (``unchanged``: a bias of 0, a bool mask all visible), ``[Zm, M, ceil(N / granule)]`` (``Zm``: the mask's batch,
+    1 or Z). Keys past N count as hidden and changed. Every kernel of one op call (forward; dQ and dK/dV) derives its
+    tile classes from these small tensors -- its key blocks are whole granules -- so an op call reads the mask once.
+    A NaN in a bias is neither hidden nor unchanged, so its tiles stay partial (and eager's NaN comes through)."""
+    hidden: Tensor
+    unchanged: Tensor
+    granule: int
+
+
+def _mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int) -> Optional[_MaskGranules]:
+    """The granules of ``spec``'s summarized mask (None where it has none or ``FUSE_ATTN_MASK_BLOCKS=0``), computed
+    on the device -- traced into the graph under torch.compile, like the key range."""
+    summarized = spec.mask_blocks() if mask_blocks_enabled() else None
+    if summarized is None:
+        return None
+    mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
+    if summarized.hidden == "fill":
+        hidden, unchanged = mask <= MASKING_FILL_LIMIT, mask == 0
+    else:
+        hidden = mask if summarized.hidden == "true" else ~mask
+        unchanged = ~hidden
+    granules = triton_cdiv(N, granule)
+    pad = (0, granules * granule - N)
+    shape = (mask.shape[0], mask.shape[1], granules, granule)
+    return _MaskGranules(torch.nn.functional.pad(hidden, pad, value=True).view(shape).all(3),
+                         torch.nn.functional.pad(unchanged, pad, value=False).view(shape).all(3), granule)
+
+
+def _mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: int, key_major: bool,
+                     placeholder: Tensor) -> dict:
+    """``BlockList``, ``BlockCounts``, their batch strides and ``MASK_BLOCKS`` of a kernel whose tiles are ``rows``
+    queries by ``cols`` keys (a multiple of the granule), from a mask's granules (None: no block lists). Each tile is
+    full (nothing hidden, nothing changed), empty (every entry hidden, and every row of its query block keeping a
+    visible key) or partial; then, per query block (key block when ``key_major``, the dK/dV kernel's loop), int32
+    lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, each class in
+    ascending order, ``[Zm, R, C]``; and ``[Zm, R, 2]`` counts (stride 0 on ``Zm`` when 1): the first run of
+    consecutive full blocks, which the kernels visit as a range of blocks (the next tile's address is then no load:
+    with the index read from the list per tile, 3 pipeline stages slowed the forward 1.6x on an H100, BENCHMARKS.md
+    2026-11-26 fifth session), and the entries after it that are not empty -- the other full blocks, run with the
+    predicate like the partial ones. A tile with positions past M or N is never full (its predicate must run) and is
+    empty when its real part is."""
+    if granules is None:
+        return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
+                    MASK_BLOCKS=False)
+    assert cols % granules.granule == 0, (cols, granules.granule)
+    per_tile = cols // granules.granule
+    hidden, unchanged = granules.hidden, granules.unchanged
+    row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
+    pad = (0, col_blocks * per_tile - hidden.shape[2], 0, row_blocks * rows - M)
+    keeps_visible = torch.nn.functional.pad(~hidden.all(-1), pad[2:], value=True)  # [Zm, rows padded]
+    tiles = (hidden.shape[0], row_blocks, rows, col_blocks, per_tile)
+    empty = torch.nn.functional.pad(hidden, pad, value=True).view(tiles).all(4).all(2)
+    empty &= keeps_visible.view(tiles[:3]).all(2)[:, :, None]
+    full = torch.nn.functional.pad(unchanged, pad, value=False).view(tiles).all(4).all(2)
+    classes = torch.where(full, _FULL, torch.where(empty, _EMPTY, _PARTIAL)).to(torch.int32)
+    if key_major:
+        classes = classes.transpose(1, 2)
+    lists = torch.argsort(classes, dim=-1, stable=True).to(torch.int32).contiguous()
+    n_full, n_partial = (classes == _FULL).sum(-1), (classes == _PARTIAL).sum(-1)
+    # the full entries ascend without repeats, so entry p is in the first run iff it is the run's start + p
+    step = torch.arange(lists.shape[-1], device=lists.device, dtype=torch.int32)
+    n_run = ((lists - step == lists[..., :1]) & (step < n_full[..., None])).sum(-1)
+    counts = torch.stack([n_run, n_full - n_run + n_partial], -1).to(torch.int32).contiguous()
+    batched = hidden.shape[0] != 1
+    return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
+                stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
+
+
+class _MaskBlocks:
+    """The block lists of one set of tensors' summarized mask, each computed once per granule and tile shape: an op
+    call computes what its kernels use, and the tuner, which launches many configs on one set of tuning tensors,
+    computes them once, outside the timed launches. (Inside them, the summary's eager torch ops took more host time
+    per launch than a short kernel's GPU time, so every candidate timed alike and the choice was noise: on an H200, a
+    causal mask input at B4 H16 N2048 D64 tuned a 4-warp dK/dV config that ran at 1.5 ms.) ``summarize``: False for
+    none (a mask that needs a gradient has one in its full tiles too)."""
+
+    def __init__(self, spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, placeholder: Tensor,
+                 summarize: bool = True):
+        self.spec, self.score_tensors, self.M, self.N, self.placeholder = spec, score_tensors, M, N, placeholder
+        self.summarize = summarize
+        self._granules: dict[int, Optional[_MaskGranules]] = {}
+        self._args: dict[tuple, dict] = {}
+
+    def args(self, granule: int, rows: int, cols: int, key_major: bool) -> dict:
+        """``_mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys."""
+        key = (granule, rows, cols, key_major)
+        if key not in self._args:
+            if granule not in self._granules:
+                self._granules[granule] = (_mask_granules(self.spec, self.score_tensors, self.N, granule)
+                                           if self.summarize else None)
+            self._args[key] = _mask_block_args(self._granules[granule], self.M, self.N, rows, cols, key_major,
+                                               self.placeholder)
+        return self._args[key]
+
+
+def _blocks(cfg: tuning.KernelConfig) -> dict:
+    return dict(BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+
+
+# ---- launch configs --------------------------------------------------------------------------------------------------
+def _size_expr(x):
+    """A size's sympy expression (an int for a static size): what identifies one symbolic length across tensors."""
+    return x.node.expr if isinstance(x, torch.SymInt) else int(x)
+
+
+def _random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional[Tensor]:
+    """A real tensor with ``t``'s (hinted) sizes, strides, dtype and device, filled with random values (normal
+    floats, mostly-true masks, any int64 seed): what the tuner times candidates on. Zeros would time faster than
+    real data on tensor cores, and a mask of all False would skip nothing the real one skips.
+
+    ``lengths`` ({symbolic length's expression: int}): the dims of that length get that size instead of their hint
+    (a length bucket's tuning inputs), laid out densely in ``t``'s order of strides, broadcast dims kept broadcast."""
+    if t is None:
+        return None
+    size = [hint(s) for s in t.shape]
+    stride = [hint(s) for s in t.stride()]
+    if lengths:
+        resized = [lengths.get(_size_expr(s), n) for s, n in zip(t.shape, size)]
+        if resized != size:
+            order = sorted(range(t.dim()), key=lambda d: -stride[d])  # outermost first (a stable sort)
+            stored = [resized[d] if stride[d] else 1 for d in order]
+            dense = _random_values(math.prod(stored), t).view(stored).permute([order.index(d) for d in range(t.dim())])
+            return dense.expand(resized)
+    extent = 1 + sum((s - 1) * st for s, st in zip(size, stride)) if all(size) else 0
+    return _random_values(extent, t).as_strided(size, stride)
+
+
+def _random_values(count: int, t: Tensor) -> Tensor:
+    if t.dtype == torch.bool:
+        return torch.rand(count, device=t.device) < 0.9
+    if t.dtype == torch.int64:
+        return torch.randint(2**62, (count,), dtype=torch.int64, device=t.device)
+    return torch.randn(count, dtype=t.dtype, device=t.device)
+
+
+def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
+    """Overwrite the tuner's random copy of a summarized mask (:meth:`AttentionSpec.mask_blocks`) with a causal one
+    (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
+    partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
+    block's graph -- are mostly full and empty tiles: the configs are timed on the loops those run."""
+    summarized = spec.mask_blocks()
+    if summarized is None:
+        return
+    t = tuning_tensors[summarized.tensor]
+    M, N = t.shape[-2:]
+    keep = torch.ones(M, N, dtype=torch.bool, device=t.device).tril(N - M)
+    if summarized.hidden == "fill":
+        pattern = torch.zeros(M, N, dtype=t.dtype, device=t.device).masked_fill(~keep, torch.finfo(t.dtype).min)
+    else:
+        pattern = keep if summarized.hidden == "false" else ~keep
+    stored = t
+    for dim, stride in enumerate(t.stride()):  # write each stored element once (broadcast dims have stride 0)
+        if stride == 0:
+            stored = stored.narrow(dim, 0, 1)
+    stored.copy_(pattern.expand(stored.shape))
+
+
+class _RealInputs:
+    """Context: every dispatch mode off (fake, functional, proxy), no autograd -- so that the tuner makes real
+    tensors and launches kernels directly, also in the middle of a trace."""
+
+    def __enter__(self):
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        self._modes = _disable_current_modes()
+        self._modes.__enter__()
+        self._grad = torch.no_grad()
+        self._grad.__enter__()
+
+    def __exit__(self, *exc):
+        self._grad.__exit__(*exc)
+        return self._modes.__exit__(*exc)
+
+
+def _choose(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Callable[[], list],
+            bind: Callable[[], Callable[[tuning.KernelConfig, bool], None]], m=None, n=None) -> tuning.KernelConfig:
+    """The config of one kernel: the interpreter's; else the in-process choice for its tuning key (lengths ``m``
+    and ``n``, by default M and N by their hints); else (stored or tuned) from ``tuning.choose``. ``bind()`` is called only when
+    timing may be needed, with every mode off: it builds random inputs and returns ``run(cfg, warmup)``, which
+    launches (or only compiles) the kernel on them."""
+    if _interpret() or not q.is_cuda:
+        return tuning.INTERPRETER_CONFIGS[kind]
+    key = tuning.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
+                              hint(common["M"] if m is None else m), hint(common["N"] if n is None else n))
+    cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
+    if cfg is not None:
+        return cfg
+    with _RealInputs():
+        run = bind()
+        return tuning.choose(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
+
+
+def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
+    return lambda: fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
+                      tuning.max_shared_memory(q.device))
+
+
+# ---- symbolic lengths: a launch config per length bucket, chosen by the generated code ----------------------------
+# The bucket tops a symbolic length's configs are tuned at: powers of two, as the tuning key's buckets
+# (tuning.length_bucket). From 128: at or below it a row is one key tile of most candidates and a call is host-bound
+# (B1 H32 N256 D128, causal: 7 us of GPU time per forward on the H100, BENCHMARKS.md), so shorter lengths take 128's
+# config. To 32768, the longest length the benchmarks time (BENCHMARKS.md); longer lengths take its config.
+_LENGTH_BUCKET_TOPS = tuple(1 << e for e in range(7, 16))
+# The tuning inputs of one bucket top may take at most this fraction of the GPU's free memory (the model's own tensors
+# are alive while it compiles); the tops beyond that take the last tunable top's config. The estimate counts each input
+# three times: the backward's tuning adds the gradients and the forward's outputs.
+_TUNING_MEMORY_FRACTION = 0.25
+
+
+class _LengthBuckets:
+    """The symbolic length of a traced call -- the key length N, else the query length M -- and the choice of a launch
+    config (or a set of them) per length bucket. While tracing, :meth:`run` tunes the choice at each bucket top and
+    records a chain of ``cond`` operators on the length (``if N <= 128: ... else: if N <= 256: ...`` in Inductor's
+    output code), each branch launching the kernels with its bucket's configs; buckets whose choices agree share a
+    branch, and one choice for every bucket records no condition at all. Without a symbolic length (static shapes,
+    eager calls) it launches with the one choice for the call's lengths.
+
+    Where cond cannot serve (operands that share memory, as q, k, v split from one projection), the graph keeps one
+    choice for every length, that of the traced lengths."""
+
+    def __init__(self, q: Tensor, k: Tensor, backward: bool = False):
+        self.backward = backward
+        self.length_of = None  # (q, k) -> the bucketed length, re-read from each branch's own operands
+        if _tracing() and q.is_cuda:
+            for length_of in (lambda q, k: k.shape[2], lambda q, k: q.shape[2]):
+                if isinstance(length_of(q, k), torch.SymInt):
+                    self.length_of = length_of
+                    break
+
+    def run(self, choose_at: Callable, launch_with: Callable, operands: tuple, shapes: list) -> tuple:
+        """``launch_with(choice, *operands)`` -> a tuple of new contiguous tensors of ``shapes``, ``choice`` being
+        ``choose_at(lengths)`` for the call's length bucket; ``operands`` start with q and k. ``lengths``: None for
+        the call's own (hinted) lengths, else {length's expression: bucket top}, the sizes that ``_random_like``
+        gives the tuning inputs."""
+        if self.length_of is None:
+            return launch_with(choose_at(None), *operands)
+        length = self.length_of(*operands[:2])
+        buckets = []  # [(top, choice)]: the lengths above the previous top and up to this one run choice
+        for top in self._tunable_tops(length, operands):
+            choice = choose_at({_size_expr(length): top})
+            if buckets and buckets[-1][1] == choice:
+                buckets[-1] = (top, choice)
+            else:
+                buckets.append((top, choice))
+        if not buckets:  # no top is possible or fits: the hinted lengths' choice for every length
+            return launch_with(choose_at(None), *operands)
+        if len(buckets) == 1:
+            return launch_with(buckets[0][1], *operands)
+        # cond takes a flat tuple of tensors: the operands' leaves without the Nones (a dropout seed may be None)
+        leaves, tree = pytree.tree_flatten(operands)
+        tensors = tuple(leaf for leaf in leaves if leaf is not None)
+        try:
+            flat_outputs = self._chain(buckets, launch_with, (tree, [leaf is None for leaf in leaves]), tensors)
+        except RuntimeError as error:
+            # cond refuses operands that share memory (q, k and v split from one projection, as GPT-2's c_attn); it
+            # checks its branches before recording anything, so the trace goes on with one choice for every length
+            if "aliasing" not in str(error):
+                raise
+            log.info("fuse_attn: one launch config for every length of this dynamic graph: %s", error)
+            return launch_with(choose_at(None), *operands)
+        return tuple(flat.view(shape) for flat, shape in zip(flat_outputs, shapes))
+
+    def _chain(self, buckets, launch_with, structure, tensors: tuple) -> tuple:
+        """The outputs of the launches for the buckets' lengths, each flattened to 1-D: cond wants outputs whose
+        strides are products of sizes, which a contiguous tensor's symbolic strides need not be written as (for a
+        query length that may be 0 they hold ``Max(1, M)``)."""
+        (top, choice), longer = buckets[0], buckets[1:]
+        tree, none_at = structure
+        rest = iter(tensors)
+        operands = pytree.tree_unflatten([None if none else next(rest) for none in none_at], tree)
+        if not longer:
+            return tuple(out.reshape(-1) for out in launch_with(choice, *operands))
+        # The cond operator itself, not torch.cond: that one first compiles the call with Dynamo, which cannot trace the
+        # launchers; the operator is what Dynamo records, and every trace mode (fake, functional, proxy) handles it.
+        # Each branch reads the length from its own operands: a traced branch cannot use the outer trace's symbols.
+        from torch._higher_order_ops.cond import cond_op
+
+        return cond_op(self._shorter_than(self.length_of(*operands[:2]), top),
+                       lambda *ts: self._chain(buckets[:1], launch_with, structure, ts),
+                       lambda *ts: self._chain(longer, launch_with, structure, ts), tensors)
+
+    def _shorter_than(self, length, top: int):
+        """Whether ``length <= top`` -- in the backward, traced as a node of the backward graph. AOTAutograd's
+        partitioner would otherwise compute the condition (it depends on the forward's inputs only) in the forward
+        graph and pass the SymBool to the backward graph: a graph input that torch 2.11's Inductor cannot take
+        ("Unsupported inductor graph input type: LessThan"). The partitioner keeps a node tagged
+        "must_be_in_backward" there; the backward graph then takes the length itself, a SymInt, and computes the
+        condition."""
+        # The backward writes it `length < top + 1`: as the same expression as the forward's condition, CSE would make
+        # them one node of the joint graph, which the forward needs.
+        condition = length < top + 1 if self.backward else length <= top
+        if self.backward:
+            from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+            mode = get_proxy_mode()
+            traced = get_proxy_slot(condition, mode.tracer, None) if mode is not None else None
+            if traced is not None:  # a thunk that records the node on first use (the cond below)
+                traced.force().node.meta["partitioner_tag"] = "must_be_in_backward"
+        return condition
+
+    def _tunable_tops(self, length, operands) -> list[int]:
+        """The bucket tops that the length can reach (by what the shape environment knows of its range) and whose
+        tuning inputs fit in memory."""
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        tops = []
+        free = torch.cuda.mem_get_info(operands[0].device)[0]
+        lengths = {}
+        for top in _LENGTH_BUCKET_TOPS:
+            if statically_known_true(length <= top // 2):  # the length's range (e.g. mark_dynamic's max) ends below
+                break
+            lengths[_size_expr(length)] = top
+            inputs = [t for t in pytree.tree_leaves(operands) if isinstance(t, Tensor)]
+            if 3 * sum(_bytes_at(t, lengths) for t in inputs) > _TUNING_MEMORY_FRACTION * free:
+                break
+            if not statically_known_true(length > top):
+                tops.append(top)
+        return tops
+
+
+def _bytes_at(t: Tensor, lengths: dict) -> int:
+    """Bytes of ``_random_like(t, lengths)``'s storage."""
+    sizes = [lengths.get(_size_expr(s), hint(s)) if hint(st) else 1 for s, st in zip(t.shape, t.stride())]
+    return math.prod(sizes) * t.element_size()
+
+
+def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
+    """``_choose``'s m and n for ``lengths`` (see :meth:`_LengthBuckets.run`)."""
+    if not lengths:
+        return {}
+    return dict(m=lengths.get(_size_expr(common["M"]), hint(common["M"])),
+                n=lengths.get(_size_expr(common["N"]), hint(common["N"])))
+
+
+# ---- forward ---------------------------------------------------------------------------------------------------------
+def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range,
+                    mask_blocks: _MaskBlocks, warmup=False) -> None:
+    """``common``, ``key_range`` and ``mask_blocks``: ``_common``, ``_key_range_args`` and the ``_MaskBlocks`` of
+    these tensors (made once by the caller: a tuner launches many times on one set)."""
+    Z, H, M, _ = q.shape
+    args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
+                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out),
+                **_with_head_dim_parts(common), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg))
+    launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H), args, cfg, warmup)
+
+
+def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    Z, H, M, _ = q.shape
+    return (torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device),
+            torch.empty((Z, H, M), dtype=torch.float32, device=q.device))
+
+
+def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths=None) -> tuning.KernelConfig:
+    """``lengths``: see :meth:`_LengthBuckets.run`."""
+    def bind():
+        rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
+        _causal_tuning_mask(spec, rs)
+        out, lse = _empty_outputs(rq, rv)
+        real, key_range = _common(rq, rk, rv, spec), _key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
+        mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse)
+        return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range,
+                                                   mask_blocks, warmup)
+
+    return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common), bind,
+                   **_tuning_lengths(common, lengths))
+
+
+def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
+    """(out, lse) of validated inputs (N > 0) from the generated forward kernel."""
+    mod = codegen.load_module(spec)
+    common = _common(q, k, v, spec)
+
+    def config_at(lengths):
+        return _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths)
+
+    def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
+        out, lse = _empty_outputs(q, v)
+        _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse,
+                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse),
+                        _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse))
+        return out, lse
+
+    Z, H, M, _ = q.shape
+    return _LengthBuckets(q, k).run(config_at, launch_with, (q, k, v, dropout_seed, list(score_tensors)),
+                                    [(Z, H, M, v.shape[3]), (Z, H, M)])
+
+
+# ---- backward --------------------------------------------------------------------------------------------------------
+def exact_delta_forced() -> bool:
+    """``FUSE_ATTN_EXACT_DELTA=1``: the kernels' backward takes delta = rowsum(P * dP) from P and dP for fp16 / bf16
+    too (as for fp32), at the cost of one more pass over K and V in the dQ kernel (two more matmuls per tile)."""
+    return os.environ.get("FUSE_ATTN_EXACT_DELTA", "0") == "1"
+
+
+def _uses_exact_delta(q: Tensor) -> bool:
+    # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel recomputes each row's softmax
+    # statistics (row max, 1 / row sum) and delta = rowsum(P * dP) itself (one more pass over K and V)
+    # and runs first, so dS rows sum to 0 up to rounding and one-key rows get dS = 0 exactly, as in eager; fp16 /
+    # bf16 take FlashAttention's rowsum(dO * O) and the forward's lse, whose difference from it is below their
+    # precision except for nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known
+    # differences).
+    return q.dtype == torch.float32 or exact_delta_forced()
+
+
+_MIN_ROW_BLOCK = 16
+
+
+class _BackwardBuffers:
+    """The backward's outputs and scratch for one set of inputs: dq, dk, dv, delta, the row statistics of the
+    exact delta, the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics), and the
+    kernels' key range arguments and mask block lists (computed once: the tuner launches many times on one set)."""
+
+    def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool):
+        self.dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        self.dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
+        self.dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
+        self.delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+        # one int32 flag per block of forward rows whose lse is not finite, written by the backward's first kernel
+        # for the dK/dV kernel; sized for blocks of 16 rows, the smallest row block of any kernel (tl.dot's minimum)
+        self.lse_flags = torch.empty(lse.shape[0] * lse.shape[1] * triton_cdiv(lse.shape[2], _MIN_ROW_BLOCK),
+                                     dtype=torch.int32, device=q.device)
+        # the row statistics the dQ kernel stores for the dK/dV kernel (log2-unit row max, 1 / row sum); not read
+        # without the exact delta, when any pointer fills the parameters
+        self.row_max, self.row_scale = (torch.empty_like(lse), torch.empty_like(lse)) if exact_delta else (lse, lse)
+        self.dbias = {i: torch.zeros(t.shape, dtype=torch.float32, device=q.device)
+                      for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
+                      if st.role == "bias" and need}
+        # a mask that needs a gradient has one in its full tiles too: no visible program, no summary then
+        padding = spec.key_padding()
+        self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse,
+                                         full_tiles=padding is None or padding.tensor not in self.dbias)
+        summarized = spec.mask_blocks()
+        self.mask_blocks = _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse,
+                                       summarize=summarized is None or summarized.tensor not in self.dbias)
+
+
+def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
+                     bufs: _BackwardBuffers, exact_delta: bool, only: Optional[str] = None, warmup: bool = False,
+                     dlse: Optional[Tensor] = None):
+    """The backward's launches in order: dQ first (it writes delta, the lse flags and, with the exact delta, the row
+    statistics that dK/dV reads), then dK/dV. ``only``: launch just that step ("bwd_dq" or "bwd_dkdv"; the
+    tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the gradient of the forward's lse (None: zero),
+    taken off delta by the dQ kernel, which writes delta."""
+    Z, H, M, _ = q.shape
+    N = k.shape[2]
+    base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
+                LseFlags=bufs.lse_flags,
+                EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                **bufs.key_range,
+                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
+                sm_scale=spec.scale_for(common["D"]), **_with_head_dim_parts(common))
+    # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
+    # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
+    # Only the launch that accumulates gets the buffer; the others get the bias itself in its place, never written:
+    # Inductor takes a buffer that two user kernels receive as written by both, and zeroed a copy of it for the
+    # second (a learned [1, 16, 4096, 4096] bias: 0.32 ms a fill on an H100, BENCHMARKS.md eleventh session).
+    def dscore_args(accumulates: bool) -> dict:
+        args = {}
+        for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
+            if st.role != "bias":
+                continue
+            buf = bufs.dbias.get(i) if accumulates else None
+            args[f"DT{i}"] = t if buf is None else buf
+            for d, stride in zip("zhmn", (0, 0, 0, 0) if buf is None else _bcast_strides(buf)):
+                args[f"stride_dt{i}_{d}"] = stride
+            args[f"NEED_DT{i}"] = buf is not None
+        return args
+
+    lse_grad = dict(DLse=lse if dlse is None else dlse, HAS_DLSE=dlse is not None)
+
+    order = [only] if only is not None else ["bwd_dq", "bwd_dkdv"]
+    # the mask read once for both kernels, at a granule that divides both key blocks
+    granule = math.gcd(*(cfgs[step].block_n for step in order))
+
+    def dq():
+        cfg = cfgs["bwd_dq"]
+        blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
+        launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
+               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore_args(exact_delta), **blocks,
+                    **_strides("dq", bufs.dq), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg),
+                    **_blocks(cfg)), cfg, warmup)
+
+    def dkdv():
+        cfg = cfgs["bwd_dkdv"]
+        flag_rows = cfgs["bwd_dq"].block_m  # the lse flags' rows per block: the dQ kernel's (launched first)
+        blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
+        key_blocks = triton_cdiv(N, cfg.block_n)
+        grid = _grid(key_blocks, Z, H // spec.gqa_group)
+        args = dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **blocks,
+                    **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
+                    **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())},
+                    head_group=_head_group(q, key_blocks, cfg), **_blocks(cfg))
+        # one launch computing both, or dV and then dK (the bias gradients, from dS, with dK)
+        parts = [(True, True)] if cfg.dkdv_launches == 1 else [(False, True), (True, False)]
+        for compute_dk, compute_dv in parts:
+            dscore = dscore_args(compute_dk and not exact_delta)
+            launch(mod._attn_bwd_dkdv, grid, dict(args, **dscore, COMPUTE_DK=compute_dk, COMPUTE_DV=compute_dv), cfg,
+                   warmup)
+
+    steps = {"bwd_dq": dq, "bwd_dkdv": dkdv}
+    for step in order:
+        steps[step]()
+
+
+def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+                      exact_delta, lengths=None) -> dict:
+    """``lengths``: see :meth:`_LengthBuckets.run`."""
+    tuned = {}
+
+    def bind(kind):
+        def bound():
+            # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
+            rq, rk, rv, rdo, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
+            _causal_tuning_mask(spec, rs)
+            out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
+            real = _common(rq, rk, rv, spec)
+            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
+            if kind == "bwd_dkdv":  # delta, the lse flags (and row statistics) from the tuned dQ kernel, once
+                _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta,
+                                 only="bwd_dq")
+            return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, real, rdo, rq, rk, rv, rs, out,
+                                                         lse, spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
+        return bound
+
+    # dQ is tuned first: the dK/dV kernel's inputs come from it
+    for kind, candidates in (("bwd_dq", tuning.dq_candidates), ("bwd_dkdv", tuning.dkdv_candidates)):
+        tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
+                              **_tuning_lengths(common, lengths))
+    return tuned
+
+
+def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec, needs_grad, dropout_seed=None,
+                    dlse: Optional[Tensor] = None):
+    """(dq, dk, dv, [gradient of each bias tensor that needs one]) of validated inputs (N > 0); ``dlse``: the
+    gradient of the lse output, or None."""
+    mod = codegen.load_module(spec)
+    exact_delta = _uses_exact_delta(q)
+    # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
+    kernel_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
+    common = _common(q, k, v, spec)
+
+    def configs_at(lengths):
+        return _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+                                 exact_delta, lengths)
+
+    def launch_with(cfgs, q, k, dout, v, score_tensors, out, lse, dropout_seed, dlse):
+        bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
+        _launch_backward(mod, cfgs, _common(q, k, v, spec), dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
+                         bufs, exact_delta, dlse=dlse)
+        return (bufs.dq, bufs.dk, bufs.dv, *(bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)))
+
+    dq, dk, dv, *dscores = _LengthBuckets(q, k, backward=True).run(
+        configs_at, launch_with, (q, k, dout, v, list(score_tensors), out, lse, dropout_seed, dlse),
+        [q.shape, k.shape, v.shape, *(t.shape for t, need in zip(score_tensors, needs_grad) if need)])
+    return dq, dk, dv, list(dscores)

@@ -1,0 +1,4 @@
+"""Gluon kernels for Hopper GPUs: ``torch.ops.fuse_attn.flash_attention_hopper`` (:mod:`.forward`) and its backward
+(:mod:`.backward`). Importing this package registers both ops; it raises ImportError where Triton has no Gluon."""
+
+from fuse_attn.kernels.hopper import backward, forward  # noqa: F401

@@ -1,0 +1,643 @@
+"""The backward of plain attention on Hopper GPUs, written in Gluon: the autograd formula of
+``torch.ops.fuse_attn.flash_attention_hopper`` (:mod:`.hopper_forward`), as its own op
+``torch.ops.fuse_attn.flash_attention_hopper_backward``.
+
+The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
+P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
+
+* a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk and
+  a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each); it
+  walks the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and
+  dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third partition, one loader warp.
+* per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
+  dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
+  of the shared tiles).
+* dQ goes through a double-buffered fp32 tile in shared memory, from which one TMA reduce-add a tile adds it into an
+  fp32 buffer (the CTAs of one head's key tiles all add into it; FlashAttention-3's way); a last small Triton kernel
+  scales and casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row.
+
+An ``s + bias`` attention's bias tiles come with q and dO into the ring where TMA reads the bias in place and they
+fit (:func:`bias_ring_dq_buffers`: at head dim 128 with a 2-byte bias, in the room of the second dQ buffer); else
+the compute warpgroups load them from global memory. Where the bias needs a gradient (dS summed over the dims it is
+broadcast over, as eager's), each tile's dS goes out from its shared tile by TMA into a ``[Z, heads, M, N]`` buffer
+in the inputs' dtype (eager's dS is that rounding), and the sum comes after each launch; a launch takes as many heads
+as keep that buffer and the dQ accumulator within the fp32 one the generated template's backward accumulates by
+atomics (:func:`dscore_kv_heads`, which keeps this to head dim 128).
+
+Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
+their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
+diagonal, and only the tiles that cross it are masked.
+
+What it computes is the template's backward for the specs :func:`.hopper_forward.hopper_reasons` accepts, with the
+forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`dscore_kv_heads` admits
+it (the forward's autograd runs the template's backward for the others); the reference is
+:func:`.reference.reference_attention`'s autograd (SDPA's math kernel for rows a bias hides under
+``empty_rows="zero"``), which the tests compare against under the 2x rule.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                             warpgroup_mma_init, warpgroup_mma_wait)
+
+from fuse_attn.spec import AttentionSpec
+from fuse_attn.kernels import ops
+from fuse_attn.kernels.hopper.forward import (_TMA_ALIGN_BYTES, LIBRARY, _batch_and_head, _bias_by_tma, _bias_head, _bias_tma_head,
+                             _descriptor, _log2_units, _score_tensors, _tma_load, _tma_ready, _tma_store,
+                             checked_spec, fills_at_most, shared_memory_for_tiles)
+from fuse_attn.kernels.generated.launch import _bcast_strides, batch_rows_innermost
+
+_LOG2E = math.log2(math.e)
+# A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
+_cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
+# Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: dK and dV's rows, 64 a
+# warpgroup (wgmma's M). Shared memory, both head dims: k + v, 2 stages of q + dO, P + dS, 2 fp32 dQ buffers = 224 KiB
+# of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). Timed on an H100 (BENCHMARKS.md,
+# thirteenth session): D64 at 128 query rows 1.17-1.19x as fast as at 64; D128 has no room for 128 (registers: S and dP
+# would take 128 a thread beside dK and dV's 128); 3 stages with one dQ buffer timed as 2 and 2.
+# The loads come from a one-warp partition (:func:`_loader`), not from the compute warpgroups: Triton 3.6 puts a
+# CTA-wide barrier before each TMA load 256 threads issue (five barriers a query tile, three with the loader). On an
+# H100 (seventeenth session, benchmarks/2026-11-27-backward-loader-warp) 1.00-1.05x the kernel without it at D128, at
+# D64 within the A/B's noise (0.98-1.02x, as two runs of one kernel against itself).
+_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
+_NUM_WARPS = 8  # two warpgroups
+# Causal, a CTA a key tile makes CTAs of very unequal walks (the first key tile's meets every query tile, the last's
+# one), and where they are few the longest of the last heads run on alone at the end. Where one CTA a key tile would
+# fill at most this many waves of CTAs (one CTA an SM), a CTA takes two key tiles, a long walk and a short one
+# (:func:`_causal_key_tile`). On an H100 (benchmarks/2026-11-27-backward-loader-warp, paired_key_tiles_ab.log): at
+# 3.9 waves (GQA 32/8 heads, B2 N4096; B1 N8192) 1.01-1.16x; at 7.8 (B4) 0.96-1.04x; at 15.5 (16 heads, B*N = 16384)
+# 0.90-1.03x, the losses at N16384.
+_PAIR_UP_TO_WAVES = 4
+_PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
+
+
+# ---- delta and dq's cast: small Triton kernels -----------------------------------------------------------------------
+@triton.jit
+def _delta_kernel(Out, DO, DLse, Delta, Lse, NanHeads, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sdo_m,
+                  HAS_DLSE: tl.constexpr, ROWS: tl.constexpr, HEAD_D: tl.constexpr, FLAG_NAN_ROWS: tl.constexpr,
+                  ZERO_EMPTY_ROWS: tl.constexpr):
+    """delta[z, h, m] = sum_d dO * O - dlse (fp32), for ROWS rows of one (z, h). FLAG_NAN_ROWS: NanHeads[z * H + h]
+    set where one of the rows has an lse that is not finite (-inf allowed under ZERO_EMPTY_ROWS): a row that a bias
+    made NaN, whose NaN eager's dV carries to every key (:func:`_nan_dv_kernel`)."""
+    bh = tl.program_id(1)
+    z = bh // H
+    h = bh % H
+    offs_m = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    if FLAG_NAN_ROWS:
+        lse = tl.load(Lse + bh * M + offs_m, mask=offs_m < M, other=0.0)
+        bad = ~(tl.abs(lse) < float("inf"))  # (NaN < inf is False)
+        if ZERO_EMPTY_ROWS:
+            bad = bad & (lse != float("-inf"))
+        if tl.max(bad.to(tl.int32), 0) > 0:
+            tl.store(NanHeads + bh, 1)
+    offs_d = tl.arange(0, HEAD_D)
+    rows = offs_m[:, None] < M
+    o = tl.load(Out + z * so_z + h * so_h + offs_m[:, None] * so_m + offs_d[None, :], mask=rows, other=0.0)
+    do = tl.load(DO + z * sdo_z + h * sdo_h + offs_m[:, None] * sdo_m + offs_d[None, :], mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if HAS_DLSE:
+        delta -= tl.load(DLse + bh * M + offs_m, mask=offs_m < M, other=0.0)
+    tl.store(Delta + bh * M + offs_m, delta, mask=offs_m < M)
+
+
+@triton.jit
+def _nan_dv_kernel(DV, NanHeads, H, H_KV, N, GQA_GROUP: tl.constexpr, ROWS: tl.constexpr, HEAD_D: tl.constexpr):
+    """dV (contiguous [Z, H_KV, N, HEAD_D]) NaN in ROWS keys of one (z, kv head) where a query head of its group has
+    a row that a bias made NaN (the delta kernel's NanHeads): eager's P is NaN in every column of such a row, and so
+    its dV at every key, keys that the causal walk does not take to that row too (the generated template's dK/dV
+    kernel does as much from its lse flags). (In the Gluon kernel, a select on its dV accumulator made ptxas
+    serialize its wgmmas, C7514.)"""
+    bh = tl.program_id(1)
+    z = bh // H_KV
+    h_kv = bh % H_KV
+    flagged = tl.load(NanHeads + z * H + h_kv * GQA_GROUP)
+    for g in tl.static_range(1, GQA_GROUP):
+        flagged = tl.maximum(flagged, tl.load(NanHeads + z * H + h_kv * GQA_GROUP + g))
+    if flagged > 0:
+        offs_n = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        offs_d = tl.arange(0, HEAD_D)
+        tl.store(DV + (bh.to(tl.int64) * N + offs_n[:, None]) * HEAD_D + offs_d[None, :],
+                 tl.full([ROWS, HEAD_D], float("nan"), DV.dtype.element_ty), mask=offs_n[:, None] < N)
+
+
+@triton.jit
+def _dq_cast_kernel(DQAcc, DQ, total, sm_scale, BLOCK: tl.constexpr):
+    """dq = dq_acc * scale in dq's dtype (both contiguous)."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    keep = offs < total
+    tl.store(DQ + offs, (tl.load(DQAcc + offs, mask=keep) * sm_scale).to(DQ.dtype.element_ty), mask=keep)
+
+
+_CAST_BLOCK = 1024  # elements per program of the cast (bandwidth-bound)
+
+
+@builtin
+def _tma_add_v36(tensor_desc, coord, src, _semantic=None):
+    """``tma.async_atomic_add`` (Triton 3.9 has it) for Triton 3.6, whose Gluon has the op (TTNG's async_tma_reduce)
+    but no function for it: adds the shared-memory tile ``src`` into the descriptor's tensor at ``coord``."""
+    from triton._C.libtriton import ir
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle,
+                                              _semantic._convert_to_ir_values(coord, require_i64=False), src.handle)
+
+
+_tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_v36
+
+
+# ---- the kernel ------------------------------------------------------------------------------------------------------
+@gluon.jit
+def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_desc, bias_smem, bz, bh, n0,
+               BIAS_TMA: gl.constexpr):
+    """A query tile's q and dO into ring stage ``stage``, and (BIAS_TMA) its bias tile against keys n0 on, of bias
+    batch row bz and head bh (rows past M and keys past N read as 0: those rows' P is 0, those keys' dK / dV rows are
+    never stored)."""
+    bar = ready.index(stage)
+    if BIAS_TMA:
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + bias_desc.block_type.nbytes)
+        _tma_load(bias_desc, [bz, bh, m0, n0], bar, bias_smem.index(stage))
+    else:
+        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    _tma_load(q_desc, [z, h, m0, 0], bar, q_smem.index(stage))
+    _tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
+
+
+@gluon.jit
+def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
+    """Iteration it's query head and tile: the group's heads one after the other, each over its query tiles from
+    m_lo. (Starting each key tile's CTA at a different query tile, so that their dQ adds meet less, timed on an H100
+    3% slower at D128 N4096 with atomics, and 0.99-1.02x at D128 / 0.94-0.98x at D64 with TMA reduce-adds:
+    benchmarks/2026-11-27-dq-tma-reduce.)"""
+    return h_kv * GQA_GROUP + it // per_head, m_lo + it % per_head
+
+
+@gluon.jit
+def _biased_row_lse(lse, in_rows, ZERO_EMPTY_ROWS: gl.constexpr):
+    """The lse of rows whose scores a bias changed (log2 units), as the generated template's ``_lse_to_log2`` takes
+    it: a row of M whose lse is not finite (it saw only -inf, or a NaN / +inf score) gets NaN, so that its P is NaN
+    everywhere as in eager's backward; under ZERO_EMPTY_ROWS a row that saw only -inf gets +inf instead (P = 0).
+    Rows past M keep their +inf."""
+    bad = in_rows & ((gl.abs(lse) == float("inf")) | (lse != lse))
+    out = gl.where(bad, float("nan"), lse)
+    if ZERO_EMPTY_ROWS:
+        out = gl.where(in_rows & (lse == float("-inf")), float("inf"), out)
+    return out
+
+
+@gluon.jit
+def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty, dk, dv, Lse,
+                Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N,
+                qk_scale, offs_n, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
+                MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
+                bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
+                DS_OUT: gl.constexpr):
+    """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
+    tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
+    added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
+    waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
+    (in log2 units as the forward's, :func:`.hopper_forward._log2_units`), its tile loaded while S and dP are on the
+    tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
+    out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the
+    gradient of the scores, as the bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query
+    head h - ds_head0 and keys n0 on."""
+    dtype: gl.constexpr = q_desc.dtype
+    h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+    ring = r0 + it
+    stage = ring % STAGES
+    mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
+    q = q_smem.index(stage)
+    do = do_smem.index(stage)
+    # k, v, P and dS each have one buffer, indexed by a value that is always 0 (ring < 2^30) but changes with the loop:
+    # their wgmma descriptors are then computed where used, not hoisted out of the loop (~48 64-bit descriptors, 96
+    # registers held through it; at D128 ptxas spilled ~500 bytes)
+    pin = ring >> 30
+    k_smem = k_smem.index(pin)
+    v_smem = v_smem.index(pin)
+    p_smem = p_smem.index(pin)
+    ds_smem = ds_smem.index(pin)
+    zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
+    s = warpgroup_mma(q, k_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    dp = warpgroup_mma(do, v_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+
+    m0 = mb * BLOCK_M
+    offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
+    rows = (z * H + h) * M + offs_m
+    # a row past M: lse +inf, so P = 0 (its q and dO read as zeros too)
+    lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf")) * 1.4426950408889634  # log2(e): to log2 units
+    delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
+    if HAS_BIAS:
+        lse = _biased_row_lse(lse, offs_m < M, ZERO_EMPTY_ROWS)
+        # rows past M read row M - 1's bias (0 by TMA) and keys past N read 0: their P never reaches a stored result
+        # (those rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV rows
+        # are not stored). (Keys clamped to N - 1 instead of masked: every address computed apart; ptxas, D128
+        # causal, before dS's mask: 432 bytes of spills against 56)
+        if BIAS_TMA:
+            bias = bias_smem.index(stage).load(s_layout)
+        else:
+            bias_rows = (_bias_head(Bias, z, h, stride_bz, stride_bh, True)
+                         + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
+            bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)
+
+    if FIRST:
+        s = warpgroup_mma_wait(1, deps=(s, ))
+    else:  # the previous tile's dV and dK, issued before this S, complete with it
+        s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
+    if HAS_BIAS:
+        p = gl.exp2(s * qk_scale + _log2_units(bias) - lse[:, None])
+    else:
+        p = gl.exp2(s * qk_scale - lse[:, None])
+    if MASK:  # causal: key n is seen by rows m >= n
+        seen = offs_m[:, None] >= offs_n[None, :]
+        p = gl.where(seen, p, 0.0)
+    p_smem.store(p.to(dtype))
+    dp = warpgroup_mma_wait(0, deps=(dp, ))
+    ds = p * (dp - delta[:, None])
+    if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
+        ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
+    if DS_OUT:  # the previous tile's dS store, issued before its dQ add, has read the shared tile (the issuing thread
+        tma.store_wait(1)  # waits; the barrier holds the others until it has)
+        _cta_barrier()
+    ds_smem.store(ds.to(dtype))
+    fence_async_shared()
+    tma.store_wait(DQ_BUFFERS - 1)  # the dQ add issued DQ_BUFFERS tiles ago has read its buffer (only the issuing
+    # thread waits)
+    _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
+    # previous tile's stage; this tile's dQ buffer is free
+    if DS_OUT:  # (rows past M and keys past N are not written)
+        _tma_store(ds_desc, [z, h - ds_head0, m0, n0], ds_smem)
+    if not FIRST:
+        if ring > 0:  # the previous tile's q / dO stage: its dK / dV matmuls completed with this tile's S (or, the
+            # previous key tile's last, before its dK / dV were stored)
+            mbarrier.arrive(empty.index((ring - 1) % STAGES))
+
+    # dQ first: its add into global memory starts while dV and dK are on the tensor cores
+    dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
+                       is_async=True)
+    dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
+    dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, use_acc=not FIRST, is_async=True)
+    dq = warpgroup_mma_wait(2, deps=(dq, ))
+    dq_buf = dq_smem.index(ring % DQ_BUFFERS)
+    dq_buf.store(dq)
+    fence_async_shared()
+    _cta_barrier()  # all of dQ is in shared memory
+    _tma_add(dq_desc, [z, h, m0, 0], dq_buf)  # rows past M are not written
+    return dk, dv
+
+
+@gluon.jit
+def _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The CTA's t-th key tile when causal: (its first key, the query tile its walk starts at (the diagonal's), the
+    first query tile wholly below the diagonal, query tiles a head). Paired (:data:`_PAIR_UP_TO_WAVES`), a CTA takes
+    key tiles pid and n_n - 1 - pid (the middle one alone when n_n is odd), so that every CTA walks about n_mb + 1
+    query tiles a head; otherwise key tile pid alone."""
+    n0 = (pid if t == 0 else n_n - 1 - pid) * BLOCK_N
+    m_lo = n0 // BLOCK_M
+    return n0, m_lo, gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb), n_mb - m_lo
+
+
+@gluon.jit
+def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale):
+    """k and v are read no more (the last tile's barrier): dK and dV go out through their tiles."""
+    k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
+    v_smem.index(0).store(dv.to(dv_desc.dtype))
+    fence_async_shared()
+    _cta_barrier()
+    _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
+    _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, q_smem,
+             do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb,
+             n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr,
+             HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
+             DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr):
+    """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
+    tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS.
+    dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
+    faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
+    (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
+    Unmasked, the first tile runs before the loop (thirteenth session: zero accumulators flowing into the loop made
+    ptxas serialize its wgmmas there, C7515, 7% slower); causal, peeling it spilled (same session), so the loops
+    start from zeros, which ptxas takes there without serializing."""
+    # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
+    # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the keys
+    WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
+                                                       instr_shape=[16, BLOCK_N // (WARPS // WARPS_M), 16])
+    dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
+                                                        instr_shape=[16, HEAD_D // (WARPS // WARPS_M), 16])
+    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
+                                                        instr_shape=[16, HEAD_D, 16])
+
+    if CAUSAL:
+        r0 = 0
+        for t in range(n_kt):
+            n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
+            offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+            # (accumulators in flight from one iteration to the next: the loops carry them as such)
+            dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout))
+            dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout))
+            mbarrier.wait(kv_bar, t & 1)
+            for g in range(GQA_GROUP):
+                for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
+                    dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                         ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
+                                         stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False,
+                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                         ds_head0, DS_OUT)
+                for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
+                    dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                         ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
+                                         stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False,
+                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                         ds_head0, DS_OUT)
+            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
+            _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
+            mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
+            r0 += GQA_GROUP * per_head
+    else:
+        # every tile unmasked, the group's heads one after another; the first tile apart, so that the loop's dK and
+        # dV are always a wgmma's result
+        n0 = pid * BLOCK_N
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        mbarrier.wait(kv_bar, 0)
+        dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
+                             dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
+                             n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
+                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
+                             ds_desc, n0, ds_head0, DS_OUT)
+        for it in range(1, GQA_GROUP * n_mb):
+            dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
+                                 empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
+                                 it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D,
+                                 STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                                 BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
+        _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
+
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z, h_kv,
+            pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+            STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
+            BIAS_TMA: gl.constexpr):
+    """One warp: for each of the CTA's key tiles, its k and v (once the previous key tile's dK and dV are stored from
+    their buffers), then every query tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head
+    where it has them, else 0) into the ring as the compute warpgroups free its stages."""
+    r0 = 0
+    for t in range(n_kt):
+        if CAUSAL:
+            n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
+        else:
+            n0, m_lo, per_head = pid * BLOCK_N, 0, n_mb
+        if t > 0:
+            mbarrier.wait(kv_free, (t - 1) & 1)
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
+        _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
+        for it in range(GQA_GROUP * per_head):
+            ring = r0 + it
+            stage = ring % STAGES
+            mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
+            h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+            bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
+            _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem,
+                       bias_z, bias_h, n0, BIAS_TMA)
+        r0 += GQA_GROUP * per_head
+
+
+@gluon.jit
+def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
+                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
+                     GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr,
+                     HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
+                     BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr):
+    """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
+    launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads)."""
+    pid = gl.program_id(0)
+    z, h_kv = _batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
+    h_kv += kv_head0
+    n_n = gl.cdiv(N, BLOCK_N)
+    n_mb = gl.cdiv(M, BLOCK_M)
+    if PAIRED:  # (causal) key tiles pid and n_n - 1 - pid, one where they are the same
+        n_kt = gl.where(n_n - 1 - pid != pid, 2, 1)
+    else:
+        n_kt = 1
+
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], k_desc.dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
+    p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
+    dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], gl.float32)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    p_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
+    ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, BLOCK_M, HEAD_D], dq_smem_layout)
+    bias_smem = p_smem  # (no BIAS_TMA: a stand-in, never read)
+    if BIAS_TMA:  # a bias tile a ring stage, beside its q and dO
+        bias_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], bias_desc.dtype)
+        bias_smem = gl.allocate_shared_memory(bias_desc.dtype, [STAGES, BLOCK_M, BLOCK_N], bias_layout)
+    kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    kv_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(kv_bar, count=1)
+    mbarrier.init(kv_free, count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+
+    gl.warp_specialize([
+        (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
+                    q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
+                    pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
+                    kv_head0 * GQA_GROUP, DS_OUT)),
+        (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
+                   h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
+                   stride_bz, stride_bh, BIAS_TMA)),
+    ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
+    # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
+    # D64 causal, in the loop over the diagonal's query tiles, 8 bytes with GQA one key tile a CTA, 80-96 paired)
+
+
+# ---- launcher --------------------------------------------------------------------------------------------------------
+_DQ_BUFFERS = 2  # (the config comment above: the dQ add of one tile in flight while the next fills the other)
+
+
+def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int, dtype: torch.dtype,
+                         bias_dtype: torch.dtype) -> int:
+    """The dQ buffers a config keeps with a bias tile in each ring stage: two, or one where only one leaves the
+    room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory), or 0 where
+    neither fits the shared memory a CTA may use (the compute warpgroups load the bias then)."""
+    budget = shared_memory_for_tiles()
+    size = dtype.itemsize
+    tiles = (2 * block_n * head_dim * size + stages * 2 * block_m * head_dim * size  # k, v; q and dO
+             + 2 * block_m * block_n * size + stages * block_m * block_n * bias_dtype.itemsize)  # P, dS; bias
+    fitting = [n for n in range(_DQ_BUFFERS, 0, -1) if tiles + n * block_m * head_dim * 4 <= budget]  # (fp32 dQ)
+    return fitting[0] if fitting else 0
+
+
+# Head dims whose backward stores dS for a bias's gradient: at 64, whose tiles store twice the dS bytes a matmul FLOP
+# that 128's do, T5-small's encoder attention (B4 H8 N4096, a [1, 8, N, N] bias) ran its forward and backward in
+# 3.15 ms with dS stores (three launches) against 2.60 with the template's backward (2.59 against 2.61 in two
+# launches, before the dQ accumulator was counted: call2.log); at 128, 5.78 against 7.43 (a [1, 16, N, N] bias, B4
+# N4096) and 3.77 against 4.38 causal (H200, benchmarks/2026-11-28-gluon-bias-gradient, call3.log)
+_DS_MIN_HEAD_DIM = 128
+
+
+def _ds_row_keys(n: int, element_size: int) -> int:
+    """The length of a dS buffer's rows: n keys padded so that a row's stride is one TMA takes."""
+    per_granule = _TMA_ALIGN_BYTES // element_size
+    return -(-n // per_granule) * per_granule
+
+
+def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
+    """The kv heads a launch of the backward takes where it also stores dS (the gradient of the scores) for the bias's
+    gradient, which is dS summed over the dims the bias is broadcast over: as many as keep the dS buffer of a launch
+    ``[Z, heads, M, N]`` and this backward's fp32 dQ accumulator within the fp32 gradient buffer that the generated
+    template's backward would take instead (the bias's own size), in launches of equal shares (the last may be
+    smaller). Only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
+    the gradient. 0 where none fits, below :data:`_DS_MIN_HEAD_DIM`, or where the bias's dtype is not the inputs'
+    (eager's dS is then in the bias's dtype, not rounded to the inputs'): the template's backward computes that
+    gradient."""
+    Z, H, M, D = q.shape
+    H_kv, N = k.shape[1], k.shape[2]
+    if bias.dtype != q.dtype or D < _DS_MIN_HEAD_DIM:
+        return 0
+    room = bias.numel() * 4 - Z * H * M * D * 4  # (the template's buffer less the dQ accumulator)
+    kv_head_bytes = Z * (H // H_kv) * M * _ds_row_keys(N, q.element_size()) * q.element_size()
+    if not kv_head_bytes:  # (no rows or keys: nothing to store)
+        return H_kv
+    if bias.shape[1] != H:
+        return H_kv if H_kv * kv_head_bytes <= room else 0
+    fitting = min(H_kv, max(room, 0) // kv_head_bytes)
+    return -(-H_kv // -(-H_kv // fitting)) if fitting else 0  # (H_kv over as few launches as fit, shared equally)
+
+
+def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:
+    """Whether a call's CTAs take two key tiles each (:data:`_PAIR_UP_TO_WAVES`): causal, and one key tile a CTA would
+    fill at most that many waves of the device's SMs (off a GPU, no SMs: one key tile a CTA)."""
+    return causal and fills_at_most(key_tiles * kv_heads, _PAIR_UP_TO_WAVES, device)
+
+
+def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec,
+                    dlse: Tensor | None = None, bias: Tensor | None = None,
+                    bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    """``(dq, dk, dv, dbias)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the
+    forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the spec's score
+    tensor where it adds one. ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast
+    dims, a launch for each chunk of :func:`dscore_kv_heads` kv heads (a ValueError where it admits none)."""
+    Z, H, M, D = q.shape
+    H_kv, N = k.shape[1], k.shape[2]
+    scale, causal, gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
+    chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
+    if not chunk:
+        raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
+                         "dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
+    block_m, block_n, stages = _CONFIGS[D]
+    q, k, v, dout = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(dout)
+    lse = lse.contiguous()
+    out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
+    delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
+    # (no row of plain attention is empty: one kernel for both)
+    zero_empty_rows = bias is not None and spec.empty_rows == "zero"
+    # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
+    flag_nan_rows = bias is not None and causal
+    nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=q.device) if flag_nan_rows else lse  # (lse: not read)
+    _delta_kernel[(triton.cdiv(M, _PRE_ROWS), Z * H)](
+        out, dout, lse if dlse is None else dlse.contiguous(), delta, lse, nan_heads, H, M, *out.stride()[:3],
+        *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, flag_nan_rows, zero_empty_rows)
+    dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=q.device)
+    dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
+    dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
+    n_n = triton.cdiv(N, block_n)  # key tiles
+    strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
+    bias_view = None if bias is None else _bias_by_tma(bias)
+    ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
+                                                                       bias.dtype)
+    q_desc = _descriptor(q, block_m)
+    descriptors = (q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
+                   _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m))
+    bias_desc = _descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc  # (q's: a stand-in, never read)
+    dbias, ds_desc = None, q_desc  # (no dS out: q's descriptor stands in, never written)
+    if bias_grad:
+        # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
+        # from one chunk to the next: each chunk writes the same tiles)
+        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, _ds_row_keys(N, q.element_size()),
+                                                      dtype=q.dtype, device=q.device)[..., :N]
+        ds_desc = _descriptor(ds, block_m, block_n)
+        dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+    for kv_head0 in range(0, H_kv, chunk):
+        kv_heads = min(chunk, H_kv - kv_head0)
+        paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
+        _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads)](  # (no bias: lse stands in for it)
+            *descriptors, lse, delta, H, kv_heads, M, N, scale * _LOG2E, scale, lse if bias is None else bias,
+            *strides, Z, bias_desc, ds_desc, kv_head0,
+            gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
+            batch_rows_innermost(spec),
+            zero_empty_rows, ring_dq_buffers > 0, ring_dq_buffers or _DQ_BUFFERS, bias_grad, num_warps=_NUM_WARPS)
+        if bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
+            heads = slice(kv_head0 * gqa_group, (kv_head0 + kv_heads) * gqa_group)
+            chunk_ds = ds[:, :heads.stop - heads.start]
+            part = dbias[:, heads] if bias.shape[1] == H else dbias
+            summed = [d for d in range(4) if part.shape[d] == 1 and chunk_ds.shape[d] != 1]
+            if summed:  # (in fp32, as eager's sum over the broadcast dims)
+                torch.sum(chunk_ds, summed, keepdim=True, out=part)
+            else:
+                part.copy_(chunk_ds)
+    if flag_nan_rows:
+        _nan_dv_kernel[(triton.cdiv(N, _PRE_ROWS), Z * H_kv)](dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
+    dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
+    _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
+    return dq, dk, dv, dbias
+
+
+# ---- the op (on the forward's library: see there why not a custom_op) ------------------------------------------------
+LIBRARY.define("flash_attention_hopper_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
+               "str spec, Tensor? dlse=None, Tensor? bias=None, bool bias_grad=False) "
+               "-> (Tensor, Tensor, Tensor, Tensor)")
+
+
+def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                                       spec: str, dlse: Tensor | None = None, bias: Tensor | None = None,
+                                       bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dbias)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``), ``bias`` its
+    score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`dscore_kv_heads` must admit
+    it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its reasons say
+    why)."""
+    s = checked_spec("flash_attention_hopper_backward", q, k, v, spec, bias)
+    if ops._is_empty(q, k):
+        dq, dk, dv, dbias = ops._empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
+        return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
+    dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s, dlse, bias, bias_grad)
+    return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
+
+
+for _device in ("CPU", "CUDA"):
+    LIBRARY.impl("flash_attention_hopper_backward", flash_attention_hopper_backward_op, _device)
+
+
+@torch.library.register_fake("fuse_attn::flash_attention_hopper_backward")
+def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None, bias_grad=False):
+    ops.validate(q, k, v, _score_tensors(bias), ops.parse_spec(spec))
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            bias.new_empty(bias.shape) if bias_grad else q.new_empty(0))

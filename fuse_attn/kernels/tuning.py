@@ -1,0 +1,599 @@
+"""Launch configurations for the attention kernels and the run-time tuner, whose choices persist on disk.
+
+A config is (BLOCK_M, BLOCK_N, num_warps, num_stages). Candidates come from a small space pruned by the GPU's
+shared-memory limit, the head dim and causality; at the first call for a key, each candidate is timed with
+``triton.testing.do_bench`` on the real inputs, the fastest few timed again for longer, and the fastest of those kept for that key (:class:`TuningKey`): GPU name and
+compute capability, Triton and torch versions, kernel, spec digest, dtype, head dims, and power-of-two buckets of
+M and N (a new length in a bucket already seen reuses its config). Under the Triton interpreter exactly one config
+is used (multi-config tuning does not work there, and timing an interpreter is meaningless).
+
+Lookup for a key: this process's memory, then the disk cache, then tuning, whose result is written to disk. Each
+tuning logs one INFO line on the ``fuse_attn.kernels.tuning`` logger before (the key, how many candidates) and
+one after (the config, its time, the tuning's wall time); a candidate that fails to compile or launch is dropped
+with an INFO line giving the first line of its error.
+
+Disk cache: the directory ``$FUSE_ATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fuse_attn``, else ``~/.cache/fuse_attn``.
+One JSON file per (GPU name, compute capability, Triton version, torch version): that part of the key decides
+whether a stored timing means anything at all, so an upgrade starts a new file rather than mixing stale entries
+into a live one, and a process reads only the one file that can apply to it. The file holds ``format``
+(:data:`FORMAT_VERSION`), that identity, and ``entries``: entry name (the rest of the key) -> config and its time
+in ms. A file that does not parse, has another format or identity, and any entry that is not a valid config are
+ignored with a warning and dropped by the next write; a stored config no longer among the candidates is re-tuned.
+A write goes to a temp file in the same directory, fsync'ed and ``os.replace``-d over the old file, so readers
+see the old file or the new one, never a partial one. Writers hold ``fcntl.flock`` on ``<file>.lock`` while they
+re-read the file and merge their entry into it, so processes tuning at once keep each other's entries (where
+fcntl is missing, e.g. on Windows, writes are still atomic but a concurrent writer's entry can be lost, and is then
+re-tuned by a later process). A cache directory that cannot be written logs one warning; choices stay in memory.
+
+The same machinery (keys, timing, the disk cache) chooses between implementations of one attention
+(:class:`Implementation`: the generated kernels or SDPA's cuDNN / flash kernels, :mod:`.implementations`): its
+entries hold a name instead of a config.
+
+A key first met while a CUDA graph is being captured is not tuned there (see :func:`_while_capturing`).
+
+Environment: ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate that compiles and runs (fast
+compiles); such untimed picks live in memory under their own key, never stand in for tuned ones and are never
+written to disk. ``FUSE_ATTN_CACHE=0`` neither reads nor writes the disk cache (memory only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, NamedTuple, Optional, Sequence, Union
+
+import torch
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; writes stay atomic, concurrent writers may drop each other's entries
+    fcntl = None
+
+log = logging.getLogger("fuse_attn.kernels.tuning")
+
+try:  # Triton's own hook for compiling kernels on an executor (private; where it is missing, candidates compile
+    # one by one as they are timed)
+    from triton.runtime._async_compile import AsyncCompileMode
+except ImportError:
+    AsyncCompileMode = None
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    block_m: int  # query rows per tile
+    block_n: int  # key columns per tile
+    num_warps: int
+    num_stages: int  # software-pipelining depth of the inner loop's loads
+    # dK/dV kernel only: 1, one launch computes dK and dV; 2, one launch computes dV and another dK (2 + 3 matmuls a
+    # tile instead of 4, for one fp32 accumulator per program instead of two: wide heads)
+    dkdv_launches: int = 1
+
+    def __str__(self) -> str:
+        split = "" if self.dkdv_launches == 1 else f" dkdv_launches={self.dkdv_launches}"
+        return f"BLOCK_M={self.block_m} BLOCK_N={self.block_n} warps={self.num_warps} stages={self.num_stages}{split}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """A candidate of the other choice the tuner makes: which implementation runs a matched attention (the
+    generated kernels or one of SDPA's, :mod:`.implementations`); timed, stored and read back like a config."""
+
+    name: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
+Choice = Union[KernelConfig, Implementation]  # what a tuning key's entry holds
+
+
+# One config per kernel under the interpreter. Small blocks keep each interpreted program cheap, and
+# BLOCK_M != BLOCK_N makes the tests cross the causal diagonal at block boundaries that are not aligned.
+INTERPRETER_CONFIGS = {
+    "fwd": KernelConfig(32, 16, 4, 1),
+    "bwd_dq": KernelConfig(32, 16, 4, 1),
+    "bwd_dkdv": KernelConfig(16, 32, 4, 1),  # (query rows, key rows) per step of the dK/dV loop
+    # split-K decode (flash_decoding.py): block_m is the packed-row tile, set by the launcher from the rows
+    "decode": KernelConfig(16, 16, 4, 1),
+}
+
+# Candidate axes. Tensor-core tiles want multiples of 16 rows per warp (mma m16); Hopper's wgmma issues
+# 64-row tiles per 4-warp group, so BLOCK_M in {64, 128} with 4 or 8 warps are the shapes FA2/FA3 and Triton's
+# fused-attention tutorial use on sm80/sm90; stages 2-3 cover their pipelining depths for attention.
+_FWD_BLOCK_M = (64, 128)
+_FWD_BLOCK_N = (32, 64, 128)
+_WARPS = (4, 8)
+_STAGES = (2, 3)
+# Backward, dK/dV kernel: the key block stays resident (k, v, dk, dv), the query block streams; Triton's
+# tutorial uses (BLOCK_M, BLOCK_N) = (32, 128) there and (128, 32) for dQ (the resident side is the large one).
+# 64 x 64 (on 4 warps, two programs an SM): the fastest of 26 dK/dV configs at head dim 96 = 64 + 32 (H100, Triton
+# 3.6, causal B4 H16 N4096, 2026-11-26; benchmarks/2026-11-26-head-dim-parts): 0.981 ms against 1.077 for 64 x 128.
+_DKDV_SHAPES = ((32, 128), (64, 128), (64, 64))
+_DQ_SHAPES = ((128, 32), (128, 64))
+# Heads wider than 128 (Gemma-2's 256): a resident fp32 accumulator is 256 columns wide, so the resident side
+# shrinks to 32-64 rows, given as (BLOCK_M, BLOCK_N, warps[, dK/dV launches]). From a sweep of 30 configs (H200,
+# Triton 3.6, softcap + causal, B4 H8 N4096 D256, 2026-11-26; benchmarks/2026-11-26-wide-heads): dK/dV with 64
+# resident rows needs 8 warps (4 warps spilled 258-410 registers and ran 2-3x slower; 8 warps hold the two 64 x 256
+# accumulators in 128 registers a thread, as FA2's 8-warp head-dim-256 backward does); dQ ran fastest on 4 warps.
+# dK and dV in two launches (one accumulator each) hold 128 resident keys: in a sweep of 24 such configs (H100,
+# Triton 3.6, causal B4 H8 N4096 D256, MHA and GQA 2; benchmarks/2026-11-26-split-dkdv) 32 x 128 on 8 warps ran
+# the kernel in 1.56 / 1.63 ms against 2.70 / 2.45 ms for the fastest one-launch config, with no spills; 16 x 128
+# on 8 warps and 32 x 64 on 4 warps came next. With 64 query rows a step, or at head dim 128, it was slower.
+# dQ holds one such accumulator too: 128 resident rows on 8 warps (128 x 32, 3 stages) ran it in 0.75 ms against
+# 0.97 for 64 x 16 on 4 warps, no spills (same H100 sweep, dq_sweep_d256.log; 128 x 64 fit only unpipelined).
+_WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 2))
+_WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4), (128, 32, 8))
+_WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
+# dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
+# errors 4-50x eager's on an H200 with Triton 3.6 (2026-11-21). The key-major kernel (k @ q^T, no register
+# transposes) has none: `tools/bench_attention.py --check-backward-configs` ran 125 config runs over 7 shapes
+# with stages 1-3, all within the 2x rule (H200, Triton 3.6, 2026-11-22), and stages=3 was the fastest at
+# N=4096, D=64 and 128.
+_DKDV_STAGES = (1, 2, 3)
+
+
+def _smem_bytes(resident_rows: int, streamed_rows: int, block_d: int, block_dv: int, elem: int, stages: int) -> int:
+    """Rough shared memory of one program: the streamed k/v (or q/dO) tiles, `stages` deep, plus the resident
+    tile staged once for the dot. An estimate only: a config that still does not fit fails to compile and is
+    dropped by the tuner."""
+    return elem * (stages * streamed_rows * (block_d + block_dv) + resident_rows * max(block_d, block_dv))
+
+
+@functools.lru_cache(maxsize=None)
+def _max_shared_memory(index: int) -> int:
+    from triton.runtime import driver
+
+    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+
+
+def max_shared_memory(device: torch.device) -> int:
+    # Cached: the driver query reads several device attributes per call and is far slower than a launch.
+    return _max_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem_limit: int) -> list[KernelConfig]:
+    out = []
+    for bm in _FWD_BLOCK_M:
+        for bn in _FWD_BLOCK_N:
+            if bn > bm:
+                continue  # a wider key tile than query tile only adds masked work on the causal diagonal
+            if bn == 32 and max(block_d, block_dv) <= 128:
+                continue  # 32-wide key tiles exist for 256-wide heads only; below that they halve the mma work per load
+            if causal and bn < bm // 2:
+                continue  # causal: the diagonal costs BLOCK_M/BLOCK_N masked steps; keep it to at most two
+            if max(block_d, block_dv) > 128 and bn > 64:
+                continue  # head dim 256: a 128-wide key tile of k and v does not fit next to the accumulator
+            for warps in _WARPS:
+                if warps == 8 and bm < 128:
+                    continue  # 64 rows over 8 warps leaves 8 rows per warp, below the 16-row mma tile
+                for stages in _STAGES:
+                    if _smem_bytes(bm, bn, block_d, block_dv, elem, stages) <= smem_limit:
+                        out.append(KernelConfig(bm, bn, warps, stages))
+    return out or [KernelConfig(64, 32, 4, 1)]
+
+
+def _backward_candidates(shapes, wide_configs, block_d, block_dv, elem, smem_limit, resident_is_n: bool,
+                         stages_axis=_STAGES) -> list[KernelConfig]:
+    if max(block_d, block_dv) > _WIDE_HEAD:
+        tiles = wide_configs
+    else:  # as in the forward: >= 16 resident rows per warp
+        tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
+    out = []
+    for bm, bn, warps, *launches in tiles:
+        resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
+        for stages in stages_axis:
+            if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
+                out.append(KernelConfig(bm, bn, warps, stages, *launches))
+    return out or [KernelConfig(32, 32, 4, 1)]
+
+
+def dkdv_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
+    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, block_d, block_dv, elem, smem_limit, resident_is_n=True,
+                                stages_axis=_DKDV_STAGES)
+
+
+def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
+    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+
+
+# Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from
+# memory; the axes are the key tile (64/128 keys, 32/64 for 256-wide heads, as in the forward), the warps that
+# share it, and the pipelining depth of its K/V loads.
+_DECODE_BLOCK_N = (32, 64, 128)
+_DECODE_WARPS = (4, 8)
+_DECODE_STAGES = (2, 3, 4)
+
+
+def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem_limit: int) -> list[KernelConfig]:
+    """Configs of the split-K decode kernel, whose row tile ``block_r`` is fixed by the packed rows."""
+    wide = max(block_d, block_dv) > 128
+    out = []
+    for bn in _DECODE_BLOCK_N:
+        if (bn == 128) if wide else (bn == 32):
+            continue  # as in forward_candidates: 128-wide key tiles do not fit 256-wide heads, 32 only for those
+        for warps in _DECODE_WARPS:
+            for stages in _DECODE_STAGES:
+                if _smem_bytes(block_r, bn, block_d, block_dv, elem, stages) <= smem_limit:
+                    out.append(KernelConfig(block_r, bn, warps, stages))
+    return out or [KernelConfig(block_r, 32, 4, 1)]
+
+
+def length_bucket(n: int) -> int:
+    """Next power of two: lengths in one bucket share a tuned config."""
+    return 1 if n <= 1 else 1 << (n - 1).bit_length()
+
+
+# Bump when the file layout or the meaning of an entry changes: files of any other format are ignored.
+FORMAT_VERSION = 1
+
+
+class TuningKey(NamedTuple):
+    """What a tuned config is valid for. A tuple (not a dataclass): the launchers build one on every call."""
+
+    gpu: str
+    capability: str  # compute capability, "major.minor"
+    triton_version: str
+    torch_version: str
+    # "fwd", "bwd_dkdv", "bwd_dq" or "decode" (m: the split-K kernel's packed rows); "impl_fwd" / "impl_train":
+    # the implementation of an attention, timed forward only or forward+backward
+    kind: str
+    kernel_id: str  # the generated module (spec digest + source hash): a changed kernel is tuned anew; for "impl_*"
+    # the spec digest and the batch and head counts
+    dtype: str
+    d: int
+    dv: int
+    m_bucket: int
+    n_bucket: int
+    timed: bool  # False under FUSE_ATTN_AUTOTUNE=0: an untimed pick must not stand in for a tuned one
+
+    def file_identity(self) -> dict:
+        """The part of the key that names its cache file (and is stored in it)."""
+        return {"gpu": self.gpu, "capability": self.capability, "triton": self.triton_version, "torch": self.torch_version}
+
+    def entry_name(self) -> str:
+        """The rest of the key: its entry's name within the cache file."""
+        return (f"{self.kind} {self.kernel_id} {self.dtype} D={self.d} DV={self.dv} "
+                f"M_bucket={self.m_bucket} N_bucket={self.n_bucket}")
+
+    def __str__(self) -> str:
+        return f"{self.entry_name()} on {self.gpu} (sm {self.capability})" + ("" if self.timed else ", untimed")
+
+
+_chosen: dict[TuningKey, Choice] = {}
+_unwritable_dirs: set[str] = set()  # cache dirs already warned about: one warning per directory and process
+
+
+def device_identity(device: torch.device) -> tuple[str, str]:
+    """(GPU name, compute capability "major.minor") of a CUDA device."""
+    return _device_identity(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_identity(index: int) -> tuple[str, str]:
+    props = torch.cuda.get_device_properties(index)
+    return props.name, f"{props.major}.{props.minor}"
+
+
+@functools.lru_cache(maxsize=None)
+def software_versions() -> tuple[str, str]:
+    """(Triton version, torch version): a new compiler can make another config the fastest."""
+    import triton
+
+    return triton.__version__, torch.__version__
+
+
+def tuning_key(kind: str, device: torch.device, kernel_id: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> TuningKey:
+    timed = os.environ.get("FUSE_ATTN_AUTOTUNE", "1") != "0"
+    return TuningKey(*device_identity(device), *software_versions(), kind, kernel_id, str(dtype), d, dv,
+                     length_bucket(m), length_bucket(n), timed)
+
+
+def cached(key: TuningKey) -> Choice | None:
+    """The config chosen for ``key`` in this process, if any (memory only: the launchers' hot path)."""
+    return _chosen.get(key)
+
+
+def choose(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
+           reset: Callable[[], None] | None = None,
+           compile_only: Optional[Callable[[Choice], None]] = None) -> Choice:
+    """The config for ``key``: from memory, else from the disk cache, else the fastest candidate, timing each with
+    ``launch``. ``reset`` runs after candidates were launched (e.g. to zero gradient buffers that the launches
+    accumulated into). ``compile_only(cfg)``, when given, compiles a candidate without launching it: before
+    timing, every candidate is then compiled at once (:func:`_compile_concurrently`)."""
+    cfg = _chosen.get(key)
+    if cfg is None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return _while_capturing(key, candidates)
+        cfg = _stored_or_tuned(key, candidates, launch, reset, compile_only)
+        _chosen[key] = cfg
+    return cfg
+
+
+def _while_capturing(key: TuningKey, candidates: Sequence[Choice]) -> Choice:
+    """A config for a launch that a CUDA graph is recording (``torch.cuda.graph``, ``mode="reduce-overhead"``),
+    launching nothing: every candidate launch would be recorded into the graph, and timing synchronizes the
+    device, which invalidates the capture. The stored config if there is one, else the first candidate, untimed
+    and not remembered, so the next call outside a capture tunes. CUDA graph trees run each new shape once
+    before recording it, so under ``reduce-overhead`` the tuning happens in that warm-up run and this is not
+    reached."""
+    use_disk = key.timed and os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+    stored = _stored(key, candidates) if use_disk and len(candidates) > 1 else None
+    if stored is not None:
+        _chosen[key] = stored
+        return stored
+    log.info("%s: first launch inside a CUDA graph capture, where configs cannot be timed; the graph uses %s untimed",
+             key, candidates[0])
+    return candidates[0]
+
+
+def chosen_configs() -> dict[TuningKey, Choice]:
+    return dict(_chosen)
+
+
+def cache_dir() -> str:
+    explicit = os.environ.get("FUSE_ATTN_CACHE_DIR")
+    if explicit:
+        return explicit
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "fuse_attn")
+
+
+def cache_file(key: TuningKey) -> str:
+    identity = "-".join((key.gpu, "sm" + key.capability, "triton" + key.triton_version, "torch" + key.torch_version))
+    # GPU names hold spaces (and could hold anything): keep the name portable. Two identities that map to one name
+    # share a file, which then holds one of them; the identity stored in it tells them apart.
+    return os.path.join(cache_dir(), "autotune-" + re.sub(r"[^A-Za-z0-9.+-]", "_", identity) + ".json")
+
+
+def _stored_or_tuned(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
+                     reset: Callable[[], None] | None,
+                     compile_only: Optional[Callable[[Choice], None]]) -> Choice:
+    if len(candidates) == 1:
+        return candidates[0]  # nothing to choose between: neither timed nor stored
+    if not key.timed:
+        cfg = _first_working(key, candidates, launch)
+    else:
+        use_disk = os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+        stored = _stored(key, candidates) if use_disk else None
+        if stored is not None:
+            return stored
+        cfg, ms = _fastest(key, candidates, launch, compile_only)
+        if use_disk:
+            _store(key, cfg, ms)
+    if reset is not None:
+        reset()
+    return cfg
+
+
+def _first_working(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None]) -> Choice:
+    """No timing: the first candidate that compiles and runs (the smem estimate is only an estimate)."""
+    errors = []
+    for cand in candidates:
+        try:
+            launch(cand)
+        except Exception as e:
+            errors.append(_dropped(key, cand, e))
+            continue
+        return cand
+    raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
+
+
+def _fastest(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
+             compile_only: Optional[Callable[[Choice], None]] = None) -> tuple[Choice, float]:
+    """The fastest candidate and its time in ms."""
+    log.info("tuning %s: timing %d candidate configs", key, len(candidates))
+    start = time.perf_counter()
+    if compile_only is not None:
+        _compile_concurrently(candidates, compile_only)
+        log.info("compiled %d candidates for %s in %.2f s", len(candidates), key, time.perf_counter() - start)
+    timed, errors = [], []
+    for cand in candidates:
+        try:
+            ms = _time_config(launch, cand, _FIRST_PASS_REP_MS)
+        except Exception as e:  # out of shared memory / registers: not a usable config here
+            errors.append(_dropped(key, cand, e))
+            continue
+        log.debug("config %s for %s: %.4f ms", cand, key, ms)
+        timed.append((ms, cand))
+    if not timed:
+        raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
+    finalists = [cand for _, cand in sorted(timed, key=lambda t: t[0])[:_FINALISTS]]
+    best = None
+    for cand in finalists if len(finalists) > 1 else ():
+        ms = _time_config(launch, cand, _FINAL_PASS_REP_MS)
+        log.debug("finalist %s for %s: %.4f ms", cand, key, ms)
+        if best is None or ms < best[1]:
+            best = (cand, ms)
+    if best is None:
+        best = (timed[0][1], timed[0][0])
+    log.info("tuned %s: %s at %.4f ms (%d of %d candidates ran; tuning took %.2f s)", key, best[0], best[1],
+             len(candidates) - len(errors), len(candidates), time.perf_counter() - start)
+    return best
+
+
+def _compile_concurrently(candidates: Sequence[Choice], compile_only: Callable[[Choice], None]) -> None:
+    """Compile every candidate on a thread pool before any is timed. Compiling dominates a cold tuning (about 2 s
+    per candidate, against ~0.1 s to time one), and much of a compile runs outside the GIL (LLVM, ptxas), so the
+    candidates' compiles overlap. Compiled kernels land in Triton's in-memory and disk caches, where the timing
+    launches find them."""
+    if AsyncCompileMode is None or len(candidates) < 2:
+        return
+    with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):
+        for cand in candidates:
+            try:
+                compile_only(cand)
+            except Exception:  # noqa: BLE001 -- the timing loop compiles it again and drops it with its reason
+                pass
+
+
+# do_bench's rep (ms) of the first pass over every candidate: ~25 launches of a ms-scale kernel, enough to rank
+# configs apart while tuning ~10 candidates in well under a second per key; of the second pass over the finalists:
+# 4x as many launches. The median, not the mean: one slow launch (a clock dip, another process's kernel) must not
+# decide. On the H100 (2026-11-24) one rep-25 mean pass picked, in two processes, dK/dV configs 25% apart in time.
+_FIRST_PASS_REP_MS = 25
+_FINAL_PASS_REP_MS = 100
+# The first pass's fastest candidates that are timed again: its ranking is reliable beyond its top few.
+_FINALISTS = 3
+
+
+def _time_config(launch: Callable[[Choice], None], cfg: Choice, rep_ms: float) -> float:
+    """Milliseconds per ``launch(cfg)`` on the GPU (median of about ``rep_ms`` of launches)."""
+    import triton.testing
+
+    return triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=rep_ms, return_mode="median")
+
+
+def _dropped(key: TuningKey, cand: Choice, error: Exception) -> str:
+    """Log a candidate that failed; its reason (the error's first line) for the message if none works."""
+    lines = str(error).strip().splitlines()
+    reason = f"{type(error).__name__}: {lines[0] if lines else ''}"
+    log.info("config %s for %s dropped: %s", cand, key, reason)
+    log.debug("config %s for %s failed", cand, key, exc_info=error)
+    return f"{cand}: {reason}"
+
+
+# ---- disk cache ----------------------------------------------------------------------------------------------------
+_CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(KernelConfig))
+# the fields without a default; entries written before a defaulted field existed take its default
+_REQUIRED_CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(KernelConfig)
+                                if field.default is dataclasses.MISSING)
+
+
+def _entry_fields(cfg: Choice) -> dict:
+    """A choice as its cache entry's fields: a config's fields without those at their default (so an entry of a
+    config that does not use a newer field reads the same as before it existed)."""
+    if isinstance(cfg, Implementation):
+        return {"name": cfg.name}
+    defaults = {field.name: field.default for field in dataclasses.fields(KernelConfig)}
+    return {name: value for name, value in dataclasses.asdict(cfg).items()
+            if name in _REQUIRED_CONFIG_FIELDS or value != defaults[name]}
+
+
+def _entry_choice(value) -> Choice:
+    """The choice of a cache entry ({config fields..., "ms": time} or {"name": implementation, "ms": time});
+    ValueError saying why if it is neither."""
+    if isinstance(value, dict) and set(value) == {"name", "ms"}:
+        if not isinstance(value["name"], str) or not value["name"]:
+            raise ValueError(f"implementation name {value['name']!r} is not a non-empty string")
+        choice = Implementation(value["name"])
+    elif isinstance(value, dict) and set(_REQUIRED_CONFIG_FIELDS) <= set(value) <= {*_CONFIG_FIELDS, "ms"} and "ms" in value:
+        fields = {name: value[name] for name in _CONFIG_FIELDS if name in value}
+        if not all(type(v) is int and v > 0 for v in fields.values()):
+            raise ValueError(f"config values must be positive integers, got {fields}")
+        if fields.get("dkdv_launches", 1) not in (1, 2):
+            raise ValueError(f"dkdv_launches must be 1 or 2, got {fields['dkdv_launches']}")
+        choice = KernelConfig(**fields)
+    else:
+        raise ValueError(f"expected an object with keys {sorted({*_CONFIG_FIELDS, 'ms'})} or ['ms', 'name'], got {value!r}")
+    if type(value["ms"]) not in (int, float) or not value["ms"] >= 0:  # `not >=` also rejects NaN
+        raise ValueError(f"time {value['ms']!r} is not a number of milliseconds")
+    return choice
+
+
+def _file_problem(data, identity: dict) -> str | None:
+    """Why a parsed cache file cannot be used for ``identity``; None if it can."""
+    if not isinstance(data, dict):
+        return f"expected a JSON object, got a {type(data).__name__}"
+    if data.get("format") != FORMAT_VERSION:
+        return f"format {data.get('format')!r}, this version reads {FORMAT_VERSION}"
+    found = {name: data.get(name) for name in identity}
+    if found != identity:
+        return f"written for {found}, not {identity}"
+    if not isinstance(data.get("entries"), dict):
+        return "it has no 'entries' object"
+    return None
+
+
+def _read_entries(path: str, identity: dict, level: int = logging.WARNING) -> dict[str, dict]:
+    """The valid entries of the cache file at ``path``; {} if it is missing or unusable. Whatever is ignored is
+    logged at ``level`` with the reason."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):  # nothing stored yet (or nothing can be: the dir is a file)
+        return {}
+    except (OSError, ValueError) as e:  # unreadable, truncated, not JSON, not UTF-8 (the last three: ValueErrors)
+        log.log(level, "ignoring autotune cache %s: %s", path, e)
+        return {}
+    problem = _file_problem(data, identity)
+    if problem is not None:
+        log.log(level, "ignoring autotune cache %s: %s", path, problem)
+        return {}
+    entries = {}
+    for name, value in data["entries"].items():
+        try:
+            _entry_choice(value)
+        except ValueError as e:
+            log.log(level, "ignoring entry %r of autotune cache %s: %s", name, path, e)
+            continue
+        entries[name] = value
+    return entries
+
+
+def _stored(key: TuningKey, candidates: Sequence[Choice]) -> Choice | None:
+    path = cache_file(key)
+    value = _read_entries(path, key.file_identity()).get(key.entry_name())
+    if value is None:
+        return None
+    cfg = _entry_choice(value)
+    if cfg not in candidates:  # the candidate space changed since it was stored (a config may have been found wrong)
+        log.debug("stored config %s for %s is no longer a candidate; re-tuning", cfg, key)
+        return None
+    return cfg
+
+
+def _store(key: TuningKey, cfg: Choice, ms: float) -> None:
+    """Merge the entry for ``key`` into its cache file; on an unwritable directory, warn once and go on."""
+    path = cache_file(key)
+    directory = os.path.dirname(path)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with _locked(path + ".lock"):
+            # re-read under the lock: entries other processes wrote since our lookup stay; the lookup already
+            # warned about anything this drops
+            entries = _read_entries(path, key.file_identity(), level=logging.DEBUG)
+            entries[key.entry_name()] = {**_entry_fields(cfg), "ms": ms}
+            _write_atomically(path, {"format": FORMAT_VERSION, **key.file_identity(), "entries": entries})
+    except OSError as e:
+        if directory not in _unwritable_dirs:
+            _unwritable_dirs.add(directory)
+            log.warning("cannot write the autotune cache in %s (%s); tuned configs stay in this process's memory",
+                        directory, e)
+
+
+@contextlib.contextmanager
+def _locked(lock_path: str):
+    """An exclusive lock between processes, on a file of its own: the cache file itself is replaced by each write,
+    so a lock on it would guard an inode that is no longer the file."""
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)  # 0o666 & ~umask: what open() gives a new file
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_atomically(path: str, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise

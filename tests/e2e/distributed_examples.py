@@ -1,0 +1,43 @@
+"""(Run by tests/e2e/test_distributed.py under torchrun, 2 CPU processes, gloo.) Several runs of the distributed examples in
+one torchrun: each argument is one run, the example's name and its command line
+("train_distributed --device cpu --engine ddp --model gpt2 --steps 4"). The process group is made once and each
+example's ``main`` runs in it (the examples keep a group they did not make); each run starts from Dynamo's reset
+caches, as the example resets them for each of its variants. Rank 0 prints a line ``=== run i: <argument>`` before
+each run and ``=== run i exit <status>`` after it; exits 1 if any run failed.
+
+One torchrun instead of one per run: each torchrun pays the start of three interpreters (the launcher and two ranks),
+the imports of torch, transformers and fuse_attn, and gloo's rendezvous, and each process its first compile's
+warm-up. The interpreter's re-patching of triton.language is skipped as in the test session (interpreter_patching.py:
+the same bits)."""
+
+import importlib
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from tests.support.interpreter_patching import skip_repatching_inside_a_launch
+
+
+def main(runs: list) -> int:
+    skip_repatching_inside_a_launch()
+    dist.init_process_group("gloo")
+    rank, statuses = dist.get_rank(), []
+    for i, run in enumerate(runs):
+        name, *argv = shlex.split(run)
+        if rank == 0:
+            print(f"=== run {i}: {run}", flush=True)
+        torch._dynamo.reset()
+        status = importlib.import_module(f"examples.{name}").main(argv)
+        dist.barrier()
+        if rank == 0:
+            print(f"=== run {i} exit {status}", flush=True)
+        statuses.append(status)
+    dist.destroy_process_group()
+    return 0 if not any(statuses) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,169 @@
+"""Smoke tests of the benchmark and diagnostic tools on a CPU (tools/bench_attention.py measures only on CUDA;
+its --plot of an earlier CSV runs here), and the variant modules of tools/bench_variants.py: each one fused and equal
+to eager."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+from unittest import mock
+
+import pytest
+
+with mock.patch.dict(os.environ):  # the tool sets FUSE_ATTN_CANDIDATES for its runs; the session keeps conftest's
+    from tools.bench_variants import DEFAULT_SIZE, VARIANTS, check_variant, small_size
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def table_rows(stdout):
+    """The github-format table's rows as dicts keyed by its header."""
+    return tables(stdout)[0]
+
+
+def tables(stdout):
+    """Each github-format table's rows (consecutive lines starting with "|") as dicts keyed by its header."""
+    blocks, previous = [], False
+    for line in stdout.splitlines():
+        if line.startswith("|"):
+            if not previous:
+                blocks.append([])
+            blocks[-1].append(line)
+        previous = line.startswith("|")
+
+    def cells(line):
+        return [cell.strip() for cell in line.strip("|").split("|")]
+
+    return [[dict(zip(cells(b[0]), cells(line))) for line in b[2:]] for b in blocks]
+
+
+def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
+    pytest.importorskip("transformers")
+    # TRITON_INTERPRET=0: the fused op takes its plain-PyTorch CPU path (the interpreter would be far slower)
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
+               "--models", "gpt2", "bert-padded", "mistral-window", "t5", "phi3", "--modes", "infer", "--variants",
+               "fuse_attn", "sdpa+fuse_attn", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table_rows(done.stdout)
+    assert [(row["model"], row["mode"]) for row in rows] == [("gpt2", "infer"), ("bert-padded", "infer"),
+                                                                ("mistral-window", "infer"), ("t5", "infer"),
+                                                                ("phi3", "infer")], done.stdout
+    # bert-padded: its padding mask, built in the graph from the attention mask input, fused too; mistral-window:
+    # the sliding-window mask the model builds for SDPA; t5: three attentions a layer (the encoder's, and the
+    # decoder's self- and cross-attention), the self-attentions with the position bias; phi3: Phi-3's layers (head
+    # dim 96 at full size), in this process rather than one of its own (a process's start is ~10 s of the test)
+    per_layer = {"t5": 3}
+    for row in rows:
+        expected = per_layer.get(row["model"], 1) * int(row["layers"])
+        assert int(row["fused"]) == int(row["sdpa fused"]) == expected > 0, done.stdout
+        assert float(row["fuse_attn tok/s"].replace(",", "")) > 0 and float(row["sdpa+fuse_attn tok/s"].replace(",", "")) > 0
+    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 11  # header and the ten cells
+
+
+def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path):
+    """--compile-mode reduce-overhead: the model compiled in that mode (a CPU's Inductor skips the CUDA graphs), its
+    training steps each a new step of CUDA graph trees, the CSV's variant named with the mode; every layer fused."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
+               "--models", "gpt2", "--modes", "train", "--variants", "sdpa+fuse_attn", "--compile-mode",
+               "reduce-overhead", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = table_rows(done.stdout)
+    assert int(row["sdpa fused"]) == int(row["layers"]) > 0 and "sdpa+fuse_attn@reduce-overhead tok/s" in row, row
+    with open(tmp_path / "bench_models.csv", newline="") as f:
+        (cell,) = csv.DictReader(f)
+    assert cell["variant"] == "sdpa+fuse_attn@reduce-overhead" and float(cell["tokens_per_s"]) > 0, cell
+
+
+def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):
+    # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only, so a
+    # process of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's process)
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
+               "--models", "gemma2", "--modes", "infer", "--variants", "fuse_attn", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (row,) = table_rows(done.stdout)
+    assert row["model"] == "gemma2" and int(row["fused"]) == int(row["layers"]) > 0, done.stdout
+
+
+def test_bench_decode_tiny_on_cpu(tmp_path):
+    pytest.importorskip("transformers")
+    # The op part (our op and the SDPA backends a CPU runs) and generate with fuse_attn (every attention fused,
+    # no graph compiled while timing); plain-PyTorch CPU path as above.
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_decode.py"), "--device", "cpu", "--tiny",
+               "--variants", "fuse_attn", "--out", str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    op_csv = (tmp_path / "bench_decode_op.csv").read_text().splitlines()
+    assert op_csv[0].startswith("B,H,H_kv,D,N,kernel") and any(",fuse_attn,op dispatch," in line for line in op_csv)
+    op, generate = tables(done.stdout)
+    assert len(op) == 1 and float(op[0]["fuse_attn us"]) > 0, done.stdout
+    assert len(generate) == 1, done.stdout
+    row = generate[0]
+    assert row["variant"] == "fuse_attn" and int(row["fused"]) > 0 and float(row["tok/s"]) > 0
+    warmup, timed = (int(n) for n in row["graphs compiled (warm-up + timed)"].split("+"))
+    assert warmup >= 1 and timed == 0, done.stdout
+
+
+# The variants whose score change is a dense [1, H, N, N] tensor in the model itself (a learned bias, a precomputed
+# ALiBi buffer): the kernels load it.
+DENSE_BY_DESIGN = {"dense_bias", "alibi_causal_precomputed"}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_bench_variants_module_is_fused_and_matches_eager(name):
+    """Each benchmarked variant module, compiled with fuse_attn on the CPU in fp32 (kernels in Triton's interpreter
+    under TRITON_INTERPRET=1): its attention fused, output and gradients (q, k, v, the learned bias) within the 2x
+    rule of eager's against fp64. A benchmark row of an unfused variant would time Inductor, not our kernels."""
+    variant = VARIANTS[name]
+    # head dim 16 (the default's 128 scaled down), but a variant about its head dim (256) keeps it
+    head_dim = 16 if variant.default.head_dim == DEFAULT_SIZE.head_dim else variant.default.head_dim
+    result = check_variant(variant, small_size(variant.default, 64, head_dim), "cpu")
+    assert result.fused >= 1, "\n".join(result.verdicts)
+    if name == "padding_causal_mask_input":  # a mask of unknown values: its tiles classified per call
+        assert all("tiles classified per call" in verdict for verdict in result.verdicts), "\n".join(result.verdicts)
+    elif name not in DENSE_BY_DESIGN:  # masks built from indices or a padding vector: nothing [.., M, N] is loaded
+        assert not any("M,N]" in verdict for verdict in result.verdicts), "\n".join(result.verdicts)
+    assert result.ok, "; ".join(result.comparisons)
+
+
+def test_attention_precision_compares_each_captured_call_on_cpu():
+    pytest.importorskip("transformers")
+    # fuse_attn's kernels in the interpreter on the CPU (the tool sets it where no GPU is)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    command = [sys.executable, os.path.join(ROOT, "tools", "attention_precision.py"), "--device", "cpu",
+               "--model", "t5-relative-bias", "--seeds", "3"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table_rows(done.stdout)
+    # T5's two encoder attentions, each by our kernels, the eager math and SDPA's CPU kernels
+    assert sorted((row["call"], row["implementation"]) for row in rows) == sorted(
+        (call, label) for call in ("0", "1") for label in ("fuse_attn", "eager math", "sdpa (cpu default)", "sdpa math"))
+    for row in rows:  # every gradient there (the mask is T5's learned position bias), each a bf16-sized error
+        assert all(0 < float(row[column]) < 0.1 for column in ("out", "dq", "dk", "dv", "dmask")), done.stdout
+
+
+def test_bench_attention_plots_a_csv_without_a_gpu(tmp_path):
+    """`--skip-check --skip-speed --plot` only draws the CSV of earlier runs: it must not need CUDA (without
+    matplotlib, as in CI, it says so and exits 0)."""
+    earlier_run = os.path.join(ROOT, "benchmarks", "2026-11-26-forward-fma", "plain_n4096", "bench_attention.csv")
+    shutil.copy(earlier_run, tmp_path)
+    result = subprocess.run([sys.executable, "tools/bench_attention.py", "--out", str(tmp_path), "--skip-check",
+                             "--skip-speed", "--plot"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    if importlib.util.find_spec("matplotlib") is None:
+        assert "matplotlib is not installed" in result.stdout, result.stdout
+    else:
+        assert os.path.getsize(tmp_path / "bench_attention.png") > 0

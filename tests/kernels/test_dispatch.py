@@ -1,0 +1,522 @@
+"""SDPA's kernels and the Gluon forward as candidates of a matched attention (fuse_attn/kernels/dispatch.py).
+
+No GPU here: the timing is replaced (the GPU itself, the device identity and the CUDA-graph steps) and SDPA's
+candidates are admitted for CPU tensors, whose graphs the rewrite can trace (the fused op's fake propagation on a
+CUDA tensor would tune its kernels), so that what is tested is the eligibility of a spec, the choice and its cache entry, the
+FUSE_ATTN_CANDIDATES switch, and the graph the rewrite emits for each choice. The Gluon forward is admitted by
+standing in for its eligibility (``gluon_reasons``: an sm90 GPU). The GPU run of the same choices, with numerics, is
+in test_compose / the device checks (TESTING.md)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from expecttest import TestCase
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from fuse_attn.kernels import tuning, dispatch
+from fuse_attn.kernels.dispatch import GLUON, SDPA_CUDNN, SDPA_FLASH, TRITON
+from fuse_attn.graph.matching import MatchContext
+from fuse_attn.report import collect_reports
+from fuse_attn.graph.rewrite import rewrite_attention
+from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor
+from tests.support.fuzz_cases import BIAS_PROGRAM, record_templates_backward
+from tests.support.graph_capture import graph_text
+
+
+def causal_attention(q, k, v):
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    n = q.shape[-2]
+    causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+    return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
+
+
+def gqa_attention(q, k, v):  # Hugging Face's repeat_kv, then plain attention
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.125, dim=-1) @ v
+
+
+def softcapped(q, k, v):
+    scores = torch.tanh(q @ k.transpose(-1, -2) / 50) * 50
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def biased(q, k, v, bias):  # a precomputed bias (ALiBi's [1, H, N, N] buffer) added to the scores
+    return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
+
+
+def rewritten(fn, shapes, *, dtype=torch.bfloat16, training=False, needing_grad=(), integers=None):
+    """``fn`` traced on fake tensors and rewritten: (graph text, verdict lines). ``needing_grad``: the indices of the
+    inputs that require a gradient; ``integers``: {index: high} of int64 inputs in [0, high)."""
+    integers = integers or {}
+    inputs = [torch.randint(0, integers[i], s) if i in integers else torch.randn(s, dtype=dtype)
+              for i, s in enumerate(shapes)]
+    traced = make_fx(fn, pre_dispatch=True, tracing_mode="fake")(*inputs)
+    placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
+    ctx = MatchContext(constant_inputs={}, gm=traced, inputs_needing_grad=frozenset(placeholders[i] for i in needing_grad))
+    report = rewrite_attention(traced, ctx, capture=True, training=training)
+    return graph_text(report), "\n".join(v.line() for v in report.verdicts)
+
+
+MHA = [(2, 4, 128, 64)] * 3
+GQA = [(2, 8, 128, 64), (2, 2, 128, 64), (2, 2, 128, 64)]
+
+
+class FakeTimings:
+    """The GPU the choice sees: milliseconds per candidate, and which candidates were timed."""
+
+    def __init__(self, times):
+        self.times = dict(times)
+        self.timed = []
+
+    def time_config(self, launch, candidate, rep_ms):
+        launch(candidate)
+        self.timed.append(candidate.name)
+        return self.times[candidate.name]
+
+
+class NoSteps:
+    """Stands in for _CandidateSteps: nothing to record or replay without a GPU."""
+
+    def __init__(self, *args):
+        pass
+
+    def replay(self, candidate):
+        pass
+
+
+@pytest.fixture
+def gpu(tmp_path, monkeypatch):
+    def install(times):
+        timings = FakeTimings(times)
+        monkeypatch.setattr(autotune, "_time_config", timings.time_config)
+        return timings
+
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
+    monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
+    monkeypatch.delenv(dispatch.ENV_CANDIDATES, raising=False)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(autotune, "device_identity", lambda device: ("Fake GPU 80GB", "9.0"))
+    monkeypatch.setattr(autotune, "software_versions", lambda: ("3.9.0", "2.13.0"))
+    monkeypatch.setattr(implementations, "_CandidateSteps", NoSteps)
+    monkeypatch.setattr(implementations, "_SDPA_DEVICE_TYPES", ("cuda", "cpu"))
+    return install
+
+
+def on_hopper(monkeypatch):
+    """The Gluon forward's eligibility as on an H100 (these tensors are on the CPU): its reasons but the GPU's."""
+    from fuse_attn.kernels.hopper import forward as hopper_forward
+
+    real = hopper_forward.hopper_reasons
+    monkeypatch.setattr(hopper_forward, "hopper_reasons",
+                        lambda spec, q, k: [r for r in real(spec, q, k) if "sm90" not in r])
+
+
+# large enough for the Gluon forward (GLUON_MIN_STEP_FLOPS): 4 x 16 x 2048^2 x 64 x 4 = 68.7 GFLOP, 3.5x trained
+GQA_LONG = [(4, 16, 2048, 64), (4, 4, 2048, 64), (4, 4, 2048, 64)]
+
+
+class TestEmittedGraphs(TestCase):
+    @pytest.fixture(autouse=True)
+    def _gpu(self, gpu):
+        self.gpu = gpu
+
+    def test_cudnn_timed_fastest_runs_in_the_graph(self):
+        timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(causal_attention, MHA, training=True)
+        self.assertEqual(set(timings.timed), {TRITON, SDPA_CUDNN, SDPA_FLASH})
+        self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=128 N=128 scale=0.125 causal(top_left, diagonal=0); runs sdpa_cudnn: fastest of triton, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
+        self.assertExpectedInline(graph, """\
+    def forward(self, q_1: "bf16[2, 4, 128, 64]", k_1: "bf16[2, 4, 128, 64]", v_1: "bf16[2, 4, 128, 64]"):
+        _scaled_dot_product_cudnn_attention_default = torch.ops.aten._scaled_dot_product_cudnn_attention.default(q_1, k_1, v_1, None, True, 0.0, True, False, scale = 0.125)
+        getitem: "bf16[2, 4, 128, 64]" = _scaled_dot_product_cudnn_attention_default[0]
+        return getitem""")
+
+    def test_flash_with_gqa_repeats_the_kv_heads_and_inference_keeps_no_lse(self):
+        self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.28, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(gqa_attention, GQA)
+        self.assertIn("runs sdpa_flash: fastest of triton, sdpa_cudnn, sdpa_flash, forward timed", verdicts)
+        self.assertExpectedInline(graph, """\
+    def forward(self, q_1: "bf16[2, 8, 128, 64]", k_1: "bf16[2, 2, 128, 64]", v_1: "bf16[2, 2, 128, 64]"):
+        repeat_interleave_self_int: "bf16[2, 8, 128, 64]" = torch.ops.aten.repeat_interleave.self_int(k_1, 4, 1)
+        repeat_interleave_self_int_1: "bf16[2, 8, 128, 64]" = torch.ops.aten.repeat_interleave.self_int(v_1, 4, 1)
+        _scaled_dot_product_flash_attention_default = torch.ops.aten._scaled_dot_product_flash_attention.default(q_1, repeat_interleave_self_int, repeat_interleave_self_int_1, 0.0, False, False, scale = 0.125)
+        getitem: "bf16[2, 8, 128, 64]" = _scaled_dot_product_flash_attention_default[0]
+        return getitem""")
+
+    def test_generated_kernels_timed_fastest_run_the_fused_op(self):
+        self.gpu({TRITON: 0.20, SDPA_CUDNN: 0.28, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(causal_attention, MHA)
+        self.assertIn("runs triton: fastest of", verdicts)
+        self.assertIn("torch.ops.fuse_attn.flash_attention.default(q_1, k_1, v_1, [], None", graph)
+
+    def test_candidates_switch_triton_times_nothing_and_reports_no_choice(self):
+        timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(dispatch.ENV_CANDIDATES, "triton")
+            graph, verdicts = rewritten(causal_attention, MHA, training=True)
+        self.assertEqual(timings.timed, [])
+        self.assertNotIn("runs", verdicts)
+        self.assertIn("torch.ops.fuse_attn.flash_attention.default", graph)
+
+    def test_the_gluon_forward_timed_fastest_runs_its_op(self):
+        with pytest.MonkeyPatch.context() as mp:
+            on_hopper(mp)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+            graph, verdicts = rewritten(gqa_attention, GQA_LONG, training=True)
+        self.assertEqual(set(timings.timed), {TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH})
+        self.assertExpectedInline(verdicts, """fused softmax: bfloat16 D=64 M=2048 N=2048 scale=0.125 gqa=4; runs gluon: fastest of triton, gluon, sdpa_cudnn, sdpa_flash, forward+backward timed on Fake GPU 80GB""")
+        self.assertIn("torch.ops.fuse_attn.flash_attention_hopper.default(q_1, k_1, v_1, '{", graph)
+        self.assertNotIn("repeat_interleave", graph)  # the kernel shares each kv head, as the template does
+
+    def test_the_gluon_kernels_timed_fastest_take_an_added_bias(self):
+        with pytest.MonkeyPatch.context() as mp:
+            on_hopper(mp)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+            graph, verdicts = rewritten(biased, [(4, 16, 2048, 64)] * 3 + [(1, 16, 2048, 2048)], training=True)
+        self.assertEqual(set(timings.timed), {TRITON, GLUON})  # (SDPA's kernels take no bias)
+        self.assertIn("runs gluon: fastest of triton, gluon, forward+backward", verdicts)
+        self.assertRegex(graph,
+                         r"torch\.ops\.fuse_attn\.flash_attention_hopper\.default\(q_1, k_1, v_1, '\{.*\}', bias_1\)")
+
+    def test_a_bias_with_and_without_its_gradient_is_timed_apart(self):
+        """The choice's cache key says whether the bias needs a gradient -- the Gluon candidate's step differs (its own
+        backward, or the template's after its forward) -- and whether TMA can read it in place (the Gluon kernels'
+        other path loads it: a bias whose keys are strided)."""
+        spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_mod=BIAS_PROGRAM,
+                             score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+        with pytest.MonkeyPatch.context() as mp:
+            on_hopper(mp)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18})
+            with FakeTensorMode():
+                q, k, v = (torch.empty(4, 16, 2048, 64, dtype=torch.bfloat16) for _ in range(3))
+                biases = [torch.empty(1, 16, 2048, 2048, dtype=torch.bfloat16, requires_grad=g) for g in (False, True, False)]
+                biases.append(torch.empty(1, 16, 2048, 2048, dtype=torch.bfloat16).transpose(2, 3))
+            timed = []
+            for bias in biases:
+                dispatch.choose(spec, q, k, v, True, [bias])
+                timed.append(len(timings.timed))
+        self.assertEqual(set(timings.timed), {TRITON, GLUON})
+        # the third: the first's choice, cached; the fourth (strided keys) timed again
+        self.assertEqual(timed, [timed[0], 2 * timed[0], 2 * timed[0], 3 * timed[0]])
+
+    def test_a_bias_computed_from_a_parameter_is_timed_with_its_gradient(self):
+        """The graph is traced below autograd (no value in it requires grad): which score tensors need a gradient
+        follows the graph from the inputs that require one (T5's position bias, from its embedding table), with grad
+        mode as the graph sets it and not through detach or integer ops."""
+        def learned(q, k, v, table, buckets):
+            return biased(q, k, v, table[buckets].permute(2, 0, 1).unsqueeze(0))
+
+        def detached(q, k, v, table, buckets):
+            return biased(q, k, v, table[buckets].permute(2, 0, 1).unsqueeze(0).detach())
+
+        def under_no_grad(q, k, v, table, buckets):
+            with torch.no_grad():
+                bias = table[buckets].permute(2, 0, 1).unsqueeze(0) * 2
+            return biased(q, k, v, bias)
+
+        def integer(q, k, v, table, buckets):  # (a bias from the buckets alone: nothing to differentiate)
+            return biased(q, k, v, (buckets * 2).to(q.dtype).unsqueeze(0).unsqueeze(0))
+
+        seen = []
+        choose = dispatch.choose
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(implementations, "choose", lambda *a: seen.append(a[-1]) or choose(*a))
+            for fn in (learned, detached, under_no_grad, integer):
+                rewritten(fn, [(4, 16, 64, 64)] * 3 + [(32, 16), (64, 64)], training=True, needing_grad=(3,),
+                          integers={4: 32})
+        self.assertEqual(seen, [[True], [False], [False], [False]])
+
+    def test_the_gluon_forward_is_timed_only_where_it_applies(self):
+        with pytest.MonkeyPatch.context() as mp:
+            on_hopper(mp)
+            timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+            mp.setenv(dispatch.ENV_CANDIDATES, "triton,gluon")
+            _, verdicts = rewritten(causal_attention, [(4, 16, 2048, 32)] * 3)  # head dim 32
+            self.assertEqual(timings.timed, [])
+            self.assertNotIn("runs", verdicts)
+            rewritten(softcapped, [(4, 16, 2048, 64)] * 3)  # a score program
+            self.assertEqual(timings.timed, [])
+            rewritten(gqa_attention, GQA, training=True)  # 4 x 8 x 128^2 x 64 x 2 x 3.5: its host cost would show
+            self.assertEqual(timings.timed, [])
+            rewritten(gqa_attention, GQA_LONG, training=False)  # 68.7 GFLOP, forward only: the same
+            self.assertEqual(timings.timed, [])
+            rewritten(gqa_attention, GQA_LONG, training=True)  # 240 GFLOP: large enough
+            self.assertEqual(set(timings.timed), {TRITON, GLUON})
+
+    def test_what_sdpa_cannot_compute_exactly_is_never_timed(self):
+        timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+        graph, verdicts = rewritten(softcapped, MHA)
+        self.assertEqual(timings.timed, [])
+        self.assertIn("torch.ops.fuse_attn.flash_attention.default", graph)
+        self.assertNotIn("runs", verdicts)
+
+
+def test_under_cuda_graphs_the_gluon_kernels_are_timed_at_every_size(gpu, monkeypatch):
+    """A graph that replays as a CUDA graph (mode="reduce-overhead") runs no launcher on a replay: the Gluon kernels are
+    timed for a step under GLUON_MIN_STEP_FLOPS too, and that choice is stored under a key of its own, so a graph
+    compiled without CUDA graphs at the same size neither reads it nor runs them."""
+    on_hopper(monkeypatch)
+    timings = gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    with dispatch.replayed_as_cuda_graphs():
+        graph, verdicts = rewritten(gqa_attention, GQA, training=True)  # 4 x 8 x 128^2 x 64 x 2 x 3.5 FLOPs
+    assert set(timings.timed) == {TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH}
+    assert "runs gluon" in verdicts and "flash_attention_hopper" in graph
+    assert not dispatch._CUDA_GRAPHS  # (the block's end restores it)
+    timings.timed.clear()
+    graph, verdicts = rewritten(gqa_attention, GQA, training=True)
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
+    assert "runs sdpa_cudnn" in verdicts and "flash_attention_hopper" not in graph
+
+
+def test_the_backend_tells_the_choice_whether_its_graphs_replay_as_cuda_graphs(monkeypatch):
+    """mode="reduce-overhead" (Inductor's CUDA graphs) is known to each attention's choice while the backend rewrites;
+    the default mode's graphs are not replayed so."""
+    seen = []
+    choose = dispatch.choose
+    monkeypatch.setattr(implementations, "choose",
+                        lambda *args, **kwargs: seen.append(dispatch._CUDA_GRAPHS) or choose(*args, **kwargs))
+    q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
+    for mode in ("reduce-overhead", "default"):
+        torch._dynamo.reset()
+        torch.compile(causal_attention, backend="fuse_attn", mode=mode)(q, k, v)
+    assert seen == [True, False]
+
+
+def test_an_exported_program_never_times_the_gluon_forward(gpu, monkeypatch):
+    """``fuse_exported`` sets the Gluon forward aside (its Python custom op was never tried in an AOTInductor package);
+    the backend's rewrite of the same attention times it."""
+    import fuse_attn
+
+    on_hopper(monkeypatch)
+    timings = gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, k, v):
+            return gqa_attention(q, k, v)
+
+    # 275 GFLOP forward: over GLUON_MIN_STEP_FLOPS without training's 3.5x
+    shapes = [(4, 16, 4096, 64), (4, 4, 4096, 64), (4, 4, 4096, 64)]
+    inputs = tuple(torch.randn(s, dtype=torch.bfloat16) for s in shapes)
+    with fuse_attn.collect_reports() as reports:
+        fuse_attn.fuse_exported(torch.export.export(Attention(), inputs))
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
+    assert "runs sdpa_cudnn: fastest of triton, sdpa_cudnn, sdpa_flash, forward timed" in reports[0].verdicts[0].line()
+    assert not dispatch._SET_ASIDE
+    rewritten(gqa_attention, shapes, training=True)  # (another key than the export's)
+    assert GLUON in timings.timed
+
+
+def test_the_choice_is_stored_and_read_back_by_a_new_process(gpu, monkeypatch):
+    gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    rewritten(causal_attention, MHA, training=True)
+    monkeypatch.setattr(autotune, "_chosen", {})  # a new process: memory empty, the disk cache stays
+    timings = gpu({TRITON: 0.10, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})  # would now pick triton, if timed again
+    graph, verdicts = rewritten(causal_attention, MHA, training=True)
+    assert timings.timed == []
+    assert "runs sdpa_cudnn" in verdicts and "_scaled_dot_product_cudnn_attention" in graph
+    # inference is another key: timed on its own
+    rewritten(causal_attention, MHA, training=False)
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
+
+
+def test_a_candidate_that_fails_is_dropped_and_timing_that_fails_keeps_the_generated_kernels(gpu, monkeypatch, caplog):
+    timings = gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+
+    class CudnnRefuses(NoSteps):
+        def replay(self, candidate):
+            if candidate.name == SDPA_CUDNN:
+                raise RuntimeError("cuDNN Frontend error: no valid execution plan")
+
+    monkeypatch.setattr(implementations, "_CandidateSteps", CudnnRefuses)
+    _, verdicts = rewritten(causal_attention, MHA)
+    assert "runs sdpa_flash" in verdicts
+
+    class NothingRuns(NoSteps):
+        def replay(self, candidate):
+            raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(implementations, "_CandidateSteps", NothingRuns)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
+        graph, verdicts = rewritten(causal_attention, [(1, 4, 64, 64)] * 3)
+    assert "torch.ops.fuse_attn.flash_attention.default" in graph
+    assert "runs triton: timing the candidates failed (RuntimeError)" in verdicts
+    assert "timing the implementations of" in caplog.text
+
+
+def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, device="cuda"):
+    with FakeTensorMode():
+        return (torch.empty(2, 4, q_len, 64, dtype=dtype, device=device),
+                torch.empty(2, 4, kv_len, 64, dtype=dtype, device=device))
+
+
+PLAIN = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125)
+
+
+@pytest.mark.parametrize("change, qk, reason", [
+    ({}, {"device": "cpu"}, "run on CUDA devices"),
+    ({"dtype": "float32"}, {"dtype": torch.float32}, "take fp16/bf16"),
+    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "modified beyond the scale"),
+    ({"dropout_p": 0.1}, {}, "dropout"),
+    ({"head_dim": 60, "head_dim_v": 60}, {}, "head dim 60 is not a multiple of 8"),
+    ({"head_dim_v": 32}, {}, "head dims 64/32"),
+    ({"causal": CausalMask(window=16)}, {}, "sliding window"),
+    ({"causal": CausalMask(alignment="bottom_right")}, {"q_len": 1}, "lengths that may differ"),
+])
+def test_sdpa_reasons(change, qk, reason):
+    import dataclasses
+
+    assert dispatch.sdpa_reasons(PLAIN, *fake_qk()) == []
+    assert dispatch.sdpa_reasons(dataclasses.replace(PLAIN, causal=CausalMask()), *fake_qk()) == []
+    reasons = dispatch.sdpa_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
+    assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_candidates_switch(monkeypatch, caplog):
+    monkeypatch.delenv(dispatch.ENV_CANDIDATES, raising=False)
+    assert dispatch.allowed_candidates() == (TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH)
+    monkeypatch.setenv(dispatch.ENV_CANDIDATES, " sdpa_flash,triton ")
+    assert dispatch.allowed_candidates() == (TRITON, SDPA_FLASH)
+    monkeypatch.setenv(dispatch.ENV_CANDIDATES, "sdpa_cudnn")  # the generated kernels stay the fallback
+    assert dispatch.allowed_candidates() == (TRITON, SDPA_CUDNN)
+    monkeypatch.setenv(dispatch.ENV_CANDIDATES, "triton,cutlass")
+    with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
+        assert dispatch.allowed_candidates() == (TRITON,)
+    assert "unknown candidates ['cutlass']" in caplog.text
+    monkeypatch.delenv(dispatch.ENV_CANDIDATES)
+    was = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # torch's own switch turns a candidate off too
+    try:
+        assert dispatch.allowed_candidates() == (TRITON, GLUON, SDPA_FLASH)
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(was)
+
+
+# ---- on a GPU: each candidate through the compiled backend, numerics under the 2x rule ------------------------------
+def causal_module_fn(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(group, dim=1) for t in (k, v))
+    return causal_attention(q, k, v)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.version.hip is not None, reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("candidates", ["triton", "gluon", "sdpa_cudnn", "sdpa_flash", None])
+@pytest.mark.parametrize("kv_heads", [8, 2])
+def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_heads, monkeypatch):
+    """Forced to one candidate (or free to choose: None), a compiled causal bf16 attention runs it -- the verdict says
+    which -- and its output and gradients satisfy the 2x rule against the fp64 computation."""
+    from tests.kernels.test_kernels import assert_close_2x
+
+    if candidates == "gluon" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon forward runs on sm90 GPUs")
+    monkeypatch.setattr(implementations, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+
+    if candidates is None:
+        monkeypatch.delenv(dispatch.ENV_CANDIDATES, raising=False)
+    else:
+        monkeypatch.setenv(dispatch.ENV_CANDIDATES, f"triton,{candidates}")
+        time_config = tuning._time_config
+
+        def forced_choice(launch, candidate, rep):  # the generated kernels' own launch configs are timed as usual
+            if not isinstance(candidate, tuning.Implementation):
+                return time_config(launch, candidate, rep)
+            launch(candidate)
+            return 0.0 if candidate.name == candidates else 1.0
+
+        monkeypatch.setattr(autotune, "_time_config", forced_choice)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = [(2, 8, 256, 64), (2, kv_heads, 256, 64), (2, kv_heads, 256, 64)]
+    q, k, v = (torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for s in shapes)
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    eager_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    monkeypatch.setattr(autotune, "_chosen", {})
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(causal_module_fn, backend="fuse_attn")(q, k, v)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True]
+    if candidates == "triton":
+        assert verdicts[0].runs is None  # nothing to choose from
+    else:
+        assert verdicts[0].runs.startswith(f"runs {candidates or ''}"), verdicts[0].runs
+    ref, eager = causal_module_fn(*ref_in), causal_module_fn(*eager_in)
+    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, (q, k, v), dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
+        assert_close_2x(name, a, b, c, torch.bfloat16)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU (H100 / H200)")
+def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(monkeypatch):
+    """A learned ``[1, H, N, N]`` bias at head dim 128, compiled with the Gluon candidate forced: the graph's backward
+    computes the bias's gradient in the Gluon backward (dS stored, summed over the batch; here in two launches of 2
+    heads), not in the template's (``ops._backward``, recorded), and q, k, v and the bias's gradients satisfy the 2x
+    rule against fp64."""
+    from tests.kernels.test_kernels import assert_close_2x
+
+    from fuse_attn.kernels.hopper import backward as hopper_backward
+
+    monkeypatch.setattr(implementations, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+    monkeypatch.setenv(dispatch.ENV_CANDIDATES, "triton,gluon")
+    time_config = tuning._time_config
+
+    def forced_choice(launch, candidate, rep):
+        if not isinstance(candidate, tuning.Implementation):
+            return time_config(launch, candidate, rep)
+        launch(candidate)
+        return 0.0 if candidate.name == GLUON else 1.0
+
+    monkeypatch.setattr(autotune, "_time_config", forced_choice)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    templates_backward = record_templates_backward(monkeypatch)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 512, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
+    bias = torch.randn(1, 4, 512, 512, device="cuda", generator=g, dtype=torch.bfloat16)
+    assert hopper_backward.dscore_kv_heads(q, k, bias) == 2
+    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v, bias)]  # noqa: E731
+    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+
+    def attention(q, k, v, bias):
+        return (q @ k.transpose(-1, -2) * 128 ** -0.5 + bias).softmax(-1) @ v
+
+    torch._dynamo.reset()
+    with collect_reports() as reports:
+        out = torch.compile(attention, backend="fuse_attn")(*ours_in)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert [v.fused for v in verdicts] == [True] and verdicts[0].runs.startswith("runs gluon"), verdicts
+    templates_backward.clear()  # (the choice ran each candidate's step once, the template's too)
+    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    results = [(out, *torch.autograd.grad(out, ours_in, dout))]
+    assert templates_backward == []
+    for inputs in (ref_in, eager_in):
+        result = attention(*inputs)
+        results.append((result, *torch.autograd.grad(result, inputs, dout.to(result.dtype))))
+    for name, ours, ref64, eager in zip(("out", "dq", "dk", "dv", "dbias"), *results):
+        assert_close_2x(name, ours, ref64, eager, torch.bfloat16)
+
+
+@pytest.mark.parametrize("bias_grad", [False, True])
+def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
+    """Each candidate's trained step runs on random copies of the score tensors, the gradient of a bias that
+    requires one with the rest (on CPU tensors: the steps without recording, each op's CPU path)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=BIAS_PROGRAM,
+                         score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
+    q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
+    bias = torch.randn(1, 2, 17, 17, requires_grad=bias_grad)
+    steps = dispatch._CandidateSteps(spec, q, k, v, True, [bias])
+    assert [t.requires_grad for t in steps.score_tensors] == [bias_grad]
+    assert not torch.equal(steps.score_tensors[0], bias)  # random, as q, k and v
+    grads = []
+    monkeypatch.setattr(torch.autograd, "grad", lambda out, inputs, dout: grads.append(len(inputs)))
+    for name in (TRITON, GLUON):
+        steps._step(name)()
+    assert grads == [3 + bias_grad] * 2

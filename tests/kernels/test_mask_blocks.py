@@ -1,0 +1,407 @@
+"""Tiles classified per call from a mask tensor of unknown values (``AttentionSpec.mask_blocks``,
+``launch._mask_block_args``): empty tiles skipped, full ones run without the score program, in the forward, dQ and
+dK/dV kernels, with the results of the whole computation. Kernels through the Triton interpreter; the interpreter
+configs' tiles are 32 x 16 (forward, dQ) and 16 query x 32 key rows (dK/dV)."""
+
+import os
+
+import pytest
+import torch
+from expecttest import TestCase
+
+from fuse_attn.kernels import tuning, flash_attention
+
+from fuse_attn.kernels.generated import launch
+from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, program_text
+from tests.support.graph_capture import rewrite_reports, verdict_lines
+from tests.kernels.test_kernels import make_case, run_and_check
+
+pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
+                                         "ignore:divide by zero encountered:RuntimeWarning",
+                                         "ignore:overflow encountered:RuntimeWarning"),
+              pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs a TRITON_INTERPRET=1 session")]
+
+FMIN = torch.finfo(torch.float32).min
+
+
+def additive(b, s, loads):
+    return b.add("add", s, loads[0])
+
+
+def mask_case(mask: torch.Tensor, Z=2, H=2, D=16, dtype=torch.float32, gqa=1, dropout_p=0.0, seed=0):
+    """q, k, v and the spec of ``s + mask`` for a ``[Z or 1, 1, M, N]`` mask (no gradient), the mask in ``dtype``."""
+    M, N = mask.shape[-2:]
+    q, k, v, _, spec = make_case(Z=Z, H=H, M=M, N=N, D=D, dtype=dtype, bias=(mask.shape[0], 1, M, N), gqa=gqa,
+                                 program=additive, seed=seed, dropout_p=dropout_p)
+    assert spec.mask_blocks()[:2] == (0, "fill")
+    # Hugging Face fills with the model dtype's finfo.min (fp32's would round to -inf in bf16)
+    mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
+    return q, k, v, [mask], spec
+
+
+def bool_program(hidden: str, fill: float):
+    """``where(mask, s, fill)`` (hidden where False) or ``where(mask, fill, s)`` (hidden where True)."""
+    b = ScoreProgramBuilder()
+    s, mask, c = b.add("score"), b.add("load", value=0), b.const(fill)
+    return b.program(b.add("where", mask, s, c) if hidden == "false" else b.add("where", mask, c, s))
+
+
+def softcap_plus_mask():
+    b = ScoreProgramBuilder()
+    capped = b.add("mul", b.add("tanh", b.add("div", b.add("score"), b.const(50.0))), b.const(50.0))
+    return b.program(b.add("add", capped, b.add("load", value=0)))
+
+
+def floored(b, s, loads):
+    """``maximum(s + mask, finfo.min)``: fsmt's and grounding-dino's clamp after the mask."""
+    return b.add("maximum", b.add("add", s, loads[0]), b.const(FMIN))
+
+
+def causal_fill(M, N, fill=FMIN, Z=1):
+    i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
+    return torch.where(j <= i, 0.0, fill).expand(Z, 1, M, N).clone()
+
+
+def padded_causal(M, N, lengths, fill=FMIN):
+    """Hugging Face's padding + causal mask: key j of batch row z visible iff j <= i and j < lengths[z]."""
+    mask = causal_fill(M, N, fill, Z=len(lengths))
+    for z, n in enumerate(lengths):
+        mask[z, :, :, n:] = fill
+    return mask
+
+
+def random_holes(Z, M, N, hidden_row):
+    mask = torch.where(torch.rand(Z, 1, M, N, generator=torch.Generator().manual_seed(3)) < 0.6, 0.0, FMIN)
+    mask[:, :, hidden_row] = FMIN  # uniform over every key in eager: its query block must not skip any
+    return mask
+
+
+def classify(mask, rows, cols):
+    """Each tile's class by brute force: 0 full, 1 partial, 2 empty (launch's order)."""
+    Z, _, M, N = mask.shape
+    hidden = mask[:, 0] <= MASKING_FILL_LIMIT
+    keeps = (~hidden).any(-1)  # [Z, M]
+    out = torch.empty(Z, -(-M // rows), -(-N // cols), dtype=torch.int32)
+    for z in range(Z):
+        for r in range(out.shape[1]):
+            for c in range(out.shape[2]):
+                tile = mask[z, 0, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
+                inside = tile.shape == (rows, cols)
+                if inside and bool((tile == 0).all()):
+                    out[z, r, c] = 0
+                elif bool((tile <= MASKING_FILL_LIMIT).all()) and bool(keeps[z, r * rows:(r + 1) * rows].all()):
+                    out[z, r, c] = 2
+                else:
+                    out[z, r, c] = 1
+    return out
+
+
+@pytest.mark.parametrize("key_major", [False, True])
+@pytest.mark.parametrize("rows, cols, granule", [(16, 16, 16), (16, 32, 16), (32, 16, 8)])
+def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, granule):
+    # granule < cols: the tiles of a kernel whose key block spans several granules (the backward reads the mask
+    # once, at a granule that divides both of its kernels' key blocks)
+    mask = padded_causal(45, 53, [53, 20, 0])
+    mask[1, :, 7, :] = FMIN  # a row that keeps no visible key: its query block is never skipped
+    mask[0, :, 40:45, 0:16] = 3.0  # a partial block below the diagonal
+    mask[0, :, 20:24, 40:41] = 0.0  # a single visible key past the diagonal (1 of a 32-key block's granules)
+    q, k, v, tensors, spec = mask_case(mask, Z=3)
+    args = launch._mask_block_args(launch._mask_granules(spec, tensors, 53, granule), 45, 53, rows, cols, key_major, q)
+    assert args["MASK_BLOCKS"] and args["stride_blist_z"] > 0
+    classes = classify(mask, rows, cols)
+    if key_major:
+        classes = classes.transpose(1, 2)
+    lists, counts = args["BlockList"], args["BlockCounts"]
+    for z in range(3):
+        for r in range(classes.shape[1]):
+            n_run, n_rest = counts[z, r].tolist()
+            row = classes[z, r]
+            n_full, n_partial = int((row == 0).sum()), int((row == 1).sum())
+            listed = lists[z, r].tolist()
+            assert sorted(listed) == list(range(len(row)))
+            assert [int(row[c]) for c in listed] == sorted(row.tolist())  # full, then partial, then empty
+            # the kernels visit the first run of consecutive full blocks as a range, the other full blocks with the
+            # partial ones: the run is the longest prefix of the (ascending) full entries without a gap
+            full = listed[:n_full]
+            assert full == sorted(full) and n_run + n_rest == n_full + n_partial
+            assert full[:n_run] == list(range(full[0], full[0] + n_run)) if n_full else n_run == 0
+            assert n_run == n_full or full[n_run] != full[0] + n_run
+
+    # the fully padded batch row (length 0) keeps no visible key anywhere: nothing of it is skipped
+    assert int((classes[2] == 2).sum()) == 0
+
+
+def test_a_mask_shared_by_the_batch_has_stride_zero():
+    q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
+    args = launch._mask_block_args(launch._mask_granules(spec, tensors, 40, 16), 40, 40, 32, 16, False, q)
+    assert args["BlockList"].shape == (1, 2, 3) and args["stride_blist_z"] == 0 and args["stride_bcount_z"] == 0
+
+
+@pytest.mark.parametrize("name, mask", [
+    ("causal, finfo.min", causal_fill(97, 97)),
+    ("causal, -inf", causal_fill(64, 80, float("-inf"))),
+    ("padding + causal", padded_causal(70, 70, [70, 33])),
+    ("padding + causal, a batch row of no visible key (uniform rows)", padded_causal(70, 70, [70, 0])),
+    ("all zero: every tile full", torch.zeros(2, 1, 33, 47)),
+    ("random holes, one row hidden whole", random_holes(2, 50, 61, hidden_row=9)),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_results_are_those_of_the_whole_computation(name, mask, dtype, monkeypatch):
+    if dtype != torch.float32 and bool((mask <= MASKING_FILL_LIMIT).all(-1).any()):
+        # rows hidden whole in bf16 need the exact delta's backward, summaries or not (TESTING.md, known
+        # differences: "Rows masked entirely with finfo.min"); this also runs the listed row-statistics pass
+        monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+    q, k, v, tensors, spec = mask_case(mask, Z=mask.shape[0] if mask.shape[0] > 1 else 2, dtype=dtype)
+    run_and_check(q, k, v, tensors, spec, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_tiles_after_a_gap_run_with_the_predicate(dtype):
+    # hidden keys 40-42 split every query block's full tiles (and a bias patch a key block's full query blocks): the
+    # first run of full tiles is visited as a range of blocks, the full tiles after the gap through the list, with
+    # the predicate, as partial ones are
+    mask = torch.zeros(2, 1, 70, 97)
+    mask[:, :, :, 40:43] = FMIN
+    mask[1, :, 20:26, 70:75] = 2.0
+    q, k, v, tensors, spec = mask_case(mask, dtype=dtype)
+    for rows, cols, key_major in ((32, 16, False), (16, 32, True)):  # the interpreter's forward / dQ and dK/dV tiles
+        args = launch._mask_block_args(launch._mask_granules(spec, tensors, 97, 16), 70, 97, rows, cols, key_major, q)
+        classes = classify(mask, rows, cols)
+        n_full = (classes.transpose(1, 2) if key_major else classes).eq(0).sum(-1)
+        assert int(args["BlockCounts"][..., 0].sum()) < int(n_full.sum()), (rows, cols)
+    run_and_check(q, k, v, tensors, spec, dtype)
+
+
+@pytest.mark.parametrize("hidden", ["false", "true"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("empty_rows", ["nan", "zero"])
+def test_bool_masks(hidden, dtype, empty_rows):
+    # SDPA's convention (True: visible) and masked_fill's (True: hidden), -inf fill; batch row 1 padded to 30 keys
+    # and one of its rows hidden whole (NaN in eager, 0 in SDPA: that query block visits every tile)
+    M = N = 70
+    visible = padded_causal(M, N, [N, 30]) == 0
+    visible[1, :, 12] = False
+    mask = visible if hidden == "false" else ~visible
+    q, k, v, _, _ = make_case(Z=2, H=2, M=M, N=N, D=16, dtype=dtype)
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
+                         score_mod=bool_program(hidden, float("-inf")),
+                         score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),), empty_rows=empty_rows)
+    assert spec.mask_blocks()[:2] == (0, hidden)
+    run_and_check(q, k, v, [mask], spec, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_program_before_the_mask(dtype):
+    # Gemma-2's eager order, tanh(s / 50) * 50 + mask: full tiles run the softcap alone, empty ones are skipped
+    mask = padded_causal(70, 70, [70, 40])
+    q, k, v, _, _ = make_case(Z=2, H=2, M=70, N=70, D=16, dtype=dtype)
+    q = q * 8  # scores past the softcap's linear range
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
+                         score_mod=softcap_plus_mask(),
+                         score_tensors=(ScoreTensor("bias", str(dtype).split(".")[1], (False, True, False, False)),))
+    assert spec.mask_blocks()[:2] == (0, "fill")
+    mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
+    run_and_check(q, k, v, [mask], spec, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_floor_after_the_mask(dtype):
+    # maximum(s + mask, finfo.min): an -inf in the mask becomes finfo.min, still hidden; full tiles run s alone
+    mask = padded_causal(70, 70, [70, 40], fill=float("-inf"))
+    q, k, v, _, spec = make_case(Z=2, H=2, M=70, N=70, D=16, dtype=dtype, bias=(2, 1, 70, 70), program=floored)
+    assert spec.mask_blocks()[:2] == (0, "fill")
+    assert program_text(spec.unmasked_spec().score_mod, ()) == "s"
+    run_and_check(q, k, v, [mask.to(dtype)], spec, dtype)
+
+
+def test_gqa_and_dropout():
+    q, k, v, tensors, spec = mask_case(padded_causal(48, 48, [48, 30]), H=4, gqa=2, dropout_p=0.2)
+    run_and_check(q, k, v, tensors, spec, torch.float32, dropout_seed=torch.tensor(1234))
+
+
+def test_a_row_of_only_minus_inf_stays_nan():
+    mask = causal_fill(40, 40, float("-inf"), Z=2)
+    mask[1, :, 5, :] = float("-inf")  # eager softmax: NaN for that row; not skipped, so computed as NaN
+    q, k, v, tensors, spec = mask_case(mask)
+    out = flash_attention(q, k, v, spec, tensors)
+    assert out[1, :, 5].isnan().all() and not out[0].isnan().any() and not out[1, :, 6:].isnan().any()
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_empty_tiles_are_not_read(enabled, monkeypatch):
+    # Keys 32..63 are hidden from query block 0 (rows 0..31) by the causal mask, whole tiles of it: skipped, their
+    # NaN values never reach that block's rows. The summaries switched off, those tiles are computed, and 0 * NaN
+    # turns the rows NaN -- so the test can tell a skipped tile from a computed one.
+    monkeypatch.setenv("FUSE_ATTN_MASK_BLOCKS", "1" if enabled else "0")
+    q, k, v, tensors, spec = mask_case(causal_fill(64, 64))
+    v = v.clone()
+    v[:, :, 48:] = float("nan")
+    out = flash_attention(q, k, v, spec, tensors)
+    assert out[:, :, :32].isnan().any() != enabled
+
+
+def test_gradients_of_skipped_tiles(monkeypatch):
+    # dK / dV of keys that every query hides are 0 whether their tiles are skipped or computed
+    mask = causal_fill(64, 64)
+    results = []
+    for enabled in ("1", "0"):
+        monkeypatch.setenv("FUSE_ATTN_MASK_BLOCKS", enabled)
+        q, k, v, tensors, spec = mask_case(mask)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        out = flash_attention(q, k, v, spec, tensors)
+        results.append(torch.autograd.grad(out, (q, k, v), torch.ones_like(out)))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_which_specs_are_summarized():
+    b = ScoreProgramBuilder()
+    plain = b.program(b.add("add", b.add("score"), b.add("load", value=0)))
+
+    def spec(program=plain, broadcast=(False, True, False, False), causal=None, role="bias"):
+        return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_mod=program,
+                             score_tensors=(ScoreTensor(role, "float32", broadcast),))
+
+    assert spec().mask_blocks() == (0, "fill", 0)
+    assert spec(broadcast=(True, True, False, False)).mask_blocks() == (0, "fill", 0)
+    assert spec(broadcast=(False, False, False, False)).mask_blocks() is None  # per head: one summary per head
+    assert spec(broadcast=(False, True, True, False)).mask_blocks() is None  # a key padding vector (key_padding)
+    assert spec(causal=CausalMask()).mask_blocks() is None  # the band already skips blocks, at compile time
+    b = ScoreProgramBuilder()
+    softcapped = b.program(b.add("tanh", b.add("add", b.add("score"), b.add("load", value=0))))
+    assert spec(program=softcapped).mask_blocks() is None  # where the mask is 0 the program is not s itself
+    for fill, kept in ((float("-inf"), True), (FMIN, True), (-1e4, False)):  # -1e4 hides less than the limit
+        assert spec(program=bool_program("false", fill), role="mask").mask_blocks() == ((0, "false", 0) if kept else None)
+        assert spec(program=bool_program("true", fill), role="mask").mask_blocks() == ((0, "true", 0) if kept else None)
+    for floor, kept in ((FMIN, True), (-1e4, False)):  # a floor above the limit would hide nothing
+        for op in ("maximum", "clamp_min"):
+            b = ScoreProgramBuilder()
+            program = b.program(b.add(op, b.add("add", b.add("score"), b.add("load", value=0)), b.const(floor)))
+            assert spec(program=program).mask_blocks() == ((0, "fill", 0) if kept else None)
+    capped = spec(program=softcap_plus_mask())  # Gemma-2's eager order: the softcap, then the mask
+    assert capped.mask_blocks()[:2] == (0, "fill")
+    assert program_text(capped.unmasked_spec().score_mod, ()) == "tanh(s / 50) * 50"
+    b = ScoreProgramBuilder()
+    s = b.add("score")
+    banded = b.add("where", b.add("le", b.add("kv_idx"), b.add("q_idx")), s, b.const(float("-inf")))
+    assert spec(program=b.program(b.add("add", banded, b.add("load", value=0)))).mask_blocks() is None  # masks itself
+
+
+def test_no_summary_for_a_mask_that_needs_a_gradient():
+    q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
+    tensors = [tensors[0].clone().requires_grad_()]
+    run_and_check(q, k, v, tensors, spec, torch.float32)
+
+
+@pytest.fixture
+def mask_reads(monkeypatch) -> list:
+    """The granule of every summary of a mask (every read of it) the launcher makes, in order."""
+    reads = []
+    summarize = launch._mask_granules
+    monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+    return reads
+
+
+def test_an_op_call_reads_the_mask_once(mask_reads):
+    # one summary per op call: the forward's kernel, and the backward's two kernels from one granule read
+    reads = mask_reads
+    q, k, v, tensors, spec = mask_case(padded_causal(40, 40, [40, 20]))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = flash_attention(q, k, v, spec, tensors)
+    assert len(reads) == 1
+    out.sum().backward()
+    assert len(reads) == 2 and reads[1] == 16  # the gcd of the dQ kernel's 16 and the dK/dV kernel's 32 keys
+
+
+@pytest.mark.parametrize("hidden", ["fill", "false", "true"])
+def test_the_tuner_times_a_causal_mask(hidden):
+    # the tuner's random copy of the mask would leave every tile partial; it gets a causal one of the mask's layout
+    if hidden == "fill":
+        spec = mask_case(causal_fill(6, 9))[4]
+        tuning = torch.randn(1, 1, 6, 9, dtype=torch.bfloat16).expand(3, 1, 6, 9)  # a batch-broadcast mask
+    else:
+        spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=bool_program(hidden, FMIN),
+                             score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),))
+        tuning = torch.rand(3, 1, 6, 9) < 0.5
+    launch._causal_tuning_mask(spec, [tuning])
+    i, j = torch.arange(6)[:, None], torch.arange(9)[None, :]
+    visible = (j <= i + 3).expand(3, 1, 6, 9)  # bottom-right aligned, as a KV cache's queries see their keys
+    expected = {"fill": torch.where(visible, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16),
+                "false": visible, "true": ~visible}[hidden]
+    assert torch.equal(tuning, expected)
+    granules = launch._mask_granules(spec, [tuning], 9, 3)
+    assert granules.hidden.any() and granules.unchanged.any()  # full and empty tiles to time, not only partial ones
+
+
+def test_the_summary_compiles_with_symbolic_lengths():
+    # Under torch.compile on a GPU the launcher's summary is traced into the graph with symbolic lengths and
+    # compiled by Inductor, as the key range is; the same here with Inductor's CPU code.
+    spec = mask_case(causal_fill(40, 40))[4]
+
+    def summary(mask):
+        granules = launch._mask_granules(spec, [mask], mask.shape[3], 8)
+        args = launch._mask_block_args(granules, mask.shape[2], mask.shape[3], 32, 16, True, mask)
+        return args["BlockList"], args["BlockCounts"]
+
+    compiled = torch.compile(summary, dynamic=True, fullgraph=True)
+    for M, N in ((40, 40), (57, 70)):
+        mask = padded_causal(M, N, [N, N // 2])
+        for a, b in zip(compiled(mask), summary(mask)):
+            assert torch.equal(a, b)
+
+
+class TestVerdicts(TestCase):
+    def test_a_mask_from_a_graph_input_is_classified_per_call(self):
+        def additive(q, k, v, mask):
+            return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, -1) @ v
+
+        def bool_visible(q, k, v, keep):
+            return torch.softmax((q @ k.transpose(-1, -2) * 0.25).masked_fill(~keep, float("-inf")), -1) @ v
+
+        q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+        mask = padded_causal(24, 24, [24, 10])
+        self.assertExpectedInline(verdict_lines(rewrite_reports(additive, q, k, v, mask)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> s + bias0[Z,1,M,N] tiles classified per call (bias0)""")
+        self.assertExpectedInline(verdict_lines(rewrite_reports(bool_visible, q, k, v, mask == 0)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> where(mask0[Z,1,M,N], -inf, s) tiles classified per call (mask0)""")
+
+    def test_a_floored_mask_from_a_graph_input(self):
+        # fsmt's eager attention: the mask added, then torch.max with finfo.min
+        def floored(q, k, v, mask):
+            w = q @ k.transpose(-1, -2) * 0.25 + mask
+            w = torch.max(w, torch.tensor(torch.finfo(w.dtype).min))
+            return torch.softmax(w, -1) @ v
+
+        q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+        mask = padded_causal(24, 24, [24, 10])
+        self.assertExpectedInline(verdict_lines(rewrite_reports(floored, q, k, v, mask)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 s -> maximum(s + bias0[Z,1,M,N], -3.40282e+38) tiles classified per call (bias0)""")
+
+    def test_a_mask_built_in_the_graph_is_read_at_compile_time_instead(self):
+        def causal(q, k, v):
+            n = q.shape[-2]
+            mask = torch.full((n, n), float("-inf")).triu(1)
+            return torch.softmax(q @ k.transpose(-1, -2) * 0.25 + mask, -1) @ v
+
+        q, k, v = (torch.randn(2, 2, 24, 16) for _ in range(3))
+        self.assertExpectedInline(verdict_lines(rewrite_reports(causal, q, k, v)), """fused softmax: float32 D=16 M=24 N=24 scale=0.25 causal(top_left, diagonal=0)""")
+
+
+def test_the_tuner_reads_the_mask_once_per_set_of_tuning_tensors(mask_reads, monkeypatch):
+    # the tuner times many configs on one set of tensors: the summary and block lists come from its first launch,
+    # not from each timed one (their eager torch ops would be timed as host time, alike for every candidate)
+    reads, repeated = mask_reads, []
+
+    def tuner(kind, q, kernel_id, common, candidates, bind, m=None, n=None):
+        cfg = tuning.INTERPRETER_CONFIGS[kind]
+        run = bind()
+        run(cfg, False)
+        first = len(reads)
+        for _ in range(3):  # timed launches of the same config
+            run(cfg, False)
+        repeated.append((kind, len(reads) - first))
+        return cfg
+
+    monkeypatch.setattr(launch, "_choose", tuner)
+    q, k, v, tensors, spec = mask_case(padded_causal(40, 40, [40, 20]))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    flash_attention(q, k, v, spec, tensors).sum().backward()
+    assert {kind for kind, _ in repeated} == {"fwd", "bwd_dq", "bwd_dkdv"}
+    assert all(count == 0 for _, count in repeated), repeated

@@ -1,0 +1,321 @@
+"""The kernel tuner's choices: memory, disk cache (format, corruption, concurrency, unwritable dirs), progress logs.
+
+No GPU: the device identity, the software versions and the timing are replaced by fakes, and ``launch`` does
+nothing (or raises, for a config that "fails to compile").
+"""
+
+import json
+import logging
+import multiprocessing
+import os
+
+import pytest
+import torch
+
+from fuse_attn.kernels import tuning
+from fuse_attn.kernels.tuning import KernelConfig
+
+CANDIDATES = [KernelConfig(64, 32, 4, 2), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 2)]
+TIMES_MS = {CANDIDATES[0]: 0.3, CANDIDATES[1]: 0.1, CANDIDATES[2]: 0.2}
+FASTEST = CANDIDATES[1]
+LOGGER = "fuse_attn.kernels.tuning"
+
+
+class FakeMachine:
+    """The GPU and software the tuner sees, and the configs it timed."""
+
+    def __init__(self):
+        self.gpu, self.capability, self.triton, self.torch = "Fake GPU 80GB", "9.0", "3.9.0", "2.13.0"
+        self.timed = []
+        self.failing = {}  # config -> the exception its launch raises
+        self.retimed = []  # configs timed again (the second, longer pass over the first pass's fastest)
+        self.second_pass_ms = {}  # config -> what its longer timing adds to its first-pass time
+
+    def time_config(self, launch, cfg, rep_ms):
+        launch(cfg)
+        if rep_ms == tuning._FIRST_PASS_REP_MS:
+            self.timed.append(cfg)
+        else:
+            self.retimed.append(cfg)
+        return TIMES_MS[cfg] + self.second_pass_ms.get(cfg, 0.0) * (rep_ms != tuning._FIRST_PASS_REP_MS)
+
+    def launch(self, cfg):
+        if cfg in self.failing:
+            raise self.failing[cfg]
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    m = FakeMachine()
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
+    monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
+    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(autotune, "_unwritable_dirs", set())
+    monkeypatch.setattr(autotune, "device_identity", lambda device: (m.gpu, m.capability))
+    monkeypatch.setattr(autotune, "software_versions", lambda: (m.triton, m.torch))
+    monkeypatch.setattr(autotune, "_time_config", m.time_config)
+    return m
+
+
+def key(digest="spec0", m=1000, n=1000):
+    return tuning.tuning_key("fwd", torch.device("cuda", 0), digest, torch.bfloat16, 64, 64, m, n)
+
+
+def tune(machine, k):
+    return tuning.choose(k, CANDIDATES, machine.launch)
+
+
+def new_process(monkeypatch):
+    """Forget what this process chose (the disk cache stays)."""
+    monkeypatch.setattr(autotune, "_chosen", {})
+
+
+def read_cache(k):
+    with open(tuning.cache_file(k), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def test_a_config_of_two_dkdv_launches_is_written_with_its_launches_and_read_back(machine, monkeypatch):
+    # the field is written only off its default: the other configs' entries read as before the field existed
+    split = KernelConfig(32, 128, 8, 3, dkdv_launches=2)
+    candidates = [CANDIDATES[0], split]
+    monkeypatch.setitem(TIMES_MS, split, 0.05)
+    k = tuning.tuning_key("bwd_dkdv", torch.device("cuda", 0), "spec0", torch.bfloat16, 256, 256, 1000, 1000)
+    assert tuning.choose(k, candidates, machine.launch) == split
+    assert read_cache(k)["entries"] == {k.entry_name(): {"block_m": 32, "block_n": 128, "num_warps": 8,
+                                                         "num_stages": 3, "dkdv_launches": 2, "ms": 0.05}}
+    new_process(monkeypatch)
+    assert tuning.choose(k, candidates, machine.launch) == split
+    assert machine.timed == candidates  # read back, not timed again
+
+
+def test_the_first_pass_fastest_are_timed_again_and_the_longer_timing_decides(machine, monkeypatch):
+    monkeypatch.setattr(autotune, "_FINALISTS", 2)
+    machine.second_pass_ms = {FASTEST: 0.15}  # the first pass's fastest (0.1 ms) is really 0.25 ms: a short-run fluke
+    assert tune(machine, key()) == CANDIDATES[2]
+    assert machine.timed == CANDIDATES and machine.retimed == [FASTEST, CANDIDATES[2]]  # the slowest is not retimed
+
+
+def test_tuned_choice_is_written_and_read_back_by_a_new_process(machine, monkeypatch):
+    k = key()
+    assert tune(machine, k) == FASTEST
+    assert machine.timed == CANDIDATES
+    data = read_cache(k)
+    assert data["format"] == tuning.FORMAT_VERSION
+    assert (data["gpu"], data["capability"], data["triton"], data["torch"]) == ("Fake GPU 80GB", "9.0", "3.9.0", "2.13.0")
+    assert data["entries"] == {k.entry_name(): {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "ms": 0.1}}
+
+    new_process(monkeypatch)
+    assert tuning.cached(k) is None
+    assert tune(machine, k) == FASTEST
+    assert machine.timed == CANDIDATES  # nothing timed again
+    assert tuning.cached(k) == FASTEST
+
+
+def test_a_length_in_a_known_bucket_reuses_its_config_another_bucket_retunes(machine, monkeypatch):
+    tune(machine, key(m=1000, n=1000))
+    new_process(monkeypatch)
+    assert tune(machine, key(m=513, n=1024)) == FASTEST  # same buckets (513..1024): read from disk
+    assert len(machine.timed) == len(CANDIDATES)
+    tune(machine, key(m=1025, n=1000))
+    assert len(machine.timed) == 2 * len(CANDIDATES)
+    assert len(read_cache(key())["entries"]) == 2
+
+
+@pytest.mark.parametrize("change", ["gpu", "capability", "triton", "torch"])
+def test_another_gpu_or_version_does_not_reuse_an_entry(machine, monkeypatch, change):
+    tune(machine, key())
+    new_process(monkeypatch)
+    setattr(machine, change, getattr(machine, change) + "1")
+    tune(machine, key())
+    assert len(machine.timed) == 2 * len(CANDIDATES)
+    assert len([name for name in os.listdir(tuning.cache_dir()) if name.endswith(".json")]) == 2
+    assert read_cache(key())[change] == getattr(machine, change)
+
+
+def _bad_entry_for_this_key(k):
+    entry = {"block_m": "wide", "block_n": 64, "num_warps": 8, "num_stages": 3, "ms": 0.1}
+    return json.dumps({"format": tuning.FORMAT_VERSION, **k.file_identity(), "entries": {k.entry_name(): entry}})
+
+
+CORRUPTIONS = {
+    "truncated": lambda k: json.dumps({"format": tuning.FORMAT_VERSION, **k.file_identity(), "entries": {}})[:30],
+    "garbage": lambda k: b"\x00\xff not json {{{",  # not even UTF-8
+    "wrong format version": lambda k: json.dumps({"format": tuning.FORMAT_VERSION + 1, **k.file_identity(),
+                                                  "entries": {}}),
+    "a list": lambda k: json.dumps([1, 2, 3]),
+    "another gpu's entries": lambda k: json.dumps({"format": tuning.FORMAT_VERSION, **k.file_identity(),
+                                                   "gpu": "Other GPU", "entries": {}}),
+    "bogus config": _bad_entry_for_this_key,
+    "entries not an object": lambda k: json.dumps({"format": tuning.FORMAT_VERSION, **k.file_identity(),
+                                                   "entries": [1]}),
+}
+
+
+@pytest.mark.parametrize("corruption", sorted(CORRUPTIONS))
+def test_a_corrupt_cache_file_is_ignored_and_rebuilt(machine, caplog, corruption):
+    k = key()
+    path = tuning.cache_file(k)
+    os.makedirs(os.path.dirname(path))
+    content = CORRUPTIONS[corruption](k)
+    with open(path, "wb") as f:
+        f.write(content if isinstance(content, bytes) else content.encode())
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert tune(machine, k) == FASTEST
+    assert machine.timed == CANDIDATES
+    assert [r.levelno for r in caplog.records if "ignoring" in r.getMessage()] == [logging.WARNING]
+    data = read_cache(k)
+    assert data["format"] == tuning.FORMAT_VERSION and data["gpu"] == machine.gpu
+    assert data["entries"] == {k.entry_name(): {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "ms": 0.1}}
+
+
+def test_a_bad_entry_is_dropped_and_the_good_ones_kept(machine, monkeypatch):
+    good, bad = key(digest="good"), key(digest="bad")
+    tune(machine, good)
+    data = read_cache(good)
+    data["entries"][bad.entry_name()] = {"block_m": 128, "block_n": 64, "num_warps": 8, "num_stages": 3, "ms": "fast"}
+    with open(tuning.cache_file(good), "w", encoding="utf-8") as f:
+        json.dump(data, f)
+    new_process(monkeypatch)
+    assert tune(machine, bad) == FASTEST
+    assert tune(machine, good) == FASTEST
+    assert len(machine.timed) == 2 * len(CANDIDATES)  # bad re-tuned, good read back
+    assert read_cache(good)["entries"][bad.entry_name()]["ms"] == 0.1
+
+
+def test_a_stored_config_that_is_no_longer_a_candidate_is_retuned(machine, monkeypatch):
+    k = key()
+    tune(machine, k)
+    new_process(monkeypatch)
+    remaining = [c for c in CANDIDATES if c != FASTEST]
+    assert tuning.choose(k, remaining, machine.launch) == CANDIDATES[2]
+    assert machine.timed == CANDIDATES + remaining
+
+
+def _unwritable_by_chmod(tmp_path):
+    d = tmp_path / "read-only"
+    d.mkdir()
+    d.chmod(0o500)
+    try:
+        (d / "probe").write_text("")
+    except PermissionError:
+        return d
+    pytest.skip("chmod does not stop this user from writing (root?)")
+
+
+def _unwritable_under_a_file(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    return tmp_path / "a-file" / "cache"  # cannot be created, even by root
+
+
+@pytest.mark.parametrize("make_dir", [_unwritable_by_chmod, _unwritable_under_a_file])
+def test_an_unwritable_cache_dir_warns_once_and_keeps_choices_in_memory(machine, monkeypatch, caplog, tmp_path, make_dir):
+    d = make_dir(tmp_path)
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(d))
+    try:
+        with caplog.at_level(logging.WARNING, logger=LOGGER):
+            assert tune(machine, key(digest="a")) == FASTEST
+            assert tune(machine, key(digest="b")) == FASTEST
+            assert tune(machine, key(digest="a")) == FASTEST
+    finally:
+        if d.exists():
+            d.chmod(0o700)
+    assert len(machine.timed) == 2 * len(CANDIDATES)  # the third call came from memory
+    assert len(caplog.records) == 1 and caplog.records[0].levelno == logging.WARNING
+    assert str(d) in caplog.records[0].getMessage()
+    assert not d.exists() or os.listdir(d) == []
+
+
+def _tune_many(machine, barrier, process, count):
+    barrier.wait()  # start writing together
+    for i in range(count):
+        tuning.choose(key(digest=f"process{process}-{i}"), CANDIDATES, machine.launch)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork (importing torch anew takes seconds)")
+def test_processes_tuning_at_once_keep_each_others_entries(machine):
+    per_process = 25  # enough writes that unlocked read-merge-write cycles of two processes overlap
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(2)
+    procs = [ctx.Process(target=_tune_many, args=(machine, barrier, p, per_process)) for p in range(2)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=60)
+    assert [p.exitcode for p in procs] == [0, 0]
+    entries = read_cache(key())["entries"]
+    assert sorted(entries) == sorted(key(digest=f"process{p}-{i}").entry_name() for p in range(2) for i in range(per_process))
+    assert all(tuning._entry_choice(e) == FASTEST for e in entries.values())
+
+
+def test_cache_off_neither_writes_nor_reads(machine, monkeypatch):
+    k = key()
+    tune(machine, k)
+    new_process(monkeypatch)
+    monkeypatch.setenv("FUSE_ATTN_CACHE", "0")
+    tune(machine, k)
+    assert len(machine.timed) == 2 * len(CANDIDATES)  # the stored entry was not read
+    tune(machine, key(digest="other"))
+    assert list(read_cache(k)["entries"]) == [k.entry_name()]  # nor was the new one written
+
+
+def test_cache_off_creates_nothing(machine, monkeypatch):
+    monkeypatch.setenv("FUSE_ATTN_CACHE", "0")
+    tune(machine, key())
+    assert not os.path.exists(tuning.cache_dir())
+
+
+def test_tuning_logs_progress_and_dropped_configs(machine, caplog):
+    machine.failing[CANDIDATES[1]] = RuntimeError("out of resource: shared memory, Required: 262144\nfull details")
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        assert tune(machine, key()) == CANDIDATES[2]
+    before, dropped, after = [r.getMessage() for r in caplog.records]
+    assert before.startswith("tuning fwd spec0 torch.bfloat16 D=64 DV=64 M_bucket=1024 N_bucket=1024 on Fake GPU 80GB")
+    assert "3 candidate configs" in before
+    assert str(CANDIDATES[1]) in dropped and "RuntimeError: out of resource: shared memory" in dropped
+    assert "full details" not in dropped
+    assert str(CANDIDATES[2]) in after and "0.2000 ms" in after and "2 of 3 candidates ran" in after
+    assert "tuning took" in after
+
+
+def test_untimed_picks_the_first_working_config_and_never_stands_in_for_a_tuned_one(machine, monkeypatch):
+    machine.failing[CANDIDATES[0]] = RuntimeError("does not compile")
+    monkeypatch.setenv("FUSE_ATTN_AUTOTUNE", "0")
+    assert tune(machine, key()) == CANDIDATES[1]
+    assert machine.timed == []
+    assert not os.path.exists(tuning.cache_dir())
+    monkeypatch.delenv("FUSE_ATTN_AUTOTUNE")
+    assert tune(machine, key()) == FASTEST
+    assert machine.timed == [CANDIDATES[1], CANDIDATES[2]]  # tuned after all (the first one still fails)
+
+
+def test_cache_dir_location(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("FUSE_ATTN_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert tuning.cache_dir() == str(tmp_path / ".cache" / "fuse_attn")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert tuning.cache_dir() == str(tmp_path / "xdg" / "fuse_attn")
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "mine"))
+    assert tuning.cache_dir() == str(tmp_path / "mine")
+
+
+def test_every_candidate_is_compiled_before_any_is_timed_and_a_failed_compile_is_dropped_when_timed(machine):
+    events = []
+
+    def compile_only(cfg):
+        events.append(("compile", cfg))
+        if cfg == CANDIDATES[0]:
+            raise RuntimeError("out of resources: shared memory")
+
+    def launch(cfg):
+        events.append(("launch", cfg))
+        if cfg == CANDIDATES[0]:
+            raise RuntimeError("out of resources: shared memory")
+
+    assert tuning.choose(key(), CANDIDATES, launch, compile_only=compile_only) == FASTEST
+    assert [e for e in events if e[0] == "compile"] == [("compile", c) for c in CANDIDATES]
+    first_launch = next(i for i, e in enumerate(events) if e[0] == "launch")
+    assert first_launch == len(CANDIDATES)  # all compiles came first
+    assert machine.timed == CANDIDATES[1:]  # the config whose compile failed was tried again and dropped

@@ -1,0 +1,70 @@
+"""Run the backend's trace + rewrite on what Dynamo captures, without compiling (for golden-graph tests); and a
+compiled step's output code (:func:`compiled_code`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+
+from fuse_attn.backend import trace_pre_autograd
+from fuse_attn.report import GraphReport, collect_reports
+from fuse_attn.graph.rewrite import rewrite_attention
+
+
+def rewrite_reports(fn, *args, dynamic=None, training=False, **kwargs) -> list[GraphReport]:
+    """Each graph of ``fn(*args)`` after the rewrite (as for a graph that will be trained, with ``training``); the
+    original graphs run eagerly."""
+    reports: list[GraphReport] = []
+
+    def capture(gm, example_inputs):
+        traced, ctx = trace_pre_autograd(gm, example_inputs)
+        reports.append(rewrite_attention(traced, ctx, capture=True, training=training))
+        return gm.forward
+
+    torch._dynamo.reset()
+    torch.compile(fn, backend=capture, dynamic=dynamic)(*args, **kwargs)
+    return reports
+
+
+def graph_text(report: GraphReport) -> str:
+    """The rewritten graph without comments or annotations that vary between torch versions."""
+    lines = []
+    for line in report.after.splitlines():
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped.startswith("class "):
+            continue
+        line = re.sub(r';\s+[\w, =]+ = None$', "", line.rstrip())  # FX's "x = None" frees
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def verdict_lines(reports: list[GraphReport]) -> str:
+    """Verdicts without their source lines (which move whenever a test file is edited)."""
+    return "\n".join(dataclasses.replace(v, source=None).line() for r in reports for v in r.verdicts)
+
+
+def fused_graph(fn, *args) -> str:
+    """The text of ``fn``'s one rewritten graph; fails with the verdicts unless every softmax in it is fused."""
+    reports = rewrite_reports(fn, *args)
+    assert len(reports) == 1 and all(v.fused for v in reports[0].verdicts), verdict_lines(reports)
+    return graph_text(reports[0])
+
+
+def fused_specs(fn, *args, dynamic=None) -> str:
+    """Each fused attention's spec, one line each; fails with the verdicts unless every softmax is fused."""
+    reports = rewrite_reports(fn, *args, dynamic=dynamic)
+    verdicts = [v for r in reports for v in r.verdicts]
+    assert verdicts and all(v.fused for v in verdicts), verdict_lines(reports)
+    return "\n".join(v.spec.describe() for v in verdicts)
+
+
+def compiled_code(step):
+    """``step()`` run once with a fresh Inductor cache: its result, the output code Inductor generated for it (one
+    text) and the backend's reports of the graphs it compiled."""
+    from torch._inductor.utils import fresh_cache, run_and_get_code
+
+    with fresh_cache(), collect_reports() as reports:
+        result, codes = run_and_get_code(step)
+    return result, "\n".join(codes), reports

@@ -41,7 +41,7 @@ def train(args, device, dtype, tokens, cp) -> dict:
     model, layers = build_model("llama", args.tiny, "eager", args.length)
     model = model.to(device=device, dtype=dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    options = {} if cp is None else {"fuse_attn.graph.context_parallel": cp}
+    options = {} if cp is None else {"fuse_attn.context_parallel": cp}
     run = torch.compile(model, backend="fuse_attn", options=options)
     labels = torch.cat([tokens[:, 1:], torch.full_like(tokens[:, :1], -100)], 1)  # the next token; none for the last
     positions = torch.arange(args.length, device=device).expand_as(tokens)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.common import next_token_loss  # noqa: E402
+from fuse_attn.kernels import plan
 from fuse_attn.report import collect_reports  # noqa: E402
 
 # Floors of the loss check: fp32 on a CPU agrees to rounding; bf16 losses of two implementations drift apart by

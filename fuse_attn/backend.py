@@ -40,19 +40,13 @@ import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
+from fuse_attn import settings
 from fuse_attn.kernels import dispatch
 from fuse_attn.graph.matching import MatchContext
 from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log, publish
 from fuse_attn.graph.rewrite import rewrite_attention
 
 # Options taken out of ``torch.compile(..., options={...})``; all others go to Inductor as config patches.
-OPTION_ENABLED = "fuse_attn.enabled"  # False: no rewriting, plain Inductor
-OPTION_LOG_ONLY = "fuse_attn.log_only"  # True: match and log, but compile the graph unchanged
-# A fuse_attn.graph.context_parallel.ContextParallel: the graph's sequence is sharded over ranks; attentions run as a ring
-OPTION_CONTEXT_PARALLEL = "fuse_attn.graph.context_parallel"
-# Environment switch for bisecting: FUSE_ATTN_DISABLE=1 turns every rewrite off.
-ENV_DISABLE = "FUSE_ATTN_DISABLE"
-SETTINGS_PREFIX = "FUSE_ATTN_"  # every environment setting of the package starts with it
 
 
 def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
@@ -60,9 +54,9 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     from torch._inductor.compile_fx import compile_fx
 
     options = dict(kwargs.get("options") or {})
-    enabled = bool(options.pop(OPTION_ENABLED, True)) and os.environ.get(ENV_DISABLE, "0") != "1"
-    log_only = bool(options.pop(OPTION_LOG_ONLY, False))
-    context_parallel = options.pop(OPTION_CONTEXT_PARALLEL, None)
+    enabled = bool(options.pop(settings.OPTION_ENABLED, True)) and not settings.disabled()
+    log_only = bool(options.pop(settings.OPTION_LOG_ONLY, False))
+    context_parallel = options.pop(settings.OPTION_CONTEXT_PARALLEL, None)
     config_patches = _inductor_mode_options(kwargs.get("mode"))
     config_patches.update(options)
     config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
@@ -88,7 +82,7 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
                   buffers: Optional[list[bool]] = None, context_parallel: Optional[Any] = None,
                   ) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
     """The pre-autograd graph of ``gm`` with its attentions replaced (when ``apply``; in a trained graph also its
-    lookups of few-row tables, ``rewrite._few_row_table_lookups``) and the report; the graph is None when ``gm``
+    lookups of few-row tables, ``rewrite.few_row_table_lookups``) and the report; the graph is None when ``gm``
     must be compiled as it is. Never raises for a graph it cannot handle.
 
     ``buffers`` says which placeholders are registered buffers (default: read from Dynamo's metadata); their
@@ -106,7 +100,7 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
                                       context_parallel=context_parallel)
     try:
         traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
-        return traced, rewrite_attention(traced, ctx, apply=apply, capture=_capture_requested(),
+        return traced, rewrite_attention(traced, ctx, apply=apply, capture=capture_requested(),
                                          training=_is_trained(example_inputs), context_parallel=context_parallel)
     except Exception:
         log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
@@ -203,7 +197,7 @@ def _with_parts_put_back(gm: fx.GraphModule, verdicts: list[SoftmaxVerdict], tab
         return None, None
     if not (apply and changed):
         return None, GraphReport(verdicts, rewritten=False, tables=tables)
-    before = gm.print_readable(print_output=False) if _capture_requested() else None
+    before = gm.print_readable(print_output=False) if capture_requested() else None
     put_back()
     gm.recompile()
     after = gm.print_readable(print_output=False) if before is not None else None
@@ -392,8 +386,7 @@ def source_digest() -> str:
 def settings_digest() -> str:
     """sha256 of every ``FUSE_ATTN_*`` environment setting: under torch.compile the ops' bodies run while tracing, so
     these settings (tile summaries, candidates, exact delta, specialization, tuning) shape the compiled code."""
-    settings = sorted((name, value) for name, value in os.environ.items() if name.startswith(SETTINGS_PREFIX))
-    return hashlib.sha256(repr(settings).encode()).hexdigest()
+    return hashlib.sha256(repr(settings.environment_settings()).encode()).hexdigest()
 
 
 class SourceVersionKey(CustomGraphPass):
@@ -415,9 +408,9 @@ def _inductor_mode_options(mode: Any) -> dict:
     return dict(list_mode_options(mode))
 
 
-def _capture_requested() -> bool:
-    from fuse_attn.report import _collectors
+def capture_requested() -> bool:
+    from fuse_attn.report import collectors
 
-    return bool(_collectors)
+    return bool(collectors)
 
 

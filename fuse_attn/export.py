@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch.export import ExportedProgram
 
-from fuse_attn.backend import _capture_requested
+from fuse_attn.backend import capture_requested
 from fuse_attn.kernels import dispatch
 from fuse_attn.graph.matching import MatchContext
 from fuse_attn.report import publish
@@ -37,7 +37,7 @@ def fuse_exported(ep: ExportedProgram) -> ExportedProgram:
     with dispatch.set_aside(dispatch.GLUON, "an exported program: the Gluon forward was never tried "
                                                           "in an AOTInductor package"):
         report = rewrite_attention(gm, MatchContext(constant_inputs=_constant_inputs(ep), gm=gm),
-                                   capture=_capture_requested())
+                                   capture=capture_requested())
     publish(report)
     return ep
 

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
+from fuse_attn.kernels import plan
 from fuse_attn.spec import AttentionSpec
 
 log = logging.getLogger("fuse_attn")
@@ -26,7 +27,7 @@ class SoftmaxVerdict:
         where = f" ({self.source})" if self.source else ""
         if self.fused:
             runs = f"; {self.runs}" if self.runs else ""
-            return f"fused {self.node}{where}: {self.spec.describe()}{runs}"
+            return f"fused {self.node}{where}: {plan.describe(self.spec)}{runs}"
         return f"not fused {self.node}{where}: {self.reason}"
 
 
@@ -90,22 +91,22 @@ class ExplainReport:
         return "\n".join(lines)
 
 
-_collectors: list[list[GraphReport]] = []
+collectors: list[list[GraphReport]] = []
 
 
 @contextlib.contextmanager
 def collect_reports() -> Iterator[list[GraphReport]]:
     """Collect the report of every graph the backend rewrites inside the block."""
     reports: list[GraphReport] = []
-    _collectors.append(reports)
+    collectors.append(reports)
     try:
         yield reports
     finally:
-        _collectors.remove(reports)
+        collectors.remove(reports)
 
 
 def publish(report: GraphReport) -> None:
     for line in [v.line() for v in report.verdicts] + [t.line() for t in report.tables]:
         log.info(line)
-    for reports in _collectors:
+    for reports in collectors:
         reports.append(report)

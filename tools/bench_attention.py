@@ -43,7 +43,8 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.kernels import flash_attention, reference_attention  # noqa: E402
 from fuse_attn.kernels import tuning  # noqa: E402
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor  # noqa: E402
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402
 
 DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
@@ -98,7 +99,7 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
         keep = load("mask", mask, torch.rand(*mask, device=dev) > 0.2)
         x = b.add("where", keep, x, b.const(torch.finfo(dtype).min))  # eager must represent it too
     spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=DV, scale=D ** -0.5, causal=causal,
-                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
+                         score_program=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
     # the reference draws the kernels' own keep-mask from the same seed
     seed = torch.randint(torch.iinfo(torch.int64).max, (), device=dev) if dropout_p else None
 
@@ -202,7 +203,7 @@ def backward_config_sweep(head_dims=None):
 
         ref = grads(torch.float64, lambda *a: reference_attention(*a, [], spec)[0])
         eager = grads(torch.bfloat16, lambda *a: reference_attention(*a, [], spec)[0])
-        common = launcher._common(q, k, v, spec)
+        common = launcher.common_kernel_args(q, k, v, spec)
         smem = tuning.max_shared_memory(q.device)
         for kind, candidates in (("bwd_dkdv", tuning.dkdv_candidates), ("bwd_dq", tuning.dq_candidates)):
             key = tuning.tuning_key(kind, q.device, launcher.codegen.load_module(spec).KERNEL_ID, q.dtype, D, D, M, N)
@@ -270,7 +271,7 @@ def make_methods(B, H, N, D, causal, mod="none", dtype=torch.bfloat16):
     elif mod == "softcap":
         x = b.add("mul", b.add("tanh", b.add("div", x, b.const(SOFTCAP))), b.const(SOFTCAP))
     spec = AttentionSpec(dtype=NAMES[dtype], head_dim=D, head_dim_v=D, scale=scale, causal=CausalMask() if causal else None,
-                         score_mod=b.program(x), score_tensors=tuple(infos))
+                         score_program=b.program(x), score_tensors=tuple(infos))
     bias = tensors[0] if tensors else None
     softcap = SOFTCAP if mod == "softcap" else None
     learned = [t for t in tensors if t.requires_grad]
@@ -385,7 +386,7 @@ def plot(csv_path, png_path):
     for row in rows:
         if not row["TF/s"]:  # OOM or error
             continue
-        case = (int(row["D"]), row["causal"] == "1", row["mode"], row["score_mod"], row["dtype"])
+        case = (int(row["D"]), row["causal"] == "1", row["mode"], row["score_program"], row["dtype"])
         series.setdefault(case, {}).setdefault(row["method"], {})[int(row["N"])] = float(row["TF/s"])
     if not series:
         print(f"no measured rows in {csv_path}: no plot", flush=True)

@@ -3,7 +3,7 @@ written out (softmax of q @ k^T) train on sequences too long for one GPU.
 
 Each rank holds a shard of the sequence -- of the tokens, and so of q, k and v. torch's ``context_parallel`` only
 rewrites SDPA calls; an attention written out would attend over its own shard only (a wrong result). Compiled with
-``options={"fuse_attn.graph.context_parallel": ContextParallel(...)}``, the backend replaces every attention it fuses with
+``options={"fuse_attn.context_parallel": ContextParallel(...)}``, the backend replaces every attention it fuses with
 :func:`ring_attention`:
 
 * **Ring.** The K/V shards travel around the ranks (``all_to_all_single`` with one peer, a traceable functional
@@ -51,7 +51,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from fuse_attn.spec import COMPARISON_OPS, AttentionSpec, CausalMask, ScoreProgramBuilder, UnsupportedSpec, subprogram
+from fuse_attn.kernels import plan
+from fuse_attn.score_program import COMPARISON_OPS, ScoreProgramBuilder, UnsupportedSpec, subprogram
+from fuse_attn.spec import AttentionSpec, CausalMask
 
 log = logging.getLogger("fuse_attn")
 
@@ -97,7 +99,7 @@ def is_uneven(total: int, world: int, load_balance: bool) -> bool:
 
 def uneven_total(sequence_length: Optional[int], world: int, load_balance: bool) -> Optional[int]:
     """``ContextParallel.sequence_length`` where it names an uneven sequence (:func:`is_uneven`), else None: the
-    ``total`` of :func:`_layouts`, ``_sharded`` and ``_gathered``."""
+    ``total`` of :func:`_layouts`, ``sequence_shard`` and ``_gathered``."""
     return sequence_length if sequence_length is not None and is_uneven(sequence_length, world, load_balance) else None
 
 
@@ -131,16 +133,16 @@ def shard_sequence(tensor: Tensor, dim: int, cp: ContextParallel = ContextParall
     rank, world = cp.rank_and_size()
     total = tensor.shape[dim]
     if not is_uneven(total, world, cp.load_balance):
-        return _sharded(tensor, dim, rank, world, cp.load_balance)
+        return sequence_shard(tensor, dim, rank, world, cp.load_balance)
     if cp.sequence_length != total:
         chunks = f"{2 * world} chunks" if cp.load_balance else f"{world} shards"
         raise ValueError(f"a sequence of {total} does not cut into {chunks} of equal length over {world} ranks; "
                          f"ContextParallel(sequence_length={total}) shards it unevenly, its attentions then running on "
                          "the gathered sequence")
-    return _sharded(tensor, dim, rank, world, cp.load_balance, total)
+    return sequence_shard(tensor, dim, rank, world, cp.load_balance, total)
 
 
-def _sharded(tensor: Tensor, dim: int, rank: int, world: int, load_balance: bool,
+def sequence_shard(tensor: Tensor, dim: int, rank: int, world: int, load_balance: bool,
              total: Optional[int] = None) -> Tensor:
     """The pieces of the whole sequence ``tensor`` (along ``dim``) that ``rank`` holds, in its local order; ``total``:
     that of an uneven sequence (None: equal shards)."""
@@ -207,7 +209,7 @@ def pair_and_tensors(spec: AttentionSpec, q_start: int, q_size: int, kv_start: i
     value). A band written with a masking fill (Hugging Face's eager
     ``finfo.min`` masks) skips no pair: a query with no visible key is uniform over every key of the sequence."""
     causal = None
-    padding = spec.key_padding() if spec.causal is None else None
+    padding = plan.key_padding(spec) if spec.causal is None else None
     if padding is not None and padding.kind == "-inf" and padding.band is not None:
         # a causal band written into the program with an -inf padding mask (SDPA's bool form): a pair wholly past it
         # gives its rows no key, which adds nothing to their merge (a row of no key at all is 0 either way)
@@ -221,18 +223,18 @@ def pair_and_tensors(spec: AttentionSpec, q_start: int, q_size: int, kv_start: i
             return None
         if not (d >= kv_size - 1 and (window is None or q_size - 1 + d - window < 0)):
             causal = CausalMask(diagonal=d, alignment="top_left", window=window)
-    program, read = _decided_over_pair(_at_global_positions(spec, q_start, kv_start, total), q_size, kv_size)
-    return dataclasses.replace(spec, causal=causal, score_mod=program, score_tensors=tuple(
+    program, read = _decided_over_pair(at_global_positions(spec, q_start, kv_start, total), q_size, kv_size)
+    return dataclasses.replace(spec, causal=causal, score_program=program, score_tensors=tuple(
         spec.score_tensors[i] for i in read), empty_rows="zero", q_len=q_size, kv_len=kv_size), read
 
 
-def _at_global_positions(spec: AttentionSpec, q_start: int, kv_start: int, total: int) -> tuple:
+def at_global_positions(spec: AttentionSpec, q_start: int, kv_start: int, total: int) -> tuple:
     """The score program with each position and length leaf read at the pair's global offsets."""
-    if not spec.score_mod:
+    if not spec.score_program:
         return ()
     b = ScoreProgramBuilder()
     new = []
-    for node in spec.score_mod:
+    for node in spec.score_program:
         if node.op in ("q_idx", "kv_idx") and (q_start if node.op == "q_idx" else kv_start):
             new.append(b.add("add", b.add(node.op), b.const(q_start if node.op == "q_idx" else kv_start)))
         elif node.op in ("q_len", "kv_len"):
@@ -375,12 +377,12 @@ def ring_attention_call(q: Tensor, k: Tensor, v: Tensor, score_tensors: list, dr
         _assert_shard_lengths(q, group_name, lengths)
         reason = f"a sequence of {uneven} sharded unevenly over {world} ranks: the ring's pairs need equal shards"
     if reason is not None:
-        _log_gathered(spec.describe(), reason)
+        _log_gathered(plan.describe(spec), reason)
         gather = functools.partial(_gathered, group_name=group_name, rank=rank, world=world, load_balance=load_balance,
                                    total=uneven)
         tensors = [_gather_score_tensor(t, gather) for t in score_tensors]
         out = flash_attention(gather(q, 2), gather(k, 2), gather(v, 2), spec, tensors, dropout_seed=dropout_seed)
-        return _sharded(out, 2, rank, world, load_balance, uneven)
+        return sequence_shard(out, 2, rank, world, load_balance, uneven)
 
     local = q.shape[2]
     total = local * world

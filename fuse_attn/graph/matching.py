@@ -53,7 +53,8 @@ from fuse_attn.graph.score_reader import (
     target_of,
     walk_score_path,
 )
-from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, ScoreTensor, UnsupportedSpec, dtype_name
+from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, dtype_name
+from fuse_attn.score_program import ScoreTensor, UnsupportedSpec
 
 _SCALAR_TYPES = (int, float)
 
@@ -375,7 +376,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
             scale=scale,
             scale_head_dim_power=program.head_dim_power,
             causal=CausalMask(band.diagonal, window=band.window) if band is not None else None,
-            score_mod=program.nodes,
+            score_program=program.nodes,
             score_tensors=tuple(score_tensors),
             gqa_group=gqa_group,
             dropout_p=dropout_p,

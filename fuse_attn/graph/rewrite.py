@@ -268,7 +268,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     for copy in key_contiguous_copies.values():
         if not copy.users:  # (made for a match that then failed)
             graph.erase_node(copy)
-    tables = _few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
+    tables = few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
     if apply or expansions:
         graph.lint()
         gm.recompile()
@@ -293,7 +293,7 @@ def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: boo
     return choice
 
 
-def _few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node],
+def few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.Node],
                            apply: bool) -> list[TableLookup]:
     """Each embedding lookup of a table with few rows that needs a gradient -- T5's relative position bias, a
     [32, heads] table looked up at every (query, key) pair -- becomes ``fuse_attn::table_lookup`` (when ``apply``;

@@ -34,7 +34,7 @@ import torch
 import torch.fx as fx
 
 from fuse_attn.graph.nodes import CAST_OPS, IDENTITY_OPS, all_ones, aten, cast_dtype, is_pure, is_static, same_shape, shape_text, val
-from fuse_attn.spec import MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder
+from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder
 
 # Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
 # evaluation makes a few temporaries of that size on the host, so bigger ones are loaded as tensors instead).

@@ -49,9 +49,11 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from fuse_attn.kernels import plan
+from fuse_attn import settings
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import tuning
-from fuse_attn.kernels.generated.launch import _RealInputs, _random_like, hint
+from fuse_attn.kernels.generated.launch import RealInputs, random_like, hint
 
 log = logging.getLogger("fuse_attn.kernels")
 aten = torch.ops.aten
@@ -62,7 +64,6 @@ SDPA_CUDNN = "sdpa_cudnn"
 SDPA_FLASH = "sdpa_flash"
 # Candidate order: the first one that runs is taken untimed under FUSE_ATTN_AUTOTUNE=0.
 ALL_CANDIDATES = (TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH)
-ENV_CANDIDATES = "FUSE_ATTN_CANDIDATES"
 _SDPA_DTYPES = (torch.float16, torch.bfloat16)  # what SDPA's flash and cuDNN kernels take
 _SDPA_DEVICE_TYPES = ("cuda",)
 # Head dims SDPA's flash kernel takes (FA2: multiples of 8 up to 256); cuDNN's limits vary by version and GPU, and a
@@ -94,11 +95,11 @@ def allowed_candidates() -> tuple[str, ...]:
     :data:`ALL_CANDIDATES` order, with SDPA's backends that torch's switches turned off removed. The generated
     kernels are always one: they are what runs where SDPA's kernels cannot (a shape cuDNN refuses fails while
     timed), so an SDPA kernel is never taken untimed."""
-    text = os.environ.get(ENV_CANDIDATES)
+    text = settings.candidates_text()
     names = ALL_CANDIDATES if text is None else tuple(n.strip() for n in text.split(",") if n.strip())
     unknown = [n for n in names if n not in ALL_CANDIDATES]
     if unknown:
-        log.warning("fuse_attn: %s names unknown candidates %s (known: %s); ignoring them", ENV_CANDIDATES, unknown,
+        log.warning("fuse_attn: %s names unknown candidates %s (known: %s); ignoring them", settings.CANDIDATES, unknown,
                     ", ".join(ALL_CANDIDATES))
     switched_off = {SDPA_CUDNN: not torch.backends.cuda.cudnn_sdp_enabled(),
                     SDPA_FLASH: not torch.backends.cuda.flash_sdp_enabled()}
@@ -115,7 +116,7 @@ def sdpa_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append(f"SDPA's cuDNN and flash kernels run on CUDA devices, not {q.device.type}")
     if q.dtype not in _SDPA_DTYPES:
         reasons.append(f"SDPA's cuDNN and flash kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_mod or spec.score_tensors:
+    if spec.score_program or spec.score_tensors:
         reasons.append("the scores are modified beyond the scale (a score program, mask or bias)")
     if spec.dropout_p:
         reasons.append("dropout: the generated kernels draw the keep-mask from the graph's seed")
@@ -250,9 +251,9 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     reasons.update({n: [why] for n, why in _SET_ASIDE.items()})
     candidates = [n for n in allowed if not reasons[n]]
     if candidates == [TRITON]:
-        log.debug("fuse_attn: %s runs the generated kernels: %s", spec.describe(),
+        log.debug("fuse_attn: %s runs the generated kernels: %s", plan.describe(spec),
                   "; ".join(f"{n}: {'; '.join(r)}" for n, r in reasons.items() if r)
-                  or f"{ENV_CANDIDATES} allows only triton")
+                  or f"{settings.CANDIDATES} allows only triton")
         return Choice(TRITON)
     Z, H, M, D = q.shape
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
@@ -271,12 +272,12 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     chosen = tuning.cached(key)
     if chosen is None:
         try:
-            with _RealInputs():
+            with RealInputs():
                 steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads)
                 chosen = tuning.choose(key, [tuning.Implementation(n) for n in candidates], steps.replay)
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
-                        spec.describe(), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
+                        plan.describe(spec), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
             return Choice(TRITON, f"timing the candidates failed ({type(e).__name__})")
     return Choice(chosen.name, how)
 
@@ -290,8 +291,8 @@ class _CandidateSteps:
                  score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None):
         score_grads = _score_grads(score_tensors, score_grads)
         self.spec, self.training = spec, training
-        self.q, self.k, self.v = (_random_like(t).requires_grad_(training) for t in (q, k, v))
-        self.score_tensors = [_random_like(t).requires_grad_(training and needs and t.is_floating_point())
+        self.q, self.k, self.v = (random_like(t).requires_grad_(training) for t in (q, k, v))
+        self.score_tensors = [random_like(t).requires_grad_(training and needs and t.is_floating_point())
                               for t, needs in zip(score_tensors, score_grads)]
         self.dout = torch.randn(self.q.shape, dtype=q.dtype, device=self.q.device)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}

@@ -25,7 +25,8 @@ import triton.language as tl
 from torch import Tensor
 
 from fuse_attn.kernels.generated.decode import sm_count
-from fuse_attn.kernels.generated.launch import _interpret, _pow2_at_least_16, launch
+from fuse_attn import settings
+from fuse_attn.kernels.generated.launch import pow2_at_least_16, launch
 
 aten = torch.ops.aten
 
@@ -79,7 +80,7 @@ def handles(weight: Tensor, scale_grad_by_freq: bool = False, sparse: bool = Fal
     where the kernel runs (CUDA, or the CPU under the Triton interpreter)."""
     return (weight.dim() == 2 and isinstance(weight.shape[0], int) and 0 < weight.shape[0] <= MAX_ROWS
             and isinstance(weight.shape[1], int) and weight.dtype in DTYPES and not scale_grad_by_freq
-            and not sparse and (weight.device.type == "cuda" or (weight.device.type == "cpu" and _interpret())))
+            and not sparse and (weight.device.type == "cuda" or (weight.device.type == "cpu" and settings.interpreting())))
 
 
 def _programs(device: torch.device, column_blocks: int) -> int:
@@ -93,8 +94,8 @@ def partials_launch(grad: Tensor, indices: Tensor, rows: int, padding_idx: int) 
     """(grid, kernel arguments, partial tables) of a launch of :func:`_table_gradient_partials`: the partials are
     fp32 ``[programs, ROWS, column blocks x BLOCK_C]``, padded rows and columns included."""
     positions, columns = grad.shape
-    padded_rows = _pow2_at_least_16(rows)
-    block_c = min(MAX_BLOCK_C, _pow2_at_least_16(columns))
+    padded_rows = pow2_at_least_16(rows)
+    block_c = min(MAX_BLOCK_C, pow2_at_least_16(columns))
     column_blocks = triton.cdiv(columns, block_c)
     programs = _programs(grad.device, column_blocks)
     partials = torch.empty((programs, padded_rows, column_blocks * block_c), dtype=torch.float32, device=grad.device)
@@ -102,7 +103,7 @@ def partials_launch(grad: Tensor, indices: Tensor, rows: int, padding_idx: int) 
                 stride_gp=grad.stride(0), stride_gc=grad.stride(1), programs=programs, ROWS=padded_rows,
                 BLOCK_C=block_c, BLOCK_P=BLOCK_P,
                 # fp32 gradients: TF32 would round them; the interpreter's tl.dot multiplies bf16 bit patterns
-                DOT_IN_FP32=grad.dtype == torch.float32 or _interpret())
+                DOT_IN_FP32=grad.dtype == torch.float32 or settings.interpreting())
     return (programs, column_blocks), args, partials
 
 
@@ -125,7 +126,7 @@ def table_gradient(grad: Tensor, indices: Tensor, rows: int, padding_idx: int) -
 @torch.library.custom_op("fuse_attn::table_gradient_cpu", mutates_args=())
 def table_gradient_cpu(grad: Tensor, indices: Tensor, rows: int, padding_idx: int) -> Tensor:
     """:func:`table_gradient` on CPU tensors: the kernel under the Triton interpreter, plain PyTorch otherwise."""
-    if _interpret():
+    if settings.interpreting():
         return _table_gradient(grad, indices, rows, padding_idx)
     return reference_table_gradient(grad, indices, rows, padding_idx)
 

@@ -11,7 +11,7 @@ Dispatch inside the body: CUDA tensors -> the generated Triton kernels. CPU tens
 ``fuse_attn::flash_attention_cpu`` / ``flash_attention_backward_cpu`` (a traced ``wrap_triton`` launch cannot run
 under the Triton interpreter), which run the same kernels through the interpreter under ``TRITON_INTERPRET=1`` and
 :func:`.reference.blockwise_forward` / ``blockwise_backward`` (plain PyTorch, a block of query rows at a time)
-otherwise. One definition of the semantics: both routes run :func:`_forward_op` / :func:`_backward_op`
+otherwise. One definition of the semantics: both routes run :func:`forward_op` / :func:`_backward_op`
 (validation, empty inputs, then the kernels or the blockwise path). If the kernels cannot be generated, compiled or launched (no launch config
 works), the op warns once and runs the blockwise path instead, on any device (traced into the graph when compiling).
 """
@@ -25,9 +25,12 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from fuse_attn.spec import AttentionSpec, UnsupportedSpec
+from fuse_attn.kernels import plan
+from fuse_attn.spec import AttentionSpec
+from fuse_attn.score_program import UnsupportedSpec
 from fuse_attn.kernels.generated import codegen, decode
-from fuse_attn.kernels.generated.launch import _empty_outputs, _interpret, triton_backward, triton_forward
+from fuse_attn import settings
+from fuse_attn.kernels.generated.launch import empty_outputs, triton_backward, triton_forward
 from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -117,26 +120,26 @@ def _check_needs(score_tensors, spec: AttentionSpec, needs: Sequence[bool]) -> l
 
 
 # ---- one definition of the semantics, for both routes ----------------------------------------------------------------
-def _is_empty(q: Tensor, k: Tensor) -> bool:
+def is_empty(q: Tensor, k: Tensor) -> bool:
     Z, H, M, _ = q.shape
     return Z * H * M == 0 or k.shape[2] == 0
 
 
-def _empty_forward(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def empty_forward(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     # softmax over zero keys @ v is zeros in eager; the logsumexp of nothing is -inf.
     Z, H, M, _ = q.shape
     return (torch.zeros((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device),
             torch.full((Z, H, M), float("-inf"), dtype=torch.float32, device=q.device))
 
 
-def _empty_backward(q, k, v, score_tensors, needs):
+def empty_backward(q, k, v, score_tensors, needs):
     return (torch.zeros(q.shape, dtype=q.dtype, device=q.device), torch.zeros(k.shape, dtype=k.dtype, device=k.device),
             torch.zeros(v.shape, dtype=v.dtype, device=v.device),
             [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t, n in zip(score_tensors, needs) if n])
 
 
 def _use_triton(q: Tensor) -> bool:
-    return q.is_cuda or (q.device.type == "cpu" and _interpret())
+    return q.is_cuda or (q.device.type == "cpu" and settings.interpreting())
 
 
 # (spec digest, "forward" / "backward", head dims) whose kernels failed in this process: they run the blockwise
@@ -158,7 +161,7 @@ def _with_fallback(direction: str, spec: AttentionSpec, q: Tensor, v: Tensor, ke
             _kernel_failures.add(key)
             lines = str(e).strip().splitlines()
             log.warning("fuse_attn: the %s kernels for %s (head dims %d/%d) failed (%s: %s); this attention's %s runs "
-                        "in plain PyTorch (blockwise, slower) from now on", direction, spec.describe(), key[2],
+                        "in plain PyTorch (blockwise, slower) from now on", direction, plan.describe(spec), key[2],
                         key[3], type(e).__name__, lines[0] if lines else "", direction)
             log.debug("fuse_attn: %s kernel failure", direction, exc_info=e)
     return blockwise()
@@ -185,12 +188,12 @@ def _backward_impl(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: A
 
 
 # ---- the ops ---------------------------------------------------------------------------------------------------------
-def _forward_op(q, k, v, score_tensors, dropout_seed, spec: str, cpu_op: bool):
+def forward_op(q, k, v, score_tensors, dropout_seed, spec: str, cpu_op: bool):
     """Either op's forward: validated, empty inputs answered, then the CPU op (``cpu_op``) or the kernels."""
     s = parse_spec(spec)
     validate(q, k, v, score_tensors, s, dropout_seed)
-    if _is_empty(q, k):
-        return _empty_forward(q, v)
+    if is_empty(q, k):
+        return empty_forward(q, v)
     if cpu_op:
         return torch.ops.fuse_attn.flash_attention_cpu(q, k, v, score_tensors, dropout_seed, spec)
     return _forward(q, k, v, score_tensors, dropout_seed, s)
@@ -198,14 +201,14 @@ def _forward_op(q, k, v, score_tensors, dropout_seed, spec: str, cpu_op: bool):
 
 def _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: str, score_tensor_needs_grad, dlse,
                  cpu_op: bool):
-    """Either op's backward, as :func:`_forward_op`."""
+    """Either op's backward, as :func:`forward_op`."""
     s = parse_spec(spec)
     validate(q, k, v, score_tensors, s, dropout_seed)
     needs = _check_needs(score_tensors, s, score_tensor_needs_grad)
     if dlse is not None and (dlse.shape != lse.shape or dlse.dtype != torch.float32):
         raise UnsupportedSpec(f"dlse {dlse.dtype} {tuple(dlse.shape)} does not match lse {lse.dtype} {tuple(lse.shape)}")
-    if _is_empty(q, k):
-        return _empty_backward(q, k, v, score_tensors, needs)
+    if is_empty(q, k):
+        return empty_backward(q, k, v, score_tensors, needs)
     if cpu_op:
         return torch.ops.fuse_attn.flash_attention_backward_cpu(dout, q, k, v, score_tensors, dropout_seed, out, lse,
                                                                 spec, score_tensor_needs_grad, dlse)
@@ -217,20 +220,20 @@ def _backward_op(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec: str
 @torch.library.triton_op("fuse_attn::flash_attention", mutates_args=())
 def flash_attention_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
                        spec: str) -> tuple[Tensor, Tensor]:
-    return _forward_op(q, k, v, score_tensors, dropout_seed, spec, cpu_op=q.device.type != "cuda")
+    return forward_op(q, k, v, score_tensors, dropout_seed, spec, cpu_op=q.device.type != "cuda")
 
 
 @torch.library.custom_op("fuse_attn::flash_attention_cpu", mutates_args=())
 def flash_attention_cpu_op(q: Tensor, k: Tensor, v: Tensor, score_tensors: list[Tensor], dropout_seed: Optional[Tensor],
                            spec: str) -> tuple[Tensor, Tensor]:
     """The forward on CPU tensors, opaque to tracing: the kernels through the Triton interpreter, or blockwise."""
-    return _forward_op(q, k, v, score_tensors, dropout_seed, spec, cpu_op=False)
+    return forward_op(q, k, v, score_tensors, dropout_seed, spec, cpu_op=False)
 
 
 @flash_attention_cpu_op.register_fake
 def _(q, k, v, score_tensors, dropout_seed, spec):
     validate(q, k, v, score_tensors, parse_spec(spec), dropout_seed)
-    return _empty_outputs(q, v)
+    return empty_outputs(q, v)
 
 
 @torch.library.triton_op("fuse_attn::flash_attention_backward", mutates_args=())
@@ -262,7 +265,7 @@ def _(dout, q, k, v, score_tensors, dropout_seed, out, lse, spec, score_tensor_n
 
 
 # ---- autograd --------------------------------------------------------------------------------------------------------
-def _setup_context(ctx, inputs, output):
+def autograd_setup_context(ctx, inputs, output):
     q, k, v, score_tensors, dropout_seed, spec = inputs
     out, lse = output
     ctx.spec = spec
@@ -273,7 +276,7 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _backward(ctx, dout, dlse):
+def autograd_backward(ctx, dout, dlse):
     """Gradients of ``out`` and of ``lse`` (differentiable too: context parallelism merges partial outputs by their
     lse, :mod:`fuse_attn.graph.context_parallel`)."""
     q, k, v, out, lse, dropout_seed, *score_tensors = ctx.saved_tensors
@@ -286,7 +289,7 @@ def _backward(ctx, dout, dlse):
     return dq, dk, dv, grads, None, None
 
 
-flash_attention_op.register_autograd(_backward, setup_context=_setup_context)
+flash_attention_op.register_autograd(autograd_backward, setup_context=autograd_setup_context)
 
 
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, spec, score_tensors: Sequence[Tensor] = (),

@@ -34,9 +34,9 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence
     v = v.repeat_interleave(g, dim=1)
     s = (q @ k.transpose(-2, -1)) * spec.scale_for(q.shape[3])
     Z, H, M, N = s.shape
-    s = _score_mod(s, score_tensors, spec, 0, M, N)[-1]
+    s = score_program_values(s, score_tensors, spec, 0, M, N)[-1]
     if spec.causal is not None:
-        s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
+        s = s.masked_fill(~causal_visible(0, M, M, N, spec, s.device), float("-inf"))
     p = softmax_of_spec(s, spec)
     if spec.dropout_p:
         p = _drop(p, _keep_mask(dropout_seed, spec, p.shape, M, 0), spec.dropout_p)
@@ -64,20 +64,20 @@ def _drop(x: Tensor, keep: Tensor, dropout_p: float) -> Tensor:
     return x * (keep.to(x.dtype) * (1.0 / (1.0 - dropout_p)))
 
 
-def _score_mod(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, row0: int, M: int, N: int) -> list:
+def score_program_values(s: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec, row0: int, M: int, N: int) -> list:
     """The values of every node of the score program on the scores ``s`` of query rows [row0, row0 + rows) (the
     last one broadcast to ``s``'s shape); ``[s]`` for an empty program."""
-    if not spec.score_mod:
+    if not spec.score_program:
         return [s]
     Z, H, rows, _ = s.shape
     tensors = [t if t.shape[2] == 1 else t[:, :, row0:row0 + rows] for t in score_tensors]
     ops = score_program_eval.TorchOps(s, tensors, score_program_eval.torch_indices(row0, rows, Z, H, M, N, s.device))
-    vals = score_program_eval.forward(spec.score_mod, ops)
+    vals = score_program_eval.forward(spec.score_program, ops)
     vals[-1] = torch.broadcast_to(vals[-1], s.shape)
     return vals
 
 
-def _causal_visible(row0: int, rows: int, M: int, N: int, spec: AttentionSpec, device) -> Tensor:
+def causal_visible(row0: int, rows: int, M: int, N: int, spec: AttentionSpec, device) -> Tensor:
     i = torch.arange(row0, row0 + rows, device=device)[:, None]
     j = torch.arange(N, device=device)[None, :]
     offset = spec.causal.offset(M, N)
@@ -96,10 +96,10 @@ def _blockwise_scores(q_blk, k, score_tensors, spec, row0, M, N) -> tuple[Tensor
     ct = torch.float64 if q_blk.dtype == torch.float64 else torch.float32
     qg = q_blk.to(ct).reshape(Z, H // g, g * rows, D)  # the g query heads of one kv head share its keys
     s = (qg @ k.to(ct).transpose(-2, -1)).reshape(Z, H, rows, N) * spec.scale_for(D)
-    vals = _score_mod(s, score_tensors, spec, row0, M, N)
+    vals = score_program_values(s, score_tensors, spec, row0, M, N)
     s = vals[-1]
     if spec.causal is not None:
-        s = s.masked_fill(~_causal_visible(row0, rows, M, N, spec, s.device), float("-inf"))
+        s = s.masked_fill(~causal_visible(row0, rows, M, N, spec, s.device), float("-inf"))
     return s, vals
 
 
@@ -143,7 +143,7 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     dk = torch.zeros(k.shape, dtype=ct, device=q.device)
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
     dts = {i: torch.zeros(t.shape, dtype=ct, device=q.device) for i, (t, need) in enumerate(zip(score_tensors, needs_grad)) if need}
-    program = spec.score_mod
+    program = spec.score_program
     scores = score_program_eval.score_sources(program)
     bias_loads = {t: nodes for t, nodes in score_program_eval.bias_load_sources(program, spec.score_tensors).items() if t in dts}
     sources = scores.union(*bias_loads.values())
@@ -169,7 +169,7 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
             delta = delta - dlse[:, :, r0:r0 + rows, None].to(ct)
         ds = p * (dp - delta)
         if spec.causal is not None:  # masked_fill's backward: no gradient outside the band, even where P is NaN
-            ds = ds.masked_fill(~_causal_visible(r0, rows, M, N, spec, ds.device), 0.0)
+            ds = ds.masked_fill(~causal_visible(r0, rows, M, N, spec, ds.device), 0.0)
         if program:
             ops = score_program_eval.TorchOps(ds, (), {})  # the reverse pass reads no leaves: only the dtype, device
             adj = score_program_eval.backward(program, spec.score_tensors, vals, ops, ds, sources)

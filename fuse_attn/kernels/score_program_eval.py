@@ -1,4 +1,4 @@
-"""The score program of an AttentionSpec (``spec.score_mod``): evaluation and reverse-mode differentiation.
+"""The score program of an AttentionSpec (``spec.score_program``): evaluation and reverse-mode differentiation.
 
 Each op's forward is a method of the same name on an *ops namespace*; each op's derivative is written once, in
 :data:`VJP`, in terms of that namespace. Three namespaces instantiate them:
@@ -23,7 +23,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from fuse_attn.spec import LEAF_OPS, ScoreNode, ScoreTensor, node_kinds
+from fuse_attn.score_program import LEAF_OPS, ScoreNode, ScoreTensor, node_kinds
 
 INDEX_OPS = ("q_idx", "kv_idx", "batch_idx", "head_idx", "q_len", "kv_len")
 # Largest finite fp32 (torch.finfo(torch.float32).max).

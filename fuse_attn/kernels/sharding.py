@@ -24,6 +24,7 @@ import torch
 from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.experimental import register_sharding
 
+from fuse_attn.kernels import plan
 from fuse_attn.kernels.ops import parse_spec
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -47,14 +48,14 @@ def _shardable_dims(q_shape, k_shape, ranks: int, spec) -> list[int]:
         if spec.dropout_p:
             # the keep-mask is drawn per local (batch row, head): ranks would draw the same masks for other heads
             reason = "dropout: each rank would draw its shard's keep-masks from the same local indices"
-        elif any(node.op == _INDEX_LEAF[dim] for node in spec.score_mod):
+        elif any(node.op == _INDEX_LEAF[dim] for node in spec.score_program):
             reason = f"its score program reads {_INDEX_LEAF[dim]}"
         elif any(size % ranks for size in sizes):
             reason = f"{_DIM_NAME[dim]} sizes {sizes} (q, k) do not divide over {ranks} ranks"
         else:
             dims.append(dim)
             continue
-        _log_unsharded(spec.describe(), _DIM_NAME[dim], reason)
+        _log_unsharded(plan.describe(spec), _DIM_NAME[dim], reason)
     return dims
 
 

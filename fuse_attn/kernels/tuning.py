@@ -52,6 +52,8 @@ from typing import Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
+from fuse_attn import settings
+
 try:
     import fcntl
 except ImportError:  # Windows: no flock; writes stay atomic, concurrent writers may drop each other's entries
@@ -291,7 +293,7 @@ def software_versions() -> tuple[str, str]:
 
 
 def tuning_key(kind: str, device: torch.device, kernel_id: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> TuningKey:
-    timed = os.environ.get("FUSE_ATTN_AUTOTUNE", "1") != "0"
+    timed = settings.autotune_timed()
     return TuningKey(*device_identity(device), *software_versions(), kind, kernel_id, str(dtype), d, dv,
                      length_bucket(m), length_bucket(n), timed)
 
@@ -324,7 +326,7 @@ def _while_capturing(key: TuningKey, candidates: Sequence[Choice]) -> Choice:
     and not remembered, so the next call outside a capture tunes. CUDA graph trees run each new shape once
     before recording it, so under ``reduce-overhead`` the tuning happens in that warm-up run and this is not
     reached."""
-    use_disk = key.timed and os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+    use_disk = key.timed and settings.disk_cache_enabled()
     stored = _stored(key, candidates) if use_disk and len(candidates) > 1 else None
     if stored is not None:
         _chosen[key] = stored
@@ -338,19 +340,11 @@ def chosen_configs() -> dict[TuningKey, Choice]:
     return dict(_chosen)
 
 
-def cache_dir() -> str:
-    explicit = os.environ.get("FUSE_ATTN_CACHE_DIR")
-    if explicit:
-        return explicit
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "fuse_attn")
-
-
 def cache_file(key: TuningKey) -> str:
     identity = "-".join((key.gpu, "sm" + key.capability, "triton" + key.triton_version, "torch" + key.torch_version))
     # GPU names hold spaces (and could hold anything): keep the name portable. Two identities that map to one name
     # share a file, which then holds one of them; the identity stored in it tells them apart.
-    return os.path.join(cache_dir(), "autotune-" + re.sub(r"[^A-Za-z0-9.+-]", "_", identity) + ".json")
+    return os.path.join(settings.cache_dir(), "autotune-" + re.sub(r"[^A-Za-z0-9.+-]", "_", identity) + ".json")
 
 
 def _stored_or_tuned(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
@@ -361,7 +355,7 @@ def _stored_or_tuned(key: TuningKey, candidates: Sequence[Choice], launch: Calla
     if not key.timed:
         cfg = _first_working(key, candidates, launch)
     else:
-        use_disk = os.environ.get("FUSE_ATTN_CACHE", "1") != "0"
+        use_disk = settings.disk_cache_enabled()
         stored = _stored(key, candidates) if use_disk else None
         if stored is not None:
             return stored

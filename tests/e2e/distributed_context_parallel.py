@@ -25,7 +25,8 @@ import torch.distributed as dist
 from fuse_attn.graph.context_parallel import ContextParallel, gather_sequence, ring_attention, shard_sequence
 from fuse_attn.kernels import flash_attention
 from fuse_attn.report import collect_reports
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 
 TOLERANCE = 2e-5  # fp32: the ring merges partial outputs in fp32; the unsharded op's rounding differs by a few ulps
 
@@ -63,7 +64,7 @@ def spec_and_tensors(case: str, heads: int, n: int, g: torch.Generator):
         tensors, causal = [(keep, False)], None
     elif case == "dropout":
         dropout = 0.3
-    spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, causal=causal, score_mod=program,
+    spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, causal=causal, score_program=program,
                          score_tensors=infos, gqa_group=2 if case == "gqa" else 1, dropout_p=dropout,
                          empty_rows="zero" if case == "sdpa padding" else "nan")
     return spec, tensors
@@ -116,7 +117,7 @@ def check_dynamic(cp: ContextParallel) -> bool:
         return torch.softmax(s, -1) @ v
 
     compiled = torch.compile(attention, backend="fuse_attn", dynamic=True,
-                             options={"fuse_attn.graph.context_parallel": cp})
+                             options={"fuse_attn.context_parallel": cp})
     errors = []
     with collect_reports() as reports:
         for n in (16, 24):
@@ -157,7 +158,7 @@ def check_llama(cp: ContextParallel, attention: str) -> bool:
     expected = loss_of(model(input_ids=tokens, position_ids=positions).logits, labels)
     expected_grads = torch.autograd.grad(expected, list(model.parameters()))
 
-    compiled = torch.compile(model, backend="fuse_attn", options={"fuse_attn.graph.context_parallel": cp})
+    compiled = torch.compile(model, backend="fuse_attn", options={"fuse_attn.context_parallel": cp})
     # the position ids and an all-ones padding mask, sharded like the tokens: the model's positions (RoPE) are then
     # global, and Hugging Face reads no packed sequences from position ids that jump between the shard's chunks
     with collect_reports() as reports:
@@ -219,7 +220,7 @@ def check_uneven_sequence(load_balance: bool, cp_group) -> bool:
         positions = torch.arange(q.shape[-2])
         return torch.softmax(s.masked_fill(positions[None, :] > positions[:, None], float("-inf")), -1) @ v
 
-    compiled = torch.compile(attention, backend="fuse_attn", options={"fuse_attn.graph.context_parallel": cp})
+    compiled = torch.compile(attention, backend="fuse_attn", options={"fuse_attn.context_parallel": cp})
     errors, fused = [], 0
     for run in (lambda *t: ring_attention(*t, spec, cp=cp), compiled):
         local = [shard_sequence(t, 2, cp).detach().requires_grad_() for t in (q, k, v)]

@@ -15,7 +15,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
 
 from fuse_attn.kernels import flash_attention
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from tests.support.interpreter_patching import skip_repatching_inside_a_launch
 
 # (query heads, kv heads, placement of q/k/v, dropout) -> placements expected of the output and of the bias gradient
@@ -37,7 +38,7 @@ def main() -> int:
     for compiled in (False, True):
         for heads, kv_heads, placement, dropout_p, out_placement, bias_grad_placement in CASES:
             spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.3, causal=CausalMask(),
-                                 gqa_group=heads // kv_heads, score_mod=program, dropout_p=dropout_p,
+                                 gqa_group=heads // kv_heads, score_program=program, dropout_p=dropout_p,
                                  score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
             g = torch.Generator().manual_seed(0)
             q = torch.randn(2, heads, 6, 8, generator=g)

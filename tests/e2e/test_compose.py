@@ -240,7 +240,7 @@ def test_tuning_never_runs_inside_a_cuda_graph_capture(machine, monkeypatch):
 @pytest.fixture
 def untuned(monkeypatch):
     """No tuned config in memory or on disk: the next launches tune."""
-    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(tuning, "_chosen", {})
     monkeypatch.setenv("FUSE_ATTN_CACHE", "0")
 
 
@@ -254,7 +254,7 @@ def test_cuda_graphs_training_step(untuned, monkeypatch, mode):
     (whose own GEMM tuning is slow)."""
     met_in_capture = []
     while_capturing = tuning._while_capturing
-    monkeypatch.setattr(autotune, "_while_capturing", lambda key, cands: met_in_capture.append(key) or while_capturing(key, cands))
+    monkeypatch.setattr(tuning, "_while_capturing", lambda key, cands: met_in_capture.append(key) or while_capturing(key, cands))
     torch.manual_seed(5)
     dtype = torch.bfloat16
     model = NanoGPTAttention(width=128, heads=2, block_size=256).to("cuda", dtype)

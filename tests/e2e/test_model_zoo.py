@@ -9,6 +9,7 @@ import copy
 import pytest
 import torch
 
+from fuse_attn.kernels import plan
 import fuse_attn
 from fuse_attn.report import collect_reports
 
@@ -270,5 +271,5 @@ def test_padding_masks_run_the_bare_score_on_full_tiles(name, attention):
         report = fuse_attn.explain(model_cls(config).eval(), **inputs)
     assert len(report.fused) == layers, str(report)
     for verdict in report.fused:
-        assert verdict.spec.key_padding() is not None, verdict.line()
-        assert verdict.spec.visible_spec().score_mod == (), verdict.line()
+        assert plan.key_padding(verdict.spec) is not None, verdict.line()
+        assert plan.visible_spec(verdict.spec).score_program == (), verdict.line()

@@ -6,10 +6,12 @@ import dataclasses
 import pytest
 import torch
 
-from fuse_attn.graph.context_parallel import (_at_global_positions, _sharded, chunk_indices, is_uneven, pair_and_tensors,
+from fuse_attn.kernels import plan
+from fuse_attn.graph.context_parallel import (at_global_positions, sequence_shard, chunk_indices, is_uneven, pair_and_tensors,
                                         pair_spec, pieces, uneven_pieces, unshardable_reason)
-from fuse_attn.kernels.reference import _score_mod
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
+from fuse_attn.kernels.reference import score_program_values
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
 PADDING = ScoreTensor("mask", "bool", (False, True, True, False))
 
@@ -23,7 +25,7 @@ def spec_of(causal=None, form=None) -> AttentionSpec:
     s, visible = b.add("score"), b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), b.add("load", value=0))
     root = (b.add("where", b.add("logical_not", visible), b.const(float("-inf")), s) if form == "-inf" else
             b.add("add", s, b.add("where", visible, b.const(0.0), b.const(torch.finfo(torch.float32).min))))
-    return AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_mod=b.program(root),
+    return AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_program=b.program(root),
                          score_tensors=(PADDING,), empty_rows="zero" if form == "-inf" else "nan")
 
 
@@ -49,7 +51,7 @@ def test_an_uneven_sequence_is_cut_as_tensor_split_cuts_it(load_balance):
     assert [by_chunk[c][2] for c in range(count)] == sizes
     assert [by_chunk[c][1] for c in range(count)] == [sum(sizes[:c]) for c in range(count)]
     positions = torch.arange(23)[None]
-    shards = [_sharded(positions, 1, rank, 2, load_balance, total=23) for rank in range(2)]
+    shards = [sequence_shard(positions, 1, rank, 2, load_balance, total=23) for rank in range(2)]
     assert [s.shape[1] for s in shards] == [sum(p[2] for p in h) for h in held]
     assert sorted(torch.cat(shards, 1)[0].tolist()) == list(range(23))
     # a shard of odd length is fine there: the uneven sequence runs gathered, not as two chunks of a ring
@@ -81,7 +83,7 @@ def test_window_pairs_beyond_the_window_are_skipped():
 def test_positions_in_the_program_become_global():
     b = ScoreProgramBuilder()
     root = b.add("add", b.add("score"), b.add("to_float", b.add("sub", b.add("kv_idx"), b.add("q_idx"))))
-    spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_mod=b.program(root))
+    spec = AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_program=b.program(root))
     pair = pair_spec(spec, 16, 8, 8, 8, 32)
     assert "to_float((kv_idx - q_idx) - 8)" in pair.describe()  # (kv_idx + 8) - (q_idx + 16), constants gathered
     # an ALiBi distance: the pairs of a 2-rank load-balanced ring share one spec per diagonal of the chunk grid
@@ -96,7 +98,7 @@ def test_a_band_in_the_program_skips_pairs_only_where_its_fill_is_minus_inf():
     past = pair_spec(spec_of(form="fill"), 0, 8, 8, 8, 32)
     assert past is not None and past.describe().endswith("s - 3.40282e+38 empty rows 0")  # every key at the fill
     assert not past.score_tensors  # the band is settled (hidden), so the padding is no longer read
-    before = pair_spec(spec_of(form="-inf"), 16, 8, 0, 8, 32).key_padding()
+    before = plan.key_padding(pair_spec(spec_of(form="-inf"), 16, 8, 0, 8, 32))
     assert before.tensor == 0 and before.band is None  # the band is settled (visible): only the padding masks
 
 
@@ -126,7 +128,7 @@ def window_spec() -> AttentionSpec:
                    b.add("lt", b.add("sub", q, kv), b.const(5)))
     distance = b.add("mul", b.add("to_float", b.add("sub", kv, q)), b.const(0.5))
     root = b.add("where", inside, b.add("add", b.add("score"), distance), b.const(float("-inf")))
-    return AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_mod=b.program(root))
+    return AttentionSpec(dtype="float32", head_dim=8, head_dim_v=8, scale=0.35, score_program=b.program(root))
 
 
 @pytest.mark.parametrize("spec", [spec_of(form="fill"), spec_of(form="-inf"), window_spec()], ids=["fill", "-inf", "window"])
@@ -141,8 +143,8 @@ def test_a_pair_program_computes_what_the_global_program_does(spec, q_start, kv_
     g = torch.Generator().manual_seed(q_start * 32 + kv_start)
     s = torch.randn(2, 1, 8, 8, generator=g)
     padding = [torch.rand(2, 1, 1, 8, generator=g) < 0.7] if spec.score_tensors else []
-    at_global = dataclasses.replace(pair, score_mod=_at_global_positions(spec, q_start, kv_start, 32),
+    at_global = dataclasses.replace(pair, score_program=at_global_positions(spec, q_start, kv_start, 32),
                                     score_tensors=spec.score_tensors)
-    expected = _score_mod(s, padding, at_global, 0, 8, 8)[-1]
-    settled = _score_mod(s, [padding[i] for i in read], pair, 0, 8, 8)[-1]
+    expected = score_program_values(s, padding, at_global, 0, 8, 8)[-1]
+    settled = score_program_values(s, [padding[i] for i in read], pair, 0, 8, 8)[-1]
     assert torch.equal(settled, expected)

@@ -186,7 +186,7 @@ def test_arange_mask_of_symbolic_lengths_does_not_specialize(target, train):
     assert counter.frame_count == 1
     fused_once(reports)
     spec = reports[0].verdicts[0].spec
-    assert spec.causal == CausalMask(diagonal=0) and spec.score_mod == () and spec.q_len is None
+    assert spec.causal == CausalMask(diagonal=0) and spec.score_program == () and spec.q_len is None
 
 
 def test_more_queries_than_keys_under_dynamic_lengths(target):

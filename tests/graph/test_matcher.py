@@ -44,7 +44,7 @@ class TestGoldenGraphs(TestCase):
         transpose_1: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_1, 1, 2)
         view_2: "f32[2, 6, 2, 8]" = torch.ops.aten.view.default(getitem_2, [2, 6, 2, 8])
         transpose_2: "f32[2, 2, 6, 8]" = torch.ops.aten.transpose.int(view_2, 1, 2)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 2, "q_len": 6, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem_3: "f32[2, 2, 6, 8]" = flash_attention_default[0]
         transpose_4: "f32[2, 6, 2, 8]" = torch.ops.aten.transpose.int(getitem_3, 1, 2)
         contiguous: "f32[2, 6, 2, 8]" = torch.ops.aten.contiguous.default(transpose_4)
@@ -61,7 +61,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -75,7 +75,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -87,7 +87,7 @@ class TestGoldenGraphs(TestCase):
         mask = torch.zeros(2, 1, 1, 5).masked_fill(torch.rand(2, 1, 1, 5) > 0.7, float("-inf"))
         self.assertExpectedInline(self.check(fn, *qkv(), mask), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 1, 1, 5]", arg3_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [arg2_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [false, true, true, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -98,7 +98,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -110,7 +110,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(dtype=torch.float16)), """\
     def forward(self, arg0_1: "f16[2, 3, 5, 8]", arg1_1: "f16[2, 3, 5, 8]", arg2_1: "f16[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float16", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.35355339059327373, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f16[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -131,7 +131,7 @@ class TestGoldenGraphs(TestCase):
         unsqueeze_default: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape, 0)
         unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
         unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
         squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
@@ -146,7 +146,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(length=3, k_length=7)), """\
     def forward(self, arg0_1: "f32[2, 3, 3, 8]", arg1_1: "f32[2, 3, 7, 8]", arg2_1: "f32[2, 3, 7, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 4, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 4, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 7, "num_heads": 3, "q_len": 3, "scale": 1.0, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 3, 3, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -165,7 +165,7 @@ class TestGoldenGraphs(TestCase):
         k, v = torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)
         self.assertExpectedInline(self.check(fn, q, k, v), """\
     def forward(self, arg0_1: "f32[2, 2, 5, 8]", arg1_1: "f32[2, 2, 5, 8]", arg2_1: "f32[2, 4, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg2_1, arg0_1, arg1_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -177,7 +177,7 @@ class TestGoldenGraphs(TestCase):
         k, v = torch.randn(2, 1, 5, 8), torch.randn(2, 1, 5, 8)
         self.assertExpectedInline(self.check(fn, q, k, v), """\
     def forward(self, arg0_1: "f32[2, 1, 5, 8]", arg1_1: "f32[2, 4, 5, 8]", arg2_1: "f32[2, 1, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 4, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 4, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 4, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -200,7 +200,7 @@ class TestGoldenGraphs(TestCase):
         unsqueeze_default_1: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_1, 0)
         unsqueeze_default_2: "f32[1, 6, 5, 8]" = torch.ops.aten.unsqueeze.default(reshape_2, 0)
         unsqueeze_default_3: "f32[1, 6, 1, 5]" = torch.ops.aten.unsqueeze.default(arg1_1, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}, {"args": [], "op": "const", "value": 2.0}, {"args": [2, 3], "op": "div", "value": null}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(unsqueeze_default, unsqueeze_default_1, unsqueeze_default_2, [unsqueeze_default_3], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 6, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}, {"args": [], "op": "const", "value": 2.0}, {"args": [2, 3], "op": "div", "value": null}], "score_tensors": [{"broadcast": [true, false, true, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[1, 6, 5, 8]" = flash_attention_default[0]
         squeeze_dim: "f32[6, 5, 8]" = torch.ops.aten.squeeze.dim(getitem, 0)
         view_2: "f32[2, 3, 5, 8]" = torch.ops.aten.view.default(squeeze_dim, [2, 3, 5, 8])
@@ -221,10 +221,10 @@ class TestGoldenGraphs(TestCase):
         permute: "f32[3, 5, 5]" = torch.ops.aten.permute.default(embedding, [2, 0, 1])
         clone_default: "f32[3, 5, 5]" = torch.ops.aten.clone.default(permute, memory_format = torch.contiguous_format)
         unsqueeze_default: "f32[1, 3, 5, 5]" = torch.ops.aten.unsqueeze.default(clone_default, 0)
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg3_1, arg2_1, arg4_1, [unsqueeze_default], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg3_1, arg2_1, arg4_1, [unsqueeze_default], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         unsqueeze_default_1: "f32[1, 3, 5, 5]" = torch.ops.aten.unsqueeze.default(clone_default, 0)
-        flash_attention_default_1 = torch.ops.fuse_attn.flash_attention.default(getitem, arg2_1, arg4_1, [unsqueeze_default_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
+        flash_attention_default_1 = torch.ops.fuse_attn.flash_attention.default(getitem, arg2_1, arg4_1, [unsqueeze_default_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "add", "value": null}], "score_tensors": [{"broadcast": [true, false, false, false], "dtype": "float32", "role": "bias"}]}')
         getitem_1: "f32[2, 3, 5, 8]" = flash_attention_default_1[0]
         return (getitem_1,)""")
 
@@ -238,7 +238,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "scale_head_dim_power": 0.0, "score_mod": [{"args": [], "op": "score", "value": null}, {"args": [0], "op": "tanh", "value": null}, {"args": [], "op": "const", "value": 50.0}, {"args": [1, 2], "op": "mul", "value": null}], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [0], "op": "tanh", "value": null}, {"args": [], "op": "const", "value": 50.0}, {"args": [1, 2], "op": "mul", "value": null}], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -252,7 +252,7 @@ class TestGoldenGraphs(TestCase):
         permute_default: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg0_1, [0, 2, 1, 3])
         permute_default_1: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg1_1, [0, 2, 1, 3])
         permute_default_2: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(arg2_1, [0, 2, 1, 3])
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(permute_default, permute_default_1, permute_default_2, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.25, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -265,7 +265,7 @@ class TestGoldenGraphs(TestCase):
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
         randint_low: "i64[]" = torch.ops.aten.randint.low(0, 4611686018427387904, [], dtype = torch.int64, device = device(type='cpu'))
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -280,7 +280,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(self.check(fn, *qkv(dtype=torch.bfloat16)), """\
     def forward(self, arg0_1: "bf16[2, 3, 5, 8]", arg1_1: "bf16[2, 3, 5, 8]", arg2_1: "bf16[2, 3, 5, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "bfloat16", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "bfloat16", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "bf16[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 

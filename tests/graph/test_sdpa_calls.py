@@ -44,7 +44,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(fused_graph(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 4, 6, 8]", arg1_1: "f32[2, 4, 6, 8]", arg2_1: "f32[2, 4, 6, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 4, 6, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -54,7 +54,7 @@ class TestGoldenGraphs(TestCase):
 
         self.assertExpectedInline(fused_graph(fn, *qkv(kv_heads=2)), """\
     def forward(self, arg0_1: "f32[2, 4, 6, 8]", arg1_1: "f32[2, 2, 6, 8]", arg2_1: "f32[2, 2, 6, 8]"):
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 2, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 4, 6, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
@@ -67,7 +67,7 @@ class TestGoldenGraphs(TestCase):
         self.assertExpectedInline(fused_graph(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 4, 6, 8]", arg1_1: "f32[2, 4, 6, 8]", arg2_1: "f32[2, 4, 6, 8]"):
         randint_low: "i64[]" = torch.ops.aten.randint.low(0, 4611686018427387904, [], dtype = torch.int64, device = device(type='cpu'))
-        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.2, "scale_head_dim_power": 0.0, "score_mod": [], "score_tensors": []}')
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], randint_low, '{"causal": null, "dropout_p": 0.1, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 6, "num_heads": 4, "q_len": 6, "scale": 0.2, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
         getitem: "f32[2, 4, 6, 8]" = flash_attention_default[0]
         return (getitem,)""")
 

@@ -20,7 +20,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from fuse_attn.kernels import reference_attention
 from fuse_attn.kernels.hopper.backward import dscore_kv_heads
 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreTensor, UnsupportedSpec
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM, record_templates_backward
 from tests.kernels.test_kernels import assert_close_2x
 
@@ -37,7 +38,7 @@ def test_the_ops_fake_gives_the_gradients_shapes():
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape) and dq.dtype == torch.bfloat16
         assert dbias.numel() == 0  # (no bias_grad)
         bias = torch.empty(1, 8, 77, 77, dtype=torch.bfloat16, device="cuda")
-        biased = dataclasses.replace(PLAIN, gqa_group=2, score_mod=BIAS_PROGRAM, score_tensors=(
+        biased = dataclasses.replace(PLAIN, gqa_group=2, score_program=BIAS_PROGRAM, score_tensors=(
             ScoreTensor("bias", "bfloat16", (True, False, False, False)),)).to_json()
         *_, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(out, q, k, k, out, lse, biased, None, bias,
                                                                         True)
@@ -85,7 +86,7 @@ def test_the_backward_refuses_a_bias_gradient_it_does_not_compute():
 
     q = torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)
     plain = dataclasses.replace(PLAIN, head_dim=64, head_dim_v=64, scale=0.125)
-    biased = dataclasses.replace(plain, score_mod=BIAS_PROGRAM,
+    biased = dataclasses.replace(plain, score_program=BIAS_PROGRAM,
                                  score_tensors=(ScoreTensor("bias", "bfloat16", (False, False, False, False)),))
     for spec, bias in ((biased, torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)), (plain, None)):
         with pytest.raises(ValueError, match="dscore_kv_heads"):
@@ -213,7 +214,7 @@ def test_a_dout_tma_cannot_read_in_place():
     (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", True),
     (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", True),
     (64, False, 97, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
-    # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (hopper_forward._bias_by_tma),
+    # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (hopper_forward.bias_tma_view),
     # in each config (one consumer, two CTAs an SM; two; three), keys and rows past the lengths in the last tiles
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "nan", False),
     (128, True, 1024, (2, 4, "N", "N"), torch.float32, "zero", False),
@@ -232,7 +233,7 @@ def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_
     gradient, nothing NaN; the reference is SDPA's math kernel with the bias (and the causal mask) as its float mask,
     which gives that (eager's masked softmax gives NaN gradients there)."""
     spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
-                         causal=CausalMask() if causal else None, score_mod=BIAS_PROGRAM, empty_rows=empty_rows,
+                         causal=CausalMask() if causal else None, score_program=BIAS_PROGRAM, empty_rows=empty_rows,
                          score_tensors=(ScoreTensor("bias", str(bias_dtype).split(".")[1],
                                                     tuple(n == 1 for n in sizes)),))
     g = torch.Generator(device="cuda").manual_seed(N)

@@ -21,7 +21,8 @@ from fuse_attn.kernels.hopper import forward as hopper_forward
 
 from fuse_attn.kernels import reference_attention
 from fuse_attn.kernels.hopper.forward import flash_attention_hopper, hopper_reasons
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor, UnsupportedSpec
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM
 from tests.kernels.test_kernels import assert_close_2x
 
@@ -36,15 +37,15 @@ def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
 
 # a precomputed ALiBi-style bias [1, H, M, N] added to the scores: what the Gluon kernels load (a [Z, 1, 1, N] one, a
 # key padding bias whose keys the generated kernels skip by its values, they refuse: above)
-ALIBI = dict(score_mod=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+ALIBI = dict(score_program=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
 
 
 @pytest.mark.parametrize("change, qk, reason", [
     ({"dtype": "float32"}, {"dtype": torch.float32}, "fp16/bf16"),
-    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention or add one bias"),
-    ({"score_mod": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
+    ({"score_program": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention or add one bias"),
+    ({"score_program": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
       "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
-    ({"score_mod": BIAS_PROGRAM,
+    ({"score_program": BIAS_PROGRAM,
       "score_tensors": (ScoreTensor("bias", "bfloat16", (False, True, True, False)),)}, {}, "skip per call"),
     ({"dropout_p": 0.1}, {}, "no dropout"),
     ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims [64, 128], not 96/96"),
@@ -139,7 +140,7 @@ def test_which_biases_come_by_tma_and_in_how_many_ring_stages():
     """A bias TMA can read in place goes into the k / v ring as a view whose broadcast dims have size 1; keys
     broadcast or strided, an odd row length or base leave it to the consumers' loads. The ring keeps the stages that
     fit the shared memory beside the bias tiles (two at least); an fp32 bias at head dim 128 fits too few."""
-    by_tma = hopper_forward._bias_by_tma
+    by_tma = hopper_forward.bias_tma_view
     alibi = torch.randn(1, 4, 64, 64, dtype=torch.bfloat16)
     view = by_tma(alibi.expand(2, 4, 64, 64))
     assert view.shape == (1, 4, 64, 64) and view.data_ptr() == alibi.data_ptr() and view.stride()[2:] == (64, 1)
@@ -345,7 +346,7 @@ def test_a_persistent_grid_takes_many_query_blocks_a_cta():
 @hopper
 def test_a_layout_tma_cannot_read_is_copied_first():
     q = torch.randn(1, 2, 64, 129, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 258 bytes
-    assert hopper_forward._tma_ready(q) is not q and hopper_forward._tma_ready(q).is_contiguous()
+    assert hopper_forward.tma_ready(q) is not q and hopper_forward.tma_ready(q).is_contiguous()
     spec = PLAIN
     out = flash_attention_hopper(q, q, q, spec)
     ref, _ = reference_attention(q.double(), q.double(), q.double(), [], spec)
@@ -375,7 +376,7 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monk
     from fuse_attn.kernels import dispatch
     from tests.kernels.test_kernels import assert_close_2x
 
-    monkeypatch.setattr(implementations, "choose",
+    monkeypatch.setattr(dispatch, "choose",
                         lambda *args: dispatch.Choice(dispatch.GLUON, "forced"))
     g = torch.Generator().manual_seed(0)
     if bias_grad is None:  # GQA 4 / 2 heads
@@ -416,7 +417,7 @@ def test_a_graph_replayed_as_cuda_graphs_runs_it_below_the_size_that_hides_its_h
     from fuse_attn.report import collect_reports
 
     replayed = []
-    monkeypatch.setattr(implementations, "choose", lambda *args, **kwargs: replayed.append(
+    monkeypatch.setattr(dispatch, "choose", lambda *args, **kwargs: replayed.append(
         dispatch._CUDA_GRAPHS) or dispatch.Choice(dispatch.GLUON, "forced"))
 
     torch._dynamo.reset()

@@ -11,10 +11,12 @@ import math
 import pytest
 import torch
 
+from fuse_attn.kernels import plan
 from fuse_attn.kernels.generated import codegen, decode
 
 from fuse_attn.kernels import flash_attention, reference_attention
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from tests.kernels.test_kernels import DTYPE_NAME, alibi, assert_close_2x, index_leaves, make_case
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
@@ -172,10 +174,10 @@ def test_left_padded_cache_is_not_read(form, M):
     else:  # the last query sees every key: the band kv_idx <= q_idx + N - M
         band = b.add("le", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(N - M)))
         root = b.add("add", s, b.add("where", b.add("logical_and", band, pad), b.const(0.0), b.const(fill)))
-    spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_mod=b.program(root),
+    spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_program=b.program(root),
                          score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),), gqa_group=gqa,
                          empty_rows="zero" if form == "keep" else "nan")
-    assert spec.key_padding() is not None
+    assert plan.key_padding(spec) is not None
     g = torch.Generator().manual_seed(0)
     q = torch.randn(Z, H, M, D, generator=g)
     k, v = (torch.randn(Z, H // gqa, N, D, generator=g) for _ in range(2))
@@ -242,7 +244,7 @@ def test_visible_key_range():
 @pytest.fixture
 def gpu_sized(monkeypatch):
     """The op's dispatch as on an H100, and a record of the split counts it launched."""
-    monkeypatch.setattr(flash_decoding, "sm_count", lambda device: H100_SMS)
+    monkeypatch.setattr(decode, "sm_count", lambda device: H100_SMS)
     launched = []
     real = decode.triton_forward
 
@@ -250,7 +252,7 @@ def gpu_sized(monkeypatch):
         launched.append(splits)
         return real(q, k, v, tensors, spec, splits)
 
-    monkeypatch.setattr(flash_decoding, "triton_forward", spy)
+    monkeypatch.setattr(decode, "triton_forward", spy)
     return launched
 
 
@@ -335,7 +337,7 @@ def test_cuda_decode_bf16_takes_split_k(name, monkeypatch):
 
     launched = []
     real = decode.triton_forward
-    monkeypatch.setattr(flash_decoding, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
+    monkeypatch.setattr(decode, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
     q, k, v, tensors, spec = _inputs(CUDA_CASES[name])
     spec = dataclasses.replace(spec, dtype="bfloat16")
     q, k, v = (t.cuda().bfloat16() for t in (q, k, v))
@@ -362,7 +364,7 @@ def test_cuda_generate_with_a_kv_cache_takes_split_k(monkeypatch):
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     launched = []
     real = decode.triton_forward
-    monkeypatch.setattr(flash_decoding, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
+    monkeypatch.setattr(decode, "triton_forward", lambda *a: launched.append(a[-1]) or real(*a))
     config = T.LlamaConfig(hidden_size=256, intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
                            num_hidden_layers=2, vocab_size=128, max_position_embeddings=512,
                            attn_implementation="eager")

@@ -17,12 +17,14 @@ from expecttest import TestCase
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from fuse_attn import settings
 from fuse_attn.kernels import tuning, dispatch
 from fuse_attn.kernels.dispatch import GLUON, SDPA_CUDNN, SDPA_FLASH, TRITON
 from fuse_attn.graph.matching import MatchContext
 from fuse_attn.report import collect_reports
 from fuse_attn.graph.rewrite import rewrite_attention
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreNode, ScoreTensor
 from tests.support.fuzz_cases import BIAS_PROGRAM, record_templates_backward
 from tests.support.graph_capture import graph_text
 
@@ -93,18 +95,18 @@ class NoSteps:
 def gpu(tmp_path, monkeypatch):
     def install(times):
         timings = FakeTimings(times)
-        monkeypatch.setattr(autotune, "_time_config", timings.time_config)
+        monkeypatch.setattr(tuning, "_time_config", timings.time_config)
         return timings
 
     monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
     monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
-    monkeypatch.delenv(dispatch.ENV_CANDIDATES, raising=False)
-    monkeypatch.setattr(autotune, "_chosen", {})
-    monkeypatch.setattr(autotune, "device_identity", lambda device: ("Fake GPU 80GB", "9.0"))
-    monkeypatch.setattr(autotune, "software_versions", lambda: ("3.9.0", "2.13.0"))
-    monkeypatch.setattr(implementations, "_CandidateSteps", NoSteps)
-    monkeypatch.setattr(implementations, "_SDPA_DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.delenv(settings.CANDIDATES, raising=False)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "device_identity", lambda device: ("Fake GPU 80GB", "9.0"))
+    monkeypatch.setattr(tuning, "software_versions", lambda: ("3.9.0", "2.13.0"))
+    monkeypatch.setattr(dispatch, "_CandidateSteps", NoSteps)
+    monkeypatch.setattr(dispatch, "_SDPA_DEVICE_TYPES", ("cuda", "cpu"))
     return install
 
 
@@ -158,7 +160,7 @@ class TestEmittedGraphs(TestCase):
     def test_candidates_switch_triton_times_nothing_and_reports_no_choice(self):
         timings = self.gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
         with pytest.MonkeyPatch.context() as mp:
-            mp.setenv(dispatch.ENV_CANDIDATES, "triton")
+            mp.setenv(settings.CANDIDATES, "triton")
             graph, verdicts = rewritten(causal_attention, MHA, training=True)
         self.assertEqual(timings.timed, [])
         self.assertNotIn("runs", verdicts)
@@ -188,7 +190,7 @@ class TestEmittedGraphs(TestCase):
         """The choice's cache key says whether the bias needs a gradient -- the Gluon candidate's step differs (its own
         backward, or the template's after its forward) -- and whether TMA can read it in place (the Gluon kernels'
         other path loads it: a bias whose keys are strided)."""
-        spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_mod=BIAS_PROGRAM,
+        spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, score_program=BIAS_PROGRAM,
                              score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
         with pytest.MonkeyPatch.context() as mp:
             on_hopper(mp)
@@ -226,7 +228,7 @@ class TestEmittedGraphs(TestCase):
         seen = []
         choose = dispatch.choose
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(implementations, "choose", lambda *a: seen.append(a[-1]) or choose(*a))
+            mp.setattr(dispatch, "choose", lambda *a: seen.append(a[-1]) or choose(*a))
             for fn in (learned, detached, under_no_grad, integer):
                 rewritten(fn, [(4, 16, 64, 64)] * 3 + [(32, 16), (64, 64)], training=True, needing_grad=(3,),
                           integers={4: 32})
@@ -236,7 +238,7 @@ class TestEmittedGraphs(TestCase):
         with pytest.MonkeyPatch.context() as mp:
             on_hopper(mp)
             timings = self.gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
-            mp.setenv(dispatch.ENV_CANDIDATES, "triton,gluon")
+            mp.setenv(settings.CANDIDATES, "triton,gluon")
             _, verdicts = rewritten(causal_attention, [(4, 16, 2048, 32)] * 3)  # head dim 32
             self.assertEqual(timings.timed, [])
             self.assertNotIn("runs", verdicts)
@@ -279,7 +281,7 @@ def test_the_backend_tells_the_choice_whether_its_graphs_replay_as_cuda_graphs(m
     the default mode's graphs are not replayed so."""
     seen = []
     choose = dispatch.choose
-    monkeypatch.setattr(implementations, "choose",
+    monkeypatch.setattr(dispatch, "choose",
                         lambda *args, **kwargs: seen.append(dispatch._CUDA_GRAPHS) or choose(*args, **kwargs))
     q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
     for mode in ("reduce-overhead", "default"):
@@ -315,7 +317,7 @@ def test_an_exported_program_never_times_the_gluon_forward(gpu, monkeypatch):
 def test_the_choice_is_stored_and_read_back_by_a_new_process(gpu, monkeypatch):
     gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
     rewritten(causal_attention, MHA, training=True)
-    monkeypatch.setattr(autotune, "_chosen", {})  # a new process: memory empty, the disk cache stays
+    monkeypatch.setattr(tuning, "_chosen", {})  # a new process: memory empty, the disk cache stays
     timings = gpu({TRITON: 0.10, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})  # would now pick triton, if timed again
     graph, verdicts = rewritten(causal_attention, MHA, training=True)
     assert timings.timed == []
@@ -333,7 +335,7 @@ def test_a_candidate_that_fails_is_dropped_and_timing_that_fails_keeps_the_gener
             if candidate.name == SDPA_CUDNN:
                 raise RuntimeError("cuDNN Frontend error: no valid execution plan")
 
-    monkeypatch.setattr(implementations, "_CandidateSteps", CudnnRefuses)
+    monkeypatch.setattr(dispatch, "_CandidateSteps", CudnnRefuses)
     _, verdicts = rewritten(causal_attention, MHA)
     assert "runs sdpa_flash" in verdicts
 
@@ -341,8 +343,8 @@ def test_a_candidate_that_fails_is_dropped_and_timing_that_fails_keeps_the_gener
         def replay(self, candidate):
             raise RuntimeError("out of memory")
 
-    monkeypatch.setattr(implementations, "_CandidateSteps", NothingRuns)
-    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(dispatch, "_CandidateSteps", NothingRuns)
+    monkeypatch.setattr(tuning, "_chosen", {})
     with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
         graph, verdicts = rewritten(causal_attention, [(1, 4, 64, 64)] * 3)
     assert "torch.ops.fuse_attn.flash_attention.default" in graph
@@ -362,7 +364,7 @@ PLAIN = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125)
 @pytest.mark.parametrize("change, qk, reason", [
     ({}, {"device": "cpu"}, "run on CUDA devices"),
     ({"dtype": "float32"}, {"dtype": torch.float32}, "take fp16/bf16"),
-    ({"score_mod": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "modified beyond the scale"),
+    ({"score_program": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "modified beyond the scale"),
     ({"dropout_p": 0.1}, {}, "dropout"),
     ({"head_dim": 60, "head_dim_v": 60}, {}, "head dim 60 is not a multiple of 8"),
     ({"head_dim_v": 32}, {}, "head dims 64/32"),
@@ -379,17 +381,17 @@ def test_sdpa_reasons(change, qk, reason):
 
 
 def test_candidates_switch(monkeypatch, caplog):
-    monkeypatch.delenv(dispatch.ENV_CANDIDATES, raising=False)
+    monkeypatch.delenv(settings.CANDIDATES, raising=False)
     assert dispatch.allowed_candidates() == (TRITON, GLUON, SDPA_CUDNN, SDPA_FLASH)
-    monkeypatch.setenv(dispatch.ENV_CANDIDATES, " sdpa_flash,triton ")
+    monkeypatch.setenv(settings.CANDIDATES, " sdpa_flash,triton ")
     assert dispatch.allowed_candidates() == (TRITON, SDPA_FLASH)
-    monkeypatch.setenv(dispatch.ENV_CANDIDATES, "sdpa_cudnn")  # the generated kernels stay the fallback
+    monkeypatch.setenv(settings.CANDIDATES, "sdpa_cudnn")  # the generated kernels stay the fallback
     assert dispatch.allowed_candidates() == (TRITON, SDPA_CUDNN)
-    monkeypatch.setenv(dispatch.ENV_CANDIDATES, "triton,cutlass")
+    monkeypatch.setenv(settings.CANDIDATES, "triton,cutlass")
     with caplog.at_level(logging.WARNING, logger="fuse_attn.kernels"):
         assert dispatch.allowed_candidates() == (TRITON,)
     assert "unknown candidates ['cutlass']" in caplog.text
-    monkeypatch.delenv(dispatch.ENV_CANDIDATES)
+    monkeypatch.delenv(settings.CANDIDATES)
     was = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(False)  # torch's own switch turns a candidate off too
     try:
@@ -415,12 +417,12 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
 
     if candidates == "gluon" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon forward runs on sm90 GPUs")
-    monkeypatch.setattr(implementations, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
 
     if candidates is None:
-        monkeypatch.delenv(dispatch.ENV_CANDIDATES, raising=False)
+        monkeypatch.delenv(settings.CANDIDATES, raising=False)
     else:
-        monkeypatch.setenv(dispatch.ENV_CANDIDATES, f"triton,{candidates}")
+        monkeypatch.setenv(settings.CANDIDATES, f"triton,{candidates}")
         time_config = tuning._time_config
 
         def forced_choice(launch, candidate, rep):  # the generated kernels' own launch configs are timed as usual
@@ -429,13 +431,13 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
             launch(candidate)
             return 0.0 if candidate.name == candidates else 1.0
 
-        monkeypatch.setattr(autotune, "_time_config", forced_choice)
+        monkeypatch.setattr(tuning, "_time_config", forced_choice)
     g = torch.Generator(device="cuda").manual_seed(0)
     shapes = [(2, 8, 256, 64), (2, kv_heads, 256, 64), (2, kv_heads, 256, 64)]
     q, k, v = (torch.randn(s, device="cuda", generator=g, dtype=torch.bfloat16).requires_grad_() for s in shapes)
     ref_in = [t.detach().double().requires_grad_() for t in (q, k, v)]
     eager_in = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(tuning, "_chosen", {})
     torch._dynamo.reset()
     with collect_reports() as reports:
         out = torch.compile(causal_module_fn, backend="fuse_attn")(q, k, v)
@@ -458,14 +460,14 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
 def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(monkeypatch):
     """A learned ``[1, H, N, N]`` bias at head dim 128, compiled with the Gluon candidate forced: the graph's backward
     computes the bias's gradient in the Gluon backward (dS stored, summed over the batch; here in two launches of 2
-    heads), not in the template's (``ops._backward``, recorded), and q, k, v and the bias's gradients satisfy the 2x
+    heads), not in the template's (``ops.autograd_backward``, recorded), and q, k, v and the bias's gradients satisfy the 2x
     rule against fp64."""
     from tests.kernels.test_kernels import assert_close_2x
 
     from fuse_attn.kernels.hopper import backward as hopper_backward
 
-    monkeypatch.setattr(implementations, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
-    monkeypatch.setenv(dispatch.ENV_CANDIDATES, "triton,gluon")
+    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+    monkeypatch.setenv(settings.CANDIDATES, "triton,gluon")
     time_config = tuning._time_config
 
     def forced_choice(launch, candidate, rep):
@@ -474,8 +476,8 @@ def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(mo
         launch(candidate)
         return 0.0 if candidate.name == GLUON else 1.0
 
-    monkeypatch.setattr(autotune, "_time_config", forced_choice)
-    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(tuning, "_time_config", forced_choice)
+    monkeypatch.setattr(tuning, "_chosen", {})
     templates_backward = record_templates_backward(monkeypatch)
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 512, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
@@ -508,7 +510,7 @@ def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
     """Each candidate's trained step runs on random copies of the score tensors, the gradient of a bias that
     requires one with the rest (on CPU tensors: the steps without recording, each op's CPU path)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=BIAS_PROGRAM,
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=BIAS_PROGRAM,
                          score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
     q, k, v = (torch.randn(1, 2, 17, 16) for _ in range(3))
     bias = torch.randn(1, 2, 17, 17, requires_grad=bias_grad)

@@ -32,7 +32,8 @@ import torch
 from tests.support.fuzz_cases import Case, assert_matches_eager, check_op
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.report import collect_reports
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, dtype_name
+from fuse_attn.spec import AttentionSpec, CausalMask, dtype_name
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                         "ignore:divide by zero encountered:RuntimeWarning",
@@ -56,7 +57,7 @@ def masked_spec(fill: float, how: str, dtype="float32", D=16, causal=None, gqa=1
         x, info = b.add("where", t, s, b.const(fill)), ScoreTensor("mask", "bool", (True, True, False, False))
     else:
         x, info = b.add("add", s, t), ScoreTensor("bias", dtype, (True, True, False, False))
-    return AttentionSpec(dtype=dtype, head_dim=D, head_dim_v=D, scale=D ** -0.5, score_mod=b.program(x),
+    return AttentionSpec(dtype=dtype, head_dim=D, head_dim_v=D, scale=D ** -0.5, score_program=b.program(x),
                          score_tensors=(info,), causal=causal, gqa_group=gqa)
 
 

@@ -57,7 +57,7 @@ def test_failing_kernels_fall_back_to_plain_pytorch_and_warn_once(failure, monke
         # a config Triton rejects (tl.arange needs a power of two): every kernel launch fails, as when no
         # candidate config of a GPU compiles
         bad = KernelConfig(24, 16, 4, 1)
-        monkeypatch.setattr(autotune, "INTERPRETER_CONFIGS", {"fwd": bad, "bwd_dq": bad, "bwd_dkdv": bad})
+        monkeypatch.setattr(tuning, "INTERPRETER_CONFIGS", {"fwd": bad, "bwd_dq": bad, "bwd_dkdv": bad})
         reason = "power of 2"
     else:
         def broken(spec):
@@ -76,7 +76,7 @@ def test_failing_kernels_fall_back_to_plain_pytorch_and_warn_once(failure, monke
 
 def test_compiled_model_survives_failing_kernels(monkeypatch, caplog):
     bad = KernelConfig(24, 16, 4, 1)
-    monkeypatch.setattr(autotune, "INTERPRETER_CONFIGS", {"fwd": bad, "bwd_dq": bad, "bwd_dkdv": bad})
+    monkeypatch.setattr(tuning, "INTERPRETER_CONFIGS", {"fwd": bad, "bwd_dq": bad, "bwd_dkdv": bad})
     q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))
     torch._dynamo.reset()
     with caplog.at_level(logging.WARNING, logger="fuse_attn"), collect_reports() as reports:

@@ -30,8 +30,8 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.support import fuzz_record
 from tests.support.fuzz_cases import GeneratedAttention, assert_matches_eager, cases, check_op, module_inputs
+from fuse_attn import settings
 from fuse_attn.kernels.generated import codegen
-from fuse_attn.kernels.generated.launch import exact_delta_forced
 from fuse_attn.report import collect_reports
 
 PROFILE = os.environ.get("FUSE_ATTN_FUZZ_PROFILE", "fast")
@@ -52,7 +52,7 @@ LONG_COMPILED_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_COMPILED_CASES", "100")
 LONG_SECONDS = float(os.environ.get("FUSE_ATTN_FUZZ_SECONDS", "inf"))
 # FUSE_ATTN_SPECIALIZE=0 (fuse_attn/kernels/codegen.py): one Triton compile per kernel, spec and launch config; the
 # recorded rows name it, since those kernels lack the alignment hints of the shipped ones.
-KERNELS = "GPU kernels" + ("" if codegen.specialized() else " (unspecialized)")
+KERNELS = "GPU kernels" + ("" if settings.specialized() else " (unspecialized)")
 
 # The interpreter evaluates the padding rows of a tail block in numpy too; those rows are never stored.
 pytestmark = [
@@ -118,7 +118,7 @@ def passes_with_exact_delta(fn, case) -> bool:
     """Whether a failed fp16 / bf16 case passes when the kernels take delta = rowsum(P dP) from P and dP
     (``FUSE_ATTN_EXACT_DELTA=1``) instead of FlashAttention's rowsum(dO * O): the failure is then that known
     difference (TESTING.md), O rounded to the input dtype. fp32 already takes the exact delta."""
-    if case.dtype == "float32" or exact_delta_forced():
+    if case.dtype == "float32" or settings.exact_delta_forced():
         return False
     os.environ["FUSE_ATTN_EXACT_DELTA"] = "1"
     try:

@@ -25,16 +25,20 @@ import time
 import pytest
 import torch
 
+from fuse_attn.kernels import plan
 from fuse_attn.kernels import tuning
 
 from fuse_attn.kernels.generated import launch
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from tests.support.fuzz_cases import BIAS_PROGRAM
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # (compute capability, shared memory per block): the opt-in limits of the H100/H200 and the A100
 TARGETS = {"sm90": (90, 232448), "sm80": (80, 166912)}
@@ -45,13 +49,13 @@ _POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32
 def _softcap_bias_spec():
     b = ScoreProgramBuilder()
     capped = b.add("mul", b.add("tanh", b.add("div", b.add("add", b.add("score"), b.add("load", value=0)), b.const(30.0))), b.const(30.0))
-    return dict(score_mod=b.program(capped), score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
+    return dict(score_program=b.program(capped), score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
 
 
 def _key_padding_spec():
     b = ScoreProgramBuilder()
     hidden = b.add("where", b.add("logical_not", b.add("load", value=0)), b.const(float("-inf")), b.add("score"))
-    return dict(score_mod=b.program(hidden), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),),
+    return dict(score_program=b.program(hidden), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),),
                 empty_rows="zero")
 
 
@@ -60,14 +64,14 @@ def _padding_and_causal_in_one_mask_spec():
     b = ScoreProgramBuilder()
     keep = b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), b.add("load", value=0))
     masked = b.add("add", b.add("score"), b.add("where", keep, b.const(0.0), b.const(torch.finfo(torch.float32).min)))
-    return dict(score_mod=b.program(masked), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),))
+    return dict(score_program=b.program(masked), score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),))
 
 
 def _mask_summarized_spec():
     """A mask of unknown values added to the scores (``spec.mask_blocks``): block lists in all three kernels."""
     b = ScoreProgramBuilder()
     added = b.add("add", b.add("score"), b.add("load", value=0))
-    return dict(score_mod=b.program(added), score_tensors=(ScoreTensor("bias", "bfloat16", (False, True, False, False)),))
+    return dict(score_program=b.program(added), score_tensors=(ScoreTensor("bias", "bfloat16", (False, True, False, False)),))
 
 
 # Spec fields beyond bf16, head dim 64 and scale 0.125
@@ -104,7 +108,7 @@ def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
     launch.triton_forward(q, k, v, scores, spec, seed)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
     # a bias gets a gradient, except a summarized mask (whose backward would then not use the summaries)
-    summarized = spec.mask_blocks()
+    summarized = plan.mask_blocks(spec)
     needs = [t.role == "bias" and (summarized is None or summarized.tensor != i) for i, t in enumerate(spec.score_tensors)]
     launch.triton_backward(torch.randn_like(q), q, k, v, scores, out, lse, spec, needs, seed)
     return launches
@@ -115,7 +119,7 @@ def _configs(name: str, spec: AttentionSpec, smem: int) -> list:
     generate = {"_attn_fwd": tuning.forward_candidates, "_attn_bwd_dq": tuning.dq_candidates,
                 "_attn_bwd_dkdv": tuning.dkdv_candidates}[name]
     elem = getattr(torch, spec.dtype).itemsize
-    block_d, block_dv = (launch._pow2_at_least_16(d) for d in (spec.head_dim, spec.head_dim_v))  # as the launcher
+    block_d, block_dv = (launch.pow2_at_least_16(d) for d in (spec.head_dim, spec.head_dim_v))  # as the launcher
     candidates = generate(block_d, block_dv, elem, spec.causal is not None, smem)
     size = lambda c: (c.block_m * c.block_n, c.num_warps, c.num_stages)  # noqa: E731
     return sorted({min(candidates, key=size), max(candidates, key=size)}, key=size)
@@ -164,7 +168,7 @@ def compile_spec(name: str, target: str) -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         launches = _captured_launches(spec, monkeypatch)
     assert {kernel.fn.__name__ for kernel, _ in launches} >= {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"}
-    if spec.mask_blocks() is not None:  # the block-list code paths are the ones compiled
+    if plan.mask_blocks(spec) is not None:  # the block-list code paths are the ones compiled
         assert all(args["MASK_BLOCKS"] for kernel, args in launches if "MASK_BLOCKS" in args)
     for kernel, args in launches:
         for cfg in _configs(kernel.fn.__name__, spec, smem):
@@ -254,7 +258,6 @@ _SERVE = f"""
 import contextlib, io, json, sys, traceback
 import tests.kernels.test_gpu_compile as t
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 for line in sys.stdin:
     printed = io.StringIO()
     try:
@@ -404,7 +407,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     score, bias_tensor = {}, None
     if bias is not None:
         sizes, bias_dtype, empty_rows = BIAS_CASES[bias]
-        score = dict(score_mod=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
+        score = dict(score_program=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
             ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
         bias_tensor = torch.randn(*(rows if n == "M" else n for n in sizes), dtype=bias_dtype)
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,

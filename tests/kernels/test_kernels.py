@@ -25,11 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from fuse_attn.kernels import plan
 from fuse_attn.kernels import flash_attention, generated_source, reference_attention
 from fuse_attn.kernels.generated import codegen
 from fuse_attn.kernels import philox
 from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
+from fuse_attn.spec import AttentionSpec, CausalMask
+from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
 
 # The interpreter evaluates the padding rows of a tail block in numpy too (0/0, log2(0)); those rows are never
 # stored, but numpy warns about them.
@@ -81,7 +83,7 @@ def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=N
         if mask is not None:
             x = b.add("where", loads[-1], x, b.const(-1e4))
     spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=DV, scale=1 / math.sqrt(D), causal=causal,
-                         score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
+                         score_program=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
     return q, k, v, tensors, spec
 
 
@@ -270,7 +272,7 @@ def test_dk_and_dv_in_two_launches(name, monkeypatch):
 
     configs = dict(tuning.INTERPRETER_CONFIGS)
     configs["bwd_dkdv"] = dataclasses.replace(configs["bwd_dkdv"], dkdv_launches=2)
-    monkeypatch.setattr(autotune, "INTERPRETER_CONFIGS", configs)
+    monkeypatch.setattr(tuning, "INTERPRETER_CONFIGS", configs)
     launched = _recorded_launches(monkeypatch)
     dtype = SPLIT_DKDV_CASES[name]
     case = make_case(dtype=dtype, **{**CASES, **DROPOUT_CASES}[name])
@@ -413,7 +415,7 @@ def test_lse_and_fully_masked_rows():
     # Row 0 fully masked with -inf -> NaN like eager; row 1 fully masked with finfo.min -> uniform like eager.
     M, N, D = 3, 20, 16
     for value, expect_nan in ((float("-inf"), True), (torch.finfo(torch.float32).min, False)):
-        spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_mod=_fill_where_mask(value),
+        spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=0.25, score_program=_fill_where_mask(value),
                              score_tensors=(ScoreTensor("mask", "bool", (True, True, False, False)),))
         q, k, v = torch.randn(1, 1, M, D), torch.randn(1, 1, N, D), torch.randn(1, 1, N, D)
         mask = torch.zeros(1, 1, M, N, dtype=torch.bool)
@@ -439,7 +441,7 @@ def _sdpa_empty_rows_case(dtype, gqa):
     mask[0, :, [0, 5]] = False
     spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=D, scale=D ** -0.5, gqa_group=gqa,
                          causal=CausalMask(diagonal=-3), empty_rows="zero",
-                         score_mod=_fill_where_mask(float("-inf"), keep_where_true=True),
+                         score_program=_fill_where_mask(float("-inf"), keep_where_true=True),
                          score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),))
     return q, k, v, mask, spec
 
@@ -565,7 +567,7 @@ def test_generated_source_and_cache():
         assert "if NEED_DT0:" in body and "tl.atomic_add(" in body and f"tl.sum(dt0, {axis})" in body
     compile(src, "<generated>", "exec")
     mod = codegen.load_module(spec)
-    assert mod.__file__.startswith(str(codegen.cache_dir())) and spec.digest in os.path.basename(mod.__file__)
+    assert mod.__file__.startswith(str(codegen.kernel_source_dir())) and spec.digest in os.path.basename(mod.__file__)
     assert codegen.load_module(spec) is mod
 
 
@@ -627,12 +629,12 @@ def test_generated_fast_paths():
 def test_batch_rows_side_by_side_only_for_tensors_the_batch_shares():
     # BATCH_INNER orders the grid so the batch rows' programs read a shared [.., M, N] tile together; a tensor
     # per batch row, or one without a query and a key extent, keeps each head's blocks together
-    from fuse_attn.kernels.generated.launch import _common
+    from fuse_attn.kernels.generated.launch import common_kernel_args
     for shapes, expected in ((((1, 2, 17, 17),), True), (((1, 1, 17, 17),), True), (((3, 2, 17, 17),), False),
                              (((3, 1, 1, 17),), False), (((1, 2, 1, 1), (1, 2, 17, 1)), False), ((), False)):
         q, k, v, _, spec = make_case(Z=3, biases=shapes, program=lambda b, s, t: functools.reduce(
             lambda x, load: b.add("add", x, load), t, s))
-        assert _common(q, k, v, spec)["BATCH_INNER"] is expected, shapes
+        assert common_kernel_args(q, k, v, spec)["BATCH_INNER"] is expected, shapes
 
 
 @pytest.mark.parametrize("bias", [None, (1, 16, 16, 16)], ids=["plain", "batch-shared bias"])
@@ -896,7 +898,7 @@ def _padding_spec(form: str, dtype=torch.float32, **fields) -> AttentionSpec:
     tensor = ScoreTensor("bias", str(dtype).removeprefix("torch."), vector) if form in ("bias", "fill") else \
         ScoreTensor("mask", "bool", vector)
     return AttentionSpec(dtype=str(dtype).removeprefix("torch."), head_dim=16, head_dim_v=16, scale=0.25,
-                         score_mod=b.program(root), score_tensors=(tensor,),
+                         score_program=b.program(root), score_tensors=(tensor,),
                          empty_rows="nan" if form == "fill" else "zero", **fields)
 
 
@@ -915,7 +917,7 @@ def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, 
     Z, H, M, N, D = len(_KEY_ROWS), 2 * gqa, 61 if causal else 33, 97, 16
     spec = _padding_spec(form, dtype, causal=CausalMask(alignment="bottom_right") if causal else None, gqa_group=gqa)
     masking = form == "fill"
-    assert spec.key_padding() == (0, {"keep": "false", "hide": "true", "bias": "-inf", "fill": "fill"}[form],
+    assert plan.key_padding(spec) == (0, {"keep": "false", "hide": "true", "bias": "-inf", "fill": "fill"}[form],
                                   "masking" if masking else "-inf", None)
     keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # [Z, N], True: visible
     # "fill": -65504, fp16's finfo.min, the "masking" kind's limit -- a row of finfo(fp32).min added keeps nothing
@@ -978,10 +980,10 @@ def test_key_padding_with_a_causal_band_in_the_program_skips_blocks_past_it(form
     visible = b.add("logical_and", b.add("le", b.add("kv_idx"), b.add("q_idx")), pad)
     root = (b.add("where", b.add("logical_not", visible), b.const(fill), s) if form == "keep" else
             b.add("add", s, b.add("where", visible, b.const(0.0), b.const(fill))))
-    spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=D, scale=0.25, score_mod=b.program(root),
+    spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=D, scale=0.25, score_program=b.program(root),
                          score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),), gqa_group=gqa,
                          empty_rows="zero" if form == "keep" else "nan")
-    assert spec.key_padding() == (0, "false", "-inf" if form == "keep" else "masking", 0)
+    assert plan.key_padding(spec) == (0, "false", "-inf" if form == "keep" else "masking", 0)
     keys = torch.stack([row(N) for row in rows.values()])  # [Z, N], True: visible
     g = torch.Generator().manual_seed(0)
     q = torch.randn(Z, H, M, D, generator=g).to(dtype)
@@ -1051,7 +1053,7 @@ def _hf_padding_causal_spec(dtype=torch.float32, bias=False) -> AttentionSpec:
     else:
         root = b.add("add", s, b.add("where", b.add("logical_or", pad, past), b.const(fill), b.const(0.0)))
         tensor = ScoreTensor("mask", "bool", (False, True, True, False))
-    return AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
+    return AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=16, head_dim_v=16, scale=0.25, score_program=b.program(root),
                          score_tensors=(tensor,))
 
 
@@ -1059,43 +1061,43 @@ def test_visible_program_of_a_key_padding_vector():
     """spec.visible_spec: the program where the vector and its band keep the key -- the score alone for the padding
     forms above and Hugging Face's -- and None where it still reads a score tensor (a bias beside the padding)."""
     for form in ("keep", "hide", "bias", "fill"):
-        assert _padding_spec(form).visible_spec().score_mod == ()
+        assert plan.visible_spec(_padding_spec(form)).score_program == ()
     for bias in (False, True):
         spec = _hf_padding_causal_spec(bias=bias)
-        assert spec.key_padding() == (0, "true" if not bias else "fill", "masking", 0)
-        assert spec.visible_spec().score_mod == () and spec.visible_spec().score_tensors == ()
+        assert plan.key_padding(spec) == (0, "true" if not bias else "fill", "masking", 0)
+        assert plan.visible_spec(spec).score_program == () and plan.visible_spec(spec).score_tensors == ()
     b = ScoreProgramBuilder()
     s = b.add("add", b.add("score"), b.add("load", value=1))
     root = b.add("where", b.add("logical_not", b.add("load", value=0)), b.const(float("-inf")), s)
-    with_bias = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
+    with_bias = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=b.program(root),
                               score_tensors=(ScoreTensor("mask", "bool", (False, True, True, False)),
                                              ScoreTensor("bias", "float32", (True, False, False, False))),
                               empty_rows="zero")
-    assert with_bias.key_padding() is not None and with_bias.visible_spec() is None
-    assert _padding_spec("keep").mask_blocks() is None and codegen.generate_source(_padding_spec("keep"))
+    assert plan.key_padding(with_bias) is not None and plan.visible_spec(with_bias) is None
+    assert plan.mask_blocks(_padding_spec("keep")) is None and codegen.generate_source(_padding_spec("keep"))
 
 
 def test_the_proven_run_of_visible_keys():
-    """launch._key_range_args' columns 2-3: the first visible key .. one past the last where no key between is
+    """launch.key_range_args' columns 2-3: the first visible key .. one past the last where no key between is
     hidden and a bias is exactly 0 there (what the full-tile program takes it to be); else empty."""
-    from fuse_attn.kernels.generated.launch import _key_range_args
+    from fuse_attn.kernels.generated.launch import key_range_args
 
     N = 97
     keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # right, left, one key, no key, holes
     proven = [[0, 40], [70, 97], [50, 51], [0, 0], [0, 0]]
     mask_spec, bias_spec = _hf_padding_causal_spec(), _hf_padding_causal_spec(bias=True)
-    args = _key_range_args(mask_spec, [~keys[:, None, None, :]], len(keys), N, torch.empty(0))
+    args = key_range_args(mask_spec, [~keys[:, None, None, :]], len(keys), N, torch.empty(0))
     assert args["KEY_FULL"] and args["KEY_BAND"] == 2 and args["KeyRange"][:, 2:].tolist() == proven
     fill = torch.finfo(torch.float16).min
     zeros = torch.zeros(keys.shape).masked_fill(~keys, fill)
-    args = _key_range_args(bias_spec, [zeros[:, None, None, :]], len(keys), N, torch.empty(0))
+    args = key_range_args(bias_spec, [zeros[:, None, None, :]], len(keys), N, torch.empty(0))
     assert args["KeyRange"][:, 2:].tolist() == proven
     # a visible key whose bias is not 0: the run is not proven (the whole program runs on every tile of the row)
     nonzero = zeros.clone()
     nonzero[0, 5] = 0.5
-    args = _key_range_args(bias_spec, [nonzero[:, None, None, :]], len(keys), N, torch.empty(0))
+    args = key_range_args(bias_spec, [nonzero[:, None, None, :]], len(keys), N, torch.empty(0))
     assert args["KeyRange"][:, 2:].tolist() == [[0, 0]] + proven[1:]
-    assert not _key_range_args(bias_spec, [zeros[:, None, None, :]], len(keys), N, torch.empty(0),
+    assert not key_range_args(bias_spec, [zeros[:, None, None, :]], len(keys), N, torch.empty(0),
                                full_tiles=False)["KEY_FULL"]
 
 
@@ -1195,15 +1197,15 @@ def test_key_padding_is_named_only_where_the_vector_masks_the_score(form, paddin
     tensors = (ScoreTensor(role, "float32" if role == "bias" else "bool", (False, True, True, False)),
                ScoreTensor("mask", "bool", (True, True, False, False)))
     tensors = tensors if "other" in form else tensors[:1]  # every tensor of a spec is loaded by its program
-    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=b.program(root),
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=b.program(root),
                          score_tensors=tensors, empty_rows="zero")
-    assert spec.key_padding() == padding
+    assert plan.key_padding(spec) == padding
     # rows of no key give NaN in eager's softmax: only the "masking" kind, which leaves such rows all their keys
-    assert dataclasses.replace(spec, empty_rows="nan").key_padding() == nan_rows_padding
+    assert plan.key_padding(dataclasses.replace(spec, empty_rows="nan")) == nan_rows_padding
     # under a sliding window a row may see only keys past the last visible one: no "masking" range then; a band in the
     # program is read only in a spec without a causal mask of its own
-    windowed = dataclasses.replace(spec, causal=CausalMask(window=4)).key_padding()
+    windowed = plan.key_padding(dataclasses.replace(spec, causal=CausalMask(window=4)))
     assert windowed == ((*padding[:3], None) if padding and padding[2] == "-inf" else None)
     # a [Z, 1, M, N] tensor is no padding vector
     per_query = (dataclasses.replace(tensors[0], broadcast=(False, True, False, False)), *tensors[1:])
-    assert dataclasses.replace(spec, score_tensors=per_query).key_padding() is None
+    assert plan.key_padding(dataclasses.replace(spec, score_tensors=per_query)) is None

@@ -110,11 +110,12 @@ def test_only_the_launch_that_accumulates_a_bias_gradient_gets_its_buffer(monkey
     # fp32 bias-gradient buffer was zeroed twice per call (a copy for the second kernel). Each launch that does not
     # accumulate into it must get something else in its place.
     from fuse_attn.kernels import tuning
-    from fuse_attn.spec import AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor
+    from fuse_attn.spec import AttentionSpec, CausalMask
+    from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 
     b = ScoreProgramBuilder()
     spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=CausalMask(),
-                         score_mod=b.program(b.add("add", b.add("score"), b.add("load", value=0))),
+                         score_program=b.program(b.add("add", b.add("score"), b.add("load", value=0))),
                          score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),))
     monkeypatch.setattr(launch, "_uses_exact_delta", lambda q: exact_delta)
     monkeypatch.setitem(tuning.INTERPRETER_CONFIGS, "bwd_dkdv",
@@ -159,11 +160,11 @@ def test_random_like_keeps_sizes_strides_and_is_not_zero():
     base = torch.randn(2, 5, 3, 8).transpose(1, 2)  # a [Z, L, H, D] layout seen as [Z, H, L, D]
     expanded = torch.randn(1, 1, 5, 5).expand(2, 3, 5, 5)  # stride 0 over batch and heads
     for t in (base, expanded, base[..., ::2], torch.ones(2, 3, dtype=torch.bool)):
-        r = launch._random_like(t)
+        r = launch.random_like(t)
         assert (r.shape, r.stride(), r.dtype, r.device) == (t.shape, t.stride(), t.dtype, t.device)
         if r.is_floating_point():
             assert r.abs().sum() > 0
-    assert launch._random_like(None) is None
+    assert launch.random_like(None) is None
 
 
 def test_random_like_of_fake_and_symbolic_tensors_is_real():
@@ -178,9 +179,9 @@ def test_random_like_of_fake_and_symbolic_tensors_is_real():
     sym = mode.from_tensor(torch.randn(2, 3, 37, 16), symbolic_context=StatelessSymbolicContext(
         dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.STATIC]))
     assert isinstance(sym.shape[2], torch.SymInt)
-    with mode, launch._RealInputs():
+    with mode, launch.RealInputs():
         for t in (fake, sym):
-            r = launch._random_like(t)
+            r = launch.random_like(t)
             assert not isinstance(r, FakeTensor) and tuple(r.shape) == (2, 3, 37, 16)
     assert launch.hint(sym.shape[2]) == 37
 
@@ -199,9 +200,9 @@ def test_random_like_sets_a_symbolic_length_to_a_bucket_top():
     mask = mode.from_tensor(torch.ones(1, 1, 37, 37, dtype=torch.bool), symbolic_context=StatelessSymbolicContext(
         dynamic_sizes=[DimDynamic.STATIC, DimDynamic.STATIC, DimDynamic.DYNAMIC, DimDynamic.DYNAMIC]))
     lengths = {launch._size_expr(length): 128}
-    with mode, launch._RealInputs():
-        rq = launch._random_like(q, lengths)
-        rmask = launch._random_like(mask.expand(2, 3, -1, -1), {launch._size_expr(mask.shape[2]): 64})
+    with mode, launch.RealInputs():
+        rq = launch.random_like(q, lengths)
+        rmask = launch.random_like(mask.expand(2, 3, -1, -1), {launch._size_expr(mask.shape[2]): 64})
     assert tuple(rq.shape) == (2, 3, 128, 16) and rq.stride() == (128 * 48, 16, 48, 1) and rq.abs().sum() > 0
     assert tuple(rmask.shape) == (2, 3, 64, 37) and rmask.stride()[:2] == (0, 0) and rmask.dtype == torch.bool
     assert launch._bytes_at(q, lengths) == 2 * 3 * 128 * 16 * 4
@@ -220,7 +221,7 @@ def test_dynamic_lengths_choose_a_config_per_bucket_in_the_generated_code(monkey
 
     from torch._inductor.utils import fresh_cache, run_and_get_code
 
-    real_choose = launch._choose
+    real_choose = launch.choose_kernel_config
     chosen = collections.defaultdict(dict)  # kind -> {bucket length: (BLOCK_M, BLOCK_N, warps, stages)}
 
     def choose_by_length(kind, q, kernel_id, common, candidates, bind, m=None, n=None):

@@ -1,5 +1,5 @@
 """Tiles classified per call from a mask tensor of unknown values (``AttentionSpec.mask_blocks``,
-``launch._mask_block_args``): empty tiles skipped, full ones run without the score program, in the forward, dQ and
+``launch.mask_block_args``): empty tiles skipped, full ones run without the score program, in the forward, dQ and
 dK/dV kernels, with the results of the whole computation. Kernels through the Triton interpreter; the interpreter
 configs' tiles are 32 x 16 (forward, dQ) and 16 query x 32 key rows (dK/dV)."""
 
@@ -9,10 +9,12 @@ import pytest
 import torch
 from expecttest import TestCase
 
+from fuse_attn.kernels import plan
 from fuse_attn.kernels import tuning, flash_attention
 
 from fuse_attn.kernels.generated import launch
-from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec, CausalMask, ScoreProgramBuilder, ScoreTensor, program_text
+from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreProgramBuilder, ScoreTensor, program_text
+from fuse_attn.spec import AttentionSpec, CausalMask
 from tests.support.graph_capture import rewrite_reports, verdict_lines
 from tests.kernels.test_kernels import make_case, run_and_check
 
@@ -33,7 +35,7 @@ def mask_case(mask: torch.Tensor, Z=2, H=2, D=16, dtype=torch.float32, gqa=1, dr
     M, N = mask.shape[-2:]
     q, k, v, _, spec = make_case(Z=Z, H=H, M=M, N=N, D=D, dtype=dtype, bias=(mask.shape[0], 1, M, N), gqa=gqa,
                                  program=additive, seed=seed, dropout_p=dropout_p)
-    assert spec.mask_blocks()[:2] == (0, "fill")
+    assert plan.mask_blocks(spec)[:2] == (0, "fill")
     # Hugging Face fills with the model dtype's finfo.min (fp32's would round to -inf in bf16)
     mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
     return q, k, v, [mask], spec
@@ -106,7 +108,7 @@ def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, g
     mask[0, :, 40:45, 0:16] = 3.0  # a partial block below the diagonal
     mask[0, :, 20:24, 40:41] = 0.0  # a single visible key past the diagonal (1 of a 32-key block's granules)
     q, k, v, tensors, spec = mask_case(mask, Z=3)
-    args = launch._mask_block_args(launch._mask_granules(spec, tensors, 53, granule), 45, 53, rows, cols, key_major, q)
+    args = launch.mask_block_args(launch.mask_granules(spec, tensors, 53, granule), 45, 53, rows, cols, key_major, q)
     assert args["MASK_BLOCKS"] and args["stride_blist_z"] > 0
     classes = classify(mask, rows, cols)
     if key_major:
@@ -133,7 +135,7 @@ def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, g
 
 def test_a_mask_shared_by_the_batch_has_stride_zero():
     q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
-    args = launch._mask_block_args(launch._mask_granules(spec, tensors, 40, 16), 40, 40, 32, 16, False, q)
+    args = launch.mask_block_args(launch.mask_granules(spec, tensors, 40, 16), 40, 40, 32, 16, False, q)
     assert args["BlockList"].shape == (1, 2, 3) and args["stride_blist_z"] == 0 and args["stride_bcount_z"] == 0
 
 
@@ -165,7 +167,7 @@ def test_full_tiles_after_a_gap_run_with_the_predicate(dtype):
     mask[1, :, 20:26, 70:75] = 2.0
     q, k, v, tensors, spec = mask_case(mask, dtype=dtype)
     for rows, cols, key_major in ((32, 16, False), (16, 32, True)):  # the interpreter's forward / dQ and dK/dV tiles
-        args = launch._mask_block_args(launch._mask_granules(spec, tensors, 97, 16), 70, 97, rows, cols, key_major, q)
+        args = launch.mask_block_args(launch.mask_granules(spec, tensors, 97, 16), 70, 97, rows, cols, key_major, q)
         classes = classify(mask, rows, cols)
         n_full = (classes.transpose(1, 2) if key_major else classes).eq(0).sum(-1)
         assert int(args["BlockCounts"][..., 0].sum()) < int(n_full.sum()), (rows, cols)
@@ -184,9 +186,9 @@ def test_bool_masks(hidden, dtype, empty_rows):
     mask = visible if hidden == "false" else ~visible
     q, k, v, _, _ = make_case(Z=2, H=2, M=M, N=N, D=16, dtype=dtype)
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
-                         score_mod=bool_program(hidden, float("-inf")),
+                         score_program=bool_program(hidden, float("-inf")),
                          score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),), empty_rows=empty_rows)
-    assert spec.mask_blocks()[:2] == (0, hidden)
+    assert plan.mask_blocks(spec)[:2] == (0, hidden)
     run_and_check(q, k, v, [mask], spec, dtype)
 
 
@@ -197,9 +199,9 @@ def test_a_program_before_the_mask(dtype):
     q, k, v, _, _ = make_case(Z=2, H=2, M=70, N=70, D=16, dtype=dtype)
     q = q * 8  # scores past the softcap's linear range
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
-                         score_mod=softcap_plus_mask(),
+                         score_program=softcap_plus_mask(),
                          score_tensors=(ScoreTensor("bias", str(dtype).split(".")[1], (False, True, False, False)),))
-    assert spec.mask_blocks()[:2] == (0, "fill")
+    assert plan.mask_blocks(spec)[:2] == (0, "fill")
     mask = torch.where(mask == FMIN, torch.finfo(dtype).min, mask).to(dtype)
     run_and_check(q, k, v, [mask], spec, dtype)
 
@@ -209,8 +211,8 @@ def test_a_floor_after_the_mask(dtype):
     # maximum(s + mask, finfo.min): an -inf in the mask becomes finfo.min, still hidden; full tiles run s alone
     mask = padded_causal(70, 70, [70, 40], fill=float("-inf"))
     q, k, v, _, spec = make_case(Z=2, H=2, M=70, N=70, D=16, dtype=dtype, bias=(2, 1, 70, 70), program=floored)
-    assert spec.mask_blocks()[:2] == (0, "fill")
-    assert program_text(spec.unmasked_spec().score_mod, ()) == "s"
+    assert plan.mask_blocks(spec)[:2] == (0, "fill")
+    assert program_text(plan.unmasked_spec(spec).score_program, ()) == "s"
     run_and_check(q, k, v, [mask.to(dtype)], spec, dtype)
 
 
@@ -259,32 +261,32 @@ def test_which_specs_are_summarized():
     plain = b.program(b.add("add", b.add("score"), b.add("load", value=0)))
 
     def spec(program=plain, broadcast=(False, True, False, False), causal=None, role="bias"):
-        return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_mod=program,
+        return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_program=program,
                              score_tensors=(ScoreTensor(role, "float32", broadcast),))
 
-    assert spec().mask_blocks() == (0, "fill", 0)
-    assert spec(broadcast=(True, True, False, False)).mask_blocks() == (0, "fill", 0)
-    assert spec(broadcast=(False, False, False, False)).mask_blocks() is None  # per head: one summary per head
-    assert spec(broadcast=(False, True, True, False)).mask_blocks() is None  # a key padding vector (key_padding)
-    assert spec(causal=CausalMask()).mask_blocks() is None  # the band already skips blocks, at compile time
+    assert plan.mask_blocks(spec()) == (0, "fill", 0)
+    assert plan.mask_blocks(spec(broadcast=(True, True, False, False))) == (0, "fill", 0)
+    assert plan.mask_blocks(spec(broadcast=(False, False, False, False))) is None  # per head: one summary per head
+    assert plan.mask_blocks(spec(broadcast=(False, True, True, False))) is None  # a key padding vector (key_padding)
+    assert plan.mask_blocks(spec(causal=CausalMask())) is None  # the band already skips blocks, at compile time
     b = ScoreProgramBuilder()
     softcapped = b.program(b.add("tanh", b.add("add", b.add("score"), b.add("load", value=0))))
-    assert spec(program=softcapped).mask_blocks() is None  # where the mask is 0 the program is not s itself
+    assert plan.mask_blocks(spec(program=softcapped)) is None  # where the mask is 0 the program is not s itself
     for fill, kept in ((float("-inf"), True), (FMIN, True), (-1e4, False)):  # -1e4 hides less than the limit
-        assert spec(program=bool_program("false", fill), role="mask").mask_blocks() == ((0, "false", 0) if kept else None)
-        assert spec(program=bool_program("true", fill), role="mask").mask_blocks() == ((0, "true", 0) if kept else None)
+        assert plan.mask_blocks(spec(program=bool_program("false", fill), role="mask")) == ((0, "false", 0) if kept else None)
+        assert plan.mask_blocks(spec(program=bool_program("true", fill), role="mask")) == ((0, "true", 0) if kept else None)
     for floor, kept in ((FMIN, True), (-1e4, False)):  # a floor above the limit would hide nothing
         for op in ("maximum", "clamp_min"):
             b = ScoreProgramBuilder()
             program = b.program(b.add(op, b.add("add", b.add("score"), b.add("load", value=0)), b.const(floor)))
-            assert spec(program=program).mask_blocks() == ((0, "fill", 0) if kept else None)
+            assert plan.mask_blocks(spec(program=program)) == ((0, "fill", 0) if kept else None)
     capped = spec(program=softcap_plus_mask())  # Gemma-2's eager order: the softcap, then the mask
-    assert capped.mask_blocks()[:2] == (0, "fill")
-    assert program_text(capped.unmasked_spec().score_mod, ()) == "tanh(s / 50) * 50"
+    assert plan.mask_blocks(capped)[:2] == (0, "fill")
+    assert program_text(plan.unmasked_spec(capped).score_program, ()) == "tanh(s / 50) * 50"
     b = ScoreProgramBuilder()
     s = b.add("score")
     banded = b.add("where", b.add("le", b.add("kv_idx"), b.add("q_idx")), s, b.const(float("-inf")))
-    assert spec(program=b.program(b.add("add", banded, b.add("load", value=0)))).mask_blocks() is None  # masks itself
+    assert plan.mask_blocks(spec(program=b.program(b.add("add", banded, b.add("load", value=0))))) is None  # masks itself
 
 
 def test_no_summary_for_a_mask_that_needs_a_gradient():
@@ -297,7 +299,7 @@ def test_no_summary_for_a_mask_that_needs_a_gradient():
 def mask_reads(monkeypatch) -> list:
     """The granule of every summary of a mask (every read of it) the launcher makes, in order."""
     reads = []
-    summarize = launch._mask_granules
+    summarize = launch.mask_granules
     monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
     return reads
 
@@ -320,7 +322,7 @@ def test_the_tuner_times_a_causal_mask(hidden):
         spec = mask_case(causal_fill(6, 9))[4]
         tuning = torch.randn(1, 1, 6, 9, dtype=torch.bfloat16).expand(3, 1, 6, 9)  # a batch-broadcast mask
     else:
-        spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_mod=bool_program(hidden, FMIN),
+        spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=bool_program(hidden, FMIN),
                              score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),))
         tuning = torch.rand(3, 1, 6, 9) < 0.5
     launch._causal_tuning_mask(spec, [tuning])
@@ -329,7 +331,7 @@ def test_the_tuner_times_a_causal_mask(hidden):
     expected = {"fill": torch.where(visible, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16),
                 "false": visible, "true": ~visible}[hidden]
     assert torch.equal(tuning, expected)
-    granules = launch._mask_granules(spec, [tuning], 9, 3)
+    granules = launch.mask_granules(spec, [tuning], 9, 3)
     assert granules.hidden.any() and granules.unchanged.any()  # full and empty tiles to time, not only partial ones
 
 
@@ -339,8 +341,8 @@ def test_the_summary_compiles_with_symbolic_lengths():
     spec = mask_case(causal_fill(40, 40))[4]
 
     def summary(mask):
-        granules = launch._mask_granules(spec, [mask], mask.shape[3], 8)
-        args = launch._mask_block_args(granules, mask.shape[2], mask.shape[3], 32, 16, True, mask)
+        granules = launch.mask_granules(spec, [mask], mask.shape[3], 8)
+        args = launch.mask_block_args(granules, mask.shape[2], mask.shape[3], 32, 16, True, mask)
         return args["BlockList"], args["BlockCounts"]
 
     compiled = torch.compile(summary, dynamic=True, fullgraph=True)

@@ -12,6 +12,7 @@ import os
 import pytest
 import torch
 
+from fuse_attn import settings
 from fuse_attn.kernels import tuning
 from fuse_attn.kernels.tuning import KernelConfig
 
@@ -50,11 +51,11 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
     monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
-    monkeypatch.setattr(autotune, "_chosen", {})
-    monkeypatch.setattr(autotune, "_unwritable_dirs", set())
-    monkeypatch.setattr(autotune, "device_identity", lambda device: (m.gpu, m.capability))
-    monkeypatch.setattr(autotune, "software_versions", lambda: (m.triton, m.torch))
-    monkeypatch.setattr(autotune, "_time_config", m.time_config)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_unwritable_dirs", set())
+    monkeypatch.setattr(tuning, "device_identity", lambda device: (m.gpu, m.capability))
+    monkeypatch.setattr(tuning, "software_versions", lambda: (m.triton, m.torch))
+    monkeypatch.setattr(tuning, "_time_config", m.time_config)
     return m
 
 
@@ -68,7 +69,7 @@ def tune(machine, k):
 
 def new_process(monkeypatch):
     """Forget what this process chose (the disk cache stays)."""
-    monkeypatch.setattr(autotune, "_chosen", {})
+    monkeypatch.setattr(tuning, "_chosen", {})
 
 
 def read_cache(k):
@@ -91,7 +92,7 @@ def test_a_config_of_two_dkdv_launches_is_written_with_its_launches_and_read_bac
 
 
 def test_the_first_pass_fastest_are_timed_again_and_the_longer_timing_decides(machine, monkeypatch):
-    monkeypatch.setattr(autotune, "_FINALISTS", 2)
+    monkeypatch.setattr(tuning, "_FINALISTS", 2)
     machine.second_pass_ms = {FASTEST: 0.15}  # the first pass's fastest (0.1 ms) is really 0.25 ms: a short-run fluke
     assert tune(machine, key()) == CANDIDATES[2]
     assert machine.timed == CANDIDATES and machine.retimed == [FASTEST, CANDIDATES[2]]  # the slowest is not retimed
@@ -130,7 +131,7 @@ def test_another_gpu_or_version_does_not_reuse_an_entry(machine, monkeypatch, ch
     setattr(machine, change, getattr(machine, change) + "1")
     tune(machine, key())
     assert len(machine.timed) == 2 * len(CANDIDATES)
-    assert len([name for name in os.listdir(tuning.cache_dir()) if name.endswith(".json")]) == 2
+    assert len([name for name in os.listdir(settings.cache_dir()) if name.endswith(".json")]) == 2
     assert read_cache(key())[change] == getattr(machine, change)
 
 
@@ -263,7 +264,7 @@ def test_cache_off_neither_writes_nor_reads(machine, monkeypatch):
 def test_cache_off_creates_nothing(machine, monkeypatch):
     monkeypatch.setenv("FUSE_ATTN_CACHE", "0")
     tune(machine, key())
-    assert not os.path.exists(tuning.cache_dir())
+    assert not os.path.exists(settings.cache_dir())
 
 
 def test_tuning_logs_progress_and_dropped_configs(machine, caplog):
@@ -284,7 +285,7 @@ def test_untimed_picks_the_first_working_config_and_never_stands_in_for_a_tuned_
     monkeypatch.setenv("FUSE_ATTN_AUTOTUNE", "0")
     assert tune(machine, key()) == CANDIDATES[1]
     assert machine.timed == []
-    assert not os.path.exists(tuning.cache_dir())
+    assert not os.path.exists(settings.cache_dir())
     monkeypatch.delenv("FUSE_ATTN_AUTOTUNE")
     assert tune(machine, key()) == FASTEST
     assert machine.timed == [CANDIDATES[1], CANDIDATES[2]]  # tuned after all (the first one still fails)
@@ -294,11 +295,11 @@ def test_cache_dir_location(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("FUSE_ATTN_CACHE_DIR", raising=False)
     monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    assert tuning.cache_dir() == str(tmp_path / ".cache" / "fuse_attn")
+    assert settings.cache_dir() == str(tmp_path / ".cache" / "fuse_attn")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert tuning.cache_dir() == str(tmp_path / "xdg" / "fuse_attn")
+    assert settings.cache_dir() == str(tmp_path / "xdg" / "fuse_attn")
     monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "mine"))
-    assert tuning.cache_dir() == str(tmp_path / "mine")
+    assert settings.cache_dir() == str(tmp_path / "mine")
 
 
 def test_every_candidate_is_compiled_before_any_is_timed_and_a_failed_compile_is_dropped_when_timed(machine):

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from fuse_attn.kernels import flash_attention, reference_attention
 
 _op_module = importlib.import_module("fuse_attn.kernels.ops")
-from fuse_attn.spec import AttentionSpec, CausalMask, ScoreNode, ScoreProgramBuilder, ScoreTensor, dtype_name
+from fuse_attn.spec import AttentionSpec, CausalMask, dtype_name
+from fuse_attn.score_program import ScoreNode, ScoreProgramBuilder, ScoreTensor
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Absolute floors of the 2x rule, relative to max|ref|: about one unit in the last place of each dtype (as in
@@ -40,7 +41,7 @@ BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add",
 
 
 def record_templates_backward(monkeypatch) -> list:
-    """The generated template's backward (``ops._backward``) recorded from now on: the returned list gets a 1 at each
+    """The generated template's backward (``ops.autograd_backward``) recorded from now on: the returned list gets a 1 at each
     call (the Gluon forward's autograd runs it where the Gluon backward does not compute a gradient)."""
     calls, templates_backward = [], _op_module._backward
     monkeypatch.setattr(_op_module, "_backward", lambda *a: calls.append(1) or templates_backward(*a))
@@ -238,7 +239,7 @@ def op_inputs(case: Case) -> OpInputs:
         visible = b.add("le", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(case.band)))
         x = b.add("where", visible, x, b.const(float("-inf")))
     spec = AttentionSpec(dtype=case.dtype, head_dim=case.D, head_dim_v=case.DV, scale=1 / math.sqrt(case.D),
-                         causal=case.causal, score_mod=b.program(x), score_tensors=tuple(infos), gqa_group=case.gqa,
+                         causal=case.causal, score_program=b.program(x), score_tensors=tuple(infos), gqa_group=case.gqa,
                          dropout_p=case.dropout_p)
     seed = torch.tensor(case.seed, dtype=torch.int64) if case.dropout_p else None
     return OpInputs(bases, views, grads, spec, seed)

@@ -31,9 +31,9 @@ from torch import Tensor
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import tuning
 from fuse_attn.kernels.generated import codegen
-from fuse_attn.kernels.generated.launch import (_choose, _common, _grid, _key_range_args, _pow2_at_least_16, _random_like, _score_kwargs,
-                     _strides, hint, launch, triton_cdiv)
-from fuse_attn.kernels.reference import _causal_visible, _score_mod
+from fuse_attn.kernels.generated.launch import (choose_kernel_config, common_kernel_args, kernel_grid, key_range_args, pow2_at_least_16, random_like, score_kwargs,
+                     stride_args, hint, launch, triton_cdiv)
+from fuse_attn.kernels.reference import causal_visible, score_program_values
 
 log = logging.getLogger("fuse_attn.kernels.generated.decode")
 
@@ -145,7 +145,7 @@ def _split_range(kv_lo, kv_hi, splits: int, block_n: int) -> tuple:
 def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
                   warmup: bool = False) -> tuple[Tensor, Tensor]:
     """The split kernel's fp32 partials ([Z * H * M, S, DV] outputs and [Z * H * M, S] log-sum-exps). ``common``:
-    ``_common`` of these q, k, v."""
+    ``common_kernel_args`` of these q, k, v."""
     Z, H, M, _ = q.shape
     N, DV = k.shape[2], v.shape[3]
     # no dropout in decoding; empty rows are the combine's business (an empty split writes out 0 and lse -inf); no
@@ -157,12 +157,12 @@ def _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits: int,
     out_part = torch.empty((Z * H * M, launched, DV), dtype=torch.float32, device=q.device)
     lse_part = torch.empty((Z * H * M, launched), dtype=torch.float32, device=q.device)
     # a key padding vector's range per batch row (the split kernel runs the whole program on every tile it reads)
-    key_range = {name: value for name, value in _key_range_args(spec, score_tensors, Z, N, lse_part).items()
+    key_range = {name: value for name, value in key_range_args(spec, score_tensors, Z, N, lse_part).items()
                  if name != "KEY_FULL"}
-    args = dict(Q=q, K=k, V=v, OutPart=out_part, LsePart=lse_part, **_score_kwargs(score_tensors), **_strides("q", q),
-                **_strides("k", k), **_strides("v", v), kv_lo=lo, kv_hi=kv_hi, chunk=chunk, num_splits=launched,
+    args = dict(Q=q, K=k, V=v, OutPart=out_part, LsePart=lse_part, **score_kwargs(score_tensors), **stride_args("q", q),
+                **stride_args("k", k), **stride_args("v", v), kv_lo=lo, kv_hi=kv_hi, chunk=chunk, num_splits=launched,
                 **key_range, **common, BLOCK_R=cfg.block_m, BLOCK_N=cfg.block_n)
-    launch(mod._decode_split, _grid(launched, Z, H // spec.gqa_group), args, cfg, warmup)
+    launch(mod._decode_split, kernel_grid(launched, Z, H // spec.gqa_group), args, cfg, warmup)
     return out_part, lse_part
 
 
@@ -171,18 +171,18 @@ def _config(mod, common, q, k, v, score_tensors, spec, splits: int) -> tuning.Ke
     rows and of k_len, so a growing cache is tuned once per doubling -- a handful of times per generation, stored
     on disk for the next process), or the interpreter's; its row tile is always the packed rows'."""
     # the packed rows, >= 16 for tl.dot; a symbolic q_len specializes here (the row tile must hold every row)
-    block_r = _pow2_at_least_16(spec.gqa_group * int(q.shape[2]))
+    block_r = pow2_at_least_16(spec.gqa_group * int(q.shape[2]))
 
     def candidates():
         return tuning.decode_candidates(block_r, common["BLOCK_D"], common["BLOCK_DV"], q.element_size(),
                                           tuning.max_shared_memory(q.device))
 
     def bind():
-        rq, rk, rv, *rs = map(_random_like, (q, k, v, *score_tensors))
-        real = _common(rq, rk, rv, spec)
+        rq, rk, rv, *rs = map(random_like, (q, k, v, *score_tensors))
+        real = common_kernel_args(rq, rk, rv, spec)
         return lambda cfg, warmup: _launch_split(mod, cfg, real, rq, rk, rv, rs, spec, splits, warmup)
 
-    cfg = _choose("decode", q, mod.KERNEL_ID, common, candidates, bind, m=spec.gqa_group * int(q.shape[2]))
+    cfg = choose_kernel_config("decode", q, mod.KERNEL_ID, common, candidates, bind, m=spec.gqa_group * int(q.shape[2]))
     return dataclasses.replace(cfg, block_m=block_r)
 
 
@@ -191,7 +191,7 @@ def triton_forward(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tens
     """(out, lse) of validated inputs (N > 0, no dropout) through at most ``splits`` key splits."""
     mod = codegen.load_module(spec, codegen.DECODING_TEMPLATE_NAME)
     Z, H, M, _ = q.shape
-    common = _common(q, k, v, spec)
+    common = common_kernel_args(q, k, v, spec)
     cfg = _config(mod, common, q, k, v, score_tensors, spec, splits)
     out_part, lse_part = _launch_split(mod, cfg, common, q, k, v, score_tensors, spec, splits)
     out = torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device)
@@ -207,7 +207,7 @@ def combine(mod, out_part: Tensor, lse_part: Tensor, out: Tensor, lse: Tensor, z
     Z, H, M, DV = out.shape
     args = dict(OutPart=out_part, LsePart=lse_part, Out=out, Lse=lse,
                 **{f"stride_o{d}": s for d, s in zip("zhmd", out.stride())}, H=H, M=M, num_splits=lse_part.shape[1],
-                DV=DV, BLOCK_DV=_pow2_at_least_16(int(DV)), ZERO_EMPTY_ROWS=zero_empty_rows)
+                DV=DV, BLOCK_DV=pow2_at_least_16(int(DV)), ZERO_EMPTY_ROWS=zero_empty_rows)
     launch(mod._decode_combine, (Z * H * M,), args)
 
 
@@ -250,7 +250,7 @@ def reference_scores(q: Tensor, k: Tensor, score_tensors: Sequence[Tensor], spec
     kk = k.repeat_interleave(spec.gqa_group, dim=1)
     s = (q @ kk.transpose(-2, -1)) * spec.scale_for(q.shape[3])
     Z, H, M, N = s.shape
-    s = _score_mod(s, score_tensors, spec, 0, M, N)[-1]
+    s = score_program_values(s, score_tensors, spec, 0, M, N)[-1]
     if spec.causal is not None:
-        s = s.masked_fill(~_causal_visible(0, M, M, N, spec, s.device), float("-inf"))
+        s = s.masked_fill(~causal_visible(0, M, M, N, spec, s.device), float("-inf"))
     return s

@@ -13,7 +13,7 @@ Every launch goes through :func:`launch`, which has two ways to run a kernel:
 
 Launch configs (:mod:`.autotune`) are chosen per GPU and per shape: the in-process choice, else the persistent
 cache, else tuning. Tuning never touches the caller's tensors: it runs on random real tensors with the same
-(hinted) sizes, strides, dtypes and device (:func:`_random_like`), with every dispatch mode switched off, so it
+(hinted) sizes, strides, dtypes and device (:func:`random_like`), with every dispatch mode switched off, so it
 works the same while tracing fake tensors (a symbolic length tunes for its hint) and in eager.
 """
 
@@ -29,18 +29,18 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor
 
-from fuse_attn.spec import MASKING_FILL_LIMIT, AttentionSpec
+from fuse_attn.kernels import plan
+from fuse_attn import settings
+from fuse_attn.score_program import MASKING_FILL_LIMIT
+from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import tuning
 from fuse_attn.kernels.generated import codegen
 
 log = logging.getLogger("fuse_attn.kernels")
 
 
-def _interpret() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
-
-def _pow2_at_least_16(n: int) -> int:
+def pow2_at_least_16(n: int) -> int:
     # tl.arange needs a power of two and tl.dot an inner dim >= 16.
     return max(16, 1 << (n - 1).bit_length())
 
@@ -50,10 +50,10 @@ def _head_dim_parts(d: int) -> tuple[int, int]:
     BLOCK_D_TAIL). One power of two >= 16 covering it, (that, 0); or, where two pad it less, the power of two below it
     and one >= 16 covering the rest: 80 = 64 + 16, 96 = 64 + 32, 48 = 32 + 16, 160 = 128 + 32 (112 stays 128:
     64 + 64 pads as much). A pad column costs a whole column of every matmul over that dim."""
-    whole = _pow2_at_least_16(d)
+    whole = pow2_at_least_16(d)
     first = whole // 2
     if first >= 16 and d > first:
-        tail = _pow2_at_least_16(d - first)
+        tail = pow2_at_least_16(d - first)
         if first + tail < whole:
             return first, tail
     return whole, 0
@@ -137,7 +137,7 @@ def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] =
 
 
 # ---- arguments -------------------------------------------------------------------------------------------------------
-def _bcast_strides(t: Tensor, read=lambda n: n) -> list:
+def broadcast_strides(t: Tensor, read=lambda n: n) -> list:
     """Strides with 0 for size-1 dims: the kernels index a broadcast tensor without a dense copy. ``read``: how a size
     or stride is taken (as it is, symbolic ones too; :func:`hint` for a choice made without a guard)."""
     return [0 if read(size) == 1 else read(stride) for size, stride in zip(t.shape, t.stride())]
@@ -152,31 +152,31 @@ def batch_rows_innermost(spec) -> bool:
 
 def _precision(dtype: torch.dtype) -> str:
     # fp32 inputs: full-precision dots unless the user opted into TF32 (as eager matmul does).
-    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not _interpret():
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not settings.interpreting():
         return "tf32"
     return "ieee"
 
 
-def _score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
+def score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
     kw = {}
     for i, t in enumerate(score_tensors):
         # bool masks as they are: Triton loads a bool pointer as bytes (a traced bool -> uint8 view is what Inductor
         # could not lower: "torch.bool is not supported by torch.iinfo", torch 2.11)
         kw[f"T{i}"] = t
-        for d, stride in zip("zhmn", _bcast_strides(t)):
+        for d, stride in zip("zhmn", broadcast_strides(t)):
             kw[f"stride_t{i}_{d}"] = stride
     return kw
 
 
-def _strides(prefix: str, t: Tensor) -> dict:
+def stride_args(prefix: str, t: Tensor) -> dict:
     return {f"stride_{prefix}{d}": s for d, s in zip("zhmd" if prefix in ("q", "o", "do", "dq") else "zhnd", t.stride())}
 
 
-def _common(q, k, v, spec) -> dict:
+def common_kernel_args(q, k, v, spec) -> dict:
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
     D, DV = int(D), int(DV)  # constexprs: a symbolic head dim specializes (a guard), lengths stay symbolic
-    padding = spec.key_padding()
+    padding = plan.key_padding(spec)
     return dict(
         Z=Z, H=H, M=M, N=N,
         BATCH_INNER=batch_rows_innermost(spec),
@@ -184,10 +184,10 @@ def _common(q, k, v, spec) -> dict:
         causal_offset=(spec.causal.offset(M, N) if spec.causal else
                        padding.band if padding is not None and padding.band is not None else 0),
         qk_scale=spec.scale_for(D) * math.log2(math.e),
-        D=D, DV=DV, BLOCK_D=_pow2_at_least_16(D), BLOCK_DV=_pow2_at_least_16(DV),
+        D=D, DV=DV, BLOCK_D=pow2_at_least_16(D), BLOCK_DV=pow2_at_least_16(DV),
         GQA_GROUP=spec.gqa_group, CAUSAL=spec.causal is not None,
         WINDOW=spec.causal.window if spec.causal is not None and spec.causal.window is not None else 0,
-        PRECISION=_precision(q.dtype), INTERPRETED=_interpret(),
+        PRECISION=_precision(q.dtype), INTERPRETED=settings.interpreting(),
         # qk_scale and dropout_p are constexprs: both are fixed by the spec (and head dim), which the generated module is
         # already specific to; as run-time floats, Inductor would pass them as fp64.
         DROPOUT=spec.dropout_p > 0, dropout_p=spec.dropout_p,
@@ -195,7 +195,7 @@ def _common(q, k, v, spec) -> dict:
     )
 
 
-def _grid(blocks, Z, heads) -> tuple:
+def kernel_grid(blocks, Z, heads) -> tuple:
     """The kernels' grid: one dimension over (blocks, batch rows, heads), which the template's _block_batch_head
     reads in the order its BATCH_INNER says."""
     return (blocks * Z * heads,)
@@ -223,7 +223,7 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
     return placeholder if dropout_seed is None else dropout_seed
 
 
-def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor,
+def key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor,
                     full_tiles: bool = True) -> dict:
     """``KeyRange``, ``KEY_RANGE``, ``KEY_BAND`` and ``KEY_FULL`` of the forward, dQ and dK/dV kernels. With a key
     padding vector (``spec.key_padding``): int32 ``[Z, 4]``, per batch row the range of keys to visit and the run of
@@ -240,7 +240,7 @@ def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, 
     hole) and, for a bias, exactly 0 there (what the visible program takes it to be); else empty, and every tile runs
     the whole program. ``full_tiles``: False where the vector needs a gradient (it has one in the full tiles too).
     Without a padding vector any tensor fills the parameter (not read)."""
-    padding = spec.key_padding()
+    padding = plan.key_padding(spec)
     if padding is None:
         return dict(KeyRange=placeholder, KEY_RANGE=False, KEY_BAND=0, KEY_FULL=False)
     keys = score_tensors[padding.tensor][:, 0, 0, :]  # [Z or 1, N]
@@ -260,13 +260,8 @@ def _key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, 
         end = torch.where(none_visible, positions[-1], end)  # N, not as a scalar operand (it may be symbolic)
     key_range = torch.stack([first, end, full_first, full_end], -1).expand(Z, 4).contiguous()
     return dict(KeyRange=key_range, KEY_RANGE=True, KEY_BAND=band,
-                KEY_FULL=full_tiles and spec.visible_spec() is not None)
+                KEY_FULL=full_tiles and plan.visible_spec(spec) is not None)
 
-
-def mask_blocks_enabled() -> bool:
-    """``FUSE_ATTN_MASK_BLOCKS=0`` turns the per-call tile summaries of :meth:`AttentionSpec.mask_blocks` off: every
-    tile then loads the mask and runs the score program (the same results; for measuring what the summaries save)."""
-    return os.environ.get("FUSE_ATTN_MASK_BLOCKS", "1") != "0"
 
 
 # tile classes of a mask summary, in the order the block lists hold them
@@ -285,10 +280,10 @@ class _MaskGranules(NamedTuple):
     granule: int
 
 
-def _mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int) -> Optional[_MaskGranules]:
+def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int) -> Optional[_MaskGranules]:
     """The granules of ``spec``'s summarized mask (None where it has none or ``FUSE_ATTN_MASK_BLOCKS=0``), computed
     on the device -- traced into the graph under torch.compile, like the key range."""
-    summarized = spec.mask_blocks() if mask_blocks_enabled() else None
+    summarized = plan.mask_blocks(spec) if settings.mask_blocks_enabled() else None
     if summarized is None:
         return None
     mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
@@ -304,7 +299,7 @@ def _mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, gran
                          torch.nn.functional.pad(unchanged, pad, value=False).view(shape).all(3), granule)
 
 
-def _mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: int, key_major: bool,
+def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: int, key_major: bool,
                      placeholder: Tensor) -> dict:
     """``BlockList``, ``BlockCounts``, their batch strides and ``MASK_BLOCKS`` of a kernel whose tiles are ``rows``
     queries by ``cols`` keys (a multiple of the granule), from a mask's granules (None: no block lists). Each tile is
@@ -360,13 +355,13 @@ class _MaskBlocks:
         self._args: dict[tuple, dict] = {}
 
     def args(self, granule: int, rows: int, cols: int, key_major: bool) -> dict:
-        """``_mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys."""
+        """``mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys."""
         key = (granule, rows, cols, key_major)
         if key not in self._args:
             if granule not in self._granules:
-                self._granules[granule] = (_mask_granules(self.spec, self.score_tensors, self.N, granule)
+                self._granules[granule] = (mask_granules(self.spec, self.score_tensors, self.N, granule)
                                            if self.summarize else None)
-            self._args[key] = _mask_block_args(self._granules[granule], self.M, self.N, rows, cols, key_major,
+            self._args[key] = mask_block_args(self._granules[granule], self.M, self.N, rows, cols, key_major,
                                                self.placeholder)
         return self._args[key]
 
@@ -381,7 +376,7 @@ def _size_expr(x):
     return x.node.expr if isinstance(x, torch.SymInt) else int(x)
 
 
-def _random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional[Tensor]:
+def random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional[Tensor]:
     """A real tensor with ``t``'s (hinted) sizes, strides, dtype and device, filled with random values (normal
     floats, mostly-true masks, any int64 seed): what the tuner times candidates on. Zeros would time faster than
     real data on tensor cores, and a mask of all False would skip nothing the real one skips.
@@ -416,7 +411,7 @@ def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
     (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
     partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
     block's graph -- are mostly full and empty tiles: the configs are timed on the loops those run."""
-    summarized = spec.mask_blocks()
+    summarized = plan.mask_blocks(spec)
     if summarized is None:
         return
     t = tuning_tensors[summarized.tensor]
@@ -433,7 +428,7 @@ def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
     stored.copy_(pattern.expand(stored.shape))
 
 
-class _RealInputs:
+class RealInputs:
     """Context: every dispatch mode off (fake, functional, proxy), no autograd -- so that the tuner makes real
     tensors and launches kernels directly, also in the middle of a trace."""
 
@@ -450,20 +445,20 @@ class _RealInputs:
         return self._modes.__exit__(*exc)
 
 
-def _choose(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Callable[[], list],
+def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Callable[[], list],
             bind: Callable[[], Callable[[tuning.KernelConfig, bool], None]], m=None, n=None) -> tuning.KernelConfig:
     """The config of one kernel: the interpreter's; else the in-process choice for its tuning key (lengths ``m``
     and ``n``, by default M and N by their hints); else (stored or tuned) from ``tuning.choose``. ``bind()`` is called only when
     timing may be needed, with every mode off: it builds random inputs and returns ``run(cfg, warmup)``, which
     launches (or only compiles) the kernel on them."""
-    if _interpret() or not q.is_cuda:
+    if settings.interpreting() or not q.is_cuda:
         return tuning.INTERPRETER_CONFIGS[kind]
     key = tuning.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
                               hint(common["M"] if m is None else m), hint(common["N"] if n is None else n))
     cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
-    with _RealInputs():
+    with RealInputs():
         run = bind()
         return tuning.choose(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
 
@@ -508,7 +503,7 @@ class _LengthBuckets:
     def run(self, choose_at: Callable, launch_with: Callable, operands: tuple, shapes: list) -> tuple:
         """``launch_with(choice, *operands)`` -> a tuple of new contiguous tensors of ``shapes``, ``choice`` being
         ``choose_at(lengths)`` for the call's length bucket; ``operands`` start with q and k. ``lengths``: None for
-        the call's own (hinted) lengths, else {length's expression: bucket top}, the sizes that ``_random_like``
+        the call's own (hinted) lengths, else {length's expression: bucket top}, the sizes that ``random_like``
         gives the tuning inputs."""
         if self.length_of is None:
             return launch_with(choose_at(None), *operands)
@@ -597,13 +592,13 @@ class _LengthBuckets:
 
 
 def _bytes_at(t: Tensor, lengths: dict) -> int:
-    """Bytes of ``_random_like(t, lengths)``'s storage."""
+    """Bytes of ``random_like(t, lengths)``'s storage."""
     sizes = [lengths.get(_size_expr(s), hint(s)) if hint(st) else 1 for s, st in zip(t.shape, t.stride())]
     return math.prod(sizes) * t.element_size()
 
 
 def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
-    """``_choose``'s m and n for ``lengths`` (see :meth:`_LengthBuckets.run`)."""
+    """``choose_kernel_config``'s m and n for ``lengths`` (see :meth:`_LengthBuckets.run`)."""
     if not lengths:
         return {}
     return dict(m=lengths.get(_size_expr(common["M"]), hint(common["M"])),
@@ -613,17 +608,17 @@ def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
 # ---- forward ---------------------------------------------------------------------------------------------------------
 def _launch_forward(mod, cfg, common, q, k, v, score_tensors, dropout_seed, out, lse, key_range,
                     mask_blocks: _MaskBlocks, warmup=False) -> None:
-    """``common``, ``key_range`` and ``mask_blocks``: ``_common``, ``_key_range_args`` and the ``_MaskBlocks`` of
+    """``common``, ``key_range`` and ``mask_blocks``: ``common_kernel_args``, ``key_range_args`` and the ``_MaskBlocks`` of
     these tensors (made once by the caller: a tuner launches many times on one set)."""
     Z, H, M, _ = q.shape
-    args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+    args = dict(Q=q, K=k, V=v, Out=out, Lse=lse, Seed=_seed_arg(dropout_seed, lse), **score_kwargs(score_tensors),
                 **key_range, **mask_blocks.args(cfg.block_n, cfg.block_m, cfg.block_n, False),
-                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("o", out),
+                **stride_args("q", q), **stride_args("k", k), **stride_args("v", v), **stride_args("o", out),
                 **_with_head_dim_parts(common), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg), **_blocks(cfg))
-    launch(mod._attn_fwd, _grid(triton_cdiv(M, cfg.block_m), Z, H), args, cfg, warmup)
+    launch(mod._attn_fwd, kernel_grid(triton_cdiv(M, cfg.block_m), Z, H), args, cfg, warmup)
 
 
-def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+def empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
     Z, H, M, _ = q.shape
     return (torch.empty((Z, H, M, v.shape[3]), dtype=q.dtype, device=q.device),
             torch.empty((Z, H, M), dtype=torch.float32, device=q.device))
@@ -632,30 +627,30 @@ def _empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths=None) -> tuning.KernelConfig:
     """``lengths``: see :meth:`_LengthBuckets.run`."""
     def bind():
-        rq, rk, rv, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
+        rq, rk, rv, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
         _causal_tuning_mask(spec, rs)
-        out, lse = _empty_outputs(rq, rv)
-        real, key_range = _common(rq, rk, rv, spec), _key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
+        out, lse = empty_outputs(rq, rv)
+        real, key_range = common_kernel_args(rq, rk, rv, spec), key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
         mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse)
         return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range,
                                                    mask_blocks, warmup)
 
-    return _choose("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common), bind,
+    return choose_kernel_config("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common), bind,
                    **_tuning_lengths(common, lengths))
 
 
 def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
     """(out, lse) of validated inputs (N > 0) from the generated forward kernel."""
     mod = codegen.load_module(spec)
-    common = _common(q, k, v, spec)
+    common = common_kernel_args(q, k, v, spec)
 
     def config_at(lengths):
         return _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths)
 
     def launch_with(cfg, q, k, v, dropout_seed, score_tensors):
-        out, lse = _empty_outputs(q, v)
-        _launch_forward(mod, cfg, _common(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse,
-                        _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse),
+        out, lse = empty_outputs(q, v)
+        _launch_forward(mod, cfg, common_kernel_args(q, k, v, spec), q, k, v, score_tensors, dropout_seed, out, lse,
+                        key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse),
                         _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse))
         return out, lse
 
@@ -665,12 +660,6 @@ def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=Non
 
 
 # ---- backward --------------------------------------------------------------------------------------------------------
-def exact_delta_forced() -> bool:
-    """``FUSE_ATTN_EXACT_DELTA=1``: the kernels' backward takes delta = rowsum(P * dP) from P and dP for fp16 / bf16
-    too (as for fp32), at the cost of one more pass over K and V in the dQ kernel (two more matmuls per tile)."""
-    return os.environ.get("FUSE_ATTN_EXACT_DELTA", "0") == "1"
-
-
 def _uses_exact_delta(q: Tensor) -> bool:
     # fp32 inputs (and every dtype under FUSE_ATTN_EXACT_DELTA=1): the dQ kernel recomputes each row's softmax
     # statistics (row max, 1 / row sum) and delta = rowsum(P * dP) itself (one more pass over K and V)
@@ -678,7 +667,7 @@ def _uses_exact_delta(q: Tensor) -> bool:
     # bf16 take FlashAttention's rowsum(dO * O) and the forward's lse, whose difference from it is below their
     # precision except for nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known
     # differences).
-    return q.dtype == torch.float32 or exact_delta_forced()
+    return q.dtype == torch.float32 or settings.exact_delta_forced()
 
 
 _MIN_ROW_BLOCK = 16
@@ -705,10 +694,10 @@ class _BackwardBuffers:
                       for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
                       if st.role == "bias" and need}
         # a mask that needs a gradient has one in its full tiles too: no visible program, no summary then
-        padding = spec.key_padding()
-        self.key_range = _key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse,
+        padding = plan.key_padding(spec)
+        self.key_range = key_range_args(spec, score_tensors, q.shape[0], k.shape[2], lse,
                                          full_tiles=padding is None or padding.tensor not in self.dbias)
-        summarized = spec.mask_blocks()
+        summarized = plan.mask_blocks(spec)
         self.mask_blocks = _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse,
                                        summarize=summarized is None or summarized.tensor not in self.dbias)
 
@@ -718,15 +707,15 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                      dlse: Optional[Tensor] = None):
     """The backward's launches in order: dQ first (it writes delta, the lse flags and, with the exact delta, the row
     statistics that dK/dV reads), then dK/dV. ``only``: launch just that step ("bwd_dq" or "bwd_dkdv"; the
-    tuner's). ``common``: ``_common`` of these q, k, v. ``dlse``: the gradient of the forward's lse (None: zero),
+    tuner's). ``common``: ``common_kernel_args`` of these q, k, v. ``dlse``: the gradient of the forward's lse (None: zero),
     taken off delta by the dQ kernel, which writes delta."""
     Z, H, M, _ = q.shape
     N = k.shape[2]
     base = dict(Q=q, K=k, V=v, DO=dout, Lse=lse, RowMax=bufs.row_max, RowScale=bufs.row_scale, Delta=bufs.delta,
                 LseFlags=bufs.lse_flags,
-                EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **_score_kwargs(score_tensors),
+                EXACT_DELTA=exact_delta, Seed=_seed_arg(dropout_seed, lse), **score_kwargs(score_tensors),
                 **bufs.key_range,
-                **_strides("q", q), **_strides("k", k), **_strides("v", v), **_strides("do", dout),
+                **stride_args("q", q), **stride_args("k", k), **stride_args("v", v), **stride_args("do", dout),
                 sm_scale=spec.scale_for(common["D"]), **_with_head_dim_parts(common))
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
     # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
@@ -740,7 +729,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
                 continue
             buf = bufs.dbias.get(i) if accumulates else None
             args[f"DT{i}"] = t if buf is None else buf
-            for d, stride in zip("zhmn", (0, 0, 0, 0) if buf is None else _bcast_strides(buf)):
+            for d, stride in zip("zhmn", (0, 0, 0, 0) if buf is None else broadcast_strides(buf)):
                 args[f"stride_dt{i}_{d}"] = stride
             args[f"NEED_DT{i}"] = buf is not None
         return args
@@ -754,9 +743,9 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     def dq():
         cfg = cfgs["bwd_dq"]
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, False)
-        launch(mod._attn_bwd_dq, _grid(triton_cdiv(M, cfg.block_m), Z, H),
-               dict(base, DQ=bufs.dq, Out=out, **_strides("o", out), **lse_grad, **dscore_args(exact_delta), **blocks,
-                    **_strides("dq", bufs.dq), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg),
+        launch(mod._attn_bwd_dq, kernel_grid(triton_cdiv(M, cfg.block_m), Z, H),
+               dict(base, DQ=bufs.dq, Out=out, **stride_args("o", out), **lse_grad, **dscore_args(exact_delta), **blocks,
+                    **stride_args("dq", bufs.dq), head_group=_head_group(q, triton_cdiv(M, cfg.block_m), cfg),
                     **_blocks(cfg)), cfg, warmup)
 
     def dkdv():
@@ -764,7 +753,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         flag_rows = cfgs["bwd_dq"].block_m  # the lse flags' rows per block: the dQ kernel's (launched first)
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
         key_blocks = triton_cdiv(N, cfg.block_n)
-        grid = _grid(key_blocks, Z, H // spec.gqa_group)
+        grid = kernel_grid(key_blocks, Z, H // spec.gqa_group)
         args = dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())},
@@ -789,10 +778,10 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
     def bind(kind):
         def bound():
             # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
-            rq, rk, rv, rdo, seed, *rs = (_random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
+            rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
             _causal_tuning_mask(spec, rs)
             out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
-            real = _common(rq, rk, rv, spec)
+            real = common_kernel_args(rq, rk, rv, spec)
             bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
             if kind == "bwd_dkdv":  # delta, the lse flags (and row statistics) from the tuned dQ kernel, once
                 _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta,
@@ -803,7 +792,7 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
 
     # dQ is tuned first: the dK/dV kernel's inputs come from it
     for kind, candidates in (("bwd_dq", tuning.dq_candidates), ("bwd_dkdv", tuning.dkdv_candidates)):
-        tuned[kind] = _choose(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
+        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
                               **_tuning_lengths(common, lengths))
     return tuned
 
@@ -816,7 +805,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
     exact_delta = _uses_exact_delta(q)
     # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
     kernel_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
-    common = _common(q, k, v, spec)
+    common = common_kernel_args(q, k, v, spec)
 
     def configs_at(lengths):
         return _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
@@ -824,7 +813,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
 
     def launch_with(cfgs, q, k, dout, v, score_tensors, out, lse, dropout_seed, dlse):
         bufs = _BackwardBuffers(q, k, v, lse, score_tensors, spec, needs_grad, exact_delta)
-        _launch_backward(mod, cfgs, _common(q, k, v, spec), dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
+        _launch_backward(mod, cfgs, common_kernel_args(q, k, v, spec), dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
                          bufs, exact_delta, dlse=dlse)
         return (bufs.dq, bufs.dk, bufs.dv, *(bufs.dbias[i].to(score_tensors[i].dtype) for i in sorted(bufs.dbias)))
 

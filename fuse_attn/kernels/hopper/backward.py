@@ -51,10 +51,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import ops
-from fuse_attn.kernels.hopper.forward import (_TMA_ALIGN_BYTES, LIBRARY, _batch_and_head, _bias_by_tma, _bias_head, _bias_tma_head,
-                             _descriptor, _log2_units, _score_tensors, _tma_load, _tma_ready, _tma_store,
+from fuse_attn.kernels.hopper.forward import (TMA_ALIGN_BYTES, LIBRARY, batch_and_head, bias_tma_view, bias_of_head, bias_tma_head,
+                             tma_descriptor, log2_units, bias_score_tensors, tma_load, tma_ready, tma_store,
                              checked_spec, fills_at_most, shared_memory_for_tiles)
-from fuse_attn.kernels.generated.launch import _bcast_strides, batch_rows_innermost
+from fuse_attn.kernels.generated.launch import broadcast_strides, batch_rows_innermost
 
 _LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -162,11 +162,11 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_de
     bar = ready.index(stage)
     if BIAS_TMA:
         mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + bias_desc.block_type.nbytes)
-        _tma_load(bias_desc, [bz, bh, m0, n0], bar, bias_smem.index(stage))
+        tma_load(bias_desc, [bz, bh, m0, n0], bar, bias_smem.index(stage))
     else:
         mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    _tma_load(q_desc, [z, h, m0, 0], bar, q_smem.index(stage))
-    _tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
+    tma_load(q_desc, [z, h, m0, 0], bar, q_smem.index(stage))
+    tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
 
 
 @gluon.jit
@@ -203,7 +203,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
     added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
     waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
-    (in log2 units as the forward's, :func:`.hopper_forward._log2_units`), its tile loaded while S and dP are on the
+    (in log2 units as the forward's, :func:`.hopper_forward.log2_units`), its tile loaded while S and dP are on the
     tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
     out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the
     gradient of the scores, as the bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query
@@ -242,7 +242,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         if BIAS_TMA:
             bias = bias_smem.index(stage).load(s_layout)
         else:
-            bias_rows = (_bias_head(Bias, z, h, stride_bz, stride_bh, True)
+            bias_rows = (bias_of_head(Bias, z, h, stride_bz, stride_bh, True)
                          + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm)
             bias = gl.load(bias_rows[:, None] + (offs_n * stride_bn)[None, :], mask=(offs_n < N)[None, :], other=0.0)
 
@@ -251,7 +251,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     else:  # the previous tile's dV and dK, issued before this S, complete with it
         s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
     if HAS_BIAS:
-        p = gl.exp2(s * qk_scale + _log2_units(bias) - lse[:, None])
+        p = gl.exp2(s * qk_scale + log2_units(bias) - lse[:, None])
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])
     if MASK:  # causal: key n is seen by rows m >= n
@@ -272,7 +272,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
     # previous tile's stage; this tile's dQ buffer is free
     if DS_OUT:  # (rows past M and keys past N are not written)
-        _tma_store(ds_desc, [z, h - ds_head0, m0, n0], ds_smem)
+        tma_store(ds_desc, [z, h - ds_head0, m0, n0], ds_smem)
     if not FIRST:
         if ring > 0:  # the previous tile's q / dO stage: its dK / dV matmuls completed with this tile's S (or, the
             # previous key tile's last, before its dK / dV were stored)
@@ -310,8 +310,8 @@ def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale
     v_smem.index(0).store(dv.to(dv_desc.dtype))
     fence_async_shared()
     _cta_barrier()
-    _tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
-    _tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
+    tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
+    tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
     tma.store_wait(0)
 
 
@@ -408,14 +408,14 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
         if t > 0:
             mbarrier.wait(kv_free, (t - 1) & 1)
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
-        _tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
+        tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
+        tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
         for it in range(GQA_GROUP * per_head):
             ring = r0 + it
             stage = ring % STAGES
             mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
             h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
-            bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
+            bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem,
                        bias_z, bias_h, n0, BIAS_TMA)
         r0 += GQA_GROUP * per_head
@@ -431,7 +431,7 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
     launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads)."""
     pid = gl.program_id(0)
-    z, h_kv = _batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
+    z, h_kv = batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
     h_kv += kv_head0
     n_n = gl.cdiv(N, BLOCK_N)
     n_mb = gl.cdiv(M, BLOCK_M)
@@ -506,7 +506,7 @@ _DS_MIN_HEAD_DIM = 128
 
 def _ds_row_keys(n: int, element_size: int) -> int:
     """The length of a dS buffer's rows: n keys padded so that a row's stride is one TMA takes."""
-    per_granule = _TMA_ALIGN_BYTES // element_size
+    per_granule = TMA_ALIGN_BYTES // element_size
     return -(-n // per_granule) * per_granule
 
 
@@ -554,7 +554,7 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
                          "dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
     block_m, block_n, stages = _CONFIGS[D]
-    q, k, v, dout = _tma_ready(q), _tma_ready(k), _tma_ready(v), _tma_ready(dout)
+    q, k, v, dout = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(dout)
     lse = lse.contiguous()
     out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
     delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
@@ -570,21 +570,21 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
     dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
     n_n = triton.cdiv(N, block_n)  # key tiles
-    strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
-    bias_view = None if bias is None else _bias_by_tma(bias)
+    strides = (0, 0, 0, 0) if bias is None else broadcast_strides(bias)
+    bias_view = None if bias is None else bias_tma_view(bias)
     ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
                                                                        bias.dtype)
-    q_desc = _descriptor(q, block_m)
-    descriptors = (q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(dout, block_m),
-                   _descriptor(dk, block_n), _descriptor(dv, block_n), _descriptor(dq_acc, block_m))
-    bias_desc = _descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc  # (q's: a stand-in, never read)
+    q_desc = tma_descriptor(q, block_m)
+    descriptors = (q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(dout, block_m),
+                   tma_descriptor(dk, block_n), tma_descriptor(dv, block_n), tma_descriptor(dq_acc, block_m))
+    bias_desc = tma_descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc  # (q's: a stand-in, never read)
     dbias, ds_desc = None, q_desc  # (no dS out: q's descriptor stands in, never written)
     if bias_grad:
         # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
         # from one chunk to the next: each chunk writes the same tiles)
         ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, _ds_row_keys(N, q.element_size()),
                                                       dtype=q.dtype, device=q.device)[..., :N]
-        ds_desc = _descriptor(ds, block_m, block_n)
+        ds_desc = tma_descriptor(ds, block_m, block_n)
         dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
     for kv_head0 in range(0, H_kv, chunk):
         kv_heads = min(chunk, H_kv - kv_head0)
@@ -625,8 +625,8 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its reasons say
     why)."""
     s = checked_spec("flash_attention_hopper_backward", q, k, v, spec, bias)
-    if ops._is_empty(q, k):
-        dq, dk, dv, dbias = ops._empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
+    if ops.is_empty(q, k):
+        dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
     dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s, dlse, bias, bias_grad)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
@@ -638,6 +638,6 @@ for _device in ("CPU", "CUDA"):
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper_backward")
 def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None, bias_grad=False):
-    ops.validate(q, k, v, _score_tensors(bias), ops.parse_spec(spec))
+    ops.validate(q, k, v, bias_score_tensors(bias), ops.parse_spec(spec))
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             bias.new_empty(bias.shape) if bias_grad else q.new_empty(0))

@@ -54,15 +54,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from fuse_attn.kernels import plan
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.decode import sm_count
-from fuse_attn.kernels.generated.launch import _bcast_strides, _empty_outputs, batch_rows_innermost, hint
+from fuse_attn.kernels.generated.launch import broadcast_strides, empty_outputs, batch_rows_innermost, hint
 
 # The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
 # async_copy_shared_to_global in 3.6 (the GPU machine's).
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-_tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 _LOG2E = math.log2(math.e)
 # Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups). From the H100 sweeps of
@@ -84,7 +85,7 @@ _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
 # call4.log): two consumers 0.95x one at N1024, 0.985x at 1536, 1.00x at 1664 and 1920 (13 and 15 blocks a head: one
 # block a CTA), 1.03x at 1792, 1.06-1.09x at 2000-2048; so one consumer below 1664 rows.
 _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (1664, (64, 64, 3, 1))}
-# Where the bias tiles come by TMA in the k / v ring (_bias_by_tma): the multi-consumer configs with 64-key tiles at 4
+# Where the bias tiles come by TMA in the k / v ring (bias_tma_view): the multi-consumer configs with 64-key tiles at 4
 # stages (a bf16 bias fits 4, an fp32 one 3: bias_ring_stages). The 128-key configs keep only 2 stages beside their
 # bias tiles and D64's spills 412 bytes (ptxas, sm90a). H100, B4 H16 N4096, a [1,H,N,N] bf16 bias, forward
 # (benchmarks/2026-11-28-gluon-bias-tma/call2.log, two orders): D64 1.16-1.17x unmasked and 1.64-1.69x causal, D128
@@ -148,7 +149,7 @@ _PERSISTENT_CONSUMERS = 2
 _PERSISTENT_BELOW_KEYS = 4096
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
-_TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
+TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
 # Shared memory of an sm90 SM, of which CUDA reserves 1 KiB a resident CTA: one CTA may use 227 KiB
 # (cudaDevAttrMaxSharedMemoryPerBlockOptin), each of two 113 KiB. Beyond its tiles a CTA's kernel takes its mbarriers
 # and the compiler's scratch: 236-280 bytes in the configs compiled for sm90 (test_gpu_compile.py), 1 KiB allowed.
@@ -182,10 +183,10 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_mod and not adds_a_bias(spec):
+    if spec.score_program and not adds_a_bias(spec):
         reasons.append("the Gluon kernels compute plain attention or add one bias tensor (no other score program, no "
                        "mask tensor)")
-    elif spec.score_mod and (spec.key_padding() is not None or spec.mask_blocks() is not None):
+    elif spec.score_program and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
         reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
                        "kernels would compute them")
     if spec.dropout_p:
@@ -202,7 +203,7 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
 def adds_a_bias(spec: AttentionSpec) -> bool:
     """Whether the spec's score program is ``s + bias``: the scaled score plus its one score tensor, a float bias of
     any broadcast, which the Gluon kernels load in each tile (``HAS_BIAS``)."""
-    nodes = spec.score_mod
+    nodes = spec.score_program
     if len(nodes) != 3 or len(spec.score_tensors) != 1 or spec.score_tensors[0].role != "bias":
         return False
     return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
@@ -237,7 +238,7 @@ def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUS
     """The bias tile of rows ``bias_rows`` (pointers to each row's key 0) and keys offs_n, as stored. MASK: the tile
     holds keys past N or (CAUSAL) past the diagonal of rows offs_m; those read as -inf, which masks them (the load's
     predicate is the mask: no separate select, and no key past N is read). Loaded before the tile's S is waited for
-    and converted after (:func:`_log2_units`), held in its own dtype meanwhile (bf16: half the registers). ptxas
+    and converted after (:func:`log2_units`), held in its own dtype meanwhile (bf16: half the registers). ptxas
     (sm90a), D128's two-consumer causal config: 160 bytes of spills so, 236 converted before the wait, 920-1076 with
     the load masked only in a tile past N (a branch); 64-key tiles spill none but ran no faster on an H100
     (benchmarks/2026-11-27-gluon-bias: the loads themselves cost the time)."""
@@ -264,7 +265,7 @@ def _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layou
 
 
 @gluon.jit
-def _log2_units(bias):
+def log2_units(bias):
     """A bias tile in log2 units (fp32): one multiply rounded toward zero, which keeps a finite bias finite
     (``finfo.min`` masks: eager's uniform row) and +-inf / NaN as they are (the generated template's ``_to_log2`` on
     the GPU)."""
@@ -277,7 +278,7 @@ def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
     """:func:`_softmax_tile` of the scores plus a bias tile (as loaded, :func:`_load_bias`: -inf where masked). A
     bias can hide every key a row has seen so far (-inf): the max then stays -inf, and the exponents are taken against
     0 instead, so that such keys give P = 0, not exp2(-inf + inf) = NaN (the generated template's ``m_safe``)."""
-    s = s * qk_scale + _log2_units(bias)  # (masked keys: the bias tile's -inf)
+    s = s * qk_scale + log2_units(bias)  # (masked keys: the bias tile's -inf)
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
     p = gl.exp2(s - m_safe[:, None])
@@ -353,16 +354,16 @@ def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.
         middle = (odd == 1) & (r == pairs)
         second_head = (r >= pairs + odd).to(gl.int32)
         head = 2 * (t // (2 * pairs + odd)) + gl.where(middle, it % 2, second_head)
-        z, h = _batch_and_head(head, Z, H, BATCH_INNER)
+        z, h = batch_and_head(head, Z, H, BATCH_INNER)
         p = r - second_head * (pairs + odd)
         row0 = gl.where(middle, pairs, gl.where(it % 2 == 0, blocks - 1 - p, p)) * ROWS
     elif PERSISTENT:
         blocks = gl.cdiv(M, ROWS)
         t = pid_m + it * gl.num_programs(0)
-        z, h = _batch_and_head(t // blocks, Z, H, BATCH_INNER)
+        z, h = batch_and_head(t // blocks, Z, H, BATCH_INNER)
         row0 = (t % blocks) * ROWS
     else:
-        z, h = _batch_and_head(bh, Z, H, BATCH_INNER)
+        z, h = batch_and_head(bh, Z, H, BATCH_INNER)
         row0 = (pid_m + it * (second - pid_m)) * ROWS  # it is 0 or 1
     if CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N)
@@ -448,7 +449,7 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
             out = gl.where((gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)) == 0.0)[:, None], 0.0, out)
         q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
         fence_async_shared()
-        _tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
+        tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
         tma.store_wait(0)
     else:  # every row past M (the last block's spare warpgroups where M is no multiple of its rows): nothing to compute
         _release_tiles(kv_ready, kv_empty, r0, 0, n_tiles, STAGES)
@@ -469,7 +470,7 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
             z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
                                             PERSISTENT, BATCH_INNER)
             _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
-                            n_tiles, r0, it & 1, qk_scale, _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
+                            n_tiles, r0, it & 1, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
                             stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS,
                             ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
             mbarrier.arrive(q_free.index(C))
@@ -478,13 +479,13 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
         z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
                                         PERSISTENT, BATCH_INNER)
         _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                        0, 0, qk_scale, _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
+                        0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
                         C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS,
                         BIAS_TMA)
 
 
 @gluon.jit
-def _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
+def bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
     """The bias of batch row z and head h (0 strides where it broadcasts); Bias itself where there is none."""
     if HAS_BIAS:
         return Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
@@ -492,8 +493,8 @@ def _bias_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
 
 
 @gluon.jit
-def _bias_tma_head(z, h, stride_bz, stride_bh):
-    """The (batch row, head) coordinates in the bias's TMA view (:func:`_bias_by_tma`) of batch row z and head h: 0
+def bias_tma_head(z, h, stride_bz, stride_bh):
+    """The (batch row, head) coordinates in the bias's TMA view (:func:`bias_tma_view`) of batch row z and head h: 0
     along a dim the bias is broadcast over (size 1 there)."""
     return gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h)
 
@@ -507,7 +508,7 @@ def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexp
         if MANY_BLOCKS:
             mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
         mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
+        tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
 
 
 @gluon.jit
@@ -530,11 +531,11 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
                             + CONSUMERS * bias_desc.block_type.nbytes)
         else:
             mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
-        _tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+        tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
+        tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
         if BIAS_TMA:  # (rows past M and keys past N read as 0; a consumer with no rows below M never reads its tile)
             for c in gl.static_range(CONSUMERS):
-                _tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, j * BLOCK_N], ready,
+                tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, j * BLOCK_N], ready,
                           bias_smem.index(stage * CONSUMERS + c))
         if MANY_BLOCKS:
             if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
@@ -557,7 +558,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
                                             PERSISTENT, BATCH_INNER)
             if it == 0:
                 _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True)
-            bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
+            bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                            h // GQA_GROUP, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
                            bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA)
@@ -566,14 +567,14 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
         z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
                                         PERSISTENT, BATCH_INNER)
         _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False)
-        bias_z, bias_h = _bias_tma_head(z, h, stride_bz, stride_bh)
+        bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
         _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                        h // GQA_GROUP, row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
                        bias_smem, bias_z, bias_h, BIAS_TMA)
 
 
 @gluon.jit
-def _batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
+def batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
     """The (batch row, head) of grid row bh of Z * H: heads fastest, or (BATCH_INNER, a bias broadcast over the batch)
     batch rows fastest, so that the CTAs of one head's batch rows run together and share its bias tiles in L2."""
     if BATCH_INNER:
@@ -681,12 +682,12 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
-def _tma_ready(t: Tensor) -> Tensor:
+def tma_ready(t: Tensor) -> Tensor:
     """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides, none 0: a broadcast
     dim), else a copy."""
     size = t.element_size()
-    if (t.stride(-1) == 1 and t.data_ptr() % _TMA_ALIGN_BYTES == 0
-            and all(s > 0 and s * size % _TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
+    if (t.stride(-1) == 1 and t.data_ptr() % TMA_ALIGN_BYTES == 0
+            and all(s > 0 and s * size % TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
         return t
     return t.contiguous()
 
@@ -697,33 +698,33 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMAShare
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _TILE_DTYPES[dtype])
 
 
-def _descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":
+def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":
     """A 4-D TMA descriptor over ``t`` whose tiles are ``rows`` x ``cols`` (default: every column)."""
     cols = t.shape[3] if cols is None else cols
     return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
 
 
 def _strides_tma_reads(strides: list, element_size: int) -> bool:
-    """Whether TMA can read a bias of these strides (as the kernels index it: :func:`.launch._bcast_strides`) in place:
+    """Whether TMA can read a bias of these strides (as the kernels index it: :func:`.launch.broadcast_strides`) in place:
     keys contiguous, queries not broadcast, every other stride a multiple of 16 bytes."""
     return (strides[3] == 1 and strides[2] != 0
-            and not any(s * element_size % _TMA_ALIGN_BYTES for s in strides[:3]))
+            and not any(s * element_size % TMA_ALIGN_BYTES for s in strides[:3]))
 
 
 def bias_layout_by_tma(bias: Tensor) -> bool:
-    """Whether the bias's layout lets TMA read it in place (:func:`_bias_by_tma` asks its base's alignment too).
+    """Whether the bias's layout lets TMA read it in place (:func:`bias_tma_view` asks its base's alignment too).
     Fake tensors too (hinted sizes): the implementation choice times the Gluon kernels on a copy of this layout, and
     its key says which path that was."""
-    return _strides_tma_reads(_bcast_strides(bias, hint), bias.element_size())
+    return _strides_tma_reads(broadcast_strides(bias, hint), bias.element_size())
 
 
-def _bias_by_tma(bias: Tensor) -> Tensor | None:
+def bias_tma_view(bias: Tensor) -> Tensor | None:
     """The bias ``[Z | 1, H | 1, M, N]`` as TMA reads it in place -- the dims it is broadcast over (stride 0 or size 1,
-    as the kernel indexes it: :func:`.launch._bcast_strides`) of size 1, keys contiguous, rows and the base 16-byte
+    as the kernel indexes it: :func:`.launch.broadcast_strides`) of size 1, keys contiguous, rows and the base 16-byte
     aligned -- or None where TMA cannot (keys or queries broadcast, keys strided, an odd row length or base: the
     consumers load it instead)."""
-    strides = _bcast_strides(bias)
-    if not _strides_tma_reads(strides, bias.element_size()) or bias.data_ptr() % _TMA_ALIGN_BYTES:
+    strides = broadcast_strides(bias)
+    if not _strides_tma_reads(strides, bias.element_size()) or bias.data_ptr() % TMA_ALIGN_BYTES:
         return None
     shape = [1 if strides[d] == 0 else bias.shape[d] for d in range(4)]
     # a dim of size 1 is never stepped over: its stride need only be one TMA takes (that of a whole bias head)
@@ -818,13 +819,13 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     the spec's score tensor where it has one (:func:`adds_a_bias`)."""
     Z, H, M, D = q.shape
     N = k.shape[2]
-    bias_view = None if bias is None else _bias_by_tma(bias)
+    bias_view = None if bias is None else bias_tma_view(bias)
     block_m, block_n, stages, consumers = forward_config(D, spec.causal is not None, M, bias_view is not None)
     ring_stages = 0 if bias_view is None else bias_ring_stages(block_m, block_n, stages, consumers, D, q.dtype,
                                                                bias.dtype)
     if ring_stages:  # the bias tiles come by TMA with k and v
         stages = ring_stages
-    q, k, v = _tma_ready(q), _tma_ready(k), _tma_ready(v)
+    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
@@ -837,14 +838,14 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
         grid = (min(items, ctas_an_sm * sm_count(q.device)), 1)  # (never paired: runs_persistent asks that)
     else:
         grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
-    strides = (0, 0, 0, 0) if bias is None else _bcast_strides(bias)
-    q_desc = _descriptor(q, block_m)
+    strides = (0, 0, 0, 0) if bias is None else broadcast_strides(bias)
+    q_desc = tma_descriptor(q, block_m)
     launch = launch_registers(ctas_an_sm)
     _hopper_attn_fwd[grid](
-        q_desc, _descriptor(k, block_n), _descriptor(v, block_n), _descriptor(out, block_m), lse,
+        q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * _LOG2E,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
-        _descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
+        tma_descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
         spec.gqa_group,
         spec.causal is not None, block_m, block_n, D, stages, consumers, *register_split(D, consumers), paired,
         persistent, bias is not None, batch_rows_innermost(spec),
@@ -864,7 +865,7 @@ LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
 LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None) -> (Tensor, Tensor)")
 
 
-def _score_tensors(bias: Tensor | None) -> list[Tensor]:
+def bias_score_tensors(bias: Tensor | None) -> list[Tensor]:
     """The op's bias as the template op's list of score tensors."""
     return [] if bias is None else [bias]
 
@@ -874,10 +875,10 @@ def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str,
     """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for the spec (plain, or ``s + bias`` with ``bias``
     its score tensor). Opaque to torch.compile."""
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
-        return ops._forward_op(q, k, v, _score_tensors(bias), None, spec, cpu_op=True)
+        return ops.forward_op(q, k, v, bias_score_tensors(bias), None, spec, cpu_op=True)
     s = checked_spec("flash_attention_hopper", q, k, v, spec, bias)
-    if ops._is_empty(q, k):
-        return ops._empty_forward(q, v)
+    if ops.is_empty(q, k):
+        return ops.empty_forward(q, v)
     return hopper_forward(q, k, v, s, bias)
 
 
@@ -885,10 +886,10 @@ def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias:
     """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
     devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them."""
     s = ops.parse_spec(spec)
-    ops.validate(q, k, v, _score_tensors(bias), s)
+    ops.validate(q, k, v, bias_score_tensors(bias), s)
     reasons = hopper_reasons(s, q, k)
     if reasons:
-        raise ValueError(f"fuse_attn::{op_name} cannot run {s.describe()}: {'; '.join(reasons)}")
+        raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
     return s
 
 
@@ -898,13 +899,13 @@ for _device in ("CPU", "CUDA"):
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper")
 def _(q, k, v, spec, bias=None):
-    ops.validate(q, k, v, _score_tensors(bias), ops.parse_spec(spec))
-    return _empty_outputs(q, v)
+    ops.validate(q, k, v, bias_score_tensors(bias), ops.parse_spec(spec))
+    return empty_outputs(q, v)
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, spec, *bias = inputs  # (a bias: the template op's one score tensor)
-    ops._setup_context(ctx, (q, k, v, _score_tensors(bias[0] if bias else None), None, spec), output)
+    ops.autograd_setup_context(ctx, (q, k, v, bias_score_tensors(bias[0] if bias else None), None, spec), output)
 
 
 def _backward(ctx, dout, dlse):
@@ -917,7 +918,7 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, _, *bias = ctx.saved_tensors
     bias_grad = any(ctx.needs)
     if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):
-        dq, dk, dv, dbias, *_ = ops._backward(ctx, dout, dlse)
+        dq, dk, dv, dbias, *_ = ops.autograd_backward(ctx, dout, dlse)
         return dq, dk, dv, None, (dbias[0] if bias else None)
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)

@@ -1,2 +1,0 @@
-def edit(t):
-    return t

@@ -1,6 +1,0 @@
-source .gpu/setup.sh
-C=("window128 D128" "window1024 D128" "causal D128" "full D128" "full D64 N512 B32 H12" "causal D64 N1024 B8 H12")
-echo "=== NEW"; python3 .gpu/delta_ab.py "${C[@]}" 2>&1 | grep -v -i warn | tail -8
-echo "=== OLD"; FUSE_ATTN_CACHE_DIR=/tmp/fa_cache_old python3 .gpu/run_old.py .gpu/delta_ab.py "${C[@]}" 2>&1 | grep -v -i warn | tail -8
-echo "=== VARIANTS NEW"; FUSE_ATTN_CANDIDATES=triton python3 tools/bench_variants.py --out $OUT/new --variants window_causal padding_causal --methods fuse_attn flex 2>&1 | grep "^|" | tail -4
-echo "=== VARIANTS OLD"; FUSE_ATTN_CACHE_DIR=/tmp/fa_cache_old FUSE_ATTN_CANDIDATES=triton python3 .gpu/run_old.py tools/bench_variants.py --out $OUT/old --variants window_causal padding_causal --methods fuse_attn 2>&1 | grep "^|" | tail -4

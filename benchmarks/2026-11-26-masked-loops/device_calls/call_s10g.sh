@@ -1,5 +1,0 @@
-source .gpu/setup.sh
-echo "=== MISTRAL NEW"; FUSE_ATTN_CANDIDATES=triton python3 tools/bench_models.py --out $OUT/mnew --models mistral-window --modes train --lengths 4096 --variants sdpa+inductor sdpa+fuse_attn 2>&1 | grep -E "^\|" | tail -1
-echo "=== MISTRAL OLD"; FUSE_ATTN_CACHE_DIR=/tmp/fa_cache_old FUSE_ATTN_CANDIDATES=triton python3 .gpu/run_old.py tools/bench_models.py --out $OUT/mold --models mistral-window --modes train --lengths 4096 --variants sdpa+fuse_attn 2>&1 | grep -E "^\|" | tail -1
-echo "=== GPT2 NEW"; FUSE_ATTN_CANDIDATES=triton python3 tools/bench_models.py --out $OUT/gnew --models gpt2-small --modes train --lengths 1024 --batch-tokens 8192 --variants fuse_attn sdpa+inductor 2>&1 | grep -E "^\|" | tail -1
-echo "=== GPT2 OLD"; FUSE_ATTN_CACHE_DIR=/tmp/fa_cache_old FUSE_ATTN_CANDIDATES=triton python3 .gpu/run_old.py tools/bench_models.py --out $OUT/gold --models gpt2-small --modes train --lengths 1024 --batch-tokens 8192 --variants fuse_attn 2>&1 | grep -E "^\|" | tail -1

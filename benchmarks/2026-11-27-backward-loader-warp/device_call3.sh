@@ -1,6 +1,0 @@
-source .gpu/setup.sh
-export PYTHONPATH=$PWD/tests:$PYTHONPATH
-mkdir -p $OUT
-timeout 150 python3 -m pytest -q -x tests/test_hopper_backward.py tests/test_hopper_forward.py 2>&1 | tail -3 | tee $OUT/gpu_tests.log
-OLD_BWD=.gpu/v17/old_bwd.py timeout 200 python3 benchmarks/2026-11-27-backward-loader-warp/loader_warp_ab.py 2>&1 | tee $OUT/loader_warp_ab.log
-timeout 200 python3 benchmarks/2026-11-27-gluon-forward-configs/product_rows.py 1024 2048 4096 16384 2>&1 | tee $OUT/product_rows.log

@@ -1,5 +1,0 @@
-source .gpu/setup.sh
-export PYTHONPATH=$PWD/tests:$PYTHONPATH
-mkdir -p $OUT
-timeout 160 python3 -m pytest -x -q -p no:cacheprovider tests/test_hopper_backward.py tests/test_hopper_forward.py 2>&1 | tail -3 | tee $OUT/gpu_tests_bwd.log
-timeout 200 python3 benchmarks/2026-11-27-gluon-forward-configs/deferred_bwd_ab.py causal 2>&1 | tee $OUT/bwd_ab.log

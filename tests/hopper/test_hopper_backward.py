@@ -1,4 +1,4 @@
-"""The Gluon backward of plain attention on Hopper (fuse_attn/kernels/hopper_backward.py): the autograd formula of
+"""The Gluon backward of plain attention on Hopper (fuse_attn/kernels/hopper/backward.py): the autograd formula of
 ``fuse_attn::flash_attention_hopper`` on the GPU.
 
 test_hopper_forward.py's GPU test takes gradients through it at odd lengths (1, 17, 97, 1025), head dims 64 and 128,
@@ -18,12 +18,12 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels import reference_attention
-from fuse_attn.kernels.hopper.backward import dscore_kv_heads
+from fuse_attn.kernels.hopper.common import dscore_kv_heads
 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM, record_templates_backward
-from tests.kernels.test_kernels import assert_close_2x
+from tests.support.numerics import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
 
@@ -94,10 +94,10 @@ def test_the_backward_refuses_a_bias_gradient_it_does_not_compute():
 
 
 def test_the_backward_takes_every_head_dim_the_forward_does():
-    """``hopper_reasons`` admits the forward's head dims for both kernels: the backward needs a config for each."""
-    from fuse_attn.kernels.hopper import backward as hopper_backward, forward as hopper_forward
+    """``hopper_reasons`` admits common.HEAD_DIMS for both kernels: each needs a config for each."""
+    from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
 
-    assert set(hopper_backward._CONFIGS) == set(hopper_forward._CONFIGS)
+    assert set(hopper_backward._CONFIGS) == set(hopper_forward._CONFIGS) == set(hopper_common.HEAD_DIMS)
 
 
 def test_a_bias_ring_keeps_one_dq_buffer_at_head_dim_128_and_none_fits_at_64():
@@ -209,12 +209,12 @@ def test_a_dout_tma_cannot_read_in_place():
     (128, False, 520, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
     # the ALiBi form, bias tiles by TMA, empty rows 0, two launches of 2 heads
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "zero", True),
-    # the template's backward computes these (head dim 64: _DS_MIN_HEAD_DIM): a bias broadcast over the heads, an
-    # fp32 bias, a bias of T5's form
+    # the template's backward computes these (head dim 64: common._DS_MIN_HEAD_DIM): a bias broadcast over the heads,
+    # an fp32 bias, a bias of T5's form
     (64, True, 300, (2, 1, "N", "N"), torch.bfloat16, "zero", True),
     (64, False, 97, (2, 4, "N", "N"), torch.float32, "nan", True),
     (64, False, 97, (1, 4, "N", "N"), torch.bfloat16, "nan", True),
-    # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (hopper_forward.bias_tma_view),
+    # rows of 16-byte multiples: the forward's bias tiles come by TMA in the k / v ring (common.bias_tma_view),
     # in each config (one consumer, two CTAs an SM; two; three), keys and rows past the lengths in the last tiles
     (128, True, 1024, (1, 4, "N", "N"), torch.bfloat16, "nan", False),
     (128, True, 1024, (2, 4, "N", "N"), torch.float32, "zero", False),
@@ -226,7 +226,7 @@ def test_a_dout_tma_cannot_read_in_place():
 def test_an_added_bias(head_dim, causal, N, sizes, bias_dtype, empty_rows, bias_grad):
     """``s + bias``: the forward and backward against fp64 under the 2x rule, the gradient of the bias too where it
     needs one (the Gluon backward, or the generated template's on this forward's out and lse where
-    :func:`~fuse_attn.kernels.hopper.backward.dscore_kv_heads` says so: which one ran is checked). Row 5
+    :func:`~fuse_attn.kernels.hopper.common.dscore_kv_heads` says so: which one ran is checked). Row 5
     of every (batch, head) is -inf everywhere, row 7 in its first half (its first tiles see no key); the other rows a
     random bias. ``empty_rows="nan"`` (softmax): row 5 is NaN, and with it dq's row 5, dk where row 5 sees a key and
     all of dv, as in eager; the reference is eager attention. ``"zero"`` (SDPA's ``_safe_softmax``): row 5 is 0 with no

@@ -1,4 +1,5 @@
-"""The Gluon forward of plain attention on Hopper (fuse_attn/kernels/hopper_forward.py).
+"""The Gluon forward of plain attention on Hopper (fuse_attn/kernels/hopper/forward.py, its shared parts in
+common.py).
 
 Which specs it takes (``hopper_reasons``) and the op's wiring run on the CPU: there the op runs the generated forward,
 and its autograd formula is the template's backward. The kernel itself needs an sm90 GPU: output, lse and the
@@ -17,14 +18,15 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fuse_attn.kernels.hopper import forward as hopper_forward
+from fuse_attn.kernels.hopper import common as hopper_common, forward as hopper_forward
 
 from fuse_attn.kernels import reference_attention
-from fuse_attn.kernels.hopper.forward import flash_attention_hopper, hopper_reasons
+from fuse_attn.kernels.hopper.common import hopper_reasons
+from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM
-from tests.kernels.test_kernels import assert_close_2x
+from tests.support.numerics import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
 
@@ -88,7 +90,7 @@ def test_every_config_has_a_register_split_within_an_sm():
         assert (consumers * consumer_regs + producer_regs) * 128 <= held, (head_dim, consumers)
         assert ctas * held <= 65536 and consumer_regs % 8 == 0 and producer_regs >= 24, (head_dim, consumers)
         tiles = (consumers * block_m + 2 * stages * block_n) * head_dim * 2  # q, and k and v's ring, 2-byte
-        assert tiles <= hopper_forward.shared_memory_for_tiles(ctas), (head_dim, consumers, ctas)
+        assert tiles <= hopper_common.shared_memory_for_tiles(ctas), (head_dim, consumers, ctas)
     assert [hopper_forward.resident_ctas(d, 1) for d in (64, 128)] == [3, 2]  # (what the short configs were timed at)
     assert [hopper_forward.register_split(d, 1) for d in (64, 128)] == [(136, 24), (232, 24)]
     # causal rows below each head dim's crossover take the short config; the rest the head dim's
@@ -109,7 +111,7 @@ def test_which_calls_run_a_persistent_grid(monkeypatch):
     else, and nothing off a GPU."""
     cuda = torch.device("cuda")
     consumers = {d: hopper_forward.forward_config(d, False, 2048)[3] for d in (64, 128)}
-    monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 132)
+    monkeypatch.setattr(hopper_common, "sm_count", lambda device: 132)
     persistent = functools.partial(hopper_forward.runs_persistent, device=cuda)
     assert persistent(False, False, consumers[128], 2048, 16, 128, 2048, 128)
     assert persistent(False, False, consumers[128], 2, 1, 133, 4095, 128)
@@ -131,7 +133,7 @@ def test_which_calls_run_a_persistent_grid(monkeypatch):
     assert not persistent(True, False, short[64], 1024, 16, 198, 1024, 64)
     assert not persistent(True, False, consumers[64], 4096, 22, 256, 4096, 64)  # three consumers never pair
     assert not persistent(True, False, consumers[128], 4096, 32, 128, 4096, 128)
-    monkeypatch.setattr(hopper_forward, "sm_count", lambda device: None)
+    monkeypatch.setattr(hopper_common, "sm_count", lambda device: None)
     assert not persistent(False, False, consumers[128], 2048, 16, 128, 2048, 128)
     assert not persistent(True, False, consumers[128], 2048, 16, 128, 2048, 128)
 
@@ -140,7 +142,7 @@ def test_which_biases_come_by_tma_and_in_how_many_ring_stages():
     """A bias TMA can read in place goes into the k / v ring as a view whose broadcast dims have size 1; keys
     broadcast or strided, an odd row length or base leave it to the consumers' loads. The ring keeps the stages that
     fit the shared memory beside the bias tiles (two at least); an fp32 bias at head dim 128 fits too few."""
-    by_tma = hopper_forward.bias_tma_view
+    by_tma = hopper_common.bias_tma_view
     alibi = torch.randn(1, 4, 64, 64, dtype=torch.bfloat16)
     view = by_tma(alibi.expand(2, 4, 64, 64))
     assert view.shape == (1, 4, 64, 64) and view.data_ptr() == alibi.data_ptr() and view.stride()[2:] == (64, 1)
@@ -283,7 +285,7 @@ def test_a_causal_persistent_grid_takes_many_items_of_two_query_blocks_a_cta(hea
     causal_items, _block_of). With 8 SMs said, each CTA takes 5-20 items of several heads in turn, each head's last
     block part rows: the one-consumer configs (3 and 2 CTAs an SM) and D128's two-consumer one, even and odd
     numbers of blocks a head; output and lse."""
-    monkeypatch.setattr(hopper_forward, "sm_count", lambda device: 8)
+    monkeypatch.setattr(hopper_common, "sm_count", lambda device: 8)
     block_m, _, _, consumers = hopper_forward.forward_config(head_dim, True, rows)
     blocks = -(-rows // (consumers * block_m))
     assert hopper_forward.runs_persistent(True, False, consumers, rows, blocks, batch * heads, rows, head_dim,
@@ -346,7 +348,7 @@ def test_a_persistent_grid_takes_many_query_blocks_a_cta():
 @hopper
 def test_a_layout_tma_cannot_read_is_copied_first():
     q = torch.randn(1, 2, 64, 129, device="cuda", dtype=torch.bfloat16)[..., :128]  # rows of 258 bytes
-    assert hopper_forward.tma_ready(q) is not q and hopper_forward.tma_ready(q).is_contiguous()
+    assert hopper_common.tma_ready(q) is not q and hopper_common.tma_ready(q).is_contiguous()
     spec = PLAIN
     out = flash_attention_hopper(q, q, q, spec)
     ref, _ = reference_attention(q.double(), q.double(), q.double(), [], spec)
@@ -374,10 +376,10 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monk
     calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients (of a bias that
     needs one too) as eager's."""
     from fuse_attn.kernels import dispatch
-    from tests.kernels.test_kernels import assert_close_2x
+    from tests.support.numerics import assert_close_2x
 
-    monkeypatch.setattr(dispatch, "choose",
-                        lambda *args: dispatch.Choice(dispatch.GLUON, "forced"))
+    monkeypatch.setattr(dispatch, "choose_implementation",
+                        lambda *args: dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
     g = torch.Generator().manual_seed(0)
     if bias_grad is None:  # GQA 4 / 2 heads
         inputs = [torch.randn(s, generator=g, requires_grad=True) for s in [(2, 4, 40, 64)] + [(2, 2, 40, 64)] * 2]
@@ -417,8 +419,8 @@ def test_a_graph_replayed_as_cuda_graphs_runs_it_below_the_size_that_hides_its_h
     from fuse_attn.report import collect_reports
 
     replayed = []
-    monkeypatch.setattr(dispatch, "choose", lambda *args, **kwargs: replayed.append(
-        dispatch._CUDA_GRAPHS) or dispatch.Choice(dispatch.GLUON, "forced"))
+    monkeypatch.setattr(dispatch, "choose_implementation", lambda *args, **kwargs: replayed.append(
+        dispatch._CUDA_GRAPHS) or dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
 
     torch._dynamo.reset()
     counters.clear()

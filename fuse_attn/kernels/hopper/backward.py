@@ -1,5 +1,5 @@
 """The backward of plain attention on Hopper GPUs, written in Gluon: the autograd formula of
-``torch.ops.fuse_attn.flash_attention_hopper`` (:mod:`.hopper_forward`), as its own op
+``torch.ops.fuse_attn.flash_attention_hopper`` (:mod:`.forward`), as its own op
 ``torch.ops.fuse_attn.flash_attention_hopper_backward``.
 
 The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
@@ -22,22 +22,20 @@ the compute warpgroups load them from global memory. Where the bias needs a grad
 broadcast over, as eager's), each tile's dS goes out from its shared tile by TMA into a ``[Z, heads, M, N]`` buffer
 in the inputs' dtype (eager's dS is that rounding), and the sum comes after each launch; a launch takes as many heads
 as keep that buffer and the dQ accumulator within the fp32 one the generated template's backward accumulates by
-atomics (:func:`dscore_kv_heads`, which keeps this to head dim 128).
+atomics (:func:`.common.dscore_kv_heads`, which keeps this to head dim 128).
 
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
 diagonal, and only the tiles that cross it are masked.
 
-What it computes is the template's backward for the specs :func:`.hopper_forward.hopper_reasons` accepts, with the
-forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`dscore_kv_heads` admits
-it (the forward's autograd runs the template's backward for the others); the reference is
-:func:`.reference.reference_attention`'s autograd (SDPA's math kernel for rows a bias hides under
+What it computes is the template's backward for the specs :func:`.common.hopper_reasons` accepts, with the
+forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`.common.dscore_kv_heads`
+admits it (the forward's autograd runs the template's backward for the others); the reference is
+:func:`fuse_attn.kernels.reference.reference_attention`'s autograd (SDPA's math kernel for rows a bias hides under
 ``empty_rows="zero"``), which the tests compare against under the 2x rule.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -49,33 +47,29 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
-from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import ops
-from fuse_attn.kernels.hopper.forward import (TMA_ALIGN_BYTES, LIBRARY, batch_and_head, bias_tma_view, bias_of_head, bias_tma_head,
-                             tma_descriptor, log2_units, bias_score_tensors, tma_load, tma_ready, tma_store,
-                             checked_spec, fills_at_most, shared_memory_for_tiles)
-from fuse_attn.kernels.generated.launch import broadcast_strides, batch_rows_innermost
+from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head, bias_score_tensors,
+                                             bias_tma_head, bias_tma_view, checked_spec, ds_row_keys, dscore_kv_heads,
+                                             fills_at_most, log2_units, shared_memory_for_tiles, tma_descriptor,
+                                             tma_load, tma_ready, tma_store)
+from fuse_attn.spec import AttentionSpec
 
-_LOG2E = math.log2(math.e)
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
 # Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: dK and dV's rows, 64 a
 # warpgroup (wgmma's M). Shared memory, both head dims: k + v, 2 stages of q + dO, P + dS, 2 fp32 dQ buffers = 224 KiB
-# of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). Timed on an H100 (BENCHMARKS.md,
-# thirteenth session): D64 at 128 query rows 1.17-1.19x as fast as at 64; D128 has no room for 128 (registers: S and dP
-# would take 128 a thread beside dK and dV's 128); 3 stages with one dQ buffer timed as 2 and 2.
+# of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). D64 takes 128 query rows, faster than 64
+# (H100); D128 has no registers for 128 (S and dP would take 128 a thread beside dK and dV's 128). 3 stages with one
+# dQ buffer ran no faster than 2 and 2.
 # The loads come from a one-warp partition (:func:`_loader`), not from the compute warpgroups: Triton 3.6 puts a
-# CTA-wide barrier before each TMA load 256 threads issue (five barriers a query tile, three with the loader). On an
-# H100 (seventeenth session, benchmarks/2026-11-27-backward-loader-warp) 1.00-1.05x the kernel without it at D128, at
-# D64 within the A/B's noise (0.98-1.02x, as two runs of one kernel against itself).
+# CTA-wide barrier before each TMA load that 256 threads issue (five barriers a query tile, three with the loader).
 _CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
 _NUM_WARPS = 8  # two warpgroups
 # Causal, a CTA a key tile makes CTAs of very unequal walks (the first key tile's meets every query tile, the last's
 # one), and where they are few the longest of the last heads run on alone at the end. Where one CTA a key tile would
 # fill at most this many waves of CTAs (one CTA an SM), a CTA takes two key tiles, a long walk and a short one
-# (:func:`_causal_key_tile`). On an H100 (benchmarks/2026-11-27-backward-loader-warp, paired_key_tiles_ab.log): at
-# 3.9 waves (GQA 32/8 heads, B2 N4096; B1 N8192) 1.01-1.16x; at 7.8 (B4) 0.96-1.04x; at 15.5 (16 heads, B*N = 16384)
-# 0.90-1.03x, the losses at N16384.
+# (:func:`_causal_key_tile`): faster at 4 waves, even at 8 and slower at 16 (H100, N 4k-16k).
 _PAIR_UP_TO_WAVES = 4
 _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2 works; bandwidth-bound)
 
@@ -172,9 +166,7 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_de
 @gluon.jit
 def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
     """Iteration it's query head and tile: the group's heads one after the other, each over its query tiles from
-    m_lo. (Starting each key tile's CTA at a different query tile, so that their dQ adds meet less, timed on an H100
-    3% slower at D128 N4096 with atomics, and 0.99-1.02x at D128 / 0.94-0.98x at D64 with TMA reduce-adds:
-    benchmarks/2026-11-27-dq-tma-reduce.)"""
+    m_lo (every key tile's CTA in the same order: staggering them so that their dQ adds meet less was no faster)."""
     return h_kv * GQA_GROUP + it // per_head, m_lo + it % per_head
 
 
@@ -203,7 +195,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
     added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
     waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
-    (in log2 units as the forward's, :func:`.hopper_forward.log2_units`), its tile loaded while S and dP are on the
+    (in log2 units as the forward's, :func:`.common.log2_units`), its tile loaded while S and dP are on the
     tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
     out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the
     gradient of the scores, as the bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query
@@ -324,14 +316,13 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
     tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS.
-    dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S): on an H100 3-5%
-    faster at D128 (causal, and unmasked at N >= 4096) and 0-3% at D64 than waiting in the tile
-    (benchmarks/2026-11-27-gluon-forward-configs: deferred_bwd_ab.log, peeled_bwd_ab.log).
-    Unmasked, the first tile runs before the loop (thirteenth session: zero accumulators flowing into the loop made
-    ptxas serialize its wgmmas there, C7515, 7% slower); causal, peeling it spilled (same session), so the loops
-    start from zeros, which ptxas takes there without serializing."""
+    dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S), faster than waiting
+    in the tile (H100). Unmasked, the first tile runs before the loop: zero accumulators flowing into the loop make
+    ptxas serialize its wgmmas there (C7515); causal, peeling it spills, so the loops start from zeros, which ptxas
+    takes there without serializing."""
     # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
-    # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the keys
+    # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the
+    # keys
     WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
                                                        instr_shape=[16, BLOCK_N // (WARPS // WARPS_M), 16])
@@ -496,43 +487,6 @@ def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int,
     return fitting[0] if fitting else 0
 
 
-# Head dims whose backward stores dS for a bias's gradient: at 64, whose tiles store twice the dS bytes a matmul FLOP
-# that 128's do, T5-small's encoder attention (B4 H8 N4096, a [1, 8, N, N] bias) ran its forward and backward in
-# 3.15 ms with dS stores (three launches) against 2.60 with the template's backward (2.59 against 2.61 in two
-# launches, before the dQ accumulator was counted: call2.log); at 128, 5.78 against 7.43 (a [1, 16, N, N] bias, B4
-# N4096) and 3.77 against 4.38 causal (H200, benchmarks/2026-11-28-gluon-bias-gradient, call3.log)
-_DS_MIN_HEAD_DIM = 128
-
-
-def _ds_row_keys(n: int, element_size: int) -> int:
-    """The length of a dS buffer's rows: n keys padded so that a row's stride is one TMA takes."""
-    per_granule = TMA_ALIGN_BYTES // element_size
-    return -(-n // per_granule) * per_granule
-
-
-def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
-    """The kv heads a launch of the backward takes where it also stores dS (the gradient of the scores) for the bias's
-    gradient, which is dS summed over the dims the bias is broadcast over: as many as keep the dS buffer of a launch
-    ``[Z, heads, M, N]`` and this backward's fp32 dQ accumulator within the fp32 gradient buffer that the generated
-    template's backward would take instead (the bias's own size), in launches of equal shares (the last may be
-    smaller). Only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
-    the gradient. 0 where none fits, below :data:`_DS_MIN_HEAD_DIM`, or where the bias's dtype is not the inputs'
-    (eager's dS is then in the bias's dtype, not rounded to the inputs'): the template's backward computes that
-    gradient."""
-    Z, H, M, D = q.shape
-    H_kv, N = k.shape[1], k.shape[2]
-    if bias.dtype != q.dtype or D < _DS_MIN_HEAD_DIM:
-        return 0
-    room = bias.numel() * 4 - Z * H * M * D * 4  # (the template's buffer less the dQ accumulator)
-    kv_head_bytes = Z * (H // H_kv) * M * _ds_row_keys(N, q.element_size()) * q.element_size()
-    if not kv_head_bytes:  # (no rows or keys: nothing to store)
-        return H_kv
-    if bias.shape[1] != H:
-        return H_kv if H_kv * kv_head_bytes <= room else 0
-    fitting = min(H_kv, max(room, 0) // kv_head_bytes)
-    return -(-H_kv // -(-H_kv // fitting)) if fitting else 0  # (H_kv over as few launches as fit, shared equally)
-
-
 def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.device) -> bool:
     """Whether a call's CTAs take two key tiles each (:data:`_PAIR_UP_TO_WAVES`): causal, and one key tile a CTA would
     fill at most that many waves of the device's SMs (off a GPU, no SMs: one key tile a CTA)."""
@@ -542,10 +496,10 @@ def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.d
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec,
                     dlse: Tensor | None = None, bias: Tensor | None = None,
                     bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """``(dq, dk, dv, dbias)`` of a spec :func:`.hopper_forward.hopper_reasons` accepts on an sm90 GPU, from the
+    """``(dq, dk, dv, dbias)`` of a spec :func:`.common.hopper_reasons` accepts on an sm90 GPU, from the
     forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the spec's score
     tensor where it adds one. ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast
-    dims, a launch for each chunk of :func:`dscore_kv_heads` kv heads (a ValueError where it admits none)."""
+    dims, a launch for each chunk of :func:`.common.dscore_kv_heads` kv heads (a ValueError where it admits none)."""
     Z, H, M, D = q.shape
     H_kv, N = k.shape[1], k.shape[2]
     scale, causal, gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
@@ -577,12 +531,13 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     q_desc = tma_descriptor(q, block_m)
     descriptors = (q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(dout, block_m),
                    tma_descriptor(dk, block_n), tma_descriptor(dv, block_n), tma_descriptor(dq_acc, block_m))
-    bias_desc = tma_descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc  # (q's: a stand-in, never read)
+    # (no bias tiles in the ring: q's descriptor stands in, never read)
+    bias_desc = tma_descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc
     dbias, ds_desc = None, q_desc  # (no dS out: q's descriptor stands in, never written)
     if bias_grad:
         # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
         # from one chunk to the next: each chunk writes the same tiles)
-        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, _ds_row_keys(N, q.element_size()),
+        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, ds_row_keys(N, q.element_size()),
                                                       dtype=q.dtype, device=q.device)[..., :N]
         ds_desc = tma_descriptor(ds, block_m, block_n)
         dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
@@ -590,7 +545,7 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
         kv_heads = min(chunk, H_kv - kv_head0)
         paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
         _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads)](  # (no bias: lse stands in for it)
-            *descriptors, lse, delta, H, kv_heads, M, N, scale * _LOG2E, scale, lse if bias is None else bias,
+            *descriptors, lse, delta, H, kv_heads, M, N, scale * LOG2E, scale, lse if bias is None else bias,
             *strides, Z, bias_desc, ds_desc, kv_head0,
             gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
             batch_rows_innermost(spec),
@@ -611,7 +566,7 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     return dq, dk, dv, dbias
 
 
-# ---- the op (on the forward's library: see there why not a custom_op) ------------------------------------------------
+# ---- the op (on common.LIBRARY: see there why not a custom_op) -------------------------------------------------------
 LIBRARY.define("flash_attention_hopper_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
                "str spec, Tensor? dlse=None, Tensor? bias=None, bool bias_grad=False) "
                "-> (Tensor, Tensor, Tensor, Tensor)")
@@ -621,9 +576,9 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
                                        spec: str, dlse: Tensor | None = None, bias: Tensor | None = None,
                                        bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbias)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``), ``bias`` its
-    score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`dscore_kv_heads` must admit
-    it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its reasons say
-    why)."""
+    score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`.common.dscore_kv_heads`
+    must admit it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its
+    reasons say why)."""
     s = checked_spec("flash_attention_hopper_backward", q, k, v, spec, bias)
     if ops.is_empty(q, k):
         dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])

@@ -1,8 +1,8 @@
 """The forward of plain attention on Hopper GPUs, written in Gluon: ``torch.ops.fuse_attn.flash_attention_hopper``.
 
 Triton's compiler places one wgmma wait per ``tl.dot`` in the generated template, so on an H100 its forward runs
-the softmax and the matmuls one after the other (0.70-0.97x cuDNN, BENCHMARKS.md). Gluon, Triton's lower-level
-language, states the schedule instead, as FlashAttention-3 does:
+the softmax and the matmuls one after the other. Gluon, Triton's lower-level language, states the schedule instead,
+as FlashAttention-3 does:
 
 * warp specialization: a CTA takes ``CONSUMERS * BLOCK_M`` query rows. One to three consumer warpgroups (the
   default partition and 4-warp workers; one for short causal rows, CTAs then sharing an SM) own ``BLOCK_M`` rows
@@ -22,28 +22,25 @@ language, states the schedule instead, as FlashAttention-3 does:
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
-(:func:`hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128;
+(:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128;
 causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
-the spec's program adds its one bias tensor (:func:`adds_a_bias`), the op's ``bias``, with the generated template's
-semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a consumer
-in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
-(:data:`_BIAS_TMA_CONFIGS`: 64-key tiles at 4 stages, :func:`bias_ring_stages`); else each consumer loads its rows of
-the tile from global memory into registers beside S. Outputs match the generated template's:
-``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's autograd formula is the Gluon backward
-(:mod:`.hopper_backward`, its own op) on the GPU and the template's backward on CPU tensors. The reference is the
-template's own: :func:`.reference.reference_attention`; the tests compare both against it.
+the spec's program adds its one bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated
+template's semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a
+consumer in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
+(:data:`_BIAS_TMA_CONFIGS`, :func:`bias_ring_stages`); else each consumer loads its rows of the tile from global memory
+into registers beside S. Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32,
+natural log). The op's autograd formula is the Gluon backward (:mod:`.backward`, its own op) on the GPU and the
+template's backward on CPU tensors. The reference is the template's own:
+:func:`fuse_attn.kernels.reference.reference_attention`; the tests compare both against it.
 
-It is one candidate of the compile-time choice (:mod:`.implementations`, name ``gluon``), timed against the
-generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
+It is one candidate of the compile-time choice (:mod:`fuse_attn.kernels.dispatch`, name ``gluon``), timed against
+the generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
 (torch 2.11: user kernels must be ``triton.jit``), so this op is opaque to it: a library op whose Python launcher
-runs on every call (host cost measured in BENCHMARKS.md). On CPU tensors it runs the generated forward (the
-interpreter or the blockwise path), so its wiring is testable without a GPU.
+runs on every call (its host cost: BENCHMARKS.md). On CPU tensors it runs the generated forward (the interpreter or
+the blockwise path), so its wiring is testable without a GPU.
 """
 
 from __future__ import annotations
-
-import functools
-import math
 
 import torch
 import triton
@@ -52,112 +49,50 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from fuse_attn.kernels import plan
-from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import ops
-from fuse_attn.kernels.generated.decode import sm_count
-from fuse_attn.kernels.generated.launch import broadcast_strides, empty_outputs, batch_rows_innermost, hint
+from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head, bias_score_tensors,
+                                             bias_tma_head, bias_tma_view, checked_spec, ctas_at_once,
+                                             dscore_kv_heads, fills_at_most, log2_units, shared_memory_for_tiles,
+                                             tma_descriptor, tma_load, tma_ready, tma_store)
+from fuse_attn.spec import AttentionSpec
 
-# The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
-# async_copy_shared_to_global in 3.6 (the GPU machine's).
-tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-
-_LOG2E = math.log2(math.e)
-# Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups). From the H100 sweeps of
-# benchmarks/2026-11-27-gluon-forward (gluon_ws_bench.log) and benchmarks/2026-11-27-gluon-forward-configs
-# (configs_*.log, against cuDNN in each run): D128 at 64 x 128 x 3 stages, 2 consumers (2 q tiles + 3 k/v stages =
-# 224 KiB of the 227 KiB a CTA may use) ran 0.84-1.11x cuDNN at N 1k-16k, ahead of 64-key tiles with 2 or 3
-# consumers everywhere; D64 with 3 consumers (192 rows a CTA, FlashAttention-3's tile) at 3 stages ran 0.99-1.05x at
-# N 4k-16k unmasked and 0.91-1.09x causal, against 0.89-0.94x / 0.91-1.03x with 2 consumers at 4 stages.
+# Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a sweep over
+# key tiles, stages and consumers (H100, N 1k-16k). D128: 2 q tiles + 3 k / v stages = 224 of the 227 KiB a CTA may use.
 _CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
-# Causal attention over fewer rows: per head dim, (rows below which, config). Short causal rows leave a CTA's
-# prologue and epilogue (q's load, the output's store) exposed; one consumer a CTA lets CTAs share an SM
-# (:data:`_ONE_CONSUMER_CTAS_AN_SM`) and overlap them. Two CTAs an SM, D64 with 64-key tiles at 3 stages: 1.16x the
-# three-consumer (64, 64, 4, 3) at N1024 (0.83x cuDNN against 0.72x) and 1.04x at N2048, 0.93x at N4096; D128: 1.04x
-# the two-consumer config at N1024, 0.96x at N2048 (benchmarks/2026-11-27-dq-tma-reduce/fwd_1c_ab.log, H100). Three
-# CTAs an SM at D64 (twenty-fourth session, H200): 1.00x the three-consumer config at N4096, so the crossover stays.
-# (Fourteenth session, D64: three consumers of 64-key tiles 0.73x / 0.90x at N1024 / 2048 against 0.59x / 0.83x with
-# 128-key tiles: configs_run2.log, configs_n2048.log.) D128's crossover, both configs persistent where their blocks
-# allow (runs_persistent; H200, benchmarks/2026-11-28-causal-persistent-forward, config_ab.py in call3.log and
-# call4.log): two consumers 0.95x one at N1024, 0.985x at 1536, 1.00x at 1664 and 1920 (13 and 15 blocks a head: one
-# block a CTA), 1.03x at 1792, 1.06-1.09x at 2000-2048; so one consumer below 1664 rows.
+# Causal calls over fewer rows than the number: one consumer of 64-key tiles, whose CTAs share an SM
+# (_ONE_CONSUMER_CTAS_AN_SM) and so overlap the prologue and epilogue that short rows leave exposed. The number: where
+# the head dim's config caught up in a sweep over N 1k-4k (H100, H200).
 _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (1664, (64, 64, 3, 1))}
-# Where the bias tiles come by TMA in the k / v ring (bias_tma_view): the multi-consumer configs with 64-key tiles at 4
-# stages (a bf16 bias fits 4, an fp32 one 3: bias_ring_stages). The 128-key configs keep only 2 stages beside their
-# bias tiles and D64's spills 412 bytes (ptxas, sm90a). H100, B4 H16 N4096, a [1,H,N,N] bf16 bias, forward
-# (benchmarks/2026-11-28-gluon-bias-tma/call2.log, two orders): D64 1.16-1.17x unmasked and 1.64-1.69x causal, D128
-# 1.08-1.09x unmasked and 1.01-1.06x causal over the 128-key configs; D64 at 5 stages 0.96x unmasked, 0.99-1.01x
-# causal against 4.
+# A bias that TMA reads rides in the k / v ring (BIAS_TMA): 64-key tiles keep 4 stages beside it (an fp32 bias 3:
+# bias_ring_stages) where 128-key tiles keep 2 and spill at D64 (ptxas); the fastest with a bias (H100, N4096).
 _BIAS_TMA_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 2)}
-# setmaxnreg budgets per thread of the multi-consumer configs, by the number of consumer warpgroups: (consumer,
-# producer). The consumers' and the producer's warpgroups share Hopper's 65536 registers a CTA, 512 a thread of each of
-# 128 lanes: 2 x 232 + 40 = 504 and 3 x 160 + 32 = 512 (FlashAttention-3's split for three). 232 holds a consumer's S, P
-# and O tiles and the in-flight wgmma operands without spills at D128 (ptxas, sm90a); 240 / 24 timed the same at 2
-# stages (benchmarks/2026-11-27-gluon-forward, gluon_ws_bench.log). 160 holds D64's without spills; D128's 128-key
-# tiles with three consumers spill 1.2 KB at 160 (ptxas), so D128 keeps two. (One consumer: :func:`register_split`.)
+# setmaxnreg budgets a thread, (consumer, producer), by consumer warpgroups: within the 512 a thread of each of 128
+# lanes (2 x 232 + 40, 3 x 160 + 32: FlashAttention-3's split for three), what each kernel holds without spills
+# (ptxas, sm90a; D128's spill at 160, so D128 keeps two consumers). One consumer: register_split.
 _REGISTERS = {2: (232, 40), 3: (160, 32)}
 _REGISTERS_AN_SM = 65536  # Hopper's register file, 32-bit registers
 _THREADS_A_WARPGROUP = 128
 _REGISTER_UNIT = 8  # setmaxnreg's counts and a launch's registers a thread are multiples of 8
-# One consumer warpgroup a CTA (the short causal configs) lets CTAs share an SM, launched with the registers a thread
-# that many leave each (:func:`launch_registers`). Per head dim, how many: D64's (64, 64, 3, 1) takes 57 KB of shared
-# memory a CTA, so three fit (80 registers a thread at launch, 136 for the consumer: no spills, ptxas sm90a, with a
-# bias too). On an H200 (benchmarks/2026-11-28-forward-ctas-an-sm) three ran 1.11-1.15x two at N1024 / 2048 (cuDNN's
-# time / ours 0.83-0.87 -> 0.94-0.97), 1.02-1.10x with a bias (call2.log) and 1.00x the three-consumer config at
-# N4096; four of 2 stages (64 registers, 104 for the consumer, 32 bytes of spills) 0.98-1.02x two (call1.log); at three
-# 4 stages timed as 3 (1.00-1.02x) and 2 stages 0.94-0.96x (call4.log). D128's takes 115 KB: two fit (with 32-key
-# tiles, 64 KB, three would, but ptxas refuses that kernel at 80 registers a thread: C7602, an instruction needs 94).
+# CTAs an SM of the one-consumer configs: as many as the shared memory holds (D64's 57 KB, D128's 115 KB) and ptxas
+# compiles in the registers that leaves a thread (launch_registers; D128 with 32-key tiles would fit three, but ptxas
+# refuses that kernel at 80 registers, C7602). At D64 three ran faster than two and as fast as four (H200, N 1k-4k).
 _ONE_CONSUMER_CTAS_AN_SM = {64: 3, 128: 2}
 _ONE_CONSUMER_PRODUCER_REGISTERS = 24  # setmaxnreg's least: the producer's one warp only issues TMA copies
-# Causal, a CTA a query block makes CTAs of unequal length (the last block's rows meet every key tile, the first's
-# one), and where they are few the longest of the last heads run on alone at the end. Where one block a CTA would fill
-# at most this many waves of CTAs, a CTA takes two, blocks n - 1 - pid and pid (as the backward pairs key tiles). On
-# an H100 (benchmarks/2026-11-27-forward-query-pairs: paired_boundary_ab.log, paired_ab_call1.log), the one- and
-# two-consumer configs at 3.9 waves 1.08-1.18x, at 7.8 waves 1.03-1.09x, at 15.5 waves 0.99-1.03x at N1024-8192 and
-# 0.96x at N16384. D64's three-consumer config (causal from 4096 rows) paired ran 0.88x at 2.7 waves and 0.92-0.996x
-# from 5.3 (its paired kernel spills 88 bytes a thread, ptxas): never paired. Unmasked calls (equal CTAs, nothing to
-# balance) paired ran 0.82-1.02x in a first form: never paired. D64's one-consumer config at three CTAs an SM (waves
-# counted at three): paired 1.30x at 1.3 waves, 1.05-1.07x at 2.6-5.2, 1.03x at 7.8 (H200,
-# benchmarks/2026-11-28-forward-ctas-an-sm/call6.log).
+# Causal CTAs of one query block each are unequal (the last block meets every key tile, the first one), and where
+# they are few the longest run on alone at the end: up to this many waves of them, a CTA takes blocks n - 1 - pid and
+# pid instead, as the backward pairs key tiles (faster up to 8 waves, not at 15: H100, H200). Not with three consumers
+# (that kernel spills paired, and ran slower); unmasked CTAs are equal, nothing to pair.
 _PAIR_UP_TO_WAVES = 8
 _PAIR_UP_TO_CONSUMERS = 2
-# A persistent grid (as many CTAs as the SMs hold, each taking every grid-th query block of all the heads', a head's
-# blocks side by side) where its config leaves one CTA alone on an SM: its next block's k / v tiles load while it
-# finishes a block, where a fresh CTA would start from an empty ring. Unmasked plain attention, H200
-# (benchmarks/2026-11-28-short-unmasked-forward, against one block a CTA in the same run, two runs: call2.log,
-# call3.log): D128's two-consumer config 1.077x / 1.049x at N1024, 1.045x / 1.011x at N2048; from N4096 no gain
-# shown (1.020x / 1.029x B4 H16, 0.995x GQA 32/8, 0.989x N4100, 1.005x / 0.954x N16384, whose runs differed by up
-# to 12%): one block a CTA there. D64's three-consumer config 0.965-0.992x at N1024-16384 (it spills already, 128
-# bytes, ptxas sm90a): one block a CTA. Not measured with a bias (the loaded bias's kernel spills 760 bytes
-# persistent against 360).
-# Storing the output from registers instead of by TMA (to give q's tile back before the last P v) ran 0.91-0.97x
-# one block a CTA, and persistent at D128 0.96-1.00x the persistent grid storing by TMA (call2.log): not kept.
-# Causal, the grid's items are two blocks of equal work (causal_items), and only where pairing would not take the
-# call (more than _PAIR_UP_TO_WAVES waves of single blocks). H200, benchmarks/2026-11-28-causal-persistent-forward,
-# against one block a CTA and paired in the same run: at 10-16 waves and N1024-2048, even numbers of blocks a head,
-# 1.03-1.06x one block a CTA and 1.00-1.04x paired (call2.log, call7.log: D64's one-consumer config, D128's one- and
-# two-consumer configs, GQA 32/8); at 7.8 waves 1.00-1.02x paired, at 5.2 waves 0.92x (paired there). Odd numbers
-# (the middle blocks of two heads an item; call7.log, with heads 2 g and 2 g + 1's items side by side): 1.04-1.08x
-# one block a CTA at D128 over 1050 and 1664 rows, 0.995x at 1920 and 2100, 1.01x D64 with odd heads, 0.97x D64
-# B16 H16 N1050 (0.96-0.97x in calls 5-7: not understood). From N4096 0.97-0.99x (call2.log; call1.log 1.06x at
-# N4096 in a run whose other launch drifted by 4%): below 4096 keys, as unmasked. D64's three-consumer config (from
-# N4096) 0.90x.
+# A persistent grid (every grid-th query block, or causal item of two blocks of equal work, on as many CTAs as the SMs
+# hold) loads a CTA's next k / v tiles while it finishes a block: faster below this many keys, not from there (H200,
+# N 1k-16k). Unmasked only D128's two-consumer config (D64's three-consumer kernel spills, and ran slower); no bias.
 _PERSISTENT_CONSUMERS = 2
 _PERSISTENT_BELOW_KEYS = 4096
-_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
-_TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
-TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
-# Shared memory of an sm90 SM, of which CUDA reserves 1 KiB a resident CTA: one CTA may use 227 KiB
-# (cudaDevAttrMaxSharedMemoryPerBlockOptin), each of two 113 KiB. Beyond its tiles a CTA's kernel takes its mbarriers
-# and the compiler's scratch: 236-280 bytes in the configs compiled for sm90 (test_gpu_compile.py), 1 KiB allowed.
-_SHARED_MEMORY_AN_SM = 228 * 1024
-_RESERVED_A_CTA = 1024
-_BEYOND_THE_TILES = 1024
-# Ring stages a config keeps at least with its bias tiles in the ring (BIAS_TMA); fewer, the bias is loaded by the
-# consumers instead: one stage would leave the producer nothing to load while the consumers compute.
+# Ring stages a config keeps at least with its bias tiles in the ring (BIAS_TMA); fewer, the consumers load the bias:
+# one stage would leave the producer nothing to load while the consumers compute.
 _MIN_BIAS_RING_STAGES = 2
 
 
@@ -169,44 +104,6 @@ def forward_config(head_dim: int, causal: bool, rows: int, bias_by_tma: bool = F
         if rows < below:
             return config
     return _BIAS_TMA_CONFIGS[head_dim] if bias_by_tma else _CONFIGS[head_dim]
-
-
-# ---- which attentions ------------------------------------------------------------------------------------------------
-def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
-    """Why the Gluon kernels (this forward and :mod:`.hopper_backward`'s backward, tuned for the same head dims) cannot
-    compute the attention (empty: they can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``,
-    possibly fake with symbolic lengths."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    reasons = []
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
-        reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
-    if q.dtype not in _DTYPES:
-        reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_program and not adds_a_bias(spec):
-        reasons.append("the Gluon kernels compute plain attention or add one bias tensor (no other score program, no "
-                       "mask tensor)")
-    elif spec.score_program and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
-        reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
-                       "kernels would compute them")
-    if spec.dropout_p:
-        reasons.append("the Gluon kernels have no dropout")
-    if spec.head_dim != spec.head_dim_v or spec.head_dim not in _CONFIGS:
-        reasons.append(f"the Gluon kernels are tuned for head dims {sorted(_CONFIGS)}, not {spec.head_dim}/"
-                       f"{spec.head_dim_v}")
-    if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
-                                    or not statically_known_true(q.shape[2] == k.shape[2])):
-        reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
-    return reasons
-
-
-def adds_a_bias(spec: AttentionSpec) -> bool:
-    """Whether the spec's score program is ``s + bias``: the scaled score plus its one score tensor, a float bias of
-    any broadcast, which the Gluon kernels load in each tile (``HAS_BIAS``)."""
-    nodes = spec.score_program
-    if len(nodes) != 3 or len(spec.score_tensors) != 1 or spec.score_tensors[0].role != "bias":
-        return False
-    return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
 # ---- the kernel ------------------------------------------------------------------------------------------------------
@@ -238,10 +135,8 @@ def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUS
     """The bias tile of rows ``bias_rows`` (pointers to each row's key 0) and keys offs_n, as stored. MASK: the tile
     holds keys past N or (CAUSAL) past the diagonal of rows offs_m; those read as -inf, which masks them (the load's
     predicate is the mask: no separate select, and no key past N is read). Loaded before the tile's S is waited for
-    and converted after (:func:`log2_units`), held in its own dtype meanwhile (bf16: half the registers). ptxas
-    (sm90a), D128's two-consumer causal config: 160 bytes of spills so, 236 converted before the wait, 920-1076 with
-    the load masked only in a tile past N (a branch); 64-key tiles spill none but ran no faster on an H100
-    (benchmarks/2026-11-27-gluon-bias: the loads themselves cost the time)."""
+    and converted after (:func:`.common.log2_units`), held in its own dtype meanwhile (bf16: half the registers): the
+    order ptxas spills least in at D128 (sm90a; converted before the wait, or masked only in a tile past N, more)."""
     # (the mask before the addresses: with them first, ptxas scheduled the D128 causal kernel's softmax differently)
     keep = _keys_kept(offs_m, offs_n, N, CAUSAL) if MASK else None
     ptrs = bias_rows[:, None] + (offs_n * stride_bn)[None, :]
@@ -262,15 +157,6 @@ def _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layou
             bias = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL), bias, float("-inf"))
         return bias
     return _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK, CAUSAL)
-
-
-@gluon.jit
-def log2_units(bias):
-    """A bias tile in log2 units (fp32): one multiply rounded toward zero, which keeps a finite bias finite
-    (``finfo.min`` masks: eager's uniform row) and +-inf / NaN as they are (the generated template's ``_to_log2`` on
-    the GPU)."""
-    return gl.inline_asm_elementwise("mul.rz.f32 $0, $1, 0f3FB8AA3B;", "=r,r", [bias.to(gl.float32)],
-                                     dtype=gl.float32, is_pure=True, pack=1)  # 0f3FB8AA3B: log2(e) in fp32
 
 
 @gluon.jit
@@ -380,9 +266,8 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
                     BIAS_TMA: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
     key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
-    and lse. A warpgroup whose rows all lie past M only releases the tiles: at D64 (192 rows a CTA) and N1024 the
-    last CTA of each head has one warpgroup's rows, and it then runs alone on its SM (H100: 1.07x the forward there,
-    where all three computed; benchmarks/2026-11-27-backward-loader-warp, spare_consumers_ab.log).
+    and lse. A warpgroup whose rows all lie past M only releases the tiles (at D64, 192 rows a CTA, and N1024 the
+    last CTA of each head has one warpgroup's rows).
     HAS_BIAS: the scores plus the bias at ``bias_head`` (this head's ``[M, N]`` by strides, 0 where broadcast), or
     (BIAS_TMA) its tiles in ``bias_smem``, slot ``stage * CONSUMERS + C``; a row whose every score is -inf gets out
     NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's."""
@@ -456,8 +341,8 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 
 
 @gluon.jit
-def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
-              n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, C: gl.constexpr,
+def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
+              pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, PERSISTENT: gl.constexpr,
               BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem,
@@ -482,21 +367,6 @@ def _consumer(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_
                         0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
                         C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS,
                         BIAS_TMA)
-
-
-@gluon.jit
-def bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
-    """The bias of batch row z and head h (0 strides where it broadcasts); Bias itself where there is none."""
-    if HAS_BIAS:
-        return Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
-    return Bias
-
-
-@gluon.jit
-def bias_tma_head(z, h, stride_bz, stride_bh):
-    """The (batch row, head) coordinates in the bias's TMA view (:func:`bias_tma_view`) of batch row z and head h: 0
-    along a dim the bias is broadcast over (size 1 there)."""
-    return gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h)
 
 
 @gluon.jit
@@ -574,12 +444,28 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
 
 
 @gluon.jit
-def batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
-    """The (batch row, head) of grid row bh of Z * H: heads fastest, or (BATCH_INNER, a bias broadcast over the batch)
-    batch rows fastest, so that the CTAs of one head's batch rows run together and share its bias tiles in L2."""
-    if BATCH_INNER:
-        return bh % Z, bh // Z
-    return bh // H, bh % H
+def _consumer_partition(C: gl.constexpr, args):
+    """Consumer warpgroup C's partition: :func:`_consumer` of C and ``args``."""
+    _consumer(C, *args)
+
+
+@gluon.jit
+def _warp_specialize(consumer_args, producer_args, CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                     PRODUCER_REGS: gl.constexpr):
+    """The CTA's partitions: CONSUMERS consumer warpgroups (:func:`_consumer` of ``consumer_args``; C = 0 the default
+    partition, the others 4-warp workers, at CONSUMER_REGS registers a thread) and the 1-warp producer
+    (:func:`_producer` of ``producer_args``, at PRODUCER_REGS). The argument tuples come in as a call's arguments: a
+    tuple assigned to a name in a kernel turns its constexprs into tensors."""
+    if CONSUMERS == 1:
+        gl.warp_specialize([(_consumer_partition, (0, consumer_args)), (_producer, producer_args)], [1],
+                           [PRODUCER_REGS])
+    elif CONSUMERS == 2:
+        gl.warp_specialize([(_consumer_partition, (0, consumer_args)), (_consumer_partition, (1, consumer_args)),
+                            (_producer, producer_args)], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    else:
+        gl.warp_specialize([(_consumer_partition, (0, consumer_args)), (_consumer_partition, (1, consumer_args)),
+                            (_consumer_partition, (2, consumer_args)), (_producer, producer_args)], [4, 4, 1],
+                           [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
 
 
 @gluon.jit
@@ -636,102 +522,17 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
         mbarrier.init(kv_ready.index(i), count=1)
         mbarrier.init(kv_empty.index(i), count=CONSUMERS)  # one arrive per consumer warpgroup
 
-    # (a partition list cannot hold tuples made beforehand: each entry is written out)
-    if CONSUMERS == 3:
-        gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
-                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
-                         0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
-                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
-                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
-                         1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
-                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
-                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
-                         2, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
-                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M,
-                         N, pid_m, second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N,
-                         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, bias_desc, bias_smem, BIAS_TMA)),
-        ], [4, 4, 1], [CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
-    elif CONSUMERS == 1:
-        gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
-                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
-                         0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
-                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M,
-                         N, pid_m, second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N,
-                         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, bias_desc, bias_smem, BIAS_TMA)),
-        ], [1], [PRODUCER_REGS])
-    else:
-        gl.warp_specialize([
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
-                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
-                         0, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
-                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
-            (_consumer, (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
-                         pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
-                         1, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER,
-                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA)),
-            (_producer, (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M,
-                         N, pid_m, second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N,
-                         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, bias_desc, bias_smem, BIAS_TMA)),
-        ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+    _warp_specialize(
+        (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
+         n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
+         CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA),
+        (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second,
+         bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, PERSISTENT,
+         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA),
+        CONSUMERS, CONSUMER_REGS, PRODUCER_REGS)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
-def tma_ready(t: Tensor) -> Tensor:
-    """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides, none 0: a broadcast
-    dim), else a copy."""
-    size = t.element_size()
-    if (t.stride(-1) == 1 and t.data_ptr() % TMA_ALIGN_BYTES == 0
-            and all(s > 0 and s * size % TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
-        return t
-    return t.contiguous()
-
-
-@functools.lru_cache(maxsize=None)
-def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
-    """The shared-memory layout of a ``[1, 1, rows, head_dim]`` TMA tile (the same for every call of a shape)."""
-    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _TILE_DTYPES[dtype])
-
-
-def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":
-    """A 4-D TMA descriptor over ``t`` whose tiles are ``rows`` x ``cols`` (default: every column)."""
-    cols = t.shape[3] if cols is None else cols
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
-
-
-def _strides_tma_reads(strides: list, element_size: int) -> bool:
-    """Whether TMA can read a bias of these strides (as the kernels index it: :func:`.launch.broadcast_strides`) in place:
-    keys contiguous, queries not broadcast, every other stride a multiple of 16 bytes."""
-    return (strides[3] == 1 and strides[2] != 0
-            and not any(s * element_size % TMA_ALIGN_BYTES for s in strides[:3]))
-
-
-def bias_layout_by_tma(bias: Tensor) -> bool:
-    """Whether the bias's layout lets TMA read it in place (:func:`bias_tma_view` asks its base's alignment too).
-    Fake tensors too (hinted sizes): the implementation choice times the Gluon kernels on a copy of this layout, and
-    its key says which path that was."""
-    return _strides_tma_reads(broadcast_strides(bias, hint), bias.element_size())
-
-
-def bias_tma_view(bias: Tensor) -> Tensor | None:
-    """The bias ``[Z | 1, H | 1, M, N]`` as TMA reads it in place -- the dims it is broadcast over (stride 0 or size 1,
-    as the kernel indexes it: :func:`.launch.broadcast_strides`) of size 1, keys contiguous, rows and the base 16-byte
-    aligned -- or None where TMA cannot (keys or queries broadcast, keys strided, an odd row length or base: the
-    consumers load it instead)."""
-    strides = broadcast_strides(bias)
-    if not _strides_tma_reads(strides, bias.element_size()) or bias.data_ptr() % TMA_ALIGN_BYTES:
-        return None
-    shape = [1 if strides[d] == 0 else bias.shape[d] for d in range(4)]
-    # a dim of size 1 is never stepped over: its stride need only be one TMA takes (that of a whole bias head)
-    whole = bias.shape[2] * strides[2]
-    return bias.as_strided(shape, [strides[0] or shape[1] * (strides[1] or whole), strides[1] or whole, strides[2], 1])
-
-
 def resident_ctas(head_dim: int, consumers: int) -> int:
     """How many CTAs of a config share an SM: :data:`_ONE_CONSUMER_CTAS_AN_SM` for one consumer, else one."""
     return _ONE_CONSUMER_CTAS_AN_SM[head_dim] if consumers == 1 else 1
@@ -754,11 +555,6 @@ def register_split(head_dim: int, consumers: int) -> tuple[int, int]:
     return 2 * launch - _ONE_CONSUMER_PRODUCER_REGISTERS, _ONE_CONSUMER_PRODUCER_REGISTERS
 
 
-def shared_memory_for_tiles(ctas_an_sm: int = 1) -> int:
-    """Bytes of shared memory a CTA's tiles may take where ``ctas_an_sm`` CTAs share an SM."""
-    return _SHARED_MEMORY_AN_SM // ctas_an_sm - _RESERVED_A_CTA - _BEYOND_THE_TILES
-
-
 def bias_ring_stages(block_m: int, block_n: int, stages: int, consumers: int, head_dim: int, dtype: torch.dtype,
                      bias_dtype: torch.dtype) -> int:
     """Ring stages of a config whose stages also hold each consumer's bias tile: as many of its ``stages`` as fit the
@@ -769,12 +565,6 @@ def bias_ring_stages(block_m: int, block_n: int, stages: int, consumers: int, he
     stage_bytes = 2 * block_n * head_dim * dtype.itemsize + consumers * block_m * block_n * bias_dtype.itemsize
     fitting = min(stages, (budget - q_bytes) // stage_bytes)
     return fitting if fitting >= _MIN_BIAS_RING_STAGES else 0
-
-
-def fills_at_most(ctas: int, waves: int, device: torch.device, ctas_an_sm: int = 1) -> bool:
-    """Whether a grid of ``ctas`` CTAs fills at most ``waves`` waves of the device's SMs, ``ctas_an_sm`` at a time on
-    each (off a GPU, no SMs: False). The Gluon kernels' pairing rules ask it."""
-    return ctas <= waves * ctas_an_sm * (sm_count(device) or 0)
 
 
 def pairs_query_blocks(causal: bool, blocks: int, heads: int, head_dim: int, consumers: int,
@@ -798,14 +588,13 @@ def causal_items(blocks: int, heads: int) -> int:
 def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blocks: int, heads: int, keys: int,
                     head_dim: int, device: torch.device) -> bool:
     """Whether a call's grid is persistent: plain attention over more than one query row (Triton 3.6 fails to lower
-    that kernel for one: its launch specializes the length 1; a ConvertTritonGPUToLLVM assertion on the H200
-    machine, at any key length; Triton 3.9 compiles it) over fewer than :data:`_PERSISTENT_BELOW_KEYS` keys, on a
-    GPU (off one, no SMs to count: never). Unmasked (:data:`_PERSISTENT_CONSUMERS`): the two-consumer config, whose
-    query blocks outnumber the CTAs the device's SMs hold at once (fewer, each CTA would take one anyway). Causal
-    (:data:`_PAIR_UP_TO_WAVES`): a config that pairs (the grid's items are two blocks, :func:`causal_items`), more
-    than one block a head (one: blocks of equal work), where one block a CTA would fill more waves than pairing
-    takes (:func:`pairs_query_blocks`)."""
-    if has_bias or rows <= 1 or keys >= _PERSISTENT_BELOW_KEYS or sm_count(device) is None:
+    that kernel where its launch specializes the length 1: a ConvertTritonGPUToLLVM assertion) over fewer than
+    :data:`_PERSISTENT_BELOW_KEYS` keys, on a GPU (off one, no SMs to count: never). Unmasked
+    (:data:`_PERSISTENT_CONSUMERS`): the two-consumer config, whose query blocks outnumber the CTAs the device's SMs
+    hold at once (fewer, each CTA would take one anyway). Causal (:data:`_PAIR_UP_TO_WAVES`): a config that pairs (the
+    grid's items are two blocks, :func:`causal_items`), more than one block a head (one: blocks of equal work), where
+    one block a CTA would fill more waves than pairing takes (:func:`pairs_query_blocks`)."""
+    if has_bias or rows <= 1 or keys >= _PERSISTENT_BELOW_KEYS or ctas_at_once(device) is None:
         return False
     if causal:
         return (consumers <= _PAIR_UP_TO_CONSUMERS and blocks > 1
@@ -815,8 +604,8 @@ def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blo
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`hopper_reasons` accepts, on an sm90 GPU; ``bias``
-    the spec's score tensor where it has one (:func:`adds_a_bias`)."""
+    """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
+    ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`)."""
     Z, H, M, D = q.shape
     N = k.shape[2]
     bias_view = None if bias is None else bias_tma_view(bias)
@@ -835,7 +624,7 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                                  q.device)
     if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
         items = causal_items(blocks, Z * H) if spec.causal is not None else blocks * Z * H
-        grid = (min(items, ctas_an_sm * sm_count(q.device)), 1)  # (never paired: runs_persistent asks that)
+        grid = (min(items, ctas_at_once(q.device, ctas_an_sm)), 1)  # (never paired: runs_persistent asks that)
     else:
         grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else broadcast_strides(bias)
@@ -843,7 +632,7 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     launch = launch_registers(ctas_an_sm)
     _hopper_attn_fwd[grid](
         q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(out, block_m), lse,
-        H, M, N, spec.scale_for(D) * _LOG2E,
+        H, M, N, spec.scale_for(D) * LOG2E,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         tma_descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
         spec.gqa_group,
@@ -856,18 +645,8 @@ def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
     return out, lse
 
 
-# ---- the op and its autograd -----------------------------------------------------------------------------------------
-# The Gluon ops are defined on a torch.library.Library rather than with torch.library.custom_op: the dispatch of a
-# custom_op (its Python wrappers and output checks) cost 110-150 us a call on an H100 machine's host against the
-# launcher alone (benchmarks/2026-11-27-gluon-backward/host_breakdown.log); fake, autograd and kernel are registered
-# the same way. Kernels for CPU and CUDA tensors: the CPU one runs the generated forward (tests without a GPU).
-LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
+# ---- the op and its autograd (on common.LIBRARY) ---------------------------------------------------------------------
 LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None) -> (Tensor, Tensor)")
-
-
-def bias_score_tensors(bias: Tensor | None) -> list[Tensor]:
-    """The op's bias as the template op's list of score tensors."""
-    return [] if bias is None else [bias]
 
 
 def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str,
@@ -880,17 +659,6 @@ def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str,
     if ops.is_empty(q, k):
         return ops.empty_forward(q, v)
     return hopper_forward(q, k, v, s, bias)
-
-
-def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None) -> AttentionSpec:
-    """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
-    devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them."""
-    s = ops.parse_spec(spec)
-    ops.validate(q, k, v, bias_score_tensors(bias), s)
-    reasons = hopper_reasons(s, q, k)
-    if reasons:
-        raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
-    return s
 
 
 for _device in ("CPU", "CUDA"):
@@ -909,12 +677,10 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, dlse):
-    """The Gluon backward (:mod:`.hopper_backward`) on the GPU, the bias's gradient too where
-    :func:`.hopper_backward.dscore_kv_heads` admits it; the generated template's on CPU tensors (the op's forward
-    there is the template's too) and for the other biases that need a gradient. Both take this forward's out and lse
-    as their own."""
-    from fuse_attn.kernels.hopper.backward import dscore_kv_heads  # (that module imports this one)
-
+    """The Gluon backward (:mod:`.backward`) on the GPU, the bias's gradient too where
+    :func:`.common.dscore_kv_heads` admits it; the generated template's on CPU tensors (the op's forward there is the
+    template's too) and for the other biases that need a gradient. Both take this forward's out and lse as their
+    own."""
     q, k, v, out, lse, _, *bias = ctx.saved_tensors
     bias_grad = any(ctx.needs)
     if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):

@@ -1,0 +1,238 @@
+"""What the Gluon forward (:mod:`.forward`) and backward (:mod:`.backward`) share: which attentions they take
+(:func:`hopper_reasons`), the TMA descriptors and bias views they read through, the Gluon helpers both kernels call,
+the shared memory and SMs their launch rules count, which bias gradients the backward computes
+(:func:`dscore_kv_heads`), and the op library both ops are defined on."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+from torch import Tensor
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from fuse_attn.kernels import ops, plan
+from fuse_attn.kernels.generated.decode import sm_count
+from fuse_attn.kernels.generated.launch import broadcast_strides, hint
+from fuse_attn.spec import AttentionSpec
+
+# The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
+# async_copy_shared_to_global in 3.6 (the GPU machine's).
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
+
+LOG2E = math.log2(math.e)  # the kernels' softmax runs in log2 units: exp2(s * scale * LOG2E)
+# The head dims both kernels are tuned for: each has a config for each (forward._CONFIGS, backward._CONFIGS)
+HEAD_DIMS = (64, 128)
+_DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+_TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
+TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
+# The 228 KiB of shared memory an SM of sm90, of which CUDA reserves 1 KiB a resident CTA: one CTA may use 227 KiB
+# (cudaDevAttrMaxSharedMemoryPerBlockOptin), each of two 113 KiB. Beyond its tiles a kernel takes its mbarriers and
+# the compiler's scratch: 236-280 bytes in the configs compiled for sm90 (test_gpu_compile.py), 1 KiB allowed.
+_SHARED_MEMORY_AN_SM = 228 * 1024
+_RESERVED_A_CTA = 1024
+_BEYOND_THE_TILES = 1024
+# The least head dim whose backward stores dS for a bias's gradient (:func:`dscore_kv_heads`). At 64 a tile's dS
+# stores twice the bytes a matmul FLOP that 128's do: T5-small's encoder attention (B4 H8 N4096, a [1, 8, N, N] bias)
+# ran slower so than with the template's backward for the bias; at 128 faster, unmasked and causal (H200).
+_DS_MIN_HEAD_DIM = 128
+
+
+# ---- which attentions ------------------------------------------------------------------------------------------------
+def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
+    """Why the Gluon kernels (the forward and the backward, tuned for the same head dims) cannot compute the
+    attention (empty: they can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``, possibly fake with symbolic lengths."""
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    reasons = []
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
+        reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
+    if q.dtype not in _DTYPES:
+        reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
+    if spec.score_program and not adds_a_bias(spec):
+        reasons.append("the Gluon kernels compute plain attention or add one bias tensor (no other score program, no "
+                       "mask tensor)")
+    elif spec.score_program and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
+        reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
+                       "kernels would compute them")
+    if spec.dropout_p:
+        reasons.append("the Gluon kernels have no dropout")
+    if spec.head_dim != spec.head_dim_v or spec.head_dim not in HEAD_DIMS:
+        reasons.append(f"the Gluon kernels are tuned for head dims {sorted(HEAD_DIMS)}, not {spec.head_dim}/"
+                       f"{spec.head_dim_v}")
+    if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
+                                    or not statically_known_true(q.shape[2] == k.shape[2])):
+        reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
+    return reasons
+
+
+def adds_a_bias(spec: AttentionSpec) -> bool:
+    """Whether the spec's score program is ``s + bias``: the scaled score plus its one score tensor, a float bias of
+    any broadcast, which the Gluon kernels load in each tile (``HAS_BIAS``)."""
+    nodes = spec.score_program
+    if len(nodes) != 3 or len(spec.score_tensors) != 1 or spec.score_tensors[0].role != "bias":
+        return False
+    return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
+
+
+def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None) -> AttentionSpec:
+    """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
+    devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them."""
+    s = ops.parse_spec(spec)
+    ops.validate(q, k, v, bias_score_tensors(bias), s)
+    reasons = hopper_reasons(s, q, k)
+    if reasons:
+        raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
+    return s
+
+
+# ---- TMA descriptors and the bias's views ----------------------------------------------------------------------------
+def tma_ready(t: Tensor) -> Tensor:
+    """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides, none 0: a broadcast
+    dim), else a copy."""
+    size = t.element_size()
+    if (t.stride(-1) == 1 and t.data_ptr() % TMA_ALIGN_BYTES == 0
+            and all(s > 0 and s * size % TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
+        return t
+    return t.contiguous()
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMASharedLayout":
+    """The shared-memory layout of a ``[1, 1, rows, head_dim]`` TMA tile (the same for every call of a shape)."""
+    return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _TILE_DTYPES[dtype])
+
+
+def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":
+    """A 4-D TMA descriptor over ``t`` whose tiles are ``rows`` x ``cols`` (default: every column)."""
+    cols = t.shape[3] if cols is None else cols
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
+
+
+def _strides_tma_reads(strides: list, element_size: int) -> bool:
+    """Whether TMA can read a bias of these strides (as the kernels index it:
+    :func:`fuse_attn.kernels.generated.launch.broadcast_strides`) in place: keys contiguous, queries not broadcast,
+    every other stride a multiple of 16 bytes."""
+    return (strides[3] == 1 and strides[2] != 0
+            and not any(s * element_size % TMA_ALIGN_BYTES for s in strides[:3]))
+
+
+def bias_layout_by_tma(bias: Tensor) -> bool:
+    """Whether the bias's layout lets TMA read it in place (:func:`bias_tma_view` asks its base's alignment too).
+    Fake tensors too (hinted sizes): the implementation choice times the Gluon kernels on a copy of this layout, and
+    its key says which path that was."""
+    return _strides_tma_reads(broadcast_strides(bias, hint), bias.element_size())
+
+
+def bias_tma_view(bias: Tensor) -> Tensor | None:
+    """The bias ``[Z | 1, H | 1, M, N]`` as TMA reads it in place -- the dims it is broadcast over (stride 0 or size 1,
+    as the kernels index it: :func:`fuse_attn.kernels.generated.launch.broadcast_strides`) of size 1, keys contiguous,
+    rows and the base 16-byte aligned -- or None where TMA cannot (keys or queries broadcast, keys strided, an odd row
+    length or base: the kernels load it from global memory instead)."""
+    strides = broadcast_strides(bias)
+    if not _strides_tma_reads(strides, bias.element_size()) or bias.data_ptr() % TMA_ALIGN_BYTES:
+        return None
+    shape = [1 if strides[d] == 0 else bias.shape[d] for d in range(4)]
+    # a dim of size 1 is never stepped over: its stride need only be one TMA takes (that of a whole bias head)
+    whole = bias.shape[2] * strides[2]
+    return bias.as_strided(shape, [strides[0] or shape[1] * (strides[1] or whole), strides[1] or whole, strides[2], 1])
+
+
+# ---- Gluon helpers of both kernels -----------------------------------------------------------------------------------
+@gluon.jit
+def batch_and_head(bh, Z, H, BATCH_INNER: gl.constexpr):
+    """The (batch row, head) of grid row bh of Z * H: heads fastest, or (BATCH_INNER, a bias broadcast over the batch)
+    batch rows fastest, so that the CTAs of one head's batch rows run together and share its bias tiles in L2."""
+    if BATCH_INNER:
+        return bh % Z, bh // Z
+    return bh // H, bh % H
+
+
+@gluon.jit
+def bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS: gl.constexpr):
+    """The bias of batch row z and head h (0 strides where it broadcasts); Bias itself where there is none."""
+    if HAS_BIAS:
+        return Bias + z.to(gl.int64) * stride_bz + h.to(gl.int64) * stride_bh
+    return Bias
+
+
+@gluon.jit
+def bias_tma_head(z, h, stride_bz, stride_bh):
+    """The (batch row, head) coordinates in the bias's TMA view (:func:`bias_tma_view`) of batch row z and head h: 0
+    along a dim the bias is broadcast over (size 1 there)."""
+    return gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h)
+
+
+@gluon.jit
+def log2_units(bias):
+    """A bias tile in log2 units (fp32): one multiply rounded toward zero, which keeps a finite bias finite
+    (``finfo.min`` masks: eager's uniform row) and +-inf / NaN as they are (the generated template's ``_to_log2`` on
+    the GPU)."""
+    return gl.inline_asm_elementwise("mul.rz.f32 $0, $1, 0f3FB8AA3B;", "=r,r", [bias.to(gl.float32)],
+                                     dtype=gl.float32, is_pure=True, pack=1)  # 0f3FB8AA3B: log2(e) in fp32
+
+
+# ---- shared memory and SMs -------------------------------------------------------------------------------------------
+def shared_memory_for_tiles(ctas_an_sm: int = 1) -> int:
+    """Bytes of shared memory a CTA's tiles may take where ``ctas_an_sm`` CTAs share an SM."""
+    return _SHARED_MEMORY_AN_SM // ctas_an_sm - _RESERVED_A_CTA - _BEYOND_THE_TILES
+
+
+def ctas_at_once(device: torch.device, ctas_an_sm: int = 1) -> int | None:
+    """How many CTAs the device's SMs hold at once, ``ctas_an_sm`` on each; None off a GPU (no SMs to count)."""
+    sms = sm_count(device)
+    return None if sms is None else ctas_an_sm * sms
+
+
+def fills_at_most(ctas: int, waves: int, device: torch.device, ctas_an_sm: int = 1) -> bool:
+    """Whether a grid of ``ctas`` CTAs fills at most ``waves`` waves of the device's SMs, ``ctas_an_sm`` at a time on
+    each (off a GPU, no SMs: False). The Gluon kernels' pairing rules ask it."""
+    return ctas <= waves * (ctas_at_once(device, ctas_an_sm) or 0)
+
+
+# ---- the bias's gradient ---------------------------------------------------------------------------------------------
+def ds_row_keys(n: int, element_size: int) -> int:
+    """The length of a dS buffer's rows: n keys padded so that a row's stride is one TMA takes."""
+    per_granule = TMA_ALIGN_BYTES // element_size
+    return -(-n // per_granule) * per_granule
+
+
+def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
+    """The kv heads a launch of the backward takes where it also stores dS (the gradient of the scores) for the bias's
+    gradient, which is dS summed over the dims the bias is broadcast over: as many as keep the dS buffer of a launch
+    ``[Z, heads, M, N]`` and the backward's fp32 dQ accumulator within the fp32 gradient buffer that the generated
+    template's backward would take instead (the bias's own size), in launches of equal shares (the last may be
+    smaller). Only a bias with a head dim of its own is taken in chunks of heads, each chunk's sum its heads' part of
+    the gradient. 0 where none fits, below :data:`_DS_MIN_HEAD_DIM`, or where the bias's dtype is not the inputs'
+    (eager's dS is then in the bias's dtype, not rounded to the inputs'): the template's backward computes that
+    gradient."""
+    Z, H, M, D = q.shape
+    H_kv, N = k.shape[1], k.shape[2]
+    if bias.dtype != q.dtype or D < _DS_MIN_HEAD_DIM:
+        return 0
+    room = bias.numel() * 4 - Z * H * M * D * 4  # (the template's buffer less the dQ accumulator)
+    kv_head_bytes = Z * (H // H_kv) * M * ds_row_keys(N, q.element_size()) * q.element_size()
+    if not kv_head_bytes:  # (no rows or keys: nothing to store)
+        return H_kv
+    if bias.shape[1] != H:
+        return H_kv if H_kv * kv_head_bytes <= room else 0
+    fitting = min(H_kv, max(room, 0) // kv_head_bytes)
+    return -(-H_kv // -(-H_kv // fitting)) if fitting else 0  # (H_kv over as few launches as fit, shared equally)
+
+
+# ---- the op library --------------------------------------------------------------------------------------------------
+# The Gluon ops are defined on a torch.library.Library rather than with torch.library.custom_op: a custom_op's
+# dispatch (its Python wrappers and output checks) cost more host time a call than the launcher itself (110-150 us
+# on an H100 machine); fake, autograd and kernel are registered the same way. Each op has kernels for CPU and CUDA
+# tensors (on CPU ones the forward runs the generated forward: tests without a GPU).
+LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
+
+
+def bias_score_tensors(bias: Tensor | None) -> list[Tensor]:
+    """The op's bias as the template op's list of score tensors."""
+    return [] if bias is None else [bias]

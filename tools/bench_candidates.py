@@ -36,7 +36,8 @@ SHAPES = [
 
 
 def candidate_times(spec: AttentionSpec, shape, training: bool) -> dict[str, float]:
-    """Milliseconds per step of each candidate (None where it failed), timed as ``dispatch.choose`` does."""
+    """Milliseconds per step of each candidate (None where it failed), timed as
+    ``dispatch.choose_implementation`` does."""
     _, Z, H, H_kv, N, D, _ = shape
     q = torch.empty(Z, H, N, D, device="cuda", dtype=torch.bfloat16)
     k = torch.empty(Z, H_kv, N, D, device="cuda", dtype=torch.bfloat16)

@@ -5,9 +5,9 @@
   score_tensor_needs_grad, dlse=None) -> (dq, dk, dv, dscore_tensors)`` (``dropout_seed``: an int64 scalar tensor
   when the spec's dropout_p > 0, else None; ``dlse``: the gradient of lse, None for zero)
 * ``torch.ops.fuse_attn.flash_attention_hopper(q, k, v, spec_json, bias=None) -> (out, lse)`` -- the forward of
-  plain attention (or ``s + bias``, ``bias`` its score tensor) in Gluon for Hopper GPUs (:mod:`.hopper_forward`),
+  plain attention (or ``s + bias``, ``bias`` its score tensor) in Gluon for Hopper GPUs (:mod:`.hopper.forward`),
   whose backward is ``flash_attention_hopper_backward(dout, q, k, v, out, lse, spec_json, dlse=None, bias=None,
-  bias_grad=False) -> (dq, dk, dv, dbias)`` (:mod:`.hopper_backward`, Gluon too; dbias empty without bias_grad)
+  bias_grad=False) -> (dq, dk, dv, dbias)`` (:mod:`.hopper.backward`, Gluon too; dbias empty without bias_grad)
 * ``torch.ops.fuse_attn.table_lookup(weight, indices, padding_idx)`` -- an embedding lookup of a few-row table whose
   gradient ``table_gradient(grad, indices, rows, padding_idx)`` sums by programs, not atomics
   (:mod:`.embedding_backward`: T5's relative position bias)
@@ -24,7 +24,7 @@ from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward, r
 
 try:  # torch.ops.fuse_attn.flash_attention_hopper(_backward): the Gluon forward and backward on Hopper (Triton 3.6 on)
     from fuse_attn.kernels import hopper  # noqa: F401
-except ImportError:  # (implementations.gluon_reasons says why it is no candidate)
+except ImportError:  # (dispatch.gluon_reasons says why it is no candidate)
     pass
 
 if torch.distributed.is_available():

@@ -1,40 +1,25 @@
-"""Which implementation runs a matched attention: the generated kernels, the Gluon kernels on Hopper, or one of
-SDPA's (cuDNN, flash).
+"""Which implementation runs a matched attention: the generated Triton kernels, the Gluon kernels on Hopper, or one
+of SDPA's kernels (cuDNN, flash).
 
-For an attention that SDPA computes exactly (:func:`sdpa_reasons` says why not otherwise: no score modification
-beyond the scale, no mask or bias tensor, no dropout, causal only with equal lengths, fp16/bf16, equal head dims that
-SDPA's kernels take), the rewrite asks :func:`choose` while compiling. It times each allowed candidate on random
-inputs of the attention's (hinted) sizes, strides and dtype -- the forward alone in inference, forward and backward
-together when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton
-templates for a matmul. Times are GPU times: each candidate's step is recorded once as a CUDA graph and the graph's
-replay is timed (``autotune``'s median of ``do_bench``), so the host cost of calling our op outside a compiled graph
-(which the compiled graph does not have) does not count against it. The Gluon kernels' ops do have a host cost in
-the compiled graph (their Python launchers): they are offered only for steps whose GPU time hides it
-(:data:`GLUON_MIN_STEP_FLOPS`), or at every size where the graph replays as a CUDA graph
-(:func:`replayed_as_cuda_graphs`).
+:func:`choose_implementation`, asked by the rewrite while compiling, times every candidate allowed for the attention
+on random inputs of its (hinted) sizes, strides and dtype -- the forward alone in inference, forward and backward
+when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton templates.
+Each candidate's step is recorded once as a CUDA graph and its replay is timed, so only GPU time counts (the host
+cost of calling our op outside a compiled graph is not the compiled graph's). The choice persists per GPU and shape
+with the launch configs (:mod:`.tuning`, key kinds ``impl_fwd`` / ``impl_train``); the attention's verdict line
+names it (:meth:`ImplementationChoice.text`). ``explain()``, which matches without compiling, makes no choice.
 
-The choice is per GPU and shape and persists with the launch configs (:mod:`.autotune`, key kind ``impl_fwd`` /
-``impl_train``; the kernel id holds the spec digest and the batch and head counts). The attention's verdict line
-says which runs (``dump_graph``, the ``fuse_attn`` log, ``collect_reports``); ``explain()``, which matches without
-compiling, makes no choice.
-
-Our kernels are two candidates: ``triton``, the generated template (forward and backward, every spec), and
-``gluon``, :mod:`.hopper_forward`'s forward of plain attention or of one added bias (``s + bias``) on sm90 GPUs
-(:func:`.hopper_forward.hopper_reasons` says which) with :mod:`.hopper_backward`'s backward (the bias's gradient too
-where :func:`.hopper_backward.dscore_kv_heads` admits it; the template's backward for the others). Where both are
-allowed they are timed against each other like the rest, on random score tensors of the attention's shapes and the
-gradients it needs.
+Candidates: ``triton``, the generated kernels -- every spec, and the fallback of every attention the others cannot
+compute; ``gluon``, :mod:`.hopper.forward`'s forward of plain attention or of one added bias (``s + bias``) on sm90
+GPUs with :mod:`.hopper.backward`'s backward (:func:`gluon_reasons` says where not); ``sdpa_cudnn`` and
+``sdpa_flash`` for attentions SDPA computes exactly (:func:`sdpa_reasons`), emitted into the graph as
+``aten._scaled_dot_product_cudnn_attention`` / ``aten._scaled_dot_product_flash_attention`` by
+:func:`sdpa_attention` -- the function the timing runs too -- with grouped (GQA) heads repeated first, as Hugging
+Face's ``repeat_kv`` does.
 
 Environment: ``FUSE_ATTN_CANDIDATES``, a comma-separated subset of ``triton,gluon,sdpa_cudnn,sdpa_flash`` (default:
-all four; the generated template is a candidate whatever it says): ``FUSE_ATTN_CANDIDATES=triton,gluon`` runs our
-kernels wherever they can, whatever SDPA would time (our kernel benchmarks use it); ``triton`` alone, the template.
-SDPA's candidates also follow torch's switches (``torch.backends.cuda.enable_cudnn_sdp``, ``enable_flash_sdp``). The
-generated kernels stay the fallback of every attention that the others cannot compute.
-
-SDPA's kernels run in the compiled graph as ``aten._scaled_dot_product_cudnn_attention`` /
-``aten._scaled_dot_product_flash_attention`` (each with its ATen backward): :func:`sdpa_attention` emits them, and
-the timing runs that same function, so the timed computation is the one the graph runs. Grouped heads (GQA) are
-repeated to the query heads first (``repeat_interleave``, as Hugging Face's ``repeat_kv``), which the timing includes.
+all four; ``triton`` is a candidate whatever it says). SDPA's candidates also follow torch's switches
+(``torch.backends.cuda.enable_cudnn_sdp``, ``enable_flash_sdp``).
 """
 
 from __future__ import annotations
@@ -42,17 +27,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from fuse_attn.kernels import plan
 from fuse_attn import settings
+from fuse_attn.kernels import ops, plan, tuning
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels import tuning
 from fuse_attn.kernels.generated.launch import RealInputs, random_like, hint
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -73,7 +56,7 @@ _SDPA_MAX_HEAD_DIM = 256
 
 
 @dataclass(frozen=True)
-class Choice:
+class ImplementationChoice:
     """The implementation a matched attention runs, and how it was picked (for the report)."""
 
     name: str
@@ -157,14 +140,12 @@ def _run(target, *args, **kwargs):
     return target(*args, **kwargs)
 
 
-# The Gluon kernels are offered only where the timed step's GPU work hides most of their host cost: the forward op's
-# Python launcher (a custom op Inductor calls, four TMA descriptors, Gluon's JIT launch) took up to 0.305 ms a call on
-# an H100, and 2^37 FLOPs (B16 H16 N1024 D128, not causal) took its kernel 0.286 ms (benchmarks/2026-11-27-gluon-forward,
-# plain_vs_cudnn_1k.log). Since then (ops on a torch.library.Library, benchmarks/2026-11-27-gluon-backward,
-# host_breakdown_library.log) the forward op's host time is 0.11 ms a call and the backward op's 0.20 ms, where a
-# training step of about 2^37 FLOPs (B16 H16 N1024 D64 causal) took the GPU 0.51 ms for both. The choice itself times
-# GPU time only, where a smaller step would look faster than it runs. Where the compiled graph replays as a CUDA graph
-# (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon kernels are offered at every size.
+# The Gluon kernels are offered only for steps whose GPU work hides most of their host cost: their ops' Python
+# launchers (a custom op Inductor calls, TMA descriptors, Gluon's JIT launch) take 0.11 ms a forward call and 0.20 ms
+# a backward call on an H100, where a training step of about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes the GPU
+# 0.51 ms for both. The choice times GPU time only, where a smaller step would look faster than it runs. Where the
+# compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon
+# kernels are offered at every size.
 GLUON_MIN_STEP_FLOPS = 2**37
 # Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
 # mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.
@@ -194,7 +175,7 @@ def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> fl
 def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> list[str]:
     """Why the Gluon kernels are no candidate for this attention (empty: they are one)."""
     try:
-        from fuse_attn.kernels.hopper.forward import hopper_reasons
+        from fuse_attn.kernels.hopper.common import hopper_reasons
     except ImportError as e:  # a Triton without Gluon's Hopper API (it is there from 3.6 on)
         return [f"Triton {_triton_version()} lacks Gluon's Hopper API ({e})"]
     if torch.distributed.is_available():
@@ -235,8 +216,9 @@ def _score_grads(score_tensors: Sequence[Tensor], score_grads: Optional[Sequence
     return [t.requires_grad for t in score_tensors] if score_grads is None else list(score_grads)
 
 
-def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
-           score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None) -> Choice:
+def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
+                          score_tensors: Sequence[Tensor] = (),
+                          score_grads: Optional[Sequence[bool]] = None) -> ImplementationChoice:
     """The implementation of one matched attention (q, k, v and its score tensors: its fused op's operands, fake while
     compiling). ``score_grads``: which score tensors need a gradient, timed with it (default: those that require
     grad; a graph traced below autograd says it apart, :func:`fuse_attn.graph.nodes.nodes_needing_grad`)."""
@@ -251,10 +233,10 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     reasons.update({n: [why] for n, why in _SET_ASIDE.items()})
     candidates = [n for n in allowed if not reasons[n]]
     if candidates == [TRITON]:
-        log.debug("fuse_attn: %s runs the generated kernels: %s", plan.describe(spec),
+        log.debug("fuse_attn: %s runs %s: %s", plan.describe(spec), ops.execution_path(q.device),
                   "; ".join(f"{n}: {'; '.join(r)}" for n, r in reasons.items() if r)
                   or f"{settings.CANDIDATES} allows only triton")
-        return Choice(TRITON)
+        return ImplementationChoice(TRITON)
     Z, H, M, D = q.shape
     kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
@@ -262,11 +244,11 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
     if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS:
         kernel_id += " cuda_graphs=1"  # (the Gluon kernels a candidate only because no launcher runs on a replay)
     if GLUON in candidates and score_tensors:  # (the Gluon kernels' two paths for a bias: by TMA, or loaded)
-        from fuse_attn.kernels.hopper.forward import bias_layout_by_tma
+        from fuse_attn.kernels.hopper.common import bias_layout_by_tma
 
         kernel_id += f" bias_tma={int(bias_layout_by_tma(score_tensors[0]))}"
     key = tuning.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
-                              hint(v.shape[3]), hint(M), hint(k.shape[2]))
+                            hint(v.shape[3]), hint(M), hint(k.shape[2]))
     timed = "forward+backward" if training else "forward"
     how = f"fastest of {', '.join(candidates)}, {timed} timed on {key.gpu}"
     chosen = tuning.cached(key)
@@ -274,12 +256,12 @@ def choose(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
         try:
             with RealInputs():
                 steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads)
-                chosen = tuning.choose(key, [tuning.Implementation(n) for n in candidates], steps.replay)
+                chosen = tuning.tune(key, [tuning.Implementation(n) for n in candidates], steps.replay)
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
                         plan.describe(spec), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
-            return Choice(TRITON, f"timing the candidates failed ({type(e).__name__})")
-    return Choice(chosen.name, how)
+            return ImplementationChoice(TRITON, f"timing the candidates failed ({type(e).__name__})")
+    return ImplementationChoice(chosen.name, how)
 
 
 class _CandidateSteps:
@@ -298,12 +280,10 @@ class _CandidateSteps:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
 
     def _step(self, name: str) -> Callable[[], None]:
-        from fuse_attn.kernels.ops import flash_attention
-
         def forward():
             if name == TRITON:
-                return flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors)
-            if name == GLUON:  # (a score tensor here: an s + bias spec's bias, hopper_forward.adds_a_bias)
+                return ops.flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors)
+            if name == GLUON:  # (a score tensor here: an s + bias spec's bias, hopper.common.adds_a_bias)
                 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 
                 return flash_attention_hopper(self.q, self.k, self.v, self.spec,

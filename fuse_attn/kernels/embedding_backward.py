@@ -4,15 +4,15 @@ per index and column.
 
 Inductor decomposes ``aten.embedding_dense_backward`` into an accumulating index_put, which it compiles to one
 ``atomic_add`` per (index, column); when the table has few rows those atomics queue at a few addresses. T5-small's
-training step at B4 N4096 adds 134M values into a 32 x 8 table twice (encoder, decoder): 179 ms a call, 88% of the
-step, on an H100 (``benchmarks/2026-11-28-embedding-backward/``). Here each program walks a grid-stride share of the
-positions, ``BLOCK_P`` at a time, and adds ``one_hot(indices)^T @ grad`` into a ``[ROWS, BLOCK_C]`` fp32 accumulator
-held in registers (a ``tl.dot``: the one-hot is exact in any dtype, so the products are exact and the sums fp32,
-like the decomposition's, which sums in fp32 too); it stores the accumulator once, and the programs' partial tables
-are summed after it -- deterministic, no atomics.
+training step at B4 N4096 adds 134M values into a 32 x 8 table twice (encoder, decoder): 179 ms a call that way,
+88% of the step, on an H100. Here each program walks a grid-stride share of the positions, ``BLOCK_P`` at a time,
+and adds ``one_hot(indices)^T @ grad`` into a ``[ROWS, BLOCK_C]`` fp32 accumulator held in registers (a ``tl.dot``:
+the one-hot is exact in any dtype, so the products are exact and the sums fp32, like the decomposition's, which sums
+in fp32 too); it stores the accumulator once, and the programs' partial tables are summed after it --
+deterministic, no atomics.
 
-The rewrite (``fuse_attn.graph.rewrite``) replaces each embedding lookup whose table :func:`handles` says fits, and whose
-table needs a gradient, with ``fuse_attn::table_lookup``: the same lookup, whose registered backward is
+The rewrite (``fuse_attn.graph.rewrite``) replaces each embedding lookup whose table :func:`handles` says fits, and
+whose table needs a gradient, with ``fuse_attn::table_lookup``: the same lookup, whose registered backward is
 ``fuse_attn::table_gradient`` (this kernel, traced into the backward graph as the attention kernels are). Other
 embeddings keep Inductor's decomposition. :func:`reference_table_gradient` is the plain-PyTorch definition.
 """
@@ -35,10 +35,10 @@ aten = torch.ops.aten
 # a power of two, 16 at least: tl.dot's smallest dim); columns come in blocks of BLOCK_C.
 MAX_ROWS = 64
 MAX_BLOCK_C = 64
-# Launch settings, from the sweep in benchmarks/2026-11-28-embedding-backward/ (H100, 64 settings): positions a loop
-# step, and programs an SM along the positions (a grid-stride loop: the partial tables stay small whatever the
-# length); warps and stages are Triton's defaults (4, 3). T5-small's encoder table at N4096 (16.8M positions x 8
-# heads, bf16): 228 us, the fastest setting (4 programs an SM: 234, 1 an SM: 602); at N1024 25 us (fastest 23).
+# Launch settings, the fastest of a sweep of 64 on an H100: positions a loop step, and programs an SM along the
+# positions (a grid-stride loop: the partial tables stay small whatever the length); warps and stages are Triton's
+# defaults (4, 3). T5-small's encoder table at N4096 (16.8M positions x 8 heads, bf16): 228 us (4 programs an SM:
+# 234, 1 an SM: 602); at N1024 25 us (the fastest setting there: 23).
 BLOCK_P = 256
 PROGRAMS_PER_SM = 8
 # Under the interpreter (no SMs to fill) a few programs, so the grid-stride loop and the sum over partials run.

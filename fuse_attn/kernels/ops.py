@@ -5,15 +5,17 @@ Both are ``torch.library.triton_op``\\ s. Under torch.compile (our backend, or a
 traces *into* them: their Python body -- spec parsing, validation, launch-config choice (tuned at compile time),
 argument binding -- runs once, on fake tensors, and records each kernel launch as a ``wrap_triton`` node, so the
 generated kernels are Inductor's kernels, launched from its output code with no Python of ours on the hot path.
-Called outside a compiled graph, the same body runs eagerly and launches the kernels directly (:mod:`.launch`).
+Called outside a compiled graph, the same body runs eagerly and launches the kernels directly
+(:mod:`.generated.launch`).
 
-Dispatch inside the body: CUDA tensors -> the generated Triton kernels. CPU tensors -> the opaque custom ops
-``fuse_attn::flash_attention_cpu`` / ``flash_attention_backward_cpu`` (a traced ``wrap_triton`` launch cannot run
-under the Triton interpreter), which run the same kernels through the interpreter under ``TRITON_INTERPRET=1`` and
-:func:`.reference.blockwise_forward` / ``blockwise_backward`` (plain PyTorch, a block of query rows at a time)
-otherwise. One definition of the semantics: both routes run :func:`forward_op` / :func:`_backward_op`
-(validation, empty inputs, then the kernels or the blockwise path). If the kernels cannot be generated, compiled or launched (no launch config
-works), the op warns once and runs the blockwise path instead, on any device (traced into the graph when compiling).
+What runs (:func:`runs_kernels`, :func:`execution_path`): CUDA tensors -> the generated Triton kernels. CPU tensors ->
+the opaque custom ops ``fuse_attn::flash_attention_cpu`` / ``flash_attention_backward_cpu`` (a traced ``wrap_triton``
+launch cannot run under the Triton interpreter), which run the same kernels through the interpreter under
+``TRITON_INTERPRET=1`` and :func:`.reference.blockwise_forward` / ``blockwise_backward`` (plain PyTorch, a block of
+query rows at a time) otherwise. Both routes run :func:`forward_op` / :func:`_backward_op` (validation, empty
+inputs, then the kernels or the blockwise path). If the kernels cannot be generated, compiled or launched (no launch
+config works), the op warns once and runs the blockwise path instead, on any device (traced into the graph when
+compiling).
 """
 
 from __future__ import annotations
@@ -138,8 +140,19 @@ def empty_backward(q, k, v, score_tensors, needs):
             [torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t, n in zip(score_tensors, needs) if n])
 
 
-def _use_triton(q: Tensor) -> bool:
-    return q.is_cuda or (q.device.type == "cpu" and settings.interpreting())
+def runs_kernels(device: torch.device) -> bool:
+    """Whether the op runs the generated kernels on tensors of ``device``: CUDA tensors, and CPU tensors under
+    Triton's interpreter (``TRITON_INTERPRET=1``); elsewhere it runs the blockwise PyTorch path."""
+    return device.type == "cuda" or (device.type == "cpu" and settings.interpreting())
+
+
+def execution_path(device: torch.device) -> str:
+    """What the op runs on tensors of ``device``, for logs (as :func:`runs_kernels` decides)."""
+    if device.type == "cuda":
+        return "the generated Triton kernels"
+    if runs_kernels(device):
+        return "the generated Triton kernels under the Triton interpreter"
+    return "blockwise PyTorch on the CPU" if device.type == "cpu" else f"blockwise PyTorch on {device.type}"
 
 
 # (spec digest, "forward" / "backward", head dims) whose kernels failed in this process: they run the blockwise
@@ -152,7 +165,7 @@ def _with_fallback(direction: str, spec: AttentionSpec, q: Tensor, v: Tensor, ke
     error), ``blockwise()``: the same attention in plain PyTorch, on any device. The user's model never crashes
     because of a kernel; the first failure per spec, direction and head dims logs a warning saying why."""
     key = (codegen.spec_digest(spec), direction, int(q.shape[3]), int(v.shape[3]))
-    if not _use_triton(q):
+    if not runs_kernels(q.device):
         return blockwise()
     if key not in _kernel_failures:
         try:

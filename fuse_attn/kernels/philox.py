@@ -5,11 +5,11 @@ into the two low counter words (``tl.philox(seed, lo, hi, 0, 0)``, word 0 of the
 reference rebuild the same mask here, bit for bit, so tests compare the two exactly.
 
 Source: ``triton/language/random.py`` (Triton 3.4-3.9): ``philox_impl`` (uint32 branch), ``philox`` (the seed's
-low / high 32 bits are the two key words), ``randint4x`` and ``uint_to_uniform_float``. Since triton-lang/triton
-PR #6832 (merged 2025-05-15, first released in 3.4) ``tl.randint`` with an int64 offset does exactly this split
-(``offset_lo = offset.to(uint32)``, ``offset_hi = (offset >> 32).to(uint32)``); before it, a 64-bit offset ran a
-64-bit Philox with other constants. The kernels call ``tl.philox`` with the two words themselves, so their
-stream does not depend on that change.
+low / high 32 bits are the two key words), ``randint4x`` and ``uint_to_uniform_float``. From Triton 3.4 on
+(triton-lang/triton PR #6832) ``tl.randint`` with an int64 offset does exactly this split (``offset_lo =
+offset.to(uint32)``, ``offset_hi = (offset >> 32).to(uint32)``); earlier Triton versions run a 64-bit Philox with
+other constants on a 64-bit offset. The kernels call ``tl.philox`` with the two words themselves, so their stream
+is the same on every version.
 
 uint32 values are held in int64 tensors (0 <= x < 2**32); products are formed from 16-bit halves so that no
 intermediate leaves the int64 range.

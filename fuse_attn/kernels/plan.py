@@ -14,7 +14,7 @@ from fuse_attn.spec import AttentionSpec
 
 
 class KeyPadding(NamedTuple):
-    """A key padding vector of a spec (:meth:`AttentionSpec.key_padding`)."""
+    """A key padding vector of a spec (:func:`key_padding`)."""
 
     tensor: int  # the score tensor holding it
     hidden: str  # the value that hides a key: "false" / "true" (a bool mask), "-inf" or "fill" (a bias)
@@ -25,7 +25,7 @@ class KeyPadding(NamedTuple):
 
 
 class MaskBlocks(NamedTuple):
-    """A mask whose tiles are classified per call (:meth:`AttentionSpec.mask_blocks`)."""
+    """A mask whose tiles are classified per call (:func:`mask_blocks`)."""
 
     tensor: int  # the score tensor holding it
     hidden: str  # where it hides a score: "fill" (a bias at or below the fill limit), "false" / "true" (a bool mask)
@@ -58,7 +58,7 @@ def _masked_when(program: tuple[ScoreNode, ...], index: int, where: _Hidden, fil
     """Whether node ``index`` of ``program`` is at or below ``fill_limit`` (-inf: exactly -inf) wherever ``where``
     hides a key (score tensor ``where.tensor`` at its hidden value -- "false" / "true" for a bool mask, "-inf" or
     "fill" for a bias at -inf or at or below the limit -- or the causal band), whatever the finite score: see
-    :meth:`AttentionSpec.key_padding`."""
+    :func:`key_padding`."""
     node = program[index]
     if node.op == "const":
         return node.value <= fill_limit
@@ -160,34 +160,25 @@ def _index_offset(program: tuple[ScoreNode, ...], index: int, leaf: str) -> Opti
 # memoized: the launchers read it for every launch (launch.common_kernel_args, launch.key_range_args)
 @functools.lru_cache(maxsize=1024)
 def key_padding(spec: AttentionSpec) -> Optional[KeyPadding]:
-    """A key padding vector of the spec, or None: score tensor ``tensor`` has one row of keys per batch
-    (``[Z or 1, 1, 1, N]``) and the score program masks every query's score wherever the tensor's value is
-    ``hidden`` ("false" / "true" for a bool mask, "-inf" or "fill" -- at or below the limit -- for a bias). The
-    kernels then skip the key blocks outside a per-batch range of keys (``launch.key_range_args``) that never
-    changes a row's output or any gradient. Two kinds:
+    """A key padding vector of the spec, or None: score tensor ``tensor`` holds one row of keys per batch
+    (``[Z or 1, 1, 1, N]``) and the program masks every query's score wherever it is ``hidden`` ("false" / "true" for
+    a bool mask, "-inf" or "fill" -- at or below :data:`MASKING_FILL_LIMIT` -- for a bias). The kernels then skip the
+    key blocks outside a per-batch range of keys (``launch.key_range_args``), which changes no output or gradient:
 
-    * kind ``"-inf"``: the score is -inf there, in a spec whose rows with no visible key give 0
-      (``empty_rows="zero"``, SDPA's semantics). The range is the first..last visible key: the keys outside have
-      probability exactly 0, and a row left with no key is 0 either way. With ``"nan"`` rows, skipping would turn
-      eager's NaN of a fully masked row into 0: such specs get the next kind.
-    * kind ``"masking"``: the score is at or below :data:`MASKING_FILL_LIMIT` there (an additive ``finfo.min``
-      mask, as Hugging Face's eager attention builds it; -inf too), any ``empty_rows``. A hidden key's
-      probability is exactly 0 in every row that keeps one visible key, but a row with none is uniform over its
-      hidden keys (finfo.min) or NaN (-inf) -- so the range must leave every row that has no visible key all of
-      its keys: a batch row with no visible key gets every key; with a causal mask the range starts at key 0 (a
-      query before the first visible key keeps the padding it sees) and only the keys after the last visible one
-      are skipped; with a sliding window none (a window past the last visible key sees only padding). The
-      vector must be all that masks the program (``_masks_only_by``): another mask, or a causal band written
-      into the program, could leave a row of a batch with visible keys no visible key of its own.
+    * kind ``"-inf"`` (hidden scores are -inf, ``empty_rows="zero"``): the range is the first..last visible key; the
+      keys outside it have probability exactly 0, and a row left with no key is 0 either way. (Under
+      ``empty_rows="nan"`` skipping would turn eager's NaN of a fully masked row into 0: such specs get the next kind.)
+    * kind ``"masking"`` (hidden scores at or below the limit, -inf too; any ``empty_rows``): a row with no visible
+      key is uniform over its hidden keys (finfo.min) or NaN (-inf), so the range leaves every such row all its keys:
+      every key for a batch row with none visible, and from key 0 under a causal mask (never with a sliding window,
+      where a window past the last visible key sees only padding). The vector must be all that masks the program
+      (``_masks_only_by``): another mask could leave a row of a batch with visible keys no visible key of its own.
 
-    A vector with holes keeps them masked inside the range (the range is an optimization, exact for any
-    values). Scores are taken to be finite and far above the fill (``-inf + s`` counts as -inf).
-
-    ``band``: where the program (in a spec without ``causal``) also hides every key past a causal band
-    ``kv_idx <= q_idx + d`` the same way -- one mask of padding and causality, as Hugging Face and SDPA callers
-    build it -- the kernels also skip the key blocks past the band: for every query block with the "-inf" kind;
-    with the "masking" kind for the query blocks whose every row keeps a visible key (``first visible key <=
-    start + d``; a row with none is uniform over every key, the keys past the band included)."""
+    Holes inside the range stay masked by the program. Scores are taken to be finite and far above the fill
+    (``-inf + s`` counts as -inf). ``band``: d where the program (in a spec without ``causal``) also hides the keys
+    past a causal band ``kv_idx <= q_idx + d`` the same way (one mask of padding and causality, as Hugging Face and
+    SDPA callers build it); the kernels then also skip the key blocks past the band -- for every query block with
+    the "-inf" kind, for the blocks whose every row keeps a visible key with the "masking" kind."""
     if not spec.score_program:
         return None
     program, root = spec.score_program, len(spec.score_program) - 1

@@ -128,7 +128,7 @@ def blockwise_backward(dout, q, k, v, score_tensors, out, lse, spec, needs_grad,
     (a row that saw only -inf has P = 0 and adds nothing under ``empty_rows="zero"``): dV of its kv head is NaN,
     and its dS passes through the score program's backward (where a masking ``where`` zeroes it, as eager's does).
 
-    The score program is differentiated by :func:`.score_program.backward` (the same derivative rules as the
+    The score program is differentiated by :func:`.score_program_eval.backward` (the same derivative rules as the
     kernels) on the node values kept while the block's scores are recomputed: a few [Z, H, rows, N] tensors.
     torch.autograd cannot do this part: this runs as the implementation of a custom op, below the Autograd
     dispatch key, where ``torch.enable_grad()`` records nothing.

@@ -10,8 +10,9 @@ Each op's forward is a method of the same name on an *ops namespace*; each op's 
 * :class:`BoundOps` -- magnitude bounds, which codegen uses to leave out clamps and guards that cannot trigger.
 
 A namespace provides ``score()``, ``index(op)`` (q_idx, kv_idx, batch_idx, head_idx, q_len, kv_len),
-``const(value)``, ``load(tensor)``, one method per op of ``spec.UNARY_OPS`` / ``BINARY_OPS`` / ``TERNARY_OPS``,
-``sign(x)`` (used by a derivative) and ``bind(value, name, note)`` (a hook to name a computed value).
+``const(value)``, ``load(tensor)``, one method per op of :mod:`fuse_attn.score_program`'s ``UNARY_OPS`` /
+``BINARY_OPS`` / ``TERNARY_OPS``, ``sign(x)`` (used by a derivative) and ``bind(value, name, note)`` (a hook to name
+a computed value).
 """
 
 from __future__ import annotations

@@ -1,39 +1,26 @@
-"""Launch configurations for the attention kernels and the run-time tuner, whose choices persist on disk.
+"""Launch configurations of the attention kernels and the run-time tuner, whose choices persist on disk.
 
-A config is (BLOCK_M, BLOCK_N, num_warps, num_stages). Candidates come from a small space pruned by the GPU's
-shared-memory limit, the head dim and causality; at the first call for a key, each candidate is timed with
-``triton.testing.do_bench`` on the real inputs, the fastest few timed again for longer, and the fastest of those kept for that key (:class:`TuningKey`): GPU name and
-compute capability, Triton and torch versions, kernel, spec digest, dtype, head dims, and power-of-two buckets of
-M and N (a new length in a bucket already seen reuses its config). Under the Triton interpreter exactly one config
-is used (multi-config tuning does not work there, and timing an interpreter is meaningless).
+A :class:`KernelConfig` is (BLOCK_M, BLOCK_N, num_warps, num_stages). The candidates of a kernel come from a small
+space pruned by the GPU's shared memory, the head dim and causality. :func:`tune` returns the config of a
+:class:`TuningKey` (GPU, compute capability, Triton and torch versions, kernel, dtype, head dims, power-of-two
+buckets of M and N): from this process's memory, else the disk cache, else by timing every candidate with
+``triton.testing.do_bench`` on random inputs of the call's shapes and timing the fastest few again for longer.
+Under the Triton interpreter each kernel has one config (:data:`INTERPRETER_CONFIGS`): nothing is timed there.
+A candidate that fails to compile or launch is dropped with an INFO line on the ``fuse_attn.kernels.tuning``
+logger, which also logs each tuning before and after.
 
-Lookup for a key: this process's memory, then the disk cache, then tuning, whose result is written to disk. Each
-tuning logs one INFO line on the ``fuse_attn.kernels.tuning`` logger before (the key, how many candidates) and
-one after (the config, its time, the tuning's wall time); a candidate that fails to compile or launch is dropped
-with an INFO line giving the first line of its error.
+Disk cache (:func:`cache_file`, under :func:`fuse_attn.settings.cache_dir`): one JSON file per GPU, compute
+capability, Triton and torch version -- the part of the key that decides whether a stored time means anything --
+holding ``format`` (:data:`FORMAT_VERSION`), that identity and ``entries`` (the rest of the key -> the candidate
+and its time in ms). Unusable files and entries are ignored with a warning and dropped by the next write; a stored
+config that is no longer a candidate is re-tuned. Writes are atomic (a temp file ``os.replace``-d over the old one)
+and merged under ``fcntl.flock`` on ``<file>.lock``, so processes tuning at once keep each other's entries.
 
-Disk cache: the directory ``$FUSE_ATTN_CACHE_DIR``, else ``$XDG_CACHE_HOME/fuse_attn``, else ``~/.cache/fuse_attn``.
-One JSON file per (GPU name, compute capability, Triton version, torch version): that part of the key decides
-whether a stored timing means anything at all, so an upgrade starts a new file rather than mixing stale entries
-into a live one, and a process reads only the one file that can apply to it. The file holds ``format``
-(:data:`FORMAT_VERSION`), that identity, and ``entries``: entry name (the rest of the key) -> config and its time
-in ms. A file that does not parse, has another format or identity, and any entry that is not a valid config are
-ignored with a warning and dropped by the next write; a stored config no longer among the candidates is re-tuned.
-A write goes to a temp file in the same directory, fsync'ed and ``os.replace``-d over the old file, so readers
-see the old file or the new one, never a partial one. Writers hold ``fcntl.flock`` on ``<file>.lock`` while they
-re-read the file and merge their entry into it, so processes tuning at once keep each other's entries (where
-fcntl is missing, e.g. on Windows, writes are still atomic but a concurrent writer's entry can be lost, and is then
-re-tuned by a later process). A cache directory that cannot be written logs one warning; choices stay in memory.
+The same machinery chooses the implementation of an attention (:class:`Implementation`, timed by
+:func:`fuse_attn.kernels.dispatch.choose_implementation`): its entries hold a name instead of a config.
 
-The same machinery (keys, timing, the disk cache) chooses between implementations of one attention
-(:class:`Implementation`: the generated kernels or SDPA's cuDNN / flash kernels, :mod:`.implementations`): its
-entries hold a name instead of a config.
-
-A key first met while a CUDA graph is being captured is not tuned there (see :func:`_while_capturing`).
-
-Environment: ``FUSE_ATTN_AUTOTUNE=0`` skips timing and takes the first candidate that compiles and runs (fast
-compiles); such untimed picks live in memory under their own key, never stand in for tuned ones and are never
-written to disk. ``FUSE_ATTN_CACHE=0`` neither reads nor writes the disk cache (memory only).
+Environment: ``FUSE_ATTN_AUTOTUNE=0`` takes the first candidate that compiles and runs, untimed (kept in memory
+under a key of its own, never written to disk); ``FUSE_ATTN_CACHE=0`` keeps choices in memory only.
 """
 
 from __future__ import annotations
@@ -85,8 +72,8 @@ class KernelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class Implementation:
-    """A candidate of the other choice the tuner makes: which implementation runs a matched attention (the
-    generated kernels or one of SDPA's, :mod:`.implementations`); timed, stored and read back like a config."""
+    """An implementation of a matched attention as a tuning candidate (the generated kernels, the Gluon kernels or
+    one of SDPA's, :mod:`.dispatch`): timed, stored and read back like a config."""
 
     name: str
 
@@ -94,7 +81,7 @@ class Implementation:
         return self.name
 
 
-Choice = Union[KernelConfig, Implementation]  # what a tuning key's entry holds
+Candidate = Union[KernelConfig, Implementation]  # what the tuner times and a tuning key's entry holds
 
 
 # One config per kernel under the interpreter. Small blocks keep each interpreted program cheap, and
@@ -103,7 +90,7 @@ INTERPRETER_CONFIGS = {
     "fwd": KernelConfig(32, 16, 4, 1),
     "bwd_dq": KernelConfig(32, 16, 4, 1),
     "bwd_dkdv": KernelConfig(16, 32, 4, 1),  # (query rows, key rows) per step of the dK/dV loop
-    # split-K decode (flash_decoding.py): block_m is the packed-row tile, set by the launcher from the rows
+    # split-K decode (generated/decode.py): block_m is the packed-row tile, set by the launcher from the rows
     "decode": KernelConfig(16, 16, 4, 1),
 }
 
@@ -116,29 +103,28 @@ _WARPS = (4, 8)
 _STAGES = (2, 3)
 # Backward, dK/dV kernel: the key block stays resident (k, v, dk, dv), the query block streams; Triton's
 # tutorial uses (BLOCK_M, BLOCK_N) = (32, 128) there and (128, 32) for dQ (the resident side is the large one).
-# 64 x 64 (on 4 warps, two programs an SM): the fastest of 26 dK/dV configs at head dim 96 = 64 + 32 (H100, Triton
-# 3.6, causal B4 H16 N4096, 2026-11-26; benchmarks/2026-11-26-head-dim-parts): 0.981 ms against 1.077 for 64 x 128.
+# 64 x 64 (on 4 warps, two programs an SM): the fastest of a sweep of 26 dK/dV configs at head dim 96 = 64 + 32
+# (H100, Triton 3.6, causal B4 H16 N4096): 0.981 ms against 1.077 for 64 x 128.
 _DKDV_SHAPES = ((32, 128), (64, 128), (64, 64))
 _DQ_SHAPES = ((128, 32), (128, 64))
 # Heads wider than 128 (Gemma-2's 256): a resident fp32 accumulator is 256 columns wide, so the resident side
 # shrinks to 32-64 rows, given as (BLOCK_M, BLOCK_N, warps[, dK/dV launches]). From a sweep of 30 configs (H200,
-# Triton 3.6, softcap + causal, B4 H8 N4096 D256, 2026-11-26; benchmarks/2026-11-26-wide-heads): dK/dV with 64
-# resident rows needs 8 warps (4 warps spilled 258-410 registers and ran 2-3x slower; 8 warps hold the two 64 x 256
-# accumulators in 128 registers a thread, as FA2's 8-warp head-dim-256 backward does); dQ ran fastest on 4 warps.
+# Triton 3.6, softcap + causal, B4 H8 N4096 D256): dK/dV with 64 resident rows needs 8 warps (4 warps spill
+# 258-410 registers and run 2-3x slower; 8 warps hold the two 64 x 256 accumulators in 128 registers a thread, as
+# FA2's 8-warp head-dim-256 backward does); dQ runs fastest on 4 warps.
 # dK and dV in two launches (one accumulator each) hold 128 resident keys: in a sweep of 24 such configs (H100,
-# Triton 3.6, causal B4 H8 N4096 D256, MHA and GQA 2; benchmarks/2026-11-26-split-dkdv) 32 x 128 on 8 warps ran
-# the kernel in 1.56 / 1.63 ms against 2.70 / 2.45 ms for the fastest one-launch config, with no spills; 16 x 128
-# on 8 warps and 32 x 64 on 4 warps came next. With 64 query rows a step, or at head dim 128, it was slower.
+# Triton 3.6, causal B4 H8 N4096 D256, MHA and GQA 2) 32 x 128 on 8 warps ran the kernel in 1.56 / 1.63 ms against
+# 2.70 / 2.45 ms for the fastest one-launch config, with no spills; 16 x 128 on 8 warps and 32 x 64 on 4 warps came
+# next; 64 query rows a step, or head dim 128, ran slower.
 # dQ holds one such accumulator too: 128 resident rows on 8 warps (128 x 32, 3 stages) ran it in 0.75 ms against
-# 0.97 for 64 x 16 on 4 warps, no spills (same H100 sweep, dq_sweep_d256.log; 128 x 64 fit only unpipelined).
+# 0.97 for 64 x 16 on 4 warps, no spills (the same H100 sweep; 128 x 64 fits only unpipelined).
 _WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 2))
 _WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4), (128, 32, 8))
 _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
-# dK/dV pipelining depth. With query-major tiles (transposing P and dS in registers) num_stages >= 2 gave dk
-# errors 4-50x eager's on an H200 with Triton 3.6 (2026-11-21). The key-major kernel (k @ q^T, no register
-# transposes) has none: `tools/bench_attention.py --check-backward-configs` ran 125 config runs over 7 shapes
-# with stages 1-3, all within the 2x rule (H200, Triton 3.6, 2026-11-22), and stages=3 was the fastest at
-# N=4096, D=64 and 128.
+# dK/dV pipelining depth: 1-3. The kernel's key-major tiles (k @ q^T) keep dk within the 2x rule at every depth
+# (`tools/bench_attention.py --check-backward-configs`: 125 config runs over 7 shapes, H200, Triton 3.6), and
+# stages=3 is the fastest at N=4096, D=64 and 128. (Query-major tiles, which transpose P and dS in registers, give
+# dk errors 4-50x eager's at num_stages >= 2 on that setup.)
 _DKDV_STAGES = (1, 2, 3)
 
 
@@ -269,7 +255,7 @@ class TuningKey(NamedTuple):
         return f"{self.entry_name()} on {self.gpu} (sm {self.capability})" + ("" if self.timed else ", untimed")
 
 
-_chosen: dict[TuningKey, Choice] = {}
+_chosen: dict[TuningKey, Candidate] = {}
 _unwritable_dirs: set[str] = set()  # cache dirs already warned about: one warning per directory and process
 
 
@@ -298,18 +284,19 @@ def tuning_key(kind: str, device: torch.device, kernel_id: str, dtype: torch.dty
                      length_bucket(m), length_bucket(n), timed)
 
 
-def cached(key: TuningKey) -> Choice | None:
+def cached(key: TuningKey) -> Candidate | None:
     """The config chosen for ``key`` in this process, if any (memory only: the launchers' hot path)."""
     return _chosen.get(key)
 
 
-def choose(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
-           reset: Callable[[], None] | None = None,
-           compile_only: Optional[Callable[[Choice], None]] = None) -> Choice:
+def tune(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
+         reset: Callable[[], None] | None = None,
+         compile_only: Optional[Callable[[Candidate], None]] = None) -> Candidate:
     """The config for ``key``: from memory, else from the disk cache, else the fastest candidate, timing each with
     ``launch``. ``reset`` runs after candidates were launched (e.g. to zero gradient buffers that the launches
     accumulated into). ``compile_only(cfg)``, when given, compiles a candidate without launching it: before
-    timing, every candidate is then compiled at once (:func:`_compile_concurrently`)."""
+    timing, every candidate is then compiled at once (:func:`_compile_concurrently`). Inside a CUDA graph capture
+    nothing is launched or timed (:func:`_while_capturing`)."""
     cfg = _chosen.get(key)
     if cfg is None:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -319,7 +306,7 @@ def choose(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choic
     return cfg
 
 
-def _while_capturing(key: TuningKey, candidates: Sequence[Choice]) -> Choice:
+def _while_capturing(key: TuningKey, candidates: Sequence[Candidate]) -> Candidate:
     """A config for a launch that a CUDA graph is recording (``torch.cuda.graph``, ``mode="reduce-overhead"``),
     launching nothing: every candidate launch would be recorded into the graph, and timing synchronizes the
     device, which invalidates the capture. The stored config if there is one, else the first candidate, untimed
@@ -336,7 +323,7 @@ def _while_capturing(key: TuningKey, candidates: Sequence[Choice]) -> Choice:
     return candidates[0]
 
 
-def chosen_configs() -> dict[TuningKey, Choice]:
+def chosen_configs() -> dict[TuningKey, Candidate]:
     return dict(_chosen)
 
 
@@ -347,9 +334,9 @@ def cache_file(key: TuningKey) -> str:
     return os.path.join(settings.cache_dir(), "autotune-" + re.sub(r"[^A-Za-z0-9.+-]", "_", identity) + ".json")
 
 
-def _stored_or_tuned(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
+def _stored_or_tuned(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
                      reset: Callable[[], None] | None,
-                     compile_only: Optional[Callable[[Choice], None]]) -> Choice:
+                     compile_only: Optional[Callable[[Candidate], None]]) -> Candidate:
     if len(candidates) == 1:
         return candidates[0]  # nothing to choose between: neither timed nor stored
     if not key.timed:
@@ -367,7 +354,7 @@ def _stored_or_tuned(key: TuningKey, candidates: Sequence[Choice], launch: Calla
     return cfg
 
 
-def _first_working(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None]) -> Choice:
+def _first_working(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None]) -> Candidate:
     """No timing: the first candidate that compiles and runs (the smem estimate is only an estimate)."""
     errors = []
     for cand in candidates:
@@ -380,8 +367,8 @@ def _first_working(key: TuningKey, candidates: Sequence[Choice], launch: Callabl
     raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
 
 
-def _fastest(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Choice], None],
-             compile_only: Optional[Callable[[Choice], None]] = None) -> tuple[Choice, float]:
+def _fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
+             compile_only: Optional[Callable[[Candidate], None]] = None) -> tuple[Candidate, float]:
     """The fastest candidate and its time in ms."""
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
@@ -413,7 +400,7 @@ def _fastest(key: TuningKey, candidates: Sequence[Choice], launch: Callable[[Cho
     return best
 
 
-def _compile_concurrently(candidates: Sequence[Choice], compile_only: Callable[[Choice], None]) -> None:
+def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> None:
     """Compile every candidate on a thread pool before any is timed. Compiling dominates a cold tuning (about 2 s
     per candidate, against ~0.1 s to time one), and much of a compile runs outside the GIL (LLVM, ptxas), so the
     candidates' compiles overlap. Compiled kernels land in Triton's in-memory and disk caches, where the timing
@@ -432,21 +419,21 @@ def _compile_concurrently(candidates: Sequence[Choice], compile_only: Callable[[
 # do_bench's rep (ms) of the first pass over every candidate: ~25 launches of a ms-scale kernel, enough to rank
 # configs apart while tuning ~10 candidates in well under a second per key; of the second pass over the finalists:
 # 4x as many launches. The median, not the mean: one slow launch (a clock dip, another process's kernel) must not
-# decide. On the H100 (2026-11-24) one rep-25 mean pass picked, in two processes, dK/dV configs 25% apart in time.
+# decide (on an H100 one rep-25 pass by the mean picked, in two processes, dK/dV configs 25% apart in time).
 _FIRST_PASS_REP_MS = 25
 _FINAL_PASS_REP_MS = 100
 # The first pass's fastest candidates that are timed again: its ranking is reliable beyond its top few.
 _FINALISTS = 3
 
 
-def _time_config(launch: Callable[[Choice], None], cfg: Choice, rep_ms: float) -> float:
+def _time_config(launch: Callable[[Candidate], None], cfg: Candidate, rep_ms: float) -> float:
     """Milliseconds per ``launch(cfg)`` on the GPU (median of about ``rep_ms`` of launches)."""
     import triton.testing
 
     return triton.testing.do_bench(lambda: launch(cfg), warmup=5, rep=rep_ms, return_mode="median")
 
 
-def _dropped(key: TuningKey, cand: Choice, error: Exception) -> str:
+def _dropped(key: TuningKey, cand: Candidate, error: Exception) -> str:
     """Log a candidate that failed; its reason (the error's first line) for the message if none works."""
     lines = str(error).strip().splitlines()
     reason = f"{type(error).__name__}: {lines[0] if lines else ''}"
@@ -462,7 +449,7 @@ _REQUIRED_CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(Kerne
                                 if field.default is dataclasses.MISSING)
 
 
-def _entry_fields(cfg: Choice) -> dict:
+def _entry_fields(cfg: Candidate) -> dict:
     """A choice as its cache entry's fields: a config's fields without those at their default (so an entry of a
     config that does not use a newer field reads the same as before it existed)."""
     if isinstance(cfg, Implementation):
@@ -472,7 +459,7 @@ def _entry_fields(cfg: Choice) -> dict:
             if name in _REQUIRED_CONFIG_FIELDS or value != defaults[name]}
 
 
-def _entry_choice(value) -> Choice:
+def _entry_choice(value) -> Candidate:
     """The choice of a cache entry ({config fields..., "ms": time} or {"name": implementation, "ms": time});
     ValueError saying why if it is neither."""
     if isinstance(value, dict) and set(value) == {"name", "ms"}:
@@ -533,7 +520,7 @@ def _read_entries(path: str, identity: dict, level: int = logging.WARNING) -> di
     return entries
 
 
-def _stored(key: TuningKey, candidates: Sequence[Choice]) -> Choice | None:
+def _stored(key: TuningKey, candidates: Sequence[Candidate]) -> Candidate | None:
     path = cache_file(key)
     value = _read_entries(path, key.file_identity()).get(key.entry_name())
     if value is None:
@@ -545,7 +532,7 @@ def _stored(key: TuningKey, candidates: Sequence[Choice]) -> Choice | None:
     return cfg
 
 
-def _store(key: TuningKey, cfg: Choice, ms: float) -> None:
+def _store(key: TuningKey, cfg: Candidate, ms: float) -> None:
     """Merge the entry for ``key`` into its cache file; on an unwritable directory, warn once and go on."""
     path = cache_file(key)
     directory = os.path.dirname(path)

@@ -16,7 +16,7 @@ from fuse_attn.kernels.generated import launch
 from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreProgramBuilder, ScoreTensor, program_text
 from fuse_attn.spec import AttentionSpec, CausalMask
 from tests.support.graph_capture import rewrite_reports, verdict_lines
-from tests.kernels.test_kernels import make_case, run_and_check
+from tests.support.cases import make_case, run_and_check
 
 pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                          "ignore:divide by zero encountered:RuntimeWarning",
@@ -150,7 +150,7 @@ def test_a_mask_shared_by_the_batch_has_stride_zero():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_results_are_those_of_the_whole_computation(name, mask, dtype, monkeypatch):
     if dtype != torch.float32 and bool((mask <= MASKING_FILL_LIMIT).all(-1).any()):
-        # rows hidden whole in bf16 need the exact delta's backward, summaries or not (TESTING.md, known
+        # rows hidden whole in bf16 need the exact delta's backward, summaries or not (docs/testing.md, known
         # differences: "Rows masked entirely with finfo.min"); this also runs the listed row-statistics pass
         monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
     q, k, v, tensors, spec = mask_case(mask, Z=mask.shape[0] if mask.shape[0] > 1 else 2, dtype=dtype)
@@ -174,6 +174,44 @@ def test_full_tiles_after_a_gap_run_with_the_predicate(dtype):
     run_and_check(q, k, v, tensors, spec, dtype)
 
 
+def check_with_nan_positions_of_the_semantics(q, k, v, tensors, spec, dtype, nan_rows, seed=1):
+    """``run_and_check`` for a case whose results hold NaN: out and the gradients of q, k, v of ours against the
+    fp64 reference and eager in ``dtype``, where the expected NaN positions are the semantics' -- ``nan_rows``
+    (``[Z, H or 1, M]``, the query rows whose output is NaN) for out, and where the fp64 reference has them for
+    everything -- never eager's in ``dtype``. A fully masked row of P is NaN, and each entry of P @ V reads one row
+    of P, but torch's bf16 CPU matmul does not keep to that on every CPU: on one with AMX-BF16 (oneDNN's AMX
+    kernels) the NaN of row 12 of P also reaches row 11 of P @ V. The fp64 reference's matmuls (BLAS dgemm; AMX
+    has no fp64) keep each NaN in its row on any CPU. The 2x rule compares the entries that are finite in the
+    reference, eager's error taken over those finite in eager too."""
+    from fuse_attn.kernels import reference_attention  # (imported here: the module's import block is shared)
+    from tests.support.numerics import FLOOR
+
+    def leaves(cast):
+        return [t.detach().to(cast).requires_grad_() for t in (q, k, v)]
+
+    def max_abs(x):
+        return x.abs().max().item() if x.numel() else 0.0
+
+    ours_in, ref_in, eager_in = leaves(dtype), leaves(torch.float64), leaves(dtype)
+    out = flash_attention(*ours_in, spec, tensors)
+    ref, _ = reference_attention(*ref_in, tensors, spec)
+    eager, _ = reference_attention(*eager_in, tensors, spec)
+    assert torch.equal(ref.isnan(), nan_rows[..., None].expand(ref.shape))
+    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
+    results = [("out", out, ref, eager)] + list(zip(
+        ("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout), torch.autograd.grad(ref, ref_in, dout.double()),
+        torch.autograd.grad(eager, eager_in, dout)))
+    for name, ours, ref64, eag in results:
+        assert ours.shape == ref64.shape and ours.dtype == dtype, name
+        assert torch.equal(ours.isnan(), ref64.isnan()), f"{name}: NaN positions differ from the fp64 reference's"
+        known = ref64.isfinite()
+        err = max_abs(ours.double()[known] - ref64[known])
+        both = known & eag.isfinite()
+        err_eager = max_abs(eag.double()[both] - ref64[both])
+        floor = FLOOR[dtype] * max(1.0, max_abs(ref64[known]))
+        assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"
+
+
 @pytest.mark.parametrize("hidden", ["false", "true"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("empty_rows", ["nan", "zero"])
@@ -189,7 +227,9 @@ def test_bool_masks(hidden, dtype, empty_rows):
                          score_program=bool_program(hidden, float("-inf")),
                          score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),), empty_rows=empty_rows)
     assert plan.mask_blocks(spec)[:2] == (0, hidden)
-    run_and_check(q, k, v, [mask], spec, dtype)
+    # the rows of no visible key: NaN under empty_rows="nan" (eager softmax), 0 under "zero" (SDPA)
+    nan_rows = ~visible.any(-1) if empty_rows == "nan" else torch.zeros(2, 1, M, dtype=torch.bool)
+    check_with_nan_positions_of_the_semantics(q, k, v, [mask], spec, dtype, nan_rows)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -300,7 +340,7 @@ def mask_reads(monkeypatch) -> list:
     """The granule of every summary of a mask (every read of it) the launcher makes, in order."""
     reads = []
     summarize = launch.mask_granules
-    monkeypatch.setattr(launch, "_mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+    monkeypatch.setattr(launch, "mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
     return reads
 
 
@@ -401,7 +441,7 @@ def test_the_tuner_reads_the_mask_once_per_set_of_tuning_tensors(mask_reads, mon
         repeated.append((kind, len(reads) - first))
         return cfg
 
-    monkeypatch.setattr(launch, "_choose", tuner)
+    monkeypatch.setattr(launch, "choose_kernel_config", tuner)
     q, k, v, tensors, spec = mask_case(padded_causal(40, 40, [40, 20]))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     flash_attention(q, k, v, spec, tensors).sum().backward()

@@ -246,7 +246,8 @@ def split_reference(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Ten
 
 
 def reference_scores(q: Tensor, k: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec) -> Tensor:
-    """The modified, masked scores [Z, H, M, N] as :func:`.flash_attention.reference_attention` computes them."""
+    """The modified, masked scores [Z, H, M, N] as :func:`fuse_attn.kernels.reference.reference_attention` computes
+    them."""
     kk = k.repeat_interleave(spec.gqa_group, dim=1)
     s = (q @ kk.transpose(-2, -1)) * spec.scale_for(q.shape[3])
     Z, H, M, N = s.shape

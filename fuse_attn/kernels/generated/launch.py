@@ -3,17 +3,17 @@
 Every launch goes through :func:`launch`, which has two ways to run a kernel:
 
 * **traced** (a torch dispatch mode is active: Dynamo's fake propagation, AOTAutograd's functional trace of the
-  ``triton_op`` in :mod:`.ops`, ``make_fx``): through ``torch.library.wrap_triton``, so the kernel and its launch
-  become a ``triton_kernel_wrapper`` node that Inductor emits in its own output code. Everything computed here --
-  the generated module, the launch config, strides, grid, scalar arguments -- is computed once, while tracing,
-  and baked into that code; the hot path is Inductor's launcher.
+  ``triton_op`` in :mod:`fuse_attn.kernels.ops`, ``make_fx``): through ``torch.library.wrap_triton``, so the kernel
+  and its launch become a ``triton_kernel_wrapper`` node that Inductor emits in its own output code. Everything
+  computed here -- the generated module, the launch config, strides, grid, scalar arguments -- is computed once,
+  while tracing, and baked into that code; the hot path is Inductor's launcher.
 * **direct** (real tensors, no mode: the op called outside a compiled graph, or the CPU op under the Triton
   interpreter): ``kernel[grid](*args)`` with the arguments in the kernel's parameter order (positional binding is
   the cheaper one in Triton's launcher; Triton caches the compiled kernel per argument signature).
 
-Launch configs (:mod:`.autotune`) are chosen per GPU and per shape: the in-process choice, else the persistent
-cache, else tuning. Tuning never touches the caller's tensors: it runs on random real tensors with the same
-(hinted) sizes, strides, dtypes and device (:func:`random_like`), with every dispatch mode switched off, so it
+Launch configs (:mod:`fuse_attn.kernels.tuning`) are chosen per GPU and per shape: the in-process choice, else the
+persistent cache, else tuning. Tuning never touches the caller's tensors: it runs on random real tensors with the
+same (hinted) sizes, strides, dtypes and device (:func:`random_like`), with every dispatch mode switched off, so it
 works the same while tracing fake tensors (a symbolic length tunes for its hint) and in eager.
 """
 
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import types
 from typing import Callable, NamedTuple, Optional, Sequence
 
@@ -37,7 +36,6 @@ from fuse_attn.kernels import tuning
 from fuse_attn.kernels.generated import codegen
 
 log = logging.getLogger("fuse_attn.kernels")
-
 
 
 def pow2_at_least_16(n: int) -> int:
@@ -98,8 +96,8 @@ def _tracing() -> bool:
 # and launches every later use of that definition with the warps and stages of the first one (the cache key of
 # `define_user_defined_triton_kernel` in torch/_inductor/codegen/wrapper.py leaves the launch config out, torch
 # 2.11-2.13). A dynamic graph's length buckets launch one kernel with configs that can differ in warps or stages
-# only; measured on the H100 (BENCHMARKS.md): the dK/dV kernel of every length above 1024 ran with another bucket's
-# 4 warps and 1 stage, 6x slower than its own tuned config. So each (kernel, warps, stages) traces as its own
+# only, and another bucket's warps and stages can run a kernel 6x slower than its own tuned config (the dK/dV kernel
+# above length 1024 with 4 warps and 1 stage, on an H100). So each (kernel, warps, stages) traces as its own
 # JITFunction of its own copy of the Python function (same code, globals and source file): one definition per config.
 _KERNEL_COPIES: dict = {}
 
@@ -208,11 +206,11 @@ _PROGRAMS_PER_SM = {4: 2, 8: 1}
 
 def _head_group(q: Tensor, blocks, cfg: tuning.KernelConfig):
     """The template's ``head_group`` (_block_batch_head): how many (batch row, head) pairs run their blocks side by
-    side, about one wave of programs. Measured at 1 (the old order), 4 and 8 pairs on 21 tuned kernels (H100,
-    BENCHMARKS.md, 2026-11-26 sixth session): 4 won where 32 blocks of an 8-warp config fill the 132 SMs, 8 where
-    4-warp configs or 16 blocks do, as this rule picks: within 2% of the best on 19 of them. The D64 causal forward
-    (8 warps, but a small tile: two programs may fit an SM) ran 4.5% faster at 8 pairs than at the 4 picked here;
-    the D256 dK/dV kernel (64 blocks of 8 warps) gets 2, which was not measured (4 and 8 tied there)."""
+    side -- about one wave of programs. A sweep of 1, 4 and 8 pairs over 21 tuned kernels on an H100 (132 SMs) put
+    this rule within 2% of the best on 19: 4 where 32 blocks of an 8-warp config fill the SMs, 8 where 4-warp
+    configs or 16 blocks do. Off it: the D64 causal forward (8 warps, but two programs may fit an SM) runs 4.5%
+    faster at 8 pairs than at the 4 picked here; the D256 dK/dV kernel (64 blocks of 8 warps) gets 2, outside the
+    sweep (4 and 8 tie there)."""
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 132  # (an H100's)
     wave = sms * _PROGRAMS_PER_SM.get(cfg.num_warps, 1)
     return torch.sym_max(1, (wave + blocks // 2) // blocks)
@@ -226,11 +224,11 @@ def _seed_arg(dropout_seed: Optional[Tensor], placeholder: Tensor) -> Tensor:
 def key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, placeholder: Tensor,
                     full_tiles: bool = True) -> dict:
     """``KeyRange``, ``KEY_RANGE``, ``KEY_BAND`` and ``KEY_FULL`` of the forward, dQ and dK/dV kernels. With a key
-    padding vector (``spec.key_padding``): int32 ``[Z, 4]``, per batch row the range of keys to visit and the run of
-    keys proven visible, computed on the device from the vector -- traced into the graph under torch.compile, where
-    Inductor fuses it into one small reduction -- so the kernels skip the key blocks outside the first and run the
-    program of visible keys (``spec.visible_spec``, ``KEY_FULL``) without loading the vector on the tiles inside the
-    second.
+    padding vector (:func:`fuse_attn.kernels.plan.key_padding`): int32 ``[Z, 4]``, per batch row the range of keys
+    to visit and the run of keys proven visible, computed on the device from the vector -- traced into the graph
+    under torch.compile, where Inductor fuses it into one small reduction -- so the kernels skip the key blocks
+    outside the first and run the program of visible keys (``plan.visible_spec``, ``KEY_FULL``) without loading the
+    vector on the tiles inside the second.
 
     The range: -inf kinds: first visible key .. one past the last (0, 0 for a row with none); the "masking" kind: the
     same, but from key 0 under a causal mask, and every key for a row with none visible. With a band in the program
@@ -263,13 +261,12 @@ def key_range_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], Z, N, p
                 KEY_FULL=full_tiles and plan.visible_spec(spec) is not None)
 
 
-
 # tile classes of a mask summary, in the order the block lists hold them
 _FULL, _PARTIAL, _EMPTY = 0, 1, 2
 
 
 class _MaskGranules(NamedTuple):
-    """A summarized mask (:meth:`AttentionSpec.mask_blocks`) read once: per query row and per granule of
+    """A summarized mask (:func:`fuse_attn.kernels.plan.mask_blocks`) read once: per query row and per granule of
     ``granule`` consecutive keys, whether the mask hides every entry (``hidden``) and whether it changes none
     (``unchanged``: a bias of 0, a bool mask all visible), ``[Zm, M, ceil(N / granule)]`` (``Zm``: the mask's batch,
     1 or Z). Keys past N count as hidden and changed. Every kernel of one op call (forward; dQ and dK/dV) derives its
@@ -308,10 +305,9 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
     lists of the other axis's blocks, full ones first, then partial ones, then the skipped empty ones, each class in
     ascending order, ``[Zm, R, C]``; and ``[Zm, R, 2]`` counts (stride 0 on ``Zm`` when 1): the first run of
     consecutive full blocks, which the kernels visit as a range of blocks (the next tile's address is then no load:
-    with the index read from the list per tile, 3 pipeline stages slowed the forward 1.6x on an H100, BENCHMARKS.md
-    2026-11-26 fifth session), and the entries after it that are not empty -- the other full blocks, run with the
-    predicate like the partial ones. A tile with positions past M or N is never full (its predicate must run) and is
-    empty when its real part is."""
+    read from the list per tile, it makes the forward 1.6x slower at 3 pipeline stages on an H100), and the entries
+    after it that are not empty -- the other full blocks, run with the predicate like the partial ones. A tile with
+    positions past M or N is never full (its predicate must run) and is empty when its real part is."""
     if granules is None:
         return dict(BlockList=placeholder, BlockCounts=placeholder, stride_blist_z=0, stride_bcount_z=0,
                     MASK_BLOCKS=False)
@@ -342,10 +338,9 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
 class _MaskBlocks:
     """The block lists of one set of tensors' summarized mask, each computed once per granule and tile shape: an op
     call computes what its kernels use, and the tuner, which launches many configs on one set of tuning tensors,
-    computes them once, outside the timed launches. (Inside them, the summary's eager torch ops took more host time
-    per launch than a short kernel's GPU time, so every candidate timed alike and the choice was noise: on an H200, a
-    causal mask input at B4 H16 N2048 D64 tuned a 4-warp dK/dV config that ran at 1.5 ms.) ``summarize``: False for
-    none (a mask that needs a gradient has one in its full tiles too)."""
+    computes them once, outside the timed launches (the summary's eager torch ops take more host time than a short
+    kernel's GPU time: inside the timed launches, every candidate would time alike). ``summarize``: False for none
+    (a mask that needs a gradient has one in its full tiles too)."""
 
     def __init__(self, spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, placeholder: Tensor,
                  summarize: bool = True):
@@ -407,8 +402,8 @@ def _random_values(count: int, t: Tensor) -> Tensor:
 
 
 def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
-    """Overwrite the tuner's random copy of a summarized mask (:meth:`AttentionSpec.mask_blocks`) with a causal one
-    (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
+    """Overwrite the tuner's random copy of a summarized mask (:func:`fuse_attn.kernels.plan.mask_blocks`) with a
+    causal one (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
     partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
     block's graph -- are mostly full and empty tiles: the configs are timed on the loops those run."""
     summarized = plan.mask_blocks(spec)
@@ -446,21 +441,22 @@ class RealInputs:
 
 
 def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, candidates: Callable[[], list],
-            bind: Callable[[], Callable[[tuning.KernelConfig, bool], None]], m=None, n=None) -> tuning.KernelConfig:
+                         bind: Callable[[], Callable[[tuning.KernelConfig, bool], None]], m=None,
+                         n=None) -> tuning.KernelConfig:
     """The config of one kernel: the interpreter's; else the in-process choice for its tuning key (lengths ``m``
-    and ``n``, by default M and N by their hints); else (stored or tuned) from ``tuning.choose``. ``bind()`` is called only when
-    timing may be needed, with every mode off: it builds random inputs and returns ``run(cfg, warmup)``, which
-    launches (or only compiles) the kernel on them."""
+    and ``n``, by default M and N by their hints); else (stored or tuned) from :func:`fuse_attn.kernels.tuning.tune`.
+    ``bind()`` is called only when timing may be needed, with every mode off: it builds random inputs and returns
+    ``run(cfg, warmup)``, which launches (or only compiles) the kernel on them."""
     if settings.interpreting() or not q.is_cuda:
         return tuning.INTERPRETER_CONFIGS[kind]
     key = tuning.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
-                              hint(common["M"] if m is None else m), hint(common["N"] if n is None else n))
+                            hint(common["M"] if m is None else m), hint(common["N"] if n is None else n))
     cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
     with RealInputs():
         run = bind()
-        return tuning.choose(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
+        return tuning.tune(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
 
 
 def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
@@ -471,8 +467,8 @@ def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
 # ---- symbolic lengths: a launch config per length bucket, chosen by the generated code ----------------------------
 # The bucket tops a symbolic length's configs are tuned at: powers of two, as the tuning key's buckets
 # (tuning.length_bucket). From 128: at or below it a row is one key tile of most candidates and a call is host-bound
-# (B1 H32 N256 D128, causal: 7 us of GPU time per forward on the H100, BENCHMARKS.md), so shorter lengths take 128's
-# config. To 32768, the longest length the benchmarks time (BENCHMARKS.md); longer lengths take its config.
+# (B1 H32 N256 D128, causal: 7 us of GPU time per forward on an H100), so shorter lengths take 128's config. Up to
+# 32768, the longest length the benchmarks time; longer lengths take its config.
 _LENGTH_BUCKET_TOPS = tuple(1 << e for e in range(7, 16))
 # The tuning inputs of one bucket top may take at most this fraction of the GPU's free memory (the model's own tensors
 # are alive while it compiles); the tops beyond that take the last tunable top's config. The estimate counts each input
@@ -635,8 +631,8 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
         return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range,
                                                    mask_blocks, warmup)
 
-    return choose_kernel_config("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common), bind,
-                   **_tuning_lengths(common, lengths))
+    return choose_kernel_config("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common),
+                                bind, **_tuning_lengths(common, lengths))
 
 
 def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
@@ -665,7 +661,7 @@ def _uses_exact_delta(q: Tensor) -> bool:
     # statistics (row max, 1 / row sum) and delta = rowsum(P * dP) itself (one more pass over K and V)
     # and runs first, so dS rows sum to 0 up to rounding and one-key rows get dS = 0 exactly, as in eager; fp16 /
     # bf16 take FlashAttention's rowsum(dO * O) and the forward's lse, whose difference from it is below their
-    # precision except for nearly one-hot rows, where O's rounding to the input dtype shows (TESTING.md, known
+    # precision except for nearly one-hot rows, where O's rounding to the input dtype shows (docs/testing.md, known
     # differences).
     return q.dtype == torch.float32 or settings.exact_delta_forced()
 
@@ -720,8 +716,8 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
     # d(bias) buffers: fp32, the bias's shape, accumulated with atomics (stride 0 on its broadcast dims), by the dQ
     # kernel with the exact delta (from the P and dP of delta) and by the dK/dV kernel otherwise (faster there).
     # Only the launch that accumulates gets the buffer; the others get the bias itself in its place, never written:
-    # Inductor takes a buffer that two user kernels receive as written by both, and zeroed a copy of it for the
-    # second (a learned [1, 16, 4096, 4096] bias: 0.32 ms a fill on an H100, BENCHMARKS.md eleventh session).
+    # Inductor takes a buffer that two user kernels receive as written by both, and zeroes a copy of it for the
+    # second (a learned [1, 16, 4096, 4096] bias: 0.32 ms a fill on an H100).
     def dscore_args(accumulates: bool) -> dict:
         args = {}
         for i, (t, st) in enumerate(zip(score_tensors, spec.score_tensors)):
@@ -792,8 +788,8 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
 
     # dQ is tuned first: the dK/dV kernel's inputs come from it
     for kind, candidates in (("bwd_dq", tuning.dq_candidates), ("bwd_dkdv", tuning.dkdv_candidates)):
-        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
-                              **_tuning_lengths(common, lengths))
+        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, _candidates(candidates, q, common),
+                                           bind(kind), **_tuning_lengths(common, lengths))
     return tuned
 
 

@@ -19,7 +19,9 @@ def explain(model, *args, **kwargs) -> ExplainReport:
     """Say, for every softmax in ``model(*args, **kwargs)``, whether the backend fuses it and why not (and, where the
     call computes gradients, which few-row embedding tables get the table gradient by partial sums).
 
-    Runs Dynamo and the backend's matcher only (the graphs then run eagerly; nothing is compiled by Inductor).
+    Runs Dynamo and the backend's matcher only (the graphs then run eagerly; nothing is compiled by Inductor), and
+    warns of nothing: compiling with the backend warns of each reason an attention is left unfused once per process,
+    this lists every softmax.
     """
     import torch
 

@@ -1,4 +1,8 @@
-"""What happened to each softmax: fused (with its spec) or not (with the reason). Logged and collectable."""
+"""What happened to each softmax: fused (with its spec) or not (with the reason). Logged and collectable.
+
+Every verdict is an INFO line of the ``fuse_attn`` logger (``TORCH_LOGS=fuse_attn`` shows them). An attention left
+unfused is also a WARNING, once per reason and process (:func:`warn_unfused`), so that it is seen without logs.
+"""
 
 from __future__ import annotations
 
@@ -22,12 +26,20 @@ class SoftmaxVerdict:
     spec: Optional[AttentionSpec] = None
     source: Optional[str] = None  # the user's code line, when known
     runs: Optional[str] = None  # which implementation a fused attention runs, where candidates were timed
+    # whether a softmax left unfused is an attention's: False where its weights meet no matrix product (a classifier's
+    # probabilities), None where that was not examined
+    attention: Optional[bool] = None
+
+    @property
+    def description(self) -> Optional[str]:
+        """A fused attention's spec and what the kernels plan for it (:func:`fuse_attn.kernels.plan.describe`)."""
+        return plan.describe(self.spec) if self.spec is not None else None
 
     def line(self) -> str:
         where = f" ({self.source})" if self.source else ""
         if self.fused:
             runs = f"; {self.runs}" if self.runs else ""
-            return f"fused {self.node}{where}: {plan.describe(self.spec)}{runs}"
+            return f"fused {self.node}{where}: {self.description}{runs}"
         return f"not fused {self.node}{where}: {self.reason}"
 
 
@@ -106,7 +118,32 @@ def collect_reports() -> Iterator[list[GraphReport]]:
 
 
 def publish(report: GraphReport) -> None:
+    """Log the report of a graph the backend (or :func:`fuse_attn.fuse_exported`) compiles and hand it to the
+    collectors; ``fuse_attn.explain`` only analyses, and publishes nothing."""
     for line in [v.line() for v in report.verdicts] + [t.line() for t in report.tables]:
         log.info(line)
+    warn_unfused(report.verdicts)
     for reports in collectors:
         reports.append(report)
+
+
+# The reasons an unfused attention was already warned of in this process (:func:`warn_unfused`).
+warned_reasons: set[str] = set()
+
+
+def warn_unfused(verdicts: list[SoftmaxVerdict]) -> None:
+    """One WARNING per reason and process for the attentions left unfused: a model compiled many times (each graph
+    break, each recompile) says each reason once. A softmax that is no attention (``attention`` False) is not
+    warned of; the INFO lines and ``fuse_attn.explain`` still list it."""
+    for verdict in verdicts:
+        if verdict.fused or verdict.attention is False or verdict.reason in warned_reasons:
+            continue
+        warned_reasons.add(verdict.reason)
+        where = f" at {verdict.source}" if verdict.source else f" ({verdict.node})"
+        log.warning("fuse_attn: an attention%s runs unfused: %s. fuse_attn.explain(model, *inputs) lists every "
+                    "softmax left unfused and why (this warning is given once per reason)", where, verdict.reason)
+
+
+def reset_unfused_warnings() -> None:
+    """Forget the reasons already warned of: each is warned of again (for tests)."""
+    warned_reasons.clear()

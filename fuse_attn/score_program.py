@@ -14,31 +14,18 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Optional, Union
 
-# Leaves (no args): the score, the element's indices, the run-time lengths, a constant, a score-tensor element.
-# ---- the score modification: a small pointwise program ---------------------------------------------------------
+# ---- the instructions ------------------------------------------------------------------------------------------------
 # Leaves (no args): the score, the element's indices, the run-time lengths, a constant, a score-tensor element.
 LEAF_OPS = ("score", "q_idx", "kv_idx", "batch_idx", "head_idx", "q_len", "kv_len", "const", "load")
-
-
 UNARY_OPS = ("neg", "abs", "exp", "log", "tanh", "sigmoid", "sqrt", "logical_not", "to_float")
-
-
 BINARY_OPS = (
     "add", "sub", "mul", "div", "maximum", "minimum", "clamp_min", "clamp_max",
     "lt", "le", "gt", "ge", "eq", "ne", "logical_and", "logical_or",
 )
-
-
 TERNARY_OPS = ("where",)  # where(cond, a, b)
-
-
 SCORE_OP_ARITY = {**{op: 0 for op in LEAF_OPS}, **{op: 1 for op in UNARY_OPS}, **{op: 2 for op in BINARY_OPS},
                   **{op: 3 for op in TERNARY_OPS}}
-
-
 COMPARISON_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
-
-
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==",
           "ne": "!=", "logical_and": "&", "logical_or": "|"}
 
@@ -230,7 +217,7 @@ def _unwrapped(text: str) -> str:
 
 @dataclass(frozen=True)
 class ScoreTensor:
-    """A tensor read by the score mods. ``broadcast`` says, for (Z, H, M, N), which dims have size 1."""
+    """A tensor the score program reads (``load``). ``broadcast`` says, for (Z, H, M, N), which dims have size 1."""
 
     role: Literal["bias", "mask"]
     dtype: str
@@ -260,4 +247,5 @@ def _broadcast_text(broadcast: tuple[bool, bool, bool, bool]) -> str:
 
 
 class UnsupportedSpec(ValueError):
-    """Raised for a spec or inputs the kernels cannot run; the backend turns it into 'not rewritten: ...'."""
+    """Raised for a spec or inputs the kernels cannot run; raised while matching, its message is the reason of a
+    not-fused verdict."""

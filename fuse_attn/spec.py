@@ -33,8 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from fuse_attn.score_program import (MASKING_FILL_LIMIT, ScoreNode, ScoreTensor, UnsupportedSpec, node_kinds,
-                                     program_text)
+from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec, node_kinds, program_text
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 # Largest head dim the kernels take: a 256-wide fp32 accumulator tile is the most the register file of an
@@ -116,7 +115,6 @@ class AttentionSpec:
             reasons.append(f"score tensors {sorted(set(range(len(self.score_tensors))) - loaded)} are not loaded by the program")
         return reasons
 
-
     def scale_for(self, head_dim: int) -> float:
         """The score scale for q's actual head dim."""
         return self.scale * head_dim**self.scale_head_dim_power if self.scale_head_dim_power else self.scale
@@ -179,5 +177,3 @@ class AttentionSpec:
 def dtype_name(dtype) -> str:
     """``torch.bfloat16`` -> ``"bfloat16"``: how specs and reports name a dtype."""
     return str(dtype).replace("torch.", "")
-
-

@@ -26,8 +26,8 @@ rewrites SDPA calls; an attention written out would attend over its own shard on
 A score tensor with a key dim (a padding vector ``[Z, 1, 1, N]``) travels with the K/V shard; one with a query dim is
 sliced with the queries. One with both (a materialized ``[.., M, N]`` mask or bias) cannot be sharded: built from
 the rank's own positions it describes only the diagonal block of the global matrix. Such an attention, or a
-load-balanced shard of odd length, raises :class:`~fuse_attn.spec.UnsupportedSpec` (the backend leaves it unfused,
-with the reason: :func:`unshardable_reason`).
+load-balanced shard of odd length, raises :class:`~fuse_attn.score_program.UnsupportedSpec` (the backend leaves it
+unfused, with the reason: :func:`unshardable_reason`).
 
 **Uneven sequences.** A sequence that does not cut into the layout's equal chunks (W, or 2W load-balanced) is
 sharded only where ``ContextParallel.sequence_length`` names its length: ``shard_sequence`` then cuts it as
@@ -465,7 +465,8 @@ def _merged(found: list, spec: AttentionSpec, q: Tensor, v: Tensor) -> Tensor:
     A row whose every score is a fill so large that fp32 absorbs the scores (``s + finfo.min == finfo.min``: Hugging
     Face's eager masks, a query that sees only padding) has ``lse_c = fill``, the ``log(n_c)`` of its n_c keys
     absorbed too; eager's softmax of that row is uniform over all its keys, so such a pair weighs ``n_c`` times (the
-    band's count: the fill is all that masks a spec whose padding is skipped, ``AttentionSpec.key_padding``)."""
+    band's count: the fill is all that masks a spec whose padding is skipped,
+    :func:`fuse_attn.kernels.plan.key_padding`)."""
     if not found:  # the band hides every key of the sequence from the piece
         Z, H, M, _ = q.shape
         fill = float("nan") if spec.empty_rows == "nan" else 0.0

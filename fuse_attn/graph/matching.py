@@ -28,35 +28,34 @@ from fuse_attn.graph.nodes import (
     CAST_OPS,
     CONTRACTION_OPS,
     IDENTITY_OPS,
+    SCALAR_TYPES,
     SOFTMAX_OPS,
     VIEW_OPS,
+    MatchContext,
+    NotFused,
     all_ones,
     aten,
     cast_dtype,
     is_static,
+    op_name,
     same_shape,
     shape_text,
+    target_of,
     val,
 )
 from fuse_attn.graph.score_reader import (
     SCORE,
     ConstantEvaluator,
-    MatchContext,
-    NotFused,
     PathOp,
     SideExpressions,
     build_program,
     masking_band,
-    op_name,
     stays_masked,
     symbolic_masking_band,
-    target_of,
     walk_score_path,
 )
-from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, dtype_name
 from fuse_attn.score_program import ScoreTensor, UnsupportedSpec
-
-_SCALAR_TYPES = (int, float)
+from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, dtype_name
 
 
 @dataclass
@@ -103,11 +102,11 @@ def _scalar_factor(node: fx.Node, source: fx.Node) -> Optional[float]:
     if target in (aten.mul.Tensor, aten.mul.Scalar):
         a, b = node.args[:2]
         other = b if a is source else a if b is source else None
-        if isinstance(other, _SCALAR_TYPES) and not isinstance(other, bool):
+        if isinstance(other, SCALAR_TYPES) and not isinstance(other, bool):
             return float(other)
     if target in (aten.div.Tensor, aten.div.Scalar) and node.args[0] is source and not node.kwargs.get("rounding_mode"):
         c = node.args[1]
-        if isinstance(c, _SCALAR_TYPES) and not isinstance(c, bool) and c != 0:
+        if isinstance(c, SCALAR_TYPES) and not isinstance(c, bool) and c != 0:
             return 1.0 / float(c)
     return None
 
@@ -292,7 +291,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     if not softmax_dim_is_last(softmax):
         raise NotFused("the softmax is not over the last dim", softmax)
     evaluate = ConstantEvaluator(ctx)
-    qk, path, score_chain = walk_score_path(softmax, _is_qk_product)
+    qk, path, path_nodes = walk_score_path(softmax, _is_qk_product)
     pv, weight_chain, dropout_p = _walk_to_pv(softmax)
 
     qk_einsum, pv_einsum = einsum_as_matmul(qk), einsum_as_matmul(pv)
@@ -401,7 +400,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         kv_heads_source=(k_source, v_source) if k_source is not None else None,
         tensors=tensors,
         spec=spec,
-        matched_nodes=[qk, *score_chain, *weight_chain, pv],
+        matched_nodes=[qk, *path_nodes, *weight_chain, pv],
     )
 
 
@@ -445,3 +444,31 @@ def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device) -> ScoreTen
 
 def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:
     return [n for n in graph.nodes if n.op == "call_function" and n.target in SOFTMAX_OPS]
+
+
+_PRODUCTS = CONTRACTION_OPS | {aten.einsum.default, aten.baddbmm.default}
+
+
+def weights_meet_a_product(softmax: fx.Node, budget: int = 64) -> bool:
+    """Whether ``softmax`` is an attention's, fused or not: its weights reach a matrix product (``P @ V``) through
+    ops that keep their last two dims (views, casts, dropout, a head mask, ...). A softmax whose weights meet no
+    product -- a classifier's probabilities, a router's gates -- is no attention, and the report does not warn
+    that it is left unfused."""
+    weights = val(softmax)
+    if not isinstance(weights, torch.Tensor):
+        return True  # nothing to tell it by: counted as an attention
+    seen, pending = set(), [softmax]
+    while pending and budget > 0:
+        node = pending.pop()
+        for user in node.users:
+            if user in seen or user.op != "call_function":
+                continue
+            seen.add(user)
+            budget -= 1
+            if user.target in _PRODUCTS:
+                return True
+            value = val(user)
+            if isinstance(value, (tuple, list)) or (isinstance(value, torch.Tensor) and value.dim() >= 2
+                                                    and same_shape(value.shape[-2:], weights.shape[-2:])):
+                pending.append(user)
+    return False

@@ -1,13 +1,38 @@
-"""Small facts about nodes of a pre-autograd ATen FX graph, shared by matching and rewriting."""
+"""What the graph modules share: facts about the nodes of a pre-autograd ATen FX graph, and the matcher's vocabulary
+(:class:`NotFused`, :class:`MatchContext`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 import torch.fx as fx
 
 aten = torch.ops.aten
+
+# The Python numbers a graph holds as literal operands. ``bool`` is an ``int`` to ``isinstance`` anyway; a caller that
+# wants a number and not a flag excludes it.
+SCALAR_TYPES = (bool, int, float)
+
+
+class NotFused(Exception):
+    """A softmax that is not rewritten, with the reason and the node it is about."""
+
+    def __init__(self, reason: str, node: Optional[fx.Node] = None):
+        super().__init__(reason)
+        self.reason = reason
+        self.node = node
+
+
+@dataclass
+class MatchContext:
+    """What the matcher may know beyond the graph: real values of constant inputs (registered buffers), and which
+    inputs require a gradient (the graph's own values say none: it is traced below autograd)."""
+
+    constant_inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)
+    gm: Optional[fx.GraphModule] = None
+    inputs_needing_grad: frozenset[fx.Node] = frozenset()
 
 # Ops that only re-interpret or re-lay-out a tensor (values unchanged, no dtype change).
 VIEW_OPS = {
@@ -28,6 +53,38 @@ CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout, aten.typ
 SOFTMAX_OPS = {aten.softmax.int, aten._softmax.default, aten._safe_softmax.default}
 # Batched matrix products: (.., m, k) x (.., k, n) -> (.., m, n), batch dims broadcast.
 CONTRACTION_OPS = {aten.matmul.default, aten.bmm.default, aten.mm.default}
+
+
+# In-place forms (pre-autograd graphs keep them) read as their functional forms: the matcher only follows a value
+# with one user, so the mutation is seen by nothing else.
+FUNCTIONAL_FORM = {
+    aten.mul_.Tensor: aten.mul.Tensor,
+    aten.mul_.Scalar: aten.mul.Scalar,
+    aten.div_.Tensor: aten.div.Tensor,
+    aten.div_.Scalar: aten.div.Scalar,
+    aten.add_.Tensor: aten.add.Tensor,
+    aten.add_.Scalar: aten.add.Scalar,
+    aten.sub_.Tensor: aten.sub.Tensor,
+    aten.sub_.Scalar: aten.sub.Scalar,
+    aten.masked_fill_.Scalar: aten.masked_fill.Scalar,
+    aten.masked_fill_.Tensor: aten.masked_fill.Tensor,
+    aten.tanh_.default: aten.tanh.default,
+    aten.clamp_.default: aten.clamp.default,
+    aten.clamp_min_.default: aten.clamp_min.default,
+    aten.clamp_max_.default: aten.clamp_max.default,
+    aten.neg_.default: aten.neg.default,
+    aten.exp_.default: aten.exp.default,
+}
+
+
+def target_of(node: fx.Node):
+    """The node's op, an in-place form read as its functional form."""
+    return FUNCTIONAL_FORM.get(node.target, node.target)
+
+
+def op_name(target: Any) -> str:
+    """An op as reasons name it (``mul.Tensor``)."""
+    return str(target).replace("aten.", "")
 
 
 def val(node: Any) -> Any:
@@ -56,6 +113,18 @@ def all_ones(sizes) -> bool:
 
 def shape_text(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
+
+
+def size_hint(x) -> int:
+    """An int for a size that may be symbolic: its hint (the example value Dynamo traced with), adding no guard --
+    for choices that change speed, never results (a layout copy)."""
+    if isinstance(x, torch.SymInt):
+        from torch.fx.experimental import symbolic_shapes
+
+        # torch 2.13 names it optimization_hint, torch 2.11 hint_int (neither adds a guard)
+        no_guard_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+        return no_guard_hint(x)
+    return int(x)
 
 
 def cast_dtype(node: fx.Node) -> Optional[torch.dtype]:

@@ -18,12 +18,12 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 
-from fuse_attn.graph.nodes import aten, erase_dead_nodes, is_static, nodes_needing_grad, same_shape, shape_text, val
-from fuse_attn.graph.matching import AttentionMatch, MatchContext, NotFused, find_softmaxes, match_attention
 from fuse_attn.graph import sdpa_calls
 from fuse_attn.graph.context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
-from fuse_attn.kernels import embedding_backward, dispatch
-from fuse_attn.kernels.generated.launch import hint
+from fuse_attn.graph.matching import AttentionMatch, find_softmaxes, match_attention, weights_meet_a_product
+from fuse_attn.graph.nodes import (MatchContext, NotFused, aten, erase_dead_nodes, is_static, nodes_needing_grad,
+                                   same_shape, shape_text, size_hint, val)
+from fuse_attn.kernels import dispatch, embedding_backward
 from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log
 
 
@@ -49,8 +49,8 @@ class _Emitter:
         if self.fake_mode is not None:
             fake_args, fake_kwargs = fx.node.map_arg((args, kwargs), val)
             # the Python dispatcher runs composite ops (matmul) through their symbolic-shape-aware Python
-            # decompositions, as Dynamo's tracing does; without it torch 2.11's C++ matmul specialized every size of
-            # a dynamic shape (one compile per length)
+            # decompositions, as Dynamo's tracing does; without it the C++ matmul (torch 2.11) specializes every
+            # size of a dynamic shape (one compile per length)
             with self.fake_mode, enable_python_dispatcher():
                 node.meta["val"] = target(*fake_args, **fake_kwargs)
 
@@ -63,7 +63,7 @@ class _Emitter:
         where nothing else reads it), and the attentions that share the tensor (every T5 layer) share the copy.
         The copy is placed after ``node`` (after the graph's inputs where ``node`` is one), before every use."""
         t = val(node)
-        sizes, strides = [hint(n) for n in t.shape], [hint(n) for n in t.stride()]
+        sizes, strides = [size_hint(n) for n in t.shape], [size_hint(n) for n in t.stride()]
         if strides[-1] == 1 or sizes[-1] == 1 or any(st == 0 and n > 1 for n, st in zip(sizes, strides)):
             return node
         copy = self.key_contiguous_copies.get(node)
@@ -120,7 +120,7 @@ class _Emitter:
         return self(aten.expand.default, node, [*batch, *shape[-2:]])
 
     def rebatch(self, node: fx.Node, source_batch: tuple, target_batch: tuple, what: str) -> fx.Node:
-        """Reshape batch dims (the score chain reshaped the scores' batch between the two products)."""
+        """Reshape batch dims (the score path reshaped the scores' batch between the two products)."""
         if same_shape(source_batch, target_batch):
             return node
         shape = tuple(val(node).shape)
@@ -130,7 +130,7 @@ class _Emitter:
 
 
 def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_parallel: Optional[ContextParallel],
-                needing_grad: set[fx.Node]) -> tuple[fx.Node, dispatch.Choice]:
+                needing_grad: set[fx.Node]) -> tuple[fx.Node, dispatch.ImplementationChoice]:
     """The nodes computing the match (the fused op; the Gluon forward's op or SDPA's kernel where it was timed faster;
     the ring over the ranks under ``context_parallel``) and that choice (``needing_grad``: the graph's values that
     autograd differentiates, :func:`nodes_needing_grad`)."""
@@ -158,8 +158,8 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
 
     if context_parallel is not None:
         return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
-    choice = dispatch.choose(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors],
-                                    [use.node in needing_grad for use in match.tensors])
+    choice = dispatch.choose_implementation(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors],
+                                            [use.node in needing_grad for use in match.tensors])
     if choice.is_sdpa:
         out = dispatch.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
@@ -182,7 +182,7 @@ def _dropout_seed(match: AttentionMatch, emit: _Emitter, q4: fx.Node) -> Optiona
 
 
 def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
-               cp: ContextParallel) -> tuple[fx.Node, dispatch.Choice]:
+               cp: ContextParallel) -> tuple[fx.Node, dispatch.ImplementationChoice]:
     """The attention over the sequence sharded as ``cp`` says (:func:`fuse_attn.graph.context_parallel.ring_attention`)."""
     rank, world = cp.rank_and_size()
     uneven = uneven_total(cp.sequence_length, world, cp.load_balance)
@@ -194,7 +194,7 @@ def _ring_call(match: AttentionMatch, emit: _Emitter, q4, k4, v4, tensors,
     shards = f"{'load-balanced' if cp.load_balance else 'contiguous'} shards"
     if uneven is not None:
         shards += f" of an uneven sequence of {uneven}, run gathered"
-    return _restored_output(match, emit, out), dispatch.Choice(
+    return _restored_output(match, emit, out), dispatch.ImplementationChoice(
         dispatch.TRITON, f"context parallel over {world} ranks ({shards})")
 
 
@@ -238,7 +238,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         try:
             expansion = sdpa_calls.expand(call, _Emitter(graph, call, fake_mode))
         except NotFused as e:
-            verdicts.append(SoftmaxVerdict(call.name, False, reason=e.reason, about=call.name, source=_source_line(call)))
+            verdicts.append(SoftmaxVerdict(call.name, False, reason=e.reason, about=call.name,
+                                           source=_source_line(call), attention=True))
             continue
         expansions[expansion.softmax] = expansion
     for softmax in find_softmaxes(graph):
@@ -253,11 +254,13 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
                              needing_grad) if apply else None)
         except NotFused as e:
             about = e.node.name if e.node is not None else None
-            verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source))
+            verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source,
+                                           attention=expansion is not None or weights_meet_a_product(softmax)))
             continue
         except Exception as e:  # a bug of ours must cost the fusion, never the user's model
             log.warning("fuse_attn: internal error while matching %s", name, exc_info=True)
-            verdicts.append(SoftmaxVerdict(name, False, reason=f"internal error: {type(e).__name__}: {e}", source=source))
+            verdicts.append(SoftmaxVerdict(name, False, reason=f"internal error: {type(e).__name__}: {e}",
+                                           source=source, attention=True))
             continue
         finally:
             if expansion is not None:
@@ -278,7 +281,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
            context_parallel: Optional[ContextParallel],
-           key_contiguous_copies: dict[fx.Node, fx.Node], needing_grad: set[fx.Node]) -> dispatch.Choice:
+           key_contiguous_copies: dict[fx.Node, fx.Node], needing_grad: set[fx.Node]) -> dispatch.ImplementationChoice:
     emit = _Emitter(graph, match.pv, fake_mode, key_contiguous_copies)
     try:
         replacement, choice = _fused_call(match, emit, training, context_parallel, needing_grad)

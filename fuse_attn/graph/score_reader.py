@@ -1,9 +1,10 @@
-"""The score chain of a matched attention -- everything between ``q @ k^T`` and the softmax -- as a program.
+"""The score program of a matched attention read from the graph: everything between ``q @ k^T`` and the softmax
+(the *score path*) as a :mod:`fuse_attn.score_program`.
 
-The chain is read by what it computes. Each node on the path from the product to the softmax is normalized to
-program ops (:func:`pointwise_form`: ``masked_fill`` is a ``where``, ``clamp`` a ``clamp_min`` then a
-``clamp_max``, float casts are the identity since the kernel computes in fp32, ...). The other operands of those
-ops (*side inputs*) become, in this order of preference:
+The path is read by what it computes. Each node on it is normalized to program ops (:func:`pointwise_form`:
+``masked_fill`` is a ``where``, ``clamp`` a ``clamp_min`` then a ``clamp_max``, float casts are the identity since
+the kernel computes in fp32, ...). The other operands of those ops (*side inputs*) become, in this order of
+preference:
 
 1. a constant, when they are a Python number or a one-element tensor computable from constants;
 2. an index expression, when they are built from ``arange`` (``arange(N)[None, :] - arange(M)[:, None]``):
@@ -14,26 +15,27 @@ ops (*side inputs*) become, in this order of preference:
 
 Before that, a masking op whose mask is a compile-time constant (a ``tril`` buffer, an ``arange`` comparison,
 a Hugging Face 0 / ``finfo.min`` additive mask) is *evaluated*: if it equals a causal band (optionally a sliding
-window) and keys it masks stay masked through the rest of the chain, it leaves the program and becomes
+window) and keys it masks stay masked through the rest of the path, it leaves the program and becomes
 ``spec.causal``, so the kernels skip masked blocks. Under symbolic lengths no mask can be evaluated; a ``where``
 whose condition is a predicate of the key-query distance ``j - i`` alone (read from its index expression) is
 checked for a band instead, and so is the top-left corner of a constant (a sliced ``tril`` buffer)
 (:func:`symbolic_masking_band`).
 
-Everything here raises :class:`NotFused` (with the node) for a chain the kernel cannot express.
+Everything here raises :class:`NotFused` (with the node) for a score path the kernels cannot express.
 """
 
 from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 import torch.fx as fx
 
-from fuse_attn.graph.nodes import CAST_OPS, IDENTITY_OPS, all_ones, aten, cast_dtype, is_pure, is_static, same_shape, shape_text, val
+from fuse_attn.graph.nodes import (CAST_OPS, IDENTITY_OPS, SCALAR_TYPES, MatchContext, NotFused, all_ones, aten,
+                                   cast_dtype, is_pure, is_static, op_name, same_shape, shape_text, target_of, val)
 from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder
 
 # Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
@@ -43,55 +45,8 @@ MAX_EVALUATED_MASK_ELEMENTS = 2**28
 # -3.4e38; a bias that large would itself overflow any attention).
 HUGE_NEGATIVE = -1e30
 
-_SCALAR_TYPES = (bool, int, float)
-
-
-class NotFused(Exception):
-    """A softmax that is not rewritten, with the reason and the node it is about."""
-
-    def __init__(self, reason: str, node: Optional[fx.Node] = None):
-        super().__init__(reason)
-        self.reason = reason
-        self.node = node
-
-
-@dataclass
-class MatchContext:
-    """What the matcher may know beyond the graph: real values of constant inputs (registered buffers), and which
-    inputs require a gradient (the graph's own values say none: it is traced below autograd)."""
-
-    constant_inputs: dict[fx.Node, torch.Tensor] = field(default_factory=dict)
-    gm: Optional[fx.GraphModule] = None
-    inputs_needing_grad: frozenset[fx.Node] = frozenset()
-
 
 # ---- pointwise ops, normalized -----------------------------------------------------------------------------------
-# In-place forms (pre-autograd graphs keep them) read as their functional forms: the walk only accepts a chain where
-# each value has one user, so the mutation is seen by nothing else.
-FUNCTIONAL_FORM = {
-    aten.mul_.Tensor: aten.mul.Tensor,
-    aten.mul_.Scalar: aten.mul.Scalar,
-    aten.div_.Tensor: aten.div.Tensor,
-    aten.div_.Scalar: aten.div.Scalar,
-    aten.add_.Tensor: aten.add.Tensor,
-    aten.add_.Scalar: aten.add.Scalar,
-    aten.sub_.Tensor: aten.sub.Tensor,
-    aten.sub_.Scalar: aten.sub.Scalar,
-    aten.masked_fill_.Scalar: aten.masked_fill.Scalar,
-    aten.masked_fill_.Tensor: aten.masked_fill.Tensor,
-    aten.tanh_.default: aten.tanh.default,
-    aten.clamp_.default: aten.clamp.default,
-    aten.clamp_min_.default: aten.clamp_min.default,
-    aten.clamp_max_.default: aten.clamp_max.default,
-    aten.neg_.default: aten.neg.default,
-    aten.exp_.default: aten.exp.default,
-}
-
-
-def target_of(node: fx.Node):
-    return FUNCTIONAL_FORM.get(node.target, node.target)
-
-
 def _overloads(packet, *names):
     return {getattr(packet, n) for n in names if hasattr(packet, n)}
 
@@ -144,7 +99,7 @@ def pointwise_form(node: fx.Node) -> Optional[list[Step]]:
         return None
     if t in (aten.add.Tensor, aten.add.Scalar, aten.sub.Tensor, aten.sub.Scalar, aten.rsub.Scalar, aten.rsub.Tensor):
         alpha = node.kwargs.get("alpha", 1)
-        if not isinstance(alpha, _SCALAR_TYPES):
+        if not isinstance(alpha, SCALAR_TYPES):
             return None
         x, y = (a[1], a[0]) if t in (aten.rsub.Scalar, aten.rsub.Tensor) else (a[0], a[1])
         op = "add" if t in (aten.add.Tensor, aten.add.Scalar) else "sub"
@@ -223,13 +178,13 @@ class ConstantEvaluator:
 
     def try_scalar(self, x: Any) -> Optional[Union[bool, int, float]]:
         """A Python number for ``x`` if it is one or a one-element tensor computable from constants."""
-        if isinstance(x, _SCALAR_TYPES):
+        if isinstance(x, SCALAR_TYPES):
             return x
         constant = _factory_scalar(x)
         if constant is not None:
             return constant
         fake = val(x) if isinstance(x, fx.Node) else None
-        if isinstance(fake, _SCALAR_TYPES):
+        if isinstance(fake, SCALAR_TYPES):
             # a size computation that the shape environment has specialized (its value is guarded): torch 2.11 gives
             # ``sym_size`` of a head dim fixed by a guard as a plain int, so ``D ** -0.5`` is a plain float there
             return fake
@@ -274,7 +229,7 @@ def _factory_fill(x: Any) -> Optional[Union[bool, int, float]]:
         value = x.args[0]
     else:
         return None
-    if not isinstance(value, _SCALAR_TYPES):
+    if not isinstance(value, SCALAR_TYPES):
         return None
     return bool(value) if fake.dtype == torch.bool else float(value) if fake.dtype.is_floating_point else int(value)
 
@@ -293,7 +248,7 @@ class PathOp:
 def walk_score_path(softmax: fx.Node, is_product) -> tuple[fx.Node, list[PathOp], list[fx.Node]]:
     """From the softmax input back to the product. Returns (product, path ops in forward order, path nodes)."""
     ops: list[PathOp] = []
-    chain: list[fx.Node] = []
+    path_nodes: list[fx.Node] = []
     node = softmax.args[0]
     consumer = softmax
     while True:
@@ -306,7 +261,7 @@ def walk_score_path(softmax: fx.Node, is_product) -> tuple[fx.Node, list[PathOp]
             raise NotFused(f"no q @ k^T product before the softmax: the scores come from {node.op} {node.name}", node)
         if is_product(node):
             break
-        chain.append(node)
+        path_nodes.append(node)
         consumer = node
         if target_of(node) in (aten.view.default, aten.reshape.default, aten._unsafe_view.default):
             before, after = val(node.args[0]).shape, val(node).shape
@@ -327,7 +282,7 @@ def walk_score_path(softmax: fx.Node, is_product) -> tuple[fx.Node, list[PathOp]
         ops.append(PathOp(node, steps, tuple(val(node).shape[:-2])))
         node = score
     ops.reverse()
-    return node, ops, chain
+    return node, ops, path_nodes
 
 
 def _score_operand(node: fx.Node, is_product) -> fx.Node:
@@ -359,10 +314,6 @@ def _reaches(node: fx.Node, is_product, budget: int = 64) -> bool:
             return True
         stack.extend(n.all_input_nodes)
     return False
-
-
-def op_name(target: Any) -> str:
-    return str(target).replace("aten.", "")
 
 
 # ---- constant masks that are causal bands ----------------------------------------------------------------------------
@@ -615,7 +566,7 @@ def _chosen_constant_comparison(kind: str, left: Expr, right: Expr):
 def stays_masked(value: float, later: list[PathOp], evaluate: ConstantEvaluator) -> bool:
     """Whether keys masked to ``value`` still get exactly zero weight after the path ops that follow the mask.
 
-    Only then may the mask move to the end of the chain as ``causal`` (the kernel applies it last and skips masked
+    Only then may the mask move to the end of the path as ``causal`` (the kernel applies it last and skips masked
     blocks). Positive scales keep -inf and keep a huge negative fill huge; adding a bias keeps it huge when it is
     -inf or beyond 1e30 (a bias would have to be as large to matter); casts change nothing; a ``where`` whose
     other branch is a masking constant keeps it masked; anything else (tanh, a negative scale, ...) may not.
@@ -749,7 +700,7 @@ class SideExpressions:
 
 def _position_expression(x: Any, position: Expr) -> Optional[Expr]:
     """The values of a tensor with one non-1 dim as an expression of the element's ``position`` along it."""
-    if isinstance(x, _SCALAR_TYPES):
+    if isinstance(x, SCALAR_TYPES):
         return ("const", x)
     if not isinstance(x, fx.Node) or x.op != "call_function":
         return None
@@ -825,6 +776,9 @@ def _loads(expr: Expr) -> list[fx.Node]:
 # ---- the program ---------------------------------------------------------------------------------------------------
 @dataclass
 class ScoreProgram:
+    """A score path read as a program: its nodes (``spec.score_program``), the graph nodes it loads (the spec's score
+    tensors, in order) and the leading scale taken out of it (into ``spec.scale``)."""
+
     scale_factor: float  # leading scalar multiplications, folded into spec.scale ...
     head_dim_power: float  # ... times head_dim ** head_dim_power (a symbolic head dim's ``D ** -0.5``)
     nodes: tuple[ScoreNode, ...]

@@ -31,8 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import guard_bool, guard_int
 
-from fuse_attn.graph.nodes import aten, val
-from fuse_attn.graph.score_reader import NotFused
+from fuse_attn.graph.nodes import NotFused, aten, val
 
 SDPA_OPS = {aten.scaled_dot_product_attention.default}
 # SDPA's parameters after q, k, v, with its defaults (torch/nn/functional.py; aten's schema has the same order).

@@ -22,6 +22,7 @@ import pytest
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
+import torch  # noqa: E402
 from tests.support.interpreter_patching import skip_repatching_inside_a_launch  # noqa: E402
 from tests.support.interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
 
@@ -30,6 +31,10 @@ skip_repatching_inside_a_launch()  # a third of an interpreted kernel's time, th
 # Gluon binds triton.language's helpers when imported and refuses interpreter-bound ones unless TRITON_INTERPRET=1
 # then: importing the kernels here, not inside a test that has set TRITON_INTERPRET=0, lets any test run alone.
 import fuse_attn.kernels  # noqa: E402,F401
+from fuse_attn.kernels import tuning  # noqa: E402
+
+from tests.support.compiled_modules import INTERPRETER_SESSION  # noqa: E402
+from tests.support.tuning import FakeMachine  # noqa: E402
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -38,3 +43,32 @@ def _autotune_cache_in_tmp(tmp_path_factory):
         if not os.environ.get("FUSE_ATTN_CACHE_DIR"):
             mp.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path_factory.mktemp("fuse_attn_cache")))
         yield
+
+
+@pytest.fixture(params=["cpu-blockwise", "cpu-interpreter", "cuda"])
+def target(request, monkeypatch):
+    """(device, dtype) for an end-to-end run. On a CPU the fused op runs the plain-PyTorch blockwise path, or the
+    Triton kernels in the interpreter; on a GPU (bf16) the compiled kernels."""
+    if request.param == "cuda":
+        if not torch.cuda.is_available() or INTERPRETER_SESSION:
+            pytest.skip("needs a GPU and TRITON_INTERPRET=0")
+        return "cuda", torch.bfloat16
+    if request.param == "cpu-interpreter" and not INTERPRETER_SESSION:
+        pytest.skip("the Triton interpreter must be chosen before triton is imported (TRITON_INTERPRET=1)")
+    monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "cpu-interpreter" else "0")
+    return "cpu", torch.float32
+
+
+@pytest.fixture
+def machine(tmp_path, monkeypatch):
+    """The kernel tuner on a fake GPU (tests/support/tuning.py), with an empty cache directory of its own."""
+    m = FakeMachine()
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
+    monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_unwritable_dirs", set())
+    monkeypatch.setattr(tuning, "device_identity", lambda device: (m.gpu, m.capability))
+    monkeypatch.setattr(tuning, "software_versions", lambda: (m.triton, m.torch))
+    monkeypatch.setattr(tuning, "_time_config", m.time_config)
+    return m

@@ -30,10 +30,10 @@ os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else 
 os.environ.setdefault("FUSE_ATTN_CANDIDATES", "triton")
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [ROOT, os.path.join(ROOT, "tests")]
+sys.path.insert(0, ROOT)  # run as a script from a checkout: tests.support and tests.e2e
 from fuse_attn.backend import fuse_attn_backend  # noqa: E402
 from tests.support.interpreter_rounding import round_bf16_to_nearest_even  # noqa: E402
-from test_model_zoo import MODELS, first_tensor  # noqa: E402
+from tests.e2e.test_model_zoo import MODELS, first_tensor  # noqa: E402
 
 round_bf16_to_nearest_even()  # on a CPU: the interpreter's bf16 rounding as the GPU's (tests/support/interpreter_rounding.py)
 

@@ -134,7 +134,7 @@ def check_case(dtype, Z, H, M, N, D, DV=None, causal=None, bias=None, mask=None,
 @mock.patch.dict(os.environ, {"FUSE_ATTN_AUTOTUNE": "0"})  # one config per kernel: the sweep checks numerics, not speed
 def correctness_sweep():
     # Seeded so that a failure can be rerun. One sample per case: the ALiBi slope gradient is a sum over the whole
-    # score matrix with heavy cancellation, and across 9 seeds on an H200 (2026-11-22) our error / eager's ranged
+    # score matrix with heavy cancellation, and across 9 seeds on an H200 our error / eager's ranged
     # 0.5-2.4 (eager's own error 6-30), so that entry can fail the 2x rule by chance on some seeds.
     torch.manual_seed(0)
     cases = [
@@ -322,7 +322,7 @@ def measure(fn, q, k, v, dout, backward, learned=()):
 
 METHOD_NAMES = ("ours", "eager", "torch.compile", "SDPA flash", "SDPA cuDNN", "FlexAttention")
 TABLE_NAMES = {"torch.compile": "torch.compile default"}
-CSV_COLUMNS = ["B", "H", "N", "D", "causal", "score_mod", "mode", "dtype", "method", "median_ms", "TF/s",
+CSV_COLUMNS = ["B", "H", "N", "D", "causal", "score_program", "mode", "dtype", "method", "median_ms", "TF/s",
                "peak_bytes_above_inputs", "gpu", "torch", "triton", "date"]
 
 

@@ -380,7 +380,7 @@ def check_variant(variant: Variant, size: Size, device) -> Check:
     reference = run(torch.float64, lambda model: model)
     eager = run(torch.float32, lambda model: model)
     # one config per kernel: the check is of numerics, and tuning every fp32 candidate of the backward at head dim
-    # 128 compiles for minutes (over 5 on an H200's host, 2026-11-26)
+    # 128 compiles for minutes (over 5 on an H200's host)
     with mock.patch.dict(os.environ, {"FUSE_ATTN_AUTOTUNE": "0"}), collect_reports() as reports:
         ours = run(torch.float32, lambda model: torch.compile(model, backend="fuse_attn"))
     names = ["out", "dq", "dk", "dv"] + [f"d{name}" for name, _ in module.named_parameters()]

@@ -1,12 +1,12 @@
 """End to end: ``torch.compile(model, backend="fuse_attn")`` on small modules, inference and training, CPU.
 
 Numerics rule: ``max|ours - ref| <= 2 * max|eager - ref| + floor`` with ``ref`` the module in fp64 and ``eager``
-the module run eagerly in the working dtype.
+the module run eagerly in the working dtype (tests/support/compiled_modules.py's ``compile_and_compare``; the
+``target`` fixture, where the fused op runs: tests/conftest.py).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import os
 import shutil
@@ -20,35 +20,9 @@ from torch._inductor.utils import fresh_cache, run_and_get_code
 from fuse_attn.report import collect_reports
 
 from examples.attention_forms import NanoGPTAttention, PaddedEncoderAttention, TinyGPT
+from tests.support.compiled_modules import INTERPRETER_SESSION, CausalTril, compile_and_compare
 
-# Absolute floors of the 2x rule: about one unit in the last place of values of size ~1 in each dtype.
-FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-INTERPRETER_SESSION = os.environ.get("TRITON_INTERPRET") == "1"  # see conftest.py
-
-
-@pytest.fixture(params=["cpu-blockwise", "cpu-interpreter", "cuda"])
-def target(request, monkeypatch):
-    """(device, dtype) for an end-to-end run. On a CPU the fused op runs the plain-PyTorch blockwise path, or the
-    Triton kernels in the interpreter; on a GPU (bf16) the compiled kernels."""
-    if request.param == "cuda":
-        if not torch.cuda.is_available() or INTERPRETER_SESSION:
-            pytest.skip("needs a GPU and TRITON_INTERPRET=0")
-        return "cuda", torch.bfloat16
-    if request.param == "cpu-interpreter" and not INTERPRETER_SESSION:
-        pytest.skip("the Triton interpreter must be chosen before triton is imported (TRITON_INTERPRET=1)")
-    monkeypatch.setenv("TRITON_INTERPRET", "1" if request.param == "cpu-interpreter" else "0")
-    return "cpu", torch.float32
-
-
-class CausalTril(torch.nn.Module):
-    def forward(self, q, k, v):
-        T = q.shape[-2]
-        w = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        w = w.masked_fill(torch.tril(torch.ones(T, T, device=q.device)) == 0, float("-inf"))
-        return torch.softmax(w, -1) @ v
 
 
 class BiasedBmm(torch.nn.Module):
@@ -121,54 +95,6 @@ class MultiheadBlock(torch.nn.Module):
     def forward(self, x, causal, padding):
         out, _ = self.attention(x, x, x, attn_mask=causal, key_padding_mask=padding)
         return out
-
-
-def max_error(a, b):
-    return (a.double() - b.double()).abs().max().item()
-
-
-def check_close(ours, eager, ref, dtype, what):
-    allowed = 2 * max_error(eager, ref) + FLOOR[dtype]
-    err = max_error(ours, ref)
-    assert err <= allowed, f"{what}: error {err:.3g} > allowed {allowed:.3g} (eager's {max_error(eager, ref):.3g})"
-
-
-def compile_and_compare(model, inputs, *, train: bool, dtype=torch.float32, device="cpu", expect_fused: int = 1):
-    """Compile ``model`` with fuse_attn; compare outputs (and grads of params and float inputs) with eager/fp64."""
-    torch._dynamo.reset()
-    ref_model = copy.deepcopy(model).to(device, torch.float64)
-    eager_model = copy.deepcopy(model).to(device, dtype)
-    ours_model = copy.deepcopy(model).to(device, dtype)
-
-    def prepared(cast):
-        return [cast(x.to(device)).detach().requires_grad_(train and x.is_floating_point()) for x in inputs]
-
-    ref_in = prepared(lambda x: x.double() if x.is_floating_point() else x)
-    eager_in = prepared(lambda x: x.to(dtype) if x.is_floating_point() else x)
-    ours_in = prepared(lambda x: x.to(dtype) if x.is_floating_point() else x)
-
-    compiled = torch.compile(ours_model, backend="fuse_attn")
-    with collect_reports() as reports, torch.set_grad_enabled(train):
-        ours = compiled(*ours_in)
-    fused = sum(len(r.fused) for r in reports)
-    assert fused == expect_fused, "\n".join(v.line() for r in reports for v in r.verdicts)
-    with torch.set_grad_enabled(train):
-        ref, eager = ref_model(*ref_in), eager_model(*eager_in)
-    check_close(ours, eager, ref, dtype, "output")
-    if not train:
-        return
-    grad_out = torch.randn_like(ref)
-    ref.backward(grad_out)
-    eager.backward(grad_out.to(dtype))
-    ours.backward(grad_out.to(dtype))
-    pairs = [(o, e, r, f"grad of input {i}") for i, (o, e, r) in enumerate(zip(ours_in, eager_in, ref_in)) if r.requires_grad]
-    pairs += [
-        (o, e, r, f"grad of {name}")
-        for (name, r), o, e in zip(ref_model.named_parameters(), ours_model.parameters(), eager_model.parameters())
-    ]
-    for o, e, r, what in pairs:
-        o, e, r = (x.grad if isinstance(x, torch.Tensor) and x.grad is not None else x for x in (o, e, r))
-        check_close(o, e, r.grad if r.grad is not None else r, dtype, what)
 
 
 @pytest.mark.parametrize("train", [False, True], ids=["inference", "training"])

@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from tests.e2e.test_backend import FLOOR
+from tests.support.numerics import FLOOR
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,7 +88,7 @@ def test_warm_start_in_a_new_process_and_invalidation_by_changed_sources(tmp_pat
 
     changed = tmp_path / "changed"
     shutil.copytree(os.path.join(REPO, "fuse_attn"), changed / "fuse_attn", ignore=shutil.ignore_patterns("__pycache__"))
-    with open(changed / "fuse_attn" / "kernels" / "templates" / "flash_attention.py.tmpl", "a", encoding="utf-8") as f:
+    with open(changed / "fuse_attn" / "kernels" / "generated" / "templates" / "flash_attention.py.tmpl", "a", encoding="utf-8") as f:
         f.write("\n# a changed kernel\n")
     after_change = compile_in_a_new_process(cache, str(changed))
     assert (after_change["fx_hit"], after_change["aot_hit"]) == (0, 0), after_change

@@ -1,6 +1,6 @@
 """The backend composed with the rest of torch.compile: ``fullgraph=True``, activation checkpointing, autocast,
 ``no_grad`` / ``inference_mode``, ``mode="max-autotune"`` and ``mode="reduce-overhead"`` (CUDA graphs). Each: the
-attention is fused and the results hold the 2x rule against fp64 (tests/e2e/test_backend.py's helpers).
+attention is fused and the results hold the 2x rule against fp64 (tests/support/compiled_modules.py's helpers).
 
 The CUDA graph tests need a GPU: ``TRITON_INTERPRET=0 python -m pytest -q tests/e2e/test_compose.py -k cuda``.
 """
@@ -21,9 +21,9 @@ from fuse_attn.report import collect_reports
 from fuse_attn.spec import AttentionSpec
 
 from examples.attention_forms import NanoGPTAttention
-from tests.kernels.test_tuning import CANDIDATES, FASTEST, key, machine, new_process  # noqa: F401  (machine: a fixture)
-from tests.e2e.test_backend import INTERPRETER_SESSION, check_close, compile_and_compare, target  # noqa: F401
-from tests.graph.test_dynamic import compiled_kernels_or_blockwise
+from tests.support.compiled_modules import INTERPRETER_SESSION, compile_and_compare, compiled_kernels_or_blockwise
+from tests.support.numerics import check_close
+from tests.support.tuning import CANDIDATES, FASTEST, key, new_process
 
 fa = importlib.import_module("fuse_attn.kernels.ops")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETER_SESSION, reason="needs a GPU and TRITON_INTERPRET=0")
@@ -226,14 +226,14 @@ def test_tuning_never_runs_inside_a_cuda_graph_capture(machine, monkeypatch):
         launched.append(cfg)
 
     k = key()
-    assert tuning.choose(k, CANDIDATES, launch) == CANDIDATES[0]
+    assert tuning.tune(k, CANDIDATES, launch) == CANDIDATES[0]
     assert launched == [] and machine.timed == [] and tuning.cached(k) is None
     capturing[0] = False
-    assert tuning.choose(k, CANDIDATES, launch) == FASTEST  # tuned (and stored) outside the capture
+    assert tuning.tune(k, CANDIDATES, launch) == FASTEST  # tuned (and stored) outside the capture
     assert machine.timed == CANDIDATES
     new_process(monkeypatch)
     capturing[0] = True
-    assert tuning.choose(k, CANDIDATES, launch) == FASTEST  # a stored config is used inside a capture too
+    assert tuning.tune(k, CANDIDATES, launch) == FASTEST  # a stored config is used inside a capture too
     assert machine.timed == CANDIDATES and tuning.cached(k) == FASTEST
 
 

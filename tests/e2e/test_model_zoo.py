@@ -22,7 +22,7 @@ import os
 FLOOR = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
 INTERPRETER_SESSION = os.environ.get("TRITON_INTERPRET") == "1"  # see conftest.py
 HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
-# bf16 draws of the weights per model (the test's docstring says why; benchmarks/2026-11-26-t5-draws measured 4 as too few)
+# bf16 draws of the weights per model (the test's docstring says why: 4 draws were measured too few for T5)
 BF16_SEEDS = 16
 
 
@@ -142,7 +142,7 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     eager does, and what is left of the difference is the attention. The same-dtype baseline is the worse of eager
     and ``torch.compile`` default, in fp32 too: Inductor's reordering of the rest of the model alone moves fp32
     gradients by up to 2x eager's error (ViT, sdpa: ``torch.compile`` default's worst gradient at 0.40-1.09x its
-    bound against eager, six draws at two threads, three at one and at eight: benchmarks/2026-11-27-zoo-fp32), and
+    bound against eager, six draws at two threads, three at one and at eight), and
     CI's machine failed the fused ViT at 1.08x that bound (``layers.1.mlp.fc2.bias``) where this 2-core machine's
     runs were at 0.78x (0.89x with the inputs fixed below). The baseline is
     compiled only where our error exceeds eager's bound (the same verdict): on the CPU, Inductor's compile of a
@@ -155,8 +155,7 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
     output's gradient weights (the compiled models are reused: new weights, no recompile); fp32 takes one draw.
     Four draws were still too few for T5: with its attention computed exactly (fp64, rounded to bf16 only at its
     output and input gradients), block 0's ``layer_norm.weight`` gradient was 0.473 off fp64 against eager's 0.192
-    over draws 0-3 -- a perfect attention failed the rule -- and 0.294 against 0.317 over 16 draws
-    (``benchmarks/2026-11-26-t5-draws``).
+    over draws 0-3 -- a perfect attention failed the rule -- and 0.294 against 0.317 over 16 draws.
     """
     if device == "cuda" and (not torch.cuda.is_available() or INTERPRETER_SESSION):
         pytest.skip("needs a GPU and TRITON_INTERPRET=0")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 
 import pytest
 import torch
@@ -22,7 +21,8 @@ from fuse_attn.report import collect_reports
 from fuse_attn.spec import CausalMask
 
 from examples.attention_forms import NanoGPTAttention
-from tests.e2e.test_backend import check_close, target  # noqa: F401  (target: the device/dtype fixture)
+from tests.support.compiled_modules import compiled_kernels_or_blockwise
+from tests.support.numerics import check_close
 
 # Ten lengths, odd and even, none a multiple of the interpreter's 16/32 blocks except 32 (block edges too).
 LENGTHS = (5, 7, 9, 12, 16, 17, 23, 29, 32, 37)
@@ -67,16 +67,6 @@ class Models:
         params = zip(self.ours.named_parameters(), self.eager.parameters(), self.ref.parameters())
         for (name, o), e, r in params:
             check_close(o.grad, e.grad, r.grad, self.dtype, f"grad of {name} {what}")
-
-
-def compiled_kernels_or_blockwise(target) -> tuple[str, torch.dtype]:
-    """``target`` without the Triton interpreter, for tests of what Dynamo, the rewrite and Inductor do, which is
-    the same however the op runs on a CPU (the interpreted kernels at ten run-time lengths:
-    test_ten_lengths_one_compile; under the other forms: tests/e2e/test_backend.py)."""
-    device, dtype = target
-    if device == "cpu" and os.environ["TRITON_INTERPRET"] == "1":
-        pytest.skip("tests the compile, not the kernels: the blockwise CPU path and the GPU cover it")
-    return device, dtype
 
 
 def fused_once(reports) -> None:
@@ -255,7 +245,7 @@ def test_padded_keys_are_skipped_under_dynamic_lengths(target, form):
     On a GPU, a query length on each side of the split-K decode kernel's row bound (decode.MAX_ROWS) compiles
     once more: the op chooses that kernel for short queries with a guard (``dispatch_splits``). And in bf16 the
     gradient of eager's batch row of no key is the known difference of rows masked entirely with finfo.min
-    (TESTING.md; ``test_rows_masked_with_finfo_min_are_uniform_as_in_eager``), so only the other rows' is checked."""
+    (docs/testing.md; ``test_rows_masked_with_finfo_min_are_uniform_as_in_eager``), so only the other rows' is checked."""
     device, dtype = target
     torch.manual_seed(6)
     lengths = (17, 37, 70)

@@ -35,7 +35,7 @@ def compile_and_run():
 
 
 # What a subprocess runs: the compile above, with whatever TORCH_LOGS its environment holds.
-COMPILE_SCRIPT = "from test_logging import compile_and_run; compile_and_run()"
+COMPILE_SCRIPT = "from tests.graph.test_logging import compile_and_run; compile_and_run()"
 # What a subprocess prints: the effective levels of the package's logger and of the tuner's.
 LEVELS_SCRIPT = ("import logging, torch; print(logging.getLogger('fuse_attn').getEffectiveLevel(), "
                  "logging.getLogger('fuse_attn.kernels.tuning').getEffectiveLevel())")

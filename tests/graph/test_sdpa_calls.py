@@ -185,7 +185,7 @@ def test_left_padding_and_causal_match_sdpa_with_gradients(route, form, monkeypa
         pytest.skip("needs a GPU and TRITON_INTERPRET=0")
     if route != "cuda":
         monkeypatch.setenv("TRITON_INTERPRET", "1" if route == "interpreter" else "0")
-    from tests.kernels.test_kernels import assert_close_2x
+    from tests.support.numerics import assert_close_2x
 
     device = "cuda" if route == "cuda" else "cpu"
     padding = left_padding(length=9, pads=(0, 3)).to(device)

@@ -17,7 +17,8 @@ from fuse_attn.kernels.generated import codegen, decode
 from fuse_attn.kernels import flash_attention, reference_attention
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
-from tests.kernels.test_kernels import DTYPE_NAME, alibi, assert_close_2x, index_leaves, make_case
+from tests.support.cases import DTYPE_NAME, alibi, index_leaves, make_case
+from tests.support.numerics import assert_close_2x
 
 pytestmark = pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning",
                                         "ignore:divide by zero encountered:RuntimeWarning",
@@ -308,7 +309,7 @@ def test_generated_source_shares_the_forward_score_program():
 
 
 # ---- on a GPU: TRITON_INTERPRET=0 python -m pytest -q tests/kernels/test_decode.py -k cuda -------------------------
-# Absolute floor of the 2x rule in bf16 (as tests/e2e/test_backend.py's): about one unit in the last place of ~1.
+# Absolute floor of the 2x rule in bf16 (as tests/support/numerics.py's FLOOR): about one unit in the last place of ~1.
 BF16_FLOOR = 8e-3
 CUDA_CASES = {
     # LLaMA-3-8B-like decode (32 query heads of 128, GQA 4) and a Mistral-like window, a Gemma-2-like softcap with a
@@ -323,9 +324,9 @@ CUDA_CASES = {
 
 
 def _assert_close_2x_bf16(name, ours, ref, eager):
-    from tests.kernels.test_kernels import _nan_safe_err
+    from tests.support.numerics import nan_safe_err
 
-    err, err_eager = _nan_safe_err(ours, ref), _nan_safe_err(eager, ref)
+    err, err_eager = nan_safe_err(ours, ref), nan_safe_err(eager, ref)
     assert err <= 2 * err_eager + BF16_FLOOR, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {BF16_FLOOR}"
 
 

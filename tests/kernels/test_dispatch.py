@@ -5,7 +5,7 @@ candidates are admitted for CPU tensors, whose graphs the rewrite can trace (the
 CUDA tensor would tune its kernels), so that what is tested is the eligibility of a spec, the choice and its cache entry, the
 FUSE_ATTN_CANDIDATES switch, and the graph the rewrite emits for each choice. The Gluon forward is admitted by
 standing in for its eligibility (``gluon_reasons``: an sm90 GPU). The GPU run of the same choices, with numerics, is
-in test_compose / the device checks (TESTING.md)."""
+in test_compose / the device checks (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -112,10 +112,10 @@ def gpu(tmp_path, monkeypatch):
 
 def on_hopper(monkeypatch):
     """The Gluon forward's eligibility as on an H100 (these tensors are on the CPU): its reasons but the GPU's."""
-    from fuse_attn.kernels.hopper import forward as hopper_forward
+    from fuse_attn.kernels.hopper import common as hopper_common
 
-    real = hopper_forward.hopper_reasons
-    monkeypatch.setattr(hopper_forward, "hopper_reasons",
+    real = hopper_common.hopper_reasons
+    monkeypatch.setattr(hopper_common, "hopper_reasons",
                         lambda spec, q, k: [r for r in real(spec, q, k) if "sm90" not in r])
 
 
@@ -201,7 +201,7 @@ class TestEmittedGraphs(TestCase):
                 biases.append(torch.empty(1, 16, 2048, 2048, dtype=torch.bfloat16).transpose(2, 3))
             timed = []
             for bias in biases:
-                dispatch.choose(spec, q, k, v, True, [bias])
+                dispatch.choose_implementation(spec, q, k, v, True, [bias])
                 timed.append(len(timings.timed))
         self.assertEqual(set(timings.timed), {TRITON, GLUON})
         # the third: the first's choice, cached; the fourth (strided keys) timed again
@@ -226,9 +226,9 @@ class TestEmittedGraphs(TestCase):
             return biased(q, k, v, (buckets * 2).to(q.dtype).unsqueeze(0).unsqueeze(0))
 
         seen = []
-        choose = dispatch.choose
+        choose = dispatch.choose_implementation
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(dispatch, "choose", lambda *a: seen.append(a[-1]) or choose(*a))
+            mp.setattr(dispatch, "choose_implementation", lambda *a: seen.append(a[-1]) or choose(*a))
             for fn in (learned, detached, under_no_grad, integer):
                 rewritten(fn, [(4, 16, 64, 64)] * 3 + [(32, 16), (64, 64)], training=True, needing_grad=(3,),
                           integers={4: 32})
@@ -280,8 +280,8 @@ def test_the_backend_tells_the_choice_whether_its_graphs_replay_as_cuda_graphs(m
     """mode="reduce-overhead" (Inductor's CUDA graphs) is known to each attention's choice while the backend rewrites;
     the default mode's graphs are not replayed so."""
     seen = []
-    choose = dispatch.choose
-    monkeypatch.setattr(dispatch, "choose",
+    choose = dispatch.choose_implementation
+    monkeypatch.setattr(dispatch, "choose_implementation",
                         lambda *args, **kwargs: seen.append(dispatch._CUDA_GRAPHS) or choose(*args, **kwargs))
     q, k, v = (torch.randn(1, 2, 9, 16) for _ in range(3))
     for mode in ("reduce-overhead", "default"):
@@ -413,7 +413,7 @@ def causal_module_fn(q, k, v):
 def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_heads, monkeypatch):
     """Forced to one candidate (or free to choose: None), a compiled causal bf16 attention runs it -- the verdict says
     which -- and its output and gradients satisfy the 2x rule against the fp64 computation."""
-    from tests.kernels.test_kernels import assert_close_2x
+    from tests.support.numerics import assert_close_2x
 
     if candidates == "gluon" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon forward runs on sm90 GPUs")
@@ -462,9 +462,9 @@ def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(mo
     computes the bias's gradient in the Gluon backward (dS stored, summed over the batch; here in two launches of 2
     heads), not in the template's (``ops.autograd_backward``, recorded), and q, k, v and the bias's gradients satisfy the 2x
     rule against fp64."""
-    from tests.kernels.test_kernels import assert_close_2x
+    from tests.support.numerics import assert_close_2x
 
-    from fuse_attn.kernels.hopper import backward as hopper_backward
+    from fuse_attn.kernels.hopper import common as hopper_common
 
     monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
     monkeypatch.setenv(settings.CANDIDATES, "triton,gluon")
@@ -482,7 +482,7 @@ def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(mo
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(2, 4, 512, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(3))
     bias = torch.randn(1, 4, 512, 512, device="cuda", generator=g, dtype=torch.bfloat16)
-    assert hopper_backward.dscore_kv_heads(q, k, bias) == 2
+    assert hopper_common.dscore_kv_heads(q, k, bias) == 2
     leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v, bias)]  # noqa: E731
     ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
 

@@ -118,7 +118,7 @@ def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path, dtype, request
     # The saved fp32 lse of such a row, finfo.min + log(N), rounds to finfo.min (one ulp there is ~2e31): P
     # recomputed from it would be 1 instead of 1/N. The fp32 kernels' backward recomputes each row's max and sum
     # itself (EXACT_DELTA), as the CPU blockwise path recomputes the softmax; the bf16 kernels' default backward
-    # takes P from the saved lse (known limit: dv of such a row is N times eager's; TESTING.md, known differences).
+    # takes P from the saved lse (known limit: dv of such a row is N times eager's; docs/testing.md, known differences).
     if path == "interpreter" and dtype == torch.bfloat16:
         request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 default backward: fp32 lse cannot hold "
                                               "finfo.min + log(N)"))
@@ -187,7 +187,7 @@ def test_large_fp16_logits_stay_finite(path):
     # The backward recomputes P = exp2(s * log2(e) - lse * log2(e)) from the fp32 lse the forward saved in natural
     # units (as FlashAttention does): lse ~ max|s| is rounded when saved and again when converted, each time by up
     # to half an fp32 ulp of max|s| * log2(e), so P carries a relative error up to ln(2) * ulp that eager's
-    # exp(s - max) does not (TESTING.md, known differences). The gradients' bound adds that term.
+    # exp(s - max) does not (docs/testing.md, known differences). The gradients' bound adds that term.
     lse_ulp = torch.finfo(torch.float32).eps * 2.0 ** math.floor(math.log2(float(s.abs().max()) * math.log2(math.e)))
     out, grads = check_against_eager(q, k, v, [], spec, grad_known_relative_error=math.log(2) * lse_ulp)
     assert torch.isfinite(out).all() and all(torch.isfinite(g).all() for g in grads)
@@ -200,7 +200,7 @@ def test_fp16_peaked_softmax_gradient_limit(path, request):
     # cancel: dq comes out ~4x eager's error. The blockwise path computes rowsum(P dP) from P and passes.
     if path == "interpreter":
         request.applymarker(pytest.mark.xfail(strict=True, reason="kernels: delta = rowsum(dO * O) from O rounded to "
-                                              "fp16 (TESTING.md, known differences)"))
+                                              "fp16 (docs/testing.md, known differences)"))
     case = Case(Z=1, kv_heads=1, gqa=1, M=13, N=16, D=1, DV=1, dtype="float16", layouts=("contiguous",) * 3,
                 scale_op=3.0, bias=None, bias_grad=False, alibi=False, softcap=None, mask=None, mask_fill=float("-inf"),
                 mask_keep=0.9, band=0, causal=None, dropout_p=0.0, seed=0)

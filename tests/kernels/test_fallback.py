@@ -21,7 +21,7 @@ from fuse_attn.kernels.tuning import KernelConfig
 from fuse_attn.report import collect_reports
 from fuse_attn.spec import AttentionSpec, CausalMask
 
-from tests.e2e.test_backend import CausalTril
+from tests.support.compiled_modules import CausalTril
 
 fa = importlib.import_module("fuse_attn.kernels.ops")
 

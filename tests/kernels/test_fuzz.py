@@ -13,7 +13,7 @@ Profiles (``FUSE_ATTN_FUZZ_PROFILE``):
   test fails listing them.
 
 With ``FUSE_ATTN_FUZZ_RECORD=path.md`` the result (date, device, versions, cases run and passed, failures) is
-written into that file's fuzz table (TESTING.md keeps the recorded runs); with ``FUSE_ATTN_FUZZ_ACCUMULATE=1`` a
+written into that file's fuzz table (docs/testing.md says how); with ``FUSE_ATTN_FUZZ_ACCUMULATE=1`` a
 run adds its counts to the row of an earlier run of the same profile, device, versions and test (a long run split
 over several calls), and with ``FUSE_ATTN_FUZZ_SECONDS=S`` a long run stops starting new cases after S seconds
 (so a call with a wall-clock limit still records what it ran).
@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 
 from tests.support import fuzz_record
 from tests.support.fuzz_cases import GeneratedAttention, assert_matches_eager, cases, check_op, module_inputs
-from fuse_attn import settings
+from fuse_attn import settings as fuse_attn_settings
 from fuse_attn.kernels.generated import codegen
 from fuse_attn.report import collect_reports
 
@@ -52,7 +52,7 @@ LONG_COMPILED_CASES = int(os.environ.get("FUSE_ATTN_FUZZ_COMPILED_CASES", "100")
 LONG_SECONDS = float(os.environ.get("FUSE_ATTN_FUZZ_SECONDS", "inf"))
 # FUSE_ATTN_SPECIALIZE=0 (fuse_attn/kernels/codegen.py): one Triton compile per kernel, spec and launch config; the
 # recorded rows name it, since those kernels lack the alignment hints of the shipped ones.
-KERNELS = "GPU kernels" + ("" if settings.specialized() else " (unspecialized)")
+KERNELS = "GPU kernels" + ("" if fuse_attn_settings.specialized() else " (unspecialized)")
 
 # The interpreter evaluates the padding rows of a tail block in numpy too; those rows are never stored.
 pytestmark = [
@@ -117,8 +117,8 @@ class Tally:
 def passes_with_exact_delta(fn, case) -> bool:
     """Whether a failed fp16 / bf16 case passes when the kernels take delta = rowsum(P dP) from P and dP
     (``FUSE_ATTN_EXACT_DELTA=1``) instead of FlashAttention's rowsum(dO * O): the failure is then that known
-    difference (TESTING.md), O rounded to the input dtype. fp32 already takes the exact delta."""
-    if case.dtype == "float32" or settings.exact_delta_forced():
+    difference (docs/testing.md), O rounded to the input dtype. fp32 already takes the exact delta."""
+    if case.dtype == "float32" or fuse_attn_settings.exact_delta_forced():
         return False
     os.environ["FUSE_ATTN_EXACT_DELTA"] = "1"
     try:
@@ -153,7 +153,7 @@ def device() -> str:
 
 # ---- the op ------------------------------------------------------------------------------------------------------
 # Interpreter cost grows with Z * H * M * N (each program is interpreted in numpy): bounded so that 12 cases run
-# in ~20 s. fp32 only: the fp16 / bf16 kernels' known precision limit (a peaked softmax; TESTING.md and
+# in ~20 s. fp32 only: the fp16 / bf16 kernels' known precision limit (a peaked softmax; docs/testing.md and
 # tests/kernels/test_edge_semantics.py::test_fp16_peaked_softmax_gradient_limit) would fail the fast profile; the long
 # profile fuzzes every dtype through the kernels and records what fails.
 INTERPRETER_MAX_ELEMENTS = 3000

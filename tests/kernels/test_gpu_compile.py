@@ -369,7 +369,7 @@ def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
 
 
 
-# ---- the Gluon forward and backward of plain attention (fuse_attn/kernels/hopper_*.py): sm90 only ------------------
+# ---- the Gluon forward and backward of plain attention (fuse_attn/kernels/hopper/): sm90 only ---------------------
 HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's config, both masks, GQA, fp16
     "D64 causal GQA 2": (64, True, 2, torch.bfloat16, 300),
     "D128": (128, False, 1, torch.bfloat16, 300),
@@ -400,7 +400,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     CTA takes two key tiles (the causal backward) or two query blocks (the forward). ``bias``: a key of
     :data:`BIAS_CASES`, the spec then ``s + bias``. ``rows``: a length other than the case's. ``bias_grad``: the backward
     with the bias's gradient (its dS tiles stored)."""
-    from fuse_attn.kernels.hopper import backward as hopper_backward, forward as hopper_forward
+    from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
 
     head_dim, causal, group, dtype, case_rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
     rows = rows or case_rows
@@ -431,7 +431,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         for kernel_name in launched:
             monkeypatch.setattr(module, kernel_name, Recorded(kernel_name))
         if sms is not None:
-            monkeypatch.setattr(hopper_forward, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
+            monkeypatch.setattr(hopper_common, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor)
         else:
@@ -449,7 +449,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     if "maxnreg" in kwargs:  # the forward's CTAs sharing an SM: each within its share of the SM's shared memory, less
         # what CUDA reserves a CTA
         ctas = hopper_forward.resident_ctas(head_dim, bound["CONSUMERS"])
-        share = hopper_forward._SHARED_MEMORY_AN_SM // ctas - hopper_forward._RESERVED_A_CTA
+        share = hopper_common._SHARED_MEMORY_AN_SM // ctas - hopper_common._RESERVED_A_CTA
         assert compiled.metadata.shared <= share, f"{name}: {compiled.metadata.shared} bytes, {ctas} CTAs an SM"
     paired = f", {'key tiles' if direction == 'backward' else 'query blocks'} paired: {bound['PAIRED']}"
     if direction == "forward":
@@ -534,7 +534,7 @@ def test_the_gluon_kernels_with_a_bias_compile_for_hopper(direction, name, bias,
                                         ("D128 causal 2048 rows, two consumers", None)])  # by TMA
 def test_the_gluon_backward_storing_the_bias_gradients_ds_compiles_for_hopper(name, rows):
     """The backward where the bias needs a gradient: each tile's dS goes out from its shared tile by TMA (at head
-    dim 128: hopper_backward._DS_MIN_HEAD_DIM; lengths where a head's dS fits beside the dQ accumulator)."""
+    dim 128: hopper_common._DS_MIN_HEAD_DIM; lengths where a head's dS fits beside the dQ accumulator)."""
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward', bias='[1,H,M,N] bf16', rows={rows!r}, "
                             "bias_grad=True)")
     assert "dS stored: True" in stdout, stdout

@@ -32,6 +32,9 @@ from fuse_attn.kernels import philox
 from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor, UnsupportedSpec
+from tests.support.cases import (DTYPE_NAME, alibi, bias_twice, clamps, index_leaves, make_case, near_diagonal,
+                                 run_and_check, seed_tensor, ties, transcendental)
+from tests.support.numerics import assert_close_2x, nan_safe_err
 
 # The interpreter evaluates the padding rows of a tail block in numpy too (0/0, log2(0)); those rows are never
 # stored, but numpy warns about them.
@@ -40,151 +43,6 @@ pytestmark = [pytest.mark.filterwarnings("ignore:invalid value encountered:Runti
                                          "ignore:overflow encountered:RuntimeWarning"),
               # these run the kernels on CPU tensors; a GPU session (TRITON_INTERPRET=0) binds them to the GPU
               pytest.mark.skipif(os.environ["TRITON_INTERPRET"] != "1", reason="needs a TRITON_INTERPRET=1 session")]
-
-FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
-DTYPE_NAME = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-
-
-def make_case(Z=1, H=2, M=17, N=17, D=16, DV=None, dtype=torch.float32, causal=None, bias=None, mask=None,
-              gqa=1, seed=0, scale_op=None, bias_grad=True, softcap=None, biases=(), program=None,
-              dropout_p=0.0):
-    """Random q/k/v, score tensors and the spec describing them.
-
-    Tensors, in order: a bias of shape ``bias``, more biases of the shapes in ``biases``, a bool mask of shape
-    ``mask``. The score program is ``program(b, s, loads)`` (b a ScoreProgramBuilder, s the score node, loads the
-    load nodes of the tensors in order; returns the result node) or, by default, in order: ``s * scale_op``,
-    ``+ bias``, a softcap ``tanh(s / c) * c`` (Gemma-2), ``where(mask, s, -1e4)`` (``masked_fill(~mask, -1e4)``).
-    ``dropout_p``: the spec's dropout on the probabilities."""
-    DV = DV or D
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(Z, H, M, D, generator=g).to(dtype)
-    k = torch.randn(Z, H // gqa, N, D, generator=g).to(dtype)
-    v = torch.randn(Z, H // gqa, N, DV, generator=g).to(dtype)
-    tensors, infos = [], []
-    for shape in ([bias] if bias is not None else []) + list(biases):
-        infos.append(ScoreTensor("bias", DTYPE_NAME[dtype], tuple(n == 1 for n in shape)))
-        tensors.append(torch.randn(*shape, generator=g).to(dtype).requires_grad_(bias_grad))
-    if mask is not None:
-        infos.append(ScoreTensor("mask", "bool", tuple(n == 1 for n in mask)))
-        tensors.append(torch.rand(*mask, generator=g) > 0.25)
-    b = ScoreProgramBuilder()
-    s = b.add("score")
-    loads = [b.add("load", value=i) for i in range(len(tensors))]
-    if program is not None:
-        x = program(b, s, loads)
-    else:
-        x = s
-        if scale_op is not None:
-            x = b.add("mul", x, b.const(scale_op))
-        if bias is not None:
-            x = b.add("add", x, loads[0])
-        if softcap is not None:
-            x = b.add("mul", b.add("tanh", b.add("div", x, b.const(softcap))), b.const(softcap))
-        if mask is not None:
-            x = b.add("where", loads[-1], x, b.const(-1e4))
-    spec = AttentionSpec(dtype=DTYPE_NAME[dtype], head_dim=D, head_dim_v=DV, scale=1 / math.sqrt(D), causal=causal,
-                         score_program=b.program(x), score_tensors=tuple(infos), gqa_group=gqa, dropout_p=dropout_p)
-    return q, k, v, tensors, spec
-
-
-def _nan_safe_err(a, b):
-    a, b = a.double(), b.double()
-    assert torch.equal(torch.isnan(a), torch.isnan(b)), "NaN positions differ"
-    ok = ~torch.isnan(a)
-    return (a[ok] - b[ok]).abs().max().item() if ok.any() else 0.0
-
-
-def assert_close_2x(name, ours, ref64, eager, dtype):
-    err = _nan_safe_err(ours, ref64)
-    err_eager = _nan_safe_err(eager, ref64)
-    known = ref64[~torch.isnan(ref64)]  # (empty where every value is NaN: a row of NaN reaches all of dk and dv)
-    floor = FLOOR[dtype] * max(1.0, known.abs().max().item() if known.numel() else 1.0)
-    assert err <= 2 * err_eager + floor, f"{name}: max|ours-ref|={err:.3g} > 2*{err_eager:.3g} + {floor:.3g}"
-
-
-def run_and_check(q, k, v, tensors, spec, dtype, grads=True, seed=1, dropout_seed=None):
-    """Forward (+ grads of q, k, v and the bias) of ours vs the fp64 reference and eager in `dtype` (all three
-    with the keep-mask of `dropout_seed` when the spec has dropout)."""
-    def leaves(ts, cast=None):
-        out = []
-        for t in ts:
-            x = t.detach()
-            if cast is not None and x.is_floating_point():
-                x = x.to(cast)
-            out.append(x.requires_grad_(grads and t.is_floating_point() and t.requires_grad))
-        return out
-
-    ours_in = leaves([q, k, v], None) + leaves(tensors, None)
-    ref_in = leaves([q, k, v], torch.float64) + leaves(tensors, torch.float64)
-    eag_in = leaves([q, k, v], None) + leaves(tensors, None)
-    for x in (ours_in, ref_in, eag_in):
-        for t in x[:3]:
-            t.requires_grad_(grads)
-    out = flash_attention(*ours_in[:3], spec, ours_in[3:], dropout_seed=dropout_seed)
-    ref, _ = reference_attention(*ref_in[:3], ref_in[3:], spec, dropout_seed)
-    eag, _ = reference_attention(*eag_in[:3], eag_in[3:], spec, dropout_seed)
-    assert out.shape == ref.shape and out.dtype == q.dtype and out.is_contiguous()
-    assert_close_2x("out", out, ref, eag, dtype)
-    if not grads:
-        return
-    dout = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed)).to(dtype)
-    want = [i for i, t in enumerate(ours_in) if t.requires_grad]
-    g_ours = torch.autograd.grad(out, [ours_in[i] for i in want], dout)
-    g_ref = torch.autograd.grad(ref, [ref_in[i] for i in want], dout.double())
-    g_eag = torch.autograd.grad(eag, [eag_in[i] for i in want], dout)
-    names = ["dq", "dk", "dv"] + [f"dscore{i}" for i in range(len(tensors))]
-    for i, a, b, c in zip(want, g_ours, g_ref, g_eag):
-        assert a.shape == ours_in[i].shape and a.dtype == ours_in[i].dtype
-        assert_close_2x(names[i], a, b, c, dtype)
-
-
-# ---- score programs (b: ScoreProgramBuilder, s: the score node, t: the load nodes) -------------------------------
-def alibi(b, s, t):
-    """s + slope[h] * (kv_idx - q_idx), the slopes a [1, H, 1, 1] bias (ALiBi, Bloom)."""
-    return b.add("add", s, b.add("mul", t[0], b.add("sub", b.add("kv_idx"), b.add("q_idx"))))
-
-
-def clamps(b, s, t):
-    """clamp_max(clamp_min(s, bias), 1.5): the bias gets the gradient where it wins, s where it is in range."""
-    return b.add("clamp_max", b.add("clamp_min", s, t[0]), b.const(1.5))
-
-
-def near_diagonal(b, s, t):
-    """where(kv_idx <= q_idx + 2, s, -inf): a mask from index comparisons only."""
-    visible = b.add("le", b.add("kv_idx"), b.add("add", b.add("q_idx"), b.const(2)))
-    return b.add("where", visible, s, b.const(float("-inf")))
-
-
-def bias_twice(b, s, t):
-    """s + bias * sigmoid(bias): one bias read twice, its gradient the sum of both paths."""
-    return b.add("add", s, b.add("mul", t[0], b.add("sigmoid", t[0])))
-
-
-def transcendental(b, s, t):
-    """s / sqrt(|bias| + 1) + log(exp(bias / 2) + 1): div, sqrt, abs, log and exp, on the score and a bias."""
-    denom = b.add("sqrt", b.add("add", b.add("abs", t[0]), b.const(1.0)))
-    softplus = b.add("log", b.add("add", b.add("exp", b.add("mul", t[0], b.const(0.5))), b.const(1.0)))
-    return b.add("add", b.add("div", s, denom), softplus)
-
-
-def index_leaves(b, s, t):
-    """Every index leaf and logical op: keys in the last 3 of kv_len or on the diagonal stay visible through a
-    mask; a per-head and per-batch offset; a bonus for queries in the second half of q_len."""
-    last3 = b.add("ge", b.add("kv_idx"), b.add("sub", b.add("kv_len"), b.const(3)))
-    diagonal = b.add("eq", b.add("kv_idx"), b.add("q_idx"))
-    keep = b.add("logical_or", t[0], b.add("logical_and", b.add("logical_or", last3, diagonal),
-                                             b.add("logical_not", b.add("lt", b.add("q_idx"), b.const(1)))))
-    x = b.add("add", s, b.add("mul", b.add("to_float", b.add("head_idx")), b.const(0.25)))
-    x = b.add("sub", x, b.add("div", b.add("batch_idx"), b.const(2)))
-    second_half = b.add("gt", b.add("mul", b.add("q_idx"), b.const(2)), b.add("q_len"))
-    x = b.add("add", x, b.add("where", second_half, b.const(0.5), b.const(0.0)))
-    return b.add("where", keep, x, b.const(-1e4))
-
-
-def ties(b, s, t):
-    """s + maximum(bias0, bias1) + minimum(s, 0) - a tie's gradient is split in halves (torch)."""
-    return b.add("add", b.add("add", s, b.add("maximum", t[0], t[1])), b.add("minimum", s, b.const(0.0)))
-
 
 CASES = {
     # name: make_case kwargs -- odd lengths, M != N, padded head dims, both causal alignments, bias/mask, GQA
@@ -276,7 +134,7 @@ def test_dk_and_dv_in_two_launches(name, monkeypatch):
     launched = _recorded_launches(monkeypatch)
     dtype = SPLIT_DKDV_CASES[name]
     case = make_case(dtype=dtype, **{**CASES, **DROPOUT_CASES}[name])
-    run_and_check(*case, dtype=dtype, dropout_seed=_seed(11) if name in DROPOUT_CASES else None)
+    run_and_check(*case, dtype=dtype, dropout_seed=seed_tensor(11) if name in DROPOUT_CASES else None)
     parts = [(args["COMPUTE_DK"], args["COMPUTE_DV"]) for kernel, args in launched if kernel == "_attn_bwd_dkdv"]
     assert parts == [(False, True), (True, False)]
 
@@ -424,7 +282,7 @@ def test_lse_and_fully_masked_rows():
         out, lse = flash_attention(q, k, v, spec, [mask], return_lse=True)
         ref, ref_lse = reference_attention(q, k, v, [mask], spec)
         assert torch.isnan(out[0, 0, 0]).all() == expect_nan
-        assert _nan_safe_err(out, ref) < 1e-5
+        assert nan_safe_err(out, ref) < 1e-5
         if not expect_nan:
             assert torch.allclose(out[0, 0, 0], v[0, 0].mean(0), atol=1e-5)
         assert torch.allclose(lse[..., 1:], ref_lse[..., 1:], atol=1e-4)
@@ -759,28 +617,24 @@ DROPOUT_CASES = {
 }
 
 
-def _seed(value):
-    return torch.tensor(value, dtype=torch.int64)
-
-
 @pytest.mark.parametrize("name", sorted(DROPOUT_CASES))
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_dropout_fp32(name, interpret, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
-    run_and_check(*make_case(**DROPOUT_CASES[name]), dtype=torch.float32, dropout_seed=_seed(2**33 + 5))
+    run_and_check(*make_case(**DROPOUT_CASES[name]), dtype=torch.float32, dropout_seed=seed_tensor(2**33 + 5))
 
 
 @pytest.mark.parametrize("interpret", ["1", "0"])
 def test_dropout_fp16_gqa_causal(interpret, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
     case = make_case(dtype=torch.float16, **DROPOUT_CASES["p50_gqa2_causal_dv_differs"])
-    run_and_check(*case, dtype=torch.float16, dropout_seed=_seed(-7))
+    run_and_check(*case, dtype=torch.float16, dropout_seed=seed_tensor(-7))
 
 
 def test_dropout_blockwise_small_blocks():
     # Several row blocks (the last a single row): each block draws the mask rows it owns.
     q, k, v, ts, spec = make_case(M=25, N=29, D=16, causal=CausalMask(), bias=(1, 2, 25, 29), dropout_p=0.4)
-    ts, seed = [t.detach() for t in ts], _seed(99)
+    ts, seed = [t.detach() for t in ts], seed_tensor(99)
     out, lse = blockwise_forward(q, k, v, ts, spec, block_m=8, dropout_seed=seed)
     dout = torch.randn(out.shape)
     grads = blockwise_backward(dout, q, k, v, ts, out, lse, spec, [True], block_m=8, dropout_seed=seed)
@@ -801,7 +655,7 @@ def test_dropout_keep_fraction_and_seeds(interpret, monkeypatch):
     q, k, v = torch.zeros(Z, H, M, 16), torch.zeros(Z, H, N, 16), torch.ones(Z, H, N, 16)
 
     def kept(seed):
-        out, lse = flash_attention(q, k, v, spec, dropout_seed=_seed(seed), return_lse=True)
+        out, lse = flash_attention(q, k, v, spec, dropout_seed=seed_tensor(seed), return_lse=True)
         assert torch.allclose(lse, torch.full_like(lse, math.log(N)))  # the lse of the undropped scores
         assert torch.equal(out, out[..., :1].expand_as(out))
         return torch.round(out[..., 0] * N * (1 - p))
@@ -811,16 +665,16 @@ def test_dropout_keep_fraction_and_seeds(interpret, monkeypatch):
     assert abs(a.sum().item() - n * (1 - p)) <= 5 * math.sqrt(n * p * (1 - p))  # binomial, 5 sigma
     assert not torch.equal(a, b)  # another seed, another mask
     assert torch.equal(kept(1), a)  # the same seed, the same mask
-    expect = philox.dropout_keep(_seed(1), p, Z, H, M, N, 0, M).sum(-1)
+    expect = philox.dropout_keep(seed_tensor(1), p, Z, H, M, N, 0, M).sum(-1)
     assert torch.equal(a, expect.float())
 
 
 def test_dropout_same_seed_same_output_and_default_seed():
     q, k, v, ts, spec = make_case(M=19, N=23, D=16, causal=CausalMask(), dropout_p=0.25)
     ts = [t.detach() for t in ts]
-    one = flash_attention(q, k, v, spec, ts, dropout_seed=_seed(5))
-    assert torch.equal(one, flash_attention(q, k, v, spec, ts, dropout_seed=_seed(5)))
-    assert not torch.equal(one, flash_attention(q, k, v, spec, ts, dropout_seed=_seed(6)))
+    one = flash_attention(q, k, v, spec, ts, dropout_seed=seed_tensor(5))
+    assert torch.equal(one, flash_attention(q, k, v, spec, ts, dropout_seed=seed_tensor(5)))
+    assert not torch.equal(one, flash_attention(q, k, v, spec, ts, dropout_seed=seed_tensor(6)))
     torch.manual_seed(0)
     drawn = flash_attention(q, k, v, spec, ts)  # no seed: one is drawn from torch's generator
     torch.manual_seed(0)
@@ -856,7 +710,7 @@ def test_dropout_spec_and_seed_validation():
     with pytest.raises(UnsupportedSpec, match="0-dim int64"):
         op(q, q, q, [], torch.tensor([3]), spec.to_json())
     with pytest.raises(UnsupportedSpec, match="dropout_p is 0"):
-        op(q, q, q, [], _seed(3), no_dropout.to_json())
+        op(q, q, q, [], seed_tensor(3), no_dropout.to_json())
 
 
 @pytest.mark.parametrize("interpret", ["1", "0"])
@@ -864,7 +718,7 @@ def test_opcheck_dropout(interpret, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", interpret)
     q, k, v, ts, spec = make_case(M=9, N=11, D=16, causal=CausalMask(), bias=(1, 2, 1, 11), dropout_p=0.3)
     q.requires_grad_(True)
-    text, seed = spec.to_json(), _seed(11)
+    text, seed = spec.to_json(), seed_tensor(11)
     torch.library.opcheck(torch.ops.fuse_attn.flash_attention.default, (q, k, v, ts, seed, text))
     out, lse = torch.ops.fuse_attn.flash_attention(q.detach(), k, v, [t.detach() for t in ts], seed, text)
     torch.library.opcheck(torch.ops.fuse_attn.flash_attention_backward.default,
@@ -921,7 +775,7 @@ def test_key_padding_vector_skips_blocks_outside_its_range(form, causal, dtype, 
                                   "masking" if masking else "-inf", None)
     keys = torch.stack([row(N) for row in _KEY_ROWS.values()])  # [Z, N], True: visible
     # "fill": -65504, fp16's finfo.min, the "masking" kind's limit -- a row of finfo(fp32).min added keeps nothing
-    # of its scores, and its gradients are made by rounding, differently by SDPA's math and eager's (TESTING.md)
+    # of its scores, and its gradients are made by rounding, differently by SDPA's math and eager's (docs/testing.md)
     fill = float("-inf") if form == "bias" else torch.finfo(torch.float16).min
     vector = {"keep": lambda: keys, "hide": lambda: ~keys,
               "bias": lambda: torch.zeros(Z, N, dtype=dtype).masked_fill(~keys, fill),

@@ -93,7 +93,7 @@ def test_compiled_code_launches_the_generated_kernels_directly(monkeypatch):
     # after the first call: no Python of ours per call -- not the op's body, not a launcher, not the tuner -- and the
     # same results again
     calls = _count_calls(monkeypatch, ops, ["_forward", "_backward_impl", "parse_spec", "validate"])
-    calls += _count_calls(monkeypatch, launch, ["launch", "_choose"])
+    calls += _count_calls(monkeypatch, launch, ["launch", "choose_kernel_config"])
     for t in (q, k, v):
         t.grad = None
     again = step()
@@ -231,7 +231,7 @@ def test_dynamic_lengths_choose_a_config_per_bucket_in_the_generated_code(monkey
         chosen[kind][length] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         return cfg
 
-    monkeypatch.setattr(launch, "_choose", choose_by_length)
+    monkeypatch.setattr(launch, "choose_kernel_config", choose_by_length)
     torch.manual_seed(0)
     model = CausalAttention(1024).cuda()
     compiled = torch.compile(model, backend="fuse_attn", dynamic=True)

@@ -1,7 +1,8 @@
 """The kernel tuner's choices: memory, disk cache (format, corruption, concurrency, unwritable dirs), progress logs.
 
 No GPU: the device identity, the software versions and the timing are replaced by fakes, and ``launch`` does
-nothing (or raises, for a config that "fails to compile").
+nothing (or raises, for a config that "fails to compile"): the ``machine`` fixture (tests/conftest.py) installs
+tests/support/tuning.py's ``FakeMachine``.
 """
 
 import json
@@ -15,61 +16,13 @@ import torch
 from fuse_attn import settings
 from fuse_attn.kernels import tuning
 from fuse_attn.kernels.tuning import KernelConfig
+from tests.support.tuning import CANDIDATES, FASTEST, TIMES_MS, key, new_process
 
-CANDIDATES = [KernelConfig(64, 32, 4, 2), KernelConfig(128, 64, 8, 3), KernelConfig(128, 128, 8, 2)]
-TIMES_MS = {CANDIDATES[0]: 0.3, CANDIDATES[1]: 0.1, CANDIDATES[2]: 0.2}
-FASTEST = CANDIDATES[1]
 LOGGER = "fuse_attn.kernels.tuning"
 
 
-class FakeMachine:
-    """The GPU and software the tuner sees, and the configs it timed."""
-
-    def __init__(self):
-        self.gpu, self.capability, self.triton, self.torch = "Fake GPU 80GB", "9.0", "3.9.0", "2.13.0"
-        self.timed = []
-        self.failing = {}  # config -> the exception its launch raises
-        self.retimed = []  # configs timed again (the second, longer pass over the first pass's fastest)
-        self.second_pass_ms = {}  # config -> what its longer timing adds to its first-pass time
-
-    def time_config(self, launch, cfg, rep_ms):
-        launch(cfg)
-        if rep_ms == tuning._FIRST_PASS_REP_MS:
-            self.timed.append(cfg)
-        else:
-            self.retimed.append(cfg)
-        return TIMES_MS[cfg] + self.second_pass_ms.get(cfg, 0.0) * (rep_ms != tuning._FIRST_PASS_REP_MS)
-
-    def launch(self, cfg):
-        if cfg in self.failing:
-            raise self.failing[cfg]
-
-
-@pytest.fixture
-def machine(tmp_path, monkeypatch):
-    m = FakeMachine()
-    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("FUSE_ATTN_CACHE", raising=False)
-    monkeypatch.delenv("FUSE_ATTN_AUTOTUNE", raising=False)
-    monkeypatch.setattr(tuning, "_chosen", {})
-    monkeypatch.setattr(tuning, "_unwritable_dirs", set())
-    monkeypatch.setattr(tuning, "device_identity", lambda device: (m.gpu, m.capability))
-    monkeypatch.setattr(tuning, "software_versions", lambda: (m.triton, m.torch))
-    monkeypatch.setattr(tuning, "_time_config", m.time_config)
-    return m
-
-
-def key(digest="spec0", m=1000, n=1000):
-    return tuning.tuning_key("fwd", torch.device("cuda", 0), digest, torch.bfloat16, 64, 64, m, n)
-
-
 def tune(machine, k):
-    return tuning.choose(k, CANDIDATES, machine.launch)
-
-
-def new_process(monkeypatch):
-    """Forget what this process chose (the disk cache stays)."""
-    monkeypatch.setattr(tuning, "_chosen", {})
+    return tuning.tune(k, CANDIDATES, machine.launch)
 
 
 def read_cache(k):
@@ -83,11 +36,11 @@ def test_a_config_of_two_dkdv_launches_is_written_with_its_launches_and_read_bac
     candidates = [CANDIDATES[0], split]
     monkeypatch.setitem(TIMES_MS, split, 0.05)
     k = tuning.tuning_key("bwd_dkdv", torch.device("cuda", 0), "spec0", torch.bfloat16, 256, 256, 1000, 1000)
-    assert tuning.choose(k, candidates, machine.launch) == split
+    assert tuning.tune(k, candidates, machine.launch) == split
     assert read_cache(k)["entries"] == {k.entry_name(): {"block_m": 32, "block_n": 128, "num_warps": 8,
                                                          "num_stages": 3, "dkdv_launches": 2, "ms": 0.05}}
     new_process(monkeypatch)
-    assert tuning.choose(k, candidates, machine.launch) == split
+    assert tuning.tune(k, candidates, machine.launch) == split
     assert machine.timed == candidates  # read back, not timed again
 
 
@@ -190,7 +143,7 @@ def test_a_stored_config_that_is_no_longer_a_candidate_is_retuned(machine, monke
     tune(machine, k)
     new_process(monkeypatch)
     remaining = [c for c in CANDIDATES if c != FASTEST]
-    assert tuning.choose(k, remaining, machine.launch) == CANDIDATES[2]
+    assert tuning.tune(k, remaining, machine.launch) == CANDIDATES[2]
     assert machine.timed == CANDIDATES + remaining
 
 
@@ -231,7 +184,7 @@ def test_an_unwritable_cache_dir_warns_once_and_keeps_choices_in_memory(machine,
 def _tune_many(machine, barrier, process, count):
     barrier.wait()  # start writing together
     for i in range(count):
-        tuning.choose(key(digest=f"process{process}-{i}"), CANDIDATES, machine.launch)
+        tuning.tune(key(digest=f"process{process}-{i}"), CANDIDATES, machine.launch)
 
 
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork (importing torch anew takes seconds)")
@@ -315,7 +268,7 @@ def test_every_candidate_is_compiled_before_any_is_timed_and_a_failed_compile_is
         if cfg == CANDIDATES[0]:
             raise RuntimeError("out of resources: shared memory")
 
-    assert tuning.choose(key(), CANDIDATES, launch, compile_only=compile_only) == FASTEST
+    assert tuning.tune(key(), CANDIDATES, launch, compile_only=compile_only) == FASTEST
     assert [e for e in events if e[0] == "compile"] == [("compile", c) for c in CANDIDATES]
     first_launch = next(i for i, e in enumerate(events) if e[0] == "launch")
     assert first_launch == len(CANDIDATES)  # all compiles came first

@@ -36,15 +36,15 @@ LONG_HEAD_DIMS = HEAD_DIMS + (96, 128, 160, 256)
 LAYOUTS = ("contiguous", "transposed", "sliced", "expanded")
 MASK_FILLS = (float("-inf"), "finfo.min", -1e4)
 # The ``s + bias`` score program: the scaled score plus the spec's one score tensor (what the Gluon kernels take:
-# hopper_forward.adds_a_bias)
+# fuse_attn.kernels.hopper.common.adds_a_bias)
 BIAS_PROGRAM = (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("add", (0, 1)))
 
 
 def record_templates_backward(monkeypatch) -> list:
-    """The generated template's backward (``ops.autograd_backward``) recorded from now on: the returned list gets a 1 at each
-    call (the Gluon forward's autograd runs it where the Gluon backward does not compute a gradient)."""
-    calls, templates_backward = [], _op_module._backward
-    monkeypatch.setattr(_op_module, "_backward", lambda *a: calls.append(1) or templates_backward(*a))
+    """The generated template's backward (``ops.autograd_backward``) recorded from now on: the returned list gets a 1
+    at each call (the Gluon forward's autograd runs it where the Gluon backward does not compute a gradient)."""
+    calls, templates_backward = [], _op_module.autograd_backward
+    monkeypatch.setattr(_op_module, "autograd_backward", lambda *a: calls.append(1) or templates_backward(*a))
     return calls
 
 
@@ -160,7 +160,7 @@ def index_visibility(case: Case) -> torch.Tensor:
 def mask_tensor(case: Case, g: torch.Generator) -> torch.Tensor:
     """The case's bool mask (True: kept). With a finite fill, each row keeps its last key that the causal band and
     the index band show: a row whose visible scores are all one large finite fill is the kernels' known limit
-    (TESTING.md: the saved fp32 lse cannot hold fill + log N), pinned by tests/kernels/test_edge_semantics.py; rows with
+    (docs/testing.md: the saved fp32 lse cannot hold fill + log N), pinned by tests/kernels/test_edge_semantics.py; rows with
     nothing visible at all are -inf rows, fuzzed."""
     Z, H, M, N = case.Z, case.H, case.M, case.N
     shape = tuple(1 if bc else n for bc, n in zip(case.mask, (Z, H, M, N)))

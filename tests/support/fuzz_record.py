@@ -1,4 +1,4 @@
-"""Writes the result of a fuzz run into a markdown file (``FUSE_ATTN_FUZZ_RECORD=path``; TESTING.md keeps them).
+"""Writes the result of a fuzz run into a markdown file (``FUSE_ATTN_FUZZ_RECORD=path``).
 
 The file's table between the two marker lines below holds one row per (profile, device, test): the latest run of
 each replaces its previous row (or, with ``FUSE_ATTN_FUZZ_ACCUMULATE=1`` and the same versions, adds to it);

@@ -57,7 +57,7 @@ def fused_specs(fn, *args, dynamic=None) -> str:
     reports = rewrite_reports(fn, *args, dynamic=dynamic)
     verdicts = [v for r in reports for v in r.verdicts]
     assert verdicts and all(v.fused for v in verdicts), verdict_lines(reports)
-    return "\n".join(v.spec.describe() for v in verdicts)
+    return "\n".join(v.description for v in verdicts)
 
 
 def compiled_code(step):

@@ -1,4 +1,4 @@
-"""tests/support/fuzz_record.py: the fuzz result table in TESTING.md -- rows replaced or accumulated, rows of the older
+"""tests/support/fuzz_record.py: the fuzz result table -- rows replaced or accumulated, rows of the older
 9-column format read, the failures the exact delta explains listed last, concurrent writers (sharded runs) adding
 up under the file lock."""
 

@@ -12,7 +12,7 @@ import triton.language as tl
 from tests.support import interpreter_patching
 from fuse_attn.kernels import flash_attention
 from fuse_attn.spec import CausalMask
-from tests.kernels.test_kernels import _seed, make_case
+from tests.support.cases import make_case, seed_tensor
 
 pytestmark = [pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="the interpreter's patching"),
               pytest.mark.skipif(not interpreter_patching.supported(),
@@ -29,7 +29,7 @@ def run(case):
     q, k, v, tensors, spec = make_case(**case)
     inputs = [t.detach().requires_grad_() for t in (q, k, v)] + [t.detach().requires_grad_(t.requires_grad)
                                                                    for t in tensors]
-    seed = _seed(5) if spec.dropout_p else None
+    seed = seed_tensor(5) if spec.dropout_p else None
     out = flash_attention(*inputs[:3], spec, inputs[3:], dropout_seed=seed)
     wanted = [t for t in inputs if t.requires_grad]
     grads = torch.autograd.grad(out, wanted, torch.randn(out.shape, generator=torch.Generator().manual_seed(1)))

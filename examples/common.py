@@ -81,7 +81,7 @@ def run_variant(setup: Setup, name: str, backend: Optional[str], prepare: Callab
 
 def retime_alternating(variants: Sequence[Variant], rounds: int) -> None:
     """Time the variants again in turns (A B A B ...), ``rounds`` times each, and keep each one's median over the
-    rounds: measured on the H100 (2026-11-24), host-bound ``generate`` calls ran about 10% faster in whichever variant
+    rounds: on an H100, host-bound ``generate`` calls ran about 10% faster in whichever variant
     was timed first in its process, in both orders, so one measurement each in a fixed order decides nothing. Each
     round of a variant compiles it again (from warm caches) in the warm-up calls before its timing."""
     times = [[] for _ in variants]

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a script: the repository root, for examples.common
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.common import Checks, parse_setup, print_speedup, run_variant  # noqa: E402
 
 

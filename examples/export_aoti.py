@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a script: the repository root, for examples.common
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fuse_attn  # noqa: E402
 from fuse_attn.kernels import dispatch  # noqa: E402
 from examples.common import Checks, median_ms, parse_setup  # noqa: E402

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a script: the repository root, for examples.common
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.common import Checks, parse_setup, print_speedup, retime_alternating, run_variant  # noqa: E402
 
 # Rounds of alternating timing (examples.common.retime_alternating): 3 gives a median that one slow round cannot move.

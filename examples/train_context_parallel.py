@@ -24,7 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a script: the repository root, for examples.common
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.train_distributed import LOSS_FLOOR, build_model, init_distributed  # noqa: E402
 from fuse_attn.graph.context_parallel import ContextParallel, shard_sequence  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402

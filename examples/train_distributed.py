@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a script: the repository root, for examples.common
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.common import next_token_loss  # noqa: E402
 from fuse_attn.kernels import plan
 from fuse_attn.report import collect_reports  # noqa: E402
@@ -119,7 +120,7 @@ def train(args, variant: str, device: torch.device, dtype: torch.dtype, batches:
                 loss = step(tokens)
             fused = dict(fused=sum(len(r.fused) for r in reports), graphs=len(reports),
                          not_fused=[v.line() for r in reports for v in r.not_fused],
-                         runs=collections.Counter(f"{v.spec.describe()}; {v.runs or 'runs triton'}"
+                         runs=collections.Counter(f"{v.description}; {v.runs or 'runs triton'}"
                                                   for r in reports for v in r.fused))
         else:
             loss = step(tokens)

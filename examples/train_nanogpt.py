@@ -17,7 +17,8 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if not __package__:  # run as a script: the repository root, for examples.common
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from examples.attention_forms import TinyGPT  # noqa: E402
 from examples.common import Checks, compare_training, next_token_loss, parse_setup  # noqa: E402
 

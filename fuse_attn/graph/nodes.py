@@ -115,18 +115,6 @@ def shape_text(shape) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def size_hint(x) -> int:
-    """An int for a size that may be symbolic: its hint (the example value Dynamo traced with), adding no guard --
-    for choices that change speed, never results (a layout copy)."""
-    if isinstance(x, torch.SymInt):
-        from torch.fx.experimental import symbolic_shapes
-
-        # torch 2.13 names it optimization_hint, torch 2.11 hint_int (neither adds a guard)
-        no_guard_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
-        return no_guard_hint(x)
-    return int(x)
-
-
 def cast_dtype(node: fx.Node) -> Optional[torch.dtype]:
     """The target dtype of a cast node that changes nothing but the dtype, else None."""
     if node.target not in CAST_OPS:

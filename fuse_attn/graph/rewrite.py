@@ -22,8 +22,9 @@ from fuse_attn.graph import sdpa_calls
 from fuse_attn.graph.context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
 from fuse_attn.graph.matching import AttentionMatch, find_softmaxes, match_attention, weights_meet_a_product
 from fuse_attn.graph.nodes import (MatchContext, NotFused, aten, erase_dead_nodes, is_static, nodes_needing_grad,
-                                   same_shape, shape_text, size_hint, val)
+                                   same_shape, shape_text, val)
 from fuse_attn.kernels import dispatch, embedding_backward
+from fuse_attn.kernels.plan import size_hint
 from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log
 
 

@@ -36,7 +36,8 @@ from torch import Tensor
 from fuse_attn import settings
 from fuse_attn.kernels import ops, plan, tuning
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels.generated.launch import RealInputs, random_like, hint
+from fuse_attn.kernels.generated.launch import RealInputs, random_like
+from fuse_attn.kernels.plan import size_hint
 
 log = logging.getLogger("fuse_attn.kernels")
 aten = torch.ops.aten
@@ -168,8 +169,8 @@ def replayed_as_cuda_graphs(on: bool = True):
 def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> float:
     """The matmul FLOPs of the timed step at the hinted sizes: 4 Z H M N D, halved when causal, 3.5x for the forward
     and backward together (as tools/bench_attention.py counts them)."""
-    Z, H, M, D = (hint(n) for n in q.shape)
-    return 4 * Z * H * M * hint(k.shape[2]) * D * (0.5 if spec.causal is not None else 1.0) * (3.5 if training else 1.0)
+    Z, H, M, D = (size_hint(n) for n in q.shape)
+    return 4 * Z * H * M * size_hint(k.shape[2]) * D * (0.5 if spec.causal is not None else 1.0) * (3.5 if training else 1.0)
 
 
 def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> list[str]:
@@ -238,7 +239,7 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
                   or f"{settings.CANDIDATES} allows only triton")
         return ImplementationChoice(TRITON)
     Z, H, M, D = q.shape
-    kernel_id = f"{spec.digest} Z={hint(Z)} H={hint(H)} H_kv={hint(k.shape[1])}"
+    kernel_id = f"{spec.digest} Z={size_hint(Z)} H={size_hint(H)} H_kv={size_hint(k.shape[1])}"
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
         kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
     if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS:
@@ -247,8 +248,8 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
         from fuse_attn.kernels.hopper.common import bias_layout_by_tma
 
         kernel_id += f" bias_tma={int(bias_layout_by_tma(score_tensors[0]))}"
-    key = tuning.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, hint(D),
-                            hint(v.shape[3]), hint(M), hint(k.shape[2]))
+    key = tuning.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, size_hint(D),
+                            size_hint(v.shape[3]), size_hint(M), size_hint(k.shape[2]))
     timed = "forward+backward" if training else "forward"
     how = f"fastest of {', '.join(candidates)}, {timed} timed on {key.gpu}"
     chosen = tuning.cached(key)

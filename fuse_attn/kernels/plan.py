@@ -9,6 +9,8 @@ import dataclasses
 import functools
 from typing import NamedTuple, Optional
 
+import torch
+
 from fuse_attn.score_program import COMPARISON_OPS, LEAF_OPS, MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder, subprogram
 from fuse_attn.spec import AttentionSpec
 
@@ -299,6 +301,18 @@ def visible_spec(spec: AttentionSpec) -> Optional[AttentionSpec]:
     if any(node.op == "load" for node in folded):
         return None
     return dataclasses.replace(spec, score_program=folded, score_tensors=())
+
+
+def size_hint(x) -> int:
+    """An int for a size that may be symbolic: its hint (the example value Dynamo traced with), adding no guard --
+    for choices that change speed, never results (launch configs, split counts, a layout copy)."""
+    if isinstance(x, torch.SymInt):
+        from torch.fx.experimental import symbolic_shapes
+
+        # torch 2.13 names it optimization_hint, torch 2.11 hint_int (neither adds a guard)
+        no_guard_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
+        return no_guard_hint(x)
+    return int(x)
 
 
 def describe(spec: AttentionSpec) -> str:

@@ -16,6 +16,7 @@ import pytest
 import torch
 import triton.language as tl
 
+from fuse_attn.kernels import plan
 from fuse_attn.kernels.generated import launch
 from fuse_attn.report import collect_reports
 from tests.support.graph_capture import compiled_code
@@ -183,7 +184,7 @@ def test_random_like_of_fake_and_symbolic_tensors_is_real():
         for t in (fake, sym):
             r = launch.random_like(t)
             assert not isinstance(r, FakeTensor) and tuple(r.shape) == (2, 3, 37, 16)
-    assert launch.hint(sym.shape[2]) == 37
+    assert plan.size_hint(sym.shape[2]) == 37
 
 
 def test_random_like_sets_a_symbolic_length_to_a_bucket_top():
@@ -226,7 +227,7 @@ def test_dynamic_lengths_choose_a_config_per_bucket_in_the_generated_code(monkey
 
     def choose_by_length(kind, q, kernel_id, common, candidates, bind, m=None, n=None):
         cfg = real_choose(kind, q, kernel_id, common, candidates, bind, m=m, n=n)
-        length = launch.hint(common["N"] if n is None else n)
+        length = plan.size_hint(common["N"] if n is None else n)
         cfg = dataclasses.replace(cfg, num_warps=8 if cfg.num_warps == 4 else 4) if length <= 256 else cfg
         chosen[kind][length] = (cfg.block_m, cfg.block_n, cfg.num_warps, cfg.num_stages)
         return cfg

@@ -31,8 +31,9 @@ from torch import Tensor
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import tuning
 from fuse_attn.kernels.generated import codegen
+from fuse_attn.kernels.plan import size_hint
 from fuse_attn.kernels.generated.launch import (choose_kernel_config, common_kernel_args, kernel_grid, key_range_args, pow2_at_least_16, random_like, score_kwargs,
-                     stride_args, hint, launch, triton_cdiv)
+                     stride_args, launch, triton_cdiv)
 from fuse_attn.kernels.reference import causal_visible, score_program_values
 
 log = logging.getLogger("fuse_attn.kernels.generated.decode")
@@ -112,9 +113,9 @@ def dispatch_splits(q: Tensor, k: Tensor, spec: AttentionSpec) -> int:
     length, see :func:`triton_forward`)."""
     if spec.gqa_group * q.shape[2] > MAX_ROWS:  # a guard where q_len is symbolic: the split kernel's row tile is fixed
         return 1  # not a decode shape: nothing to log
-    Z, H, M, _ = (hint(x) for x in q.shape)
+    Z, H, M, _ = (size_hint(x) for x in q.shape)
     rows = spec.gqa_group * M
-    kv_lo, kv_hi = visible_key_range(spec, M, hint(k.shape[2]))
+    kv_lo, kv_hi = visible_key_range(spec, M, size_hint(k.shape[2]))
     splits = num_splits(rows, kv_hi - kv_lo, Z * (H // spec.gqa_group), sm_count(q.device))
     if splits > 1 and spec.dropout_p:
         return _fallback(f"dropout_p {spec.dropout_p:g} (the split kernel draws no dropout mask)")

@@ -29,6 +29,7 @@ import torch.utils._pytree as pytree
 from torch import Tensor
 
 from fuse_attn.kernels import plan
+from fuse_attn.kernels.plan import size_hint
 from fuse_attn import settings
 from fuse_attn.score_program import MASKING_FILL_LIMIT
 from fuse_attn.spec import AttentionSpec
@@ -68,18 +69,6 @@ def _with_head_dim_parts(common: dict) -> dict:
 def triton_cdiv(a, b: int):
     """ceil(a / b); symbolic when ``a`` is (a grid over a symbolic length stays symbolic)."""
     return (a + b - 1) // b
-
-
-def hint(x) -> int:
-    """An int for a size that may be symbolic: its hint (the example value Dynamo traced with), with no guard --
-    for choices that change speed, never results (launch configs, split counts)."""
-    if isinstance(x, torch.SymInt):
-        from torch.fx.experimental import symbolic_shapes
-
-        # torch 2.13 names it optimization_hint; torch 2.11 hint_int (both: no guard)
-        no_guard_hint = getattr(symbolic_shapes, "optimization_hint", None) or symbolic_shapes.hint_int
-        return no_guard_hint(x)
-    return int(x)
 
 
 # ---- the launch ------------------------------------------------------------------------------------------------------
@@ -380,8 +369,8 @@ def random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional
     (a length bucket's tuning inputs), laid out densely in ``t``'s order of strides, broadcast dims kept broadcast."""
     if t is None:
         return None
-    size = [hint(s) for s in t.shape]
-    stride = [hint(s) for s in t.stride()]
+    size = [size_hint(s) for s in t.shape]
+    stride = [size_hint(s) for s in t.stride()]
     if lengths:
         resized = [lengths.get(_size_expr(s), n) for s, n in zip(t.shape, size)]
         if resized != size:
@@ -450,7 +439,7 @@ def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, can
     if settings.interpreting() or not q.is_cuda:
         return tuning.INTERPRETER_CONFIGS[kind]
     key = tuning.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
-                            hint(common["M"] if m is None else m), hint(common["N"] if n is None else n))
+                            size_hint(common["M"] if m is None else m), size_hint(common["N"] if n is None else n))
     cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
@@ -589,7 +578,7 @@ class _LengthBuckets:
 
 def _bytes_at(t: Tensor, lengths: dict) -> int:
     """Bytes of ``random_like(t, lengths)``'s storage."""
-    sizes = [lengths.get(_size_expr(s), hint(s)) if hint(st) else 1 for s, st in zip(t.shape, t.stride())]
+    sizes = [lengths.get(_size_expr(s), size_hint(s)) if size_hint(st) else 1 for s, st in zip(t.shape, t.stride())]
     return math.prod(sizes) * t.element_size()
 
 
@@ -597,8 +586,8 @@ def _tuning_lengths(common: dict, lengths: Optional[dict]) -> dict:
     """``choose_kernel_config``'s m and n for ``lengths`` (see :meth:`_LengthBuckets.run`)."""
     if not lengths:
         return {}
-    return dict(m=lengths.get(_size_expr(common["M"]), hint(common["M"])),
-                n=lengths.get(_size_expr(common["N"]), hint(common["N"])))
+    return dict(m=lengths.get(_size_expr(common["M"]), size_hint(common["M"])),
+                n=lengths.get(_size_expr(common["N"]), size_hint(common["N"])))
 
 
 # ---- forward ---------------------------------------------------------------------------------------------------------

@@ -17,7 +17,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fuse_attn.kernels import ops, plan
 from fuse_attn.kernels.generated.decode import sm_count
-from fuse_attn.kernels.generated.launch import broadcast_strides, hint
+from fuse_attn.kernels.generated.launch import broadcast_strides
+from fuse_attn.kernels.plan import size_hint
 from fuse_attn.spec import AttentionSpec
 
 # The TMA copies' names: async_load / async_store in Triton 3.9, async_copy_global_to_shared /
@@ -126,7 +127,7 @@ def bias_layout_by_tma(bias: Tensor) -> bool:
     """Whether the bias's layout lets TMA read it in place (:func:`bias_tma_view` asks its base's alignment too).
     Fake tensors too (hinted sizes): the implementation choice times the Gluon kernels on a copy of this layout, and
     its key says which path that was."""
-    return _strides_tma_reads(broadcast_strides(bias, hint), bias.element_size())
+    return _strides_tma_reads(broadcast_strides(bias, size_hint), bias.element_size())
 
 
 def bias_tma_view(bias: Tensor) -> Tensor | None:

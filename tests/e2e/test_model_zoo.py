@@ -12,15 +12,12 @@ import torch
 from fuse_attn.kernels import plan
 import fuse_attn
 from fuse_attn.report import collect_reports
+from tests.support.compiled_modules import INTERPRETER_SESSION
+from tests.support.numerics import FLOOR, max_error  # FLOOR: the 2x rule's absolute floors
 
 transformers = pytest.importorskip("transformers")
 T = transformers
 
-import os
-
-# Absolute floors of the 2x rule: about one unit in the last place of values of size ~1.
-FLOOR = {torch.float32: 1e-5, torch.bfloat16: 8e-3}
-INTERPRETER_SESSION = os.environ.get("TRITON_INTERPRET") == "1"  # see conftest.py
 HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
 # bf16 draws of the weights per model (the test's docstring says why: 4 draws were measured too few for T5)
 BF16_SEEDS = 16
@@ -114,10 +111,6 @@ MODELS = {
 
 def first_tensor(output):
     return output.logits if hasattr(output, "logits") else output.last_hidden_state
-
-
-def max_error(a, b):
-    return (a.double() - b.double()).abs().max().item()
 
 
 # Bloom's GELU is a custom autograd.Function whose backward is an approximation: it stays one node of the traced

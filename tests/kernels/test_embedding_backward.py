@@ -17,7 +17,7 @@ from expecttest import TestCase
 import fuse_attn
 from fuse_attn.kernels import embedding_backward as eb
 from fuse_attn.report import collect_reports
-from tests.support.fuzz_cases import FLOOR
+from tests.support.numerics import FLOOR
 from tests.support.graph_capture import compiled_code, graph_text, rewrite_reports
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",

@@ -23,11 +23,9 @@ from fuse_attn.kernels import flash_attention, reference_attention
 _op_module = importlib.import_module("fuse_attn.kernels.ops")
 from fuse_attn.spec import AttentionSpec, CausalMask, dtype_name
 from fuse_attn.score_program import ScoreNode, ScoreProgramBuilder, ScoreTensor
+from tests.support.numerics import FLOOR  # the 2x rule's floors, here relative to max|ref|
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-# Absolute floors of the 2x rule, relative to max|ref|: about one unit in the last place of each dtype (as in
-# test_kernels / test_backend).
-FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
 # Lengths: 1, primes, powers of two and their neighbours (tile edges of every block size the kernels use).
 LENGTHS = (1, 2, 3, 5, 7, 13, 16, 17, 31, 32, 33, 37, 61, 64, 65, 97)
 LONG_LENGTHS = LENGTHS + (127, 128, 129, 191, 251, 256, 257)

@@ -25,15 +25,9 @@ def explain(model, *args, **kwargs) -> ExplainReport:
     """
     import torch
 
-    from fuse_attn.backend import analyze_graph
+    from fuse_attn.backend import analyze_only
+    from fuse_attn.report import collect_explained
 
-    graphs = []
-
-    def analyze_only(gm, example_inputs):
-        _, report = analyze_graph(gm, example_inputs, apply=False)
-        if report is not None:
-            graphs.append(report)
-        return gm.forward
-
-    torch.compile(model, backend=analyze_only)(*args, **kwargs)
+    with collect_explained() as graphs:
+        torch.compile(model, backend=analyze_only)(*args, **kwargs)
     return ExplainReport(graphs)

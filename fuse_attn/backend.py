@@ -38,12 +38,13 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
+from torch._guards import detect_fake_mode
 
 from fuse_attn import settings
 from fuse_attn.graph.nodes import MatchContext
 from fuse_attn.graph.rewrite import rewrite_attention
 from fuse_attn.kernels import dispatch
-from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log, publish
+from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, explained, log, publish
 
 
 def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
@@ -102,9 +103,30 @@ def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
         traced, ctx = trace_pre_autograd(gm, example_inputs, buffers)
         return traced, rewrite_attention(traced, ctx, apply=apply, capture=capture_requested(),
                                          training=_is_trained(example_inputs), context_parallel=context_parallel)
-    except Exception:
-        log.warning("fuse_attn: could not trace or rewrite this graph; compiling it unchanged", exc_info=True)
-        return None, None
+    except Exception as e:
+        # Every softmax of the graph gets the reason; publishing the report warns of it in one line.
+        log.debug("fuse_attn: tracing or rewriting a graph failed; it compiles unchanged", exc_info=True)
+        first_line = (str(e).strip().splitlines() or [""])[0]
+        reason = f"its graph could not be traced or rewritten ({type(e).__name__}: {first_line}); compiled unchanged"
+        verdicts = [SoftmaxVerdict(n.name, False, reason=reason) for n in gm.graph.nodes if _is_softmax_call(n)]
+        return None, (GraphReport(verdicts, rewritten=False) if verdicts else None)
+
+
+def analyze_only(gm: fx.GraphModule, example_inputs: list[Any]) -> Any:
+    """``fuse_attn.explain``'s backend: the rewrite's verdicts without the rewrite; the graph runs as Dynamo traced it
+    (eagerly), and each time it runs, its report goes to the open :func:`fuse_attn.report.collect_explained`
+    blocks -- so an ``explain()`` that finds the graph already compiled by an earlier one (a cache hit: the backend
+    is not called again) still reports it. One function for the process: Dynamo keys its cache entries by the
+    backend, so a backend made per call would add entries on every call, and past Dynamo's recompile limit (8 a
+    function) the model would run uncompiled for every later compile too."""
+    _, report = analyze_graph(gm, example_inputs, apply=False)
+    return functools.partial(_run_reporting, gm.forward, report)
+
+
+def _run_reporting(forward, report: Optional[GraphReport], *args):
+    if report is not None:
+        explained(report)
+    return forward(*args)
 
 
 def _is_trained(example_inputs: list[Any]) -> bool:
@@ -120,9 +142,11 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],
     buffers = _buffer_flags(gm) if buffers is None else buffers
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     fake_inputs = [n.meta.get("example_value") for n in placeholders]
+    mode = detect_fake_mode(fake_inputs)
+    fake_inputs = [_as_fake_of(mode, x) for x in fake_inputs]
     # Interpreting under preserve_node_meta carries each node's stack trace (the user's source line) over.
-    with fx_traceback.preserve_node_meta():
-        traced = make_fx(_KeepAutogradFunctions(gm).run, pre_dispatch=True, tracing_mode="fake")(*fake_inputs)
+    with fx_traceback.preserve_node_meta(), mode:
+        traced = make_fx(_KeepAutogradFunctions(gm).run, pre_dispatch=True, tracing_mode="real")(*fake_inputs)
     # Values nobody uses (the averaged weights nn.MultiheadAttention computes and its caller drops) would count as
     # users of the attention weights; side-effecting nodes are kept by FX's own impurity rules.
     traced.graph.eliminate_dead_code()
@@ -135,6 +159,21 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],
     needing_grad = frozenset(node for node, x in zip(traced_placeholders, example_inputs)
                              if isinstance(x, torch.Tensor) and x.requires_grad)
     return traced, MatchContext(constant_inputs=constants, gm=traced, inputs_needing_grad=needing_grad)
+
+
+def _as_fake_of(mode, x: Any) -> Any:
+    """Dynamo's fake input ``x`` as a fake tensor of ``mode``, the backend's (Dynamo hands each backend a fresh fake
+    mode on the same ShapeEnv). A Python scalar Dynamo lifted to a 0-d tensor input (a float attribute that changed
+    between calls: ``rms_norm_eps``, an attention's ``scaling``) keeps the symbol its ``.item()`` reads, its
+    ``item_memo``: without it (``make_fx``'s own conversion drops it) the graph's ``.item()`` fails as
+    data-dependent."""
+    if not isinstance(x, torch.Tensor) or getattr(x, "fake_mode", None) is mode:
+        return x
+    converted = mode.from_tensor(x)
+    memo = getattr(x, "item_memo", None)
+    if memo is not None:
+        converted.item_memo = memo
+    return converted
 
 
 def _checkpoint_regions(gm: fx.GraphModule) -> list[fx.Node]:

@@ -127,6 +127,28 @@ def publish(report: GraphReport) -> None:
         reports.append(report)
 
 
+explain_collectors: list[list[GraphReport]] = []
+
+
+@contextlib.contextmanager
+def collect_explained() -> Iterator[list[GraphReport]]:
+    """The report of every graph that runs inside the block under ``fuse_attn.explain``'s backend
+    (:func:`fuse_attn.backend.analyze_only`)."""
+    reports: list[GraphReport] = []
+    explain_collectors.append(reports)
+    try:
+        yield reports
+    finally:
+        explain_collectors.remove(reports)
+
+
+def explained(report: GraphReport) -> None:
+    """Hand the report of a graph run under ``fuse_attn.explain``'s backend to the open :func:`collect_explained`
+    blocks (nothing is logged: explain warns of nothing)."""
+    for reports in explain_collectors:
+        reports.append(report)
+
+
 # The reasons an unfused attention was already warned of in this process (:func:`warn_unfused`).
 warned_reasons: set[str] = set()
 

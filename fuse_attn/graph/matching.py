@@ -38,6 +38,7 @@ from fuse_attn.graph.nodes import (
     cast_dtype,
     is_static,
     op_name,
+    runtime_scalar,
     same_shape,
     shape_text,
     target_of,
@@ -357,6 +358,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     batch = max([pv_batch] + [op.batch for _, op in program.loads], key=len)
     tensors = [_place_tensor(node, op, batch, a_val.device) for node, op in program.loads]
     score_tensors = [
+        ScoreTensor("bias", "float32", use.broadcast) if use.scalar else
         ScoreTensor("mask" if val(node).dtype == torch.bool else "bias", dtype_name(val(node).dtype), use.broadcast)
         for (node, _), use in zip(program.loads, tensors)
     ]
@@ -407,16 +409,24 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
 @dataclass
 class ScoreTensorUse:
     """A mask/bias node as the fused op receives it: ``node`` (at ``tensor_batch``), reshaped to the attention's
-    batch when ``rebatch``, then laid out 4-D; ``broadcast`` is its (Z, H, M, N) broadcast pattern there."""
+    batch when ``rebatch``, then laid out 4-D; ``broadcast`` is its (Z, H, M, N) broadcast pattern there.
+
+    With ``scalar``, ``node`` is a float read at run time (:func:`fuse_attn.graph.nodes.runtime_scalar`: a scale or a
+    softcap Dynamo lifted to an input), which the op receives as a one-element fp32 tensor on q's device -- a
+    run-time argument of the kernels, so one compiled graph serves every value."""
 
     node: fx.Node
     tensor_batch: tuple
     rebatch: bool
     broadcast: tuple[bool, bool, bool, bool]
+    scalar: bool = False
 
 
 def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device) -> ScoreTensorUse:
-    """How the fused op receives ``tensor``, a side input of path op ``op`` broadcast against its value."""
+    """How the fused op receives ``tensor``, a side input of path op ``op`` broadcast against its value (or a float
+    read at run time, :attr:`ScoreTensorUse.scalar`)."""
+    if runtime_scalar(tensor) is not None:
+        return ScoreTensorUse(tensor, (), False, (True, True, True, True), scalar=True)
     fake = val(tensor)
     rank = len(op.batch) + 2
     if fake.dim() > rank:

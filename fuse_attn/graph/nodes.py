@@ -94,6 +94,22 @@ def val(node: Any) -> Any:
     return node
 
 
+def runtime_scalar(x: Any) -> Optional[torch.SymFloat]:
+    """The value of ``x`` when it is a float the graph reads at run time -- a Python float Dynamo lifted to an input
+    (the ``.item()`` of a 0-d tensor placeholder: an attribute that changed between calls), a ``.item()`` captured
+    from a tensor, or arithmetic of such floats; None for anything else (constants, and sizes: a symbolic head dim's
+    ``D ** -0.5`` is a size expression, not a run-time float)."""
+    from torch.utils._sympy.symbol import SymT, symbol_is_type
+
+    value = val(x) if isinstance(x, fx.Node) else None
+    if not isinstance(value, torch.SymFloat):
+        return None
+    symbols = value.node.expr.free_symbols
+    if symbols and all(symbol_is_type(s, (SymT.FLOAT, SymT.UNBACKED_FLOAT)) for s in symbols):
+        return value
+    return None
+
+
 def is_static(shape) -> bool:
     return all(isinstance(s, int) for s in shape)
 

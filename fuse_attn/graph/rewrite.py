@@ -32,12 +32,13 @@ class _Emitter:
     """Inserts nodes before ``anchor`` and fills their ``meta['val']`` by running them on fake tensors."""
 
     def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode,
-                 key_contiguous_copies: Optional[dict[fx.Node, fx.Node]] = None):
+                 shared_inputs: Optional[dict[tuple[str, fx.Node], fx.Node]] = None):
         self.graph = graph
         self.anchor = anchor
         self.fake_mode = fake_mode
         self.inserted: list[fx.Node] = []
-        self.key_contiguous_copies = {} if key_contiguous_copies is None else key_contiguous_copies
+        # made once a graph for every match that reads them: (kind, node) -> the node made from it
+        self.shared_inputs = {} if shared_inputs is None else shared_inputs
 
     def __call__(self, target, *args, **kwargs) -> fx.Node:
         with self.graph.inserting_before(self.anchor):
@@ -67,15 +68,37 @@ class _Emitter:
         sizes, strides = [size_hint(n) for n in t.shape], [size_hint(n) for n in t.stride()]
         if strides[-1] == 1 or sizes[-1] == 1 or any(st == 0 and n > 1 for n, st in zip(sizes, strides)):
             return node
-        copy = self.key_contiguous_copies.get(node)
+        copy = self.shared_inputs.get(("keys contiguous", node))
         if copy is None:
-            after = node if node.op != "placeholder" else [n for n in self.graph.nodes if n.op == "placeholder"][-1]
             contiguous = {"memory_format": torch.contiguous_format}
-            with self.graph.inserting_after(after):
+            with self.graph.inserting_after(self._after_inputs(node)):
                 copy = self.graph.call_function(aten.clone.default, (node,), contiguous)
             self._fill_val(copy, aten.clone.default, (node,), contiguous)
-            self.key_contiguous_copies[node] = copy
+            self.shared_inputs[("keys contiguous", node)] = copy
         return copy
+
+    def runtime_scalar_tensor(self, node: fx.Node, device: torch.device) -> fx.Node:
+        """The run-time float ``node`` (:func:`fuse_attn.graph.nodes.runtime_scalar`) as a ``[1, 1, 1, 1]`` fp32
+        tensor on ``device``, made once a graph after ``node``: ``ones * node``. Written as a product because
+        AOTAutograd's pass that turns Dynamo's lifted floats back into tensors (``tensorify_python_scalars``) reads a
+        float used by ``mul``; a float it cannot place is specialized -- a guard on its value, a recompile for each
+        new value -- and Dynamo restarts its analysis of the frame."""
+        made = self.shared_inputs.get(("scalar", node))
+        if made is None:
+            ones_args = ([1, 1, 1, 1], 1.0)
+            ones_kwargs = {"dtype": torch.float32, "device": device}
+            with self.graph.inserting_after(self._after_inputs(node)):
+                ones = self.graph.call_function(aten.full.default, ones_args, ones_kwargs)
+            with self.graph.inserting_after(ones):
+                made = self.graph.call_function(aten.mul.Tensor, (ones, node))
+            self._fill_val(ones, aten.full.default, ones_args, ones_kwargs)
+            self._fill_val(made, aten.mul.Tensor, (ones, node), {})
+            self.shared_inputs[("scalar", node)] = made
+        return made
+
+    def _after_inputs(self, node: fx.Node) -> fx.Node:
+        """``node``, or the graph's last input where ``node`` is one: where a node made from ``node`` goes."""
+        return node if node.op != "placeholder" else [n for n in self.graph.nodes if n.op == "placeholder"][-1]
 
     def operand(self, operand) -> fx.Node:
         """An operand's node with its views replayed and its permutation applied."""
@@ -150,6 +173,9 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
 
     tensors = []
     for use in match.tensors:
+        if use.scalar:
+            tensors.append(emit.runtime_scalar_tensor(use.node, val(q4).device))
+            continue
         tensor = emit.keys_contiguous(use.node)
         for _ in range(len(use.tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
@@ -230,7 +256,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     before = gm.print_readable(print_output=False) if capture else None
     fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
     verdicts: list[SoftmaxVerdict] = []
-    key_contiguous_copies: dict[fx.Node, fx.Node] = {}  # shared by the matches (_Emitter.keys_contiguous)
+    shared_inputs: dict[tuple[str, fx.Node], fx.Node] = {}  # made once for every match (_Emitter.shared_inputs)
     # which values autograd differentiates: the choice times a score tensor's gradient where it has one
     needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
     # SDPA calls are matched through their expansion (fuse_attn.graph.sdpa_calls); each verdict is the call's
@@ -251,15 +277,15 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         name, source = anchor.name, _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
-            choice = (_apply(graph, match, fake_mode, training, context_parallel, key_contiguous_copies,
-                             needing_grad) if apply else None)
+            choice = (_apply(graph, match, fake_mode, training, context_parallel, shared_inputs, needing_grad)
+                      if apply else None)
         except NotFused as e:
             about = e.node.name if e.node is not None else None
             verdicts.append(SoftmaxVerdict(name, False, reason=e.reason, about=about, source=source,
                                            attention=expansion is not None or weights_meet_a_product(softmax)))
             continue
         except Exception as e:  # a bug of ours must cost the fusion, never the user's model
-            log.warning("fuse_attn: internal error while matching %s", name, exc_info=True)
+            log.debug("fuse_attn: internal error while matching %s", name, exc_info=True)  # (the verdict says it)
             verdicts.append(SoftmaxVerdict(name, False, reason=f"internal error: {type(e).__name__}: {e}",
                                            source=source, attention=True))
             continue
@@ -269,9 +295,11 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
                 sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
                                        runs=choice.text() if choice is not None else None))
-    for copy in key_contiguous_copies.values():
-        if not copy.users:  # (made for a match that then failed)
-            graph.erase_node(copy)
+    for (kind, _), made in shared_inputs.items():
+        if not made.users:  # (made for a match that then failed)
+            graph.erase_node(made)
+            if kind == "scalar":
+                graph.erase_node(made.args[0])  # its ones
     tables = few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
     if apply or expansions:
         graph.lint()
@@ -282,8 +310,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
            context_parallel: Optional[ContextParallel],
-           key_contiguous_copies: dict[fx.Node, fx.Node], needing_grad: set[fx.Node]) -> dispatch.ImplementationChoice:
-    emit = _Emitter(graph, match.pv, fake_mode, key_contiguous_copies)
+           shared_inputs: dict[tuple[str, fx.Node], fx.Node], needing_grad: set[fx.Node]) -> dispatch.ImplementationChoice:
+    emit = _Emitter(graph, match.pv, fake_mode, shared_inputs)
     try:
         replacement, choice = _fused_call(match, emit, training, context_parallel, needing_grad)
     except BaseException:

@@ -35,7 +35,8 @@ import torch
 import torch.fx as fx
 
 from fuse_attn.graph.nodes import (CAST_OPS, IDENTITY_OPS, SCALAR_TYPES, MatchContext, NotFused, all_ones, aten,
-                                   cast_dtype, is_pure, is_static, op_name, same_shape, shape_text, target_of, val)
+                                   cast_dtype, is_pure, is_static, op_name, runtime_scalar, same_shape, shape_text,
+                                   target_of, val)
 from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder
 
 # Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
@@ -613,6 +614,8 @@ class SideExpressions:
         scalar = self.evaluate.try_scalar(x)
         if scalar is not None:
             return ("const", scalar)
+        if runtime_scalar(x) is not None:
+            return ("load", x)  # the kernels read it as a one-element tensor (matching.ScoreTensorUse.scalar)
         if not isinstance(x, fx.Node) or not isinstance(val(x), torch.Tensor):
             raise _CannotExpress(f"{x} is not a tensor or a constant")
         if target_of(x) == aten.expand.default or _keeps_alignment(x):
@@ -761,6 +764,8 @@ def _keeps_alignment(x: fx.Node) -> bool:
 
 
 def _is_dense_mn(x: fx.Node) -> bool:
+    if not isinstance(val(x), torch.Tensor):
+        return False
     shape = val(x).shape
     return len(shape) >= 2 and not all_ones(shape[-2:-1]) and not all_ones(shape[-1:])
 
@@ -835,7 +840,7 @@ def build_program(ops: list[PathOp], sides: SideExpressions, head_dim: Any) -> S
             if leading and kind in ("mul", "div") and sum(x is SCORE or x is PREV for x in operands) == 1:
                 other = next(x for x in operands if x is not SCORE and x is not PREV)
                 symbolic = _symbolic(other)
-                if symbolic is not None:
+                if symbolic is not None and runtime_scalar(other) is None:
                     monomial = _power_of_head_dim(symbolic, head_dim)
                     if monomial is None or (kind == "div" and operands[0] is other):
                         raise NotFused(f"{op.node.name} scales the scores by {symbolic}, not a power of the head dim", op.node)
@@ -854,7 +859,7 @@ def build_program(ops: list[PathOp], sides: SideExpressions, head_dim: Any) -> S
                 if x is SCORE or x is PREV:
                     args.append(score)
                     continue
-                if _symbolic(x) is not None:
+                if _symbolic(x) is not None and runtime_scalar(x) is None:
                     raise NotFused(f"{op.node.name} changes the scores by a symbolic value ({_symbolic(x)}): not folded", op.node)
                 try:
                     expr = sides.expression(x)

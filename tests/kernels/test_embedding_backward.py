@@ -144,12 +144,17 @@ def test_relative_bias_table_gradient_runs_our_kernel_in_the_compiled_backward(d
 
 
 def test_relative_bias_table_gradient_under_symbolic_lengths():
-    """One compile (dynamic=True) serves two lengths; the table's gradient within the 2x rule at each."""
+    """One compile (dynamic=True) serves two lengths; the table's gradient within the 2x rule at each.
+
+    With ``dynamic=True`` Dynamo lifts the embedding's float ``norm_type`` to an input; nothing tensor-valued reads
+    it, so AOTAutograd specializes it and Dynamo restarts its analysis of the frame once: the backend may see the
+    graph twice at the first length, never again at the second."""
     torch.manual_seed(0)
     heads, d = 2, 16
     module = RelativeBiasAttention(heads).to(DEVICE)
     compiled = torch.compile(module, backend="fuse_attn", dynamic=True)
     torch._dynamo.reset()
+    reports_per_length = []
     with collect_reports() as reports:
         for n in (19, 33):
             q, k, v = (torch.randn(1, heads, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
@@ -159,7 +164,9 @@ def test_relative_bias_table_gradient_under_symbolic_lengths():
             ours = module.relative_attention_bias.weight.grad
             _assert_2x(f"table at N{n}", ours, _eager_table_grad(module, (q, k, v), dout, torch.float32),
                        _eager_table_grad(module, (q, k, v), dout, torch.float64), torch.float32)
-    assert [len(r.fused) for r in reports] == [1]  # one graph, of symbolic length
+            reports_per_length.append(len(reports))
+    assert reports_per_length[0] >= 1 and reports_per_length[1] == reports_per_length[0]  # one graph serves both
+    assert all(len(r.fused) == 1 for r in reports)
 
 
 def test_t5s_encoder_and_decoder_tables_train_through_the_op():

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 from examples.attention_forms import NanoGPTAttention
-from tests.support.graph_capture import fused_graph, fused_specs, rewrite_reports, verdict_lines
+from tests.support.graph_capture import fused_graph, fused_specs, graph_text, rewrite_reports, verdict_lines
 
 
 def qkv(batch=2, heads=3, length=5, dim=8, dtype=torch.float32, k_length=None):
@@ -239,6 +239,28 @@ class TestGoldenGraphs(TestCase):
         self.assertExpectedInline(self.check(fn, *qkv()), """\
     def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[2, 3, 5, 8]"):
         flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg0_1, arg1_1, arg2_1, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.0025, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [0], "op": "tanh", "value": null}, {"args": [], "op": "const", "value": 50.0}, {"args": [1, 2], "op": "mul", "value": null}], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        return (getitem,)""")
+
+    def test_a_lifted_scale_and_softcap_are_read_at_run_time(self):
+        """A scale and a softcap whose values changed since the first compile are graph inputs (0-d tensors read with
+        ``.item()``): the kernels read each as a one-element fp32 tensor, made once (``ones * value``)."""
+
+        def fn(q, k, v, scale, cap):
+            w = torch.tanh(q @ k.transpose(-1, -2) * scale / cap) * cap
+            return torch.softmax(w, -1) @ v
+
+        reports = rewrite_reports(fn, *qkv(), 0.2, 30.0, earlier=[(*qkv(), 0.3, 50.0)])
+        self.assertExpectedInline(verdict_lines(reports), """fused softmax: float32 D=8 M=5 N=5 scale=1 s -> tanh((s * bias0[1,1,1,1]) / bias1[1,1,1,1]) * bias1[1,1,1,1]""")
+        self.assertExpectedInline(graph_text(reports[0]), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f64[]", arg3_1: "f64[]", arg4_1: "f32[2, 3, 5, 8]"):
+        item: "Sym(zf)" = torch.ops.aten.item.default(arg2_1)
+        full_default: "f32[1, 1, 1, 1]" = torch.ops.aten.full.default([1, 1, 1, 1], 1.0, dtype = torch.float32, device = device(type='cpu'))
+        mul_tensor: "f32[1, 1, 1, 1]" = torch.ops.aten.mul.Tensor(full_default, item)
+        item_1: "Sym(zf)" = torch.ops.aten.item.default(arg3_1)
+        full_default_1: "f32[1, 1, 1, 1]" = torch.ops.aten.full.default([1, 1, 1, 1], 1.0, dtype = torch.float32, device = device(type='cpu'))
+        mul_tensor_1: "f32[1, 1, 1, 1]" = torch.ops.aten.mul.Tensor(full_default_1, item_1)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg4_1, [mul_tensor, mul_tensor_1], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 1.0, "scale_head_dim_power": 0.0, "score_program": [{"args": [], "op": "score", "value": null}, {"args": [], "op": "load", "value": 0}, {"args": [0, 1], "op": "mul", "value": null}, {"args": [], "op": "load", "value": 1}, {"args": [2, 3], "op": "div", "value": null}, {"args": [4], "op": "tanh", "value": null}, {"args": [5, 3], "op": "mul", "value": null}], "score_tensors": [{"broadcast": [true, true, true, true], "dtype": "float32", "role": "bias"}, {"broadcast": [true, true, true, true], "dtype": "float32", "role": "bias"}]}')
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 

@@ -13,9 +13,11 @@ from fuse_attn.report import GraphReport, collect_reports
 from fuse_attn.graph.rewrite import rewrite_attention
 
 
-def rewrite_reports(fn, *args, dynamic=None, training=False, **kwargs) -> list[GraphReport]:
+def rewrite_reports(fn, *args, dynamic=None, training=False, earlier=(), **kwargs) -> list[GraphReport]:
     """Each graph of ``fn(*args)`` after the rewrite (as for a graph that will be trained, with ``training``); the
-    original graphs run eagerly."""
+    original graphs run eagerly. ``earlier``: argument tuples ``fn`` is compiled with first, in the same Dynamo
+    session (their graphs are not reported) -- a float argument that had another value there is a graph input of
+    the graphs reported (Dynamo lifts a float whose value changed)."""
     reports: list[GraphReport] = []
 
     def capture(gm, example_inputs):
@@ -24,7 +26,11 @@ def rewrite_reports(fn, *args, dynamic=None, training=False, **kwargs) -> list[G
         return gm.forward
 
     torch._dynamo.reset()
-    torch.compile(fn, backend=capture, dynamic=dynamic)(*args, **kwargs)
+    compiled = torch.compile(fn, backend=capture, dynamic=dynamic)
+    for earlier_args in earlier:
+        compiled(*earlier_args, **kwargs)
+    reports.clear()
+    compiled(*args, **kwargs)
     return reports
 
 
@@ -36,6 +42,7 @@ def graph_text(report: GraphReport) -> str:
         if not stripped or stripped.startswith("#") or stripped.startswith("class "):
             continue
         line = re.sub(r';\s+[\w, =]+ = None$', "", line.rstrip())  # FX's "x = None" frees
+        line = re.sub(r"\bzf\d+\b", "zf", line)  # a lifted float's symbol, numbered by what Dynamo traced before
         lines.append(line)
     return "\n".join(lines)
 

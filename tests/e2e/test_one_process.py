@@ -205,3 +205,71 @@ def test_a_graph_that_cannot_be_traced_reports_each_softmax_in_one_line(monkeypa
     warnings = [r for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 1 and warnings[0].exc_info is None and "\n" not in warnings[0].getMessage()
     assert [v.reason for v in fuse_attn.explain(model, x).not_fused] == [verdict.reason]
+
+
+def _fused_every_call(calls, device, monkeypatch, attentions, **compile_kwargs):
+    """Each ``(model, inputs)`` of ``calls`` compiled with the backend in turn: every attention runs fused on a
+    second call (the first one compiles), and the output matches eager's."""
+    for i, (model, inputs) in enumerate(calls):
+        compiled = torch.compile(model, backend="fuse_attn", **compile_kwargs)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(*inputs), model(*inputs), atol=1e-5, rtol=1e-5)
+            with fused_runs(device, monkeypatch) as runs:
+                compiled(*inputs)
+        assert runs[0] == attentions, f"call {i}: {runs[0]} of {attentions} attentions ran fused"
+
+
+class DropoutAttention(ScaledAttention):
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.dim).permute(2, 0, 3, 1, 4)
+        weights = torch.softmax(q @ k.transpose(-1, -2) * self.scaling, dim=-1)
+        return torch.nn.functional.dropout(weights, 0.1, self.training) @ v
+
+
+def test_process_conditions(monkeypatch):
+    """What else a real process does: ``dynamic=True`` with a float attribute (lifted from the first compile) and
+    changing lengths; ``specialize_float=True`` (a graph per value, each fused); a model recompiled after ``eval()``
+    and again after ``train()``; two model families whose code shares helper functions."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    x = torch.randn(2, 17, 16, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+
+    torch._dynamo.reset()
+    _fused_every_call([(ScaledAttention(s), [x[:, :n]]) for s, n in ((0.3, 17), (0.2, 9), (0.7, 13))], "cpu",
+                      monkeypatch, 1, dynamic=True)
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(specialize_float=True):
+        _fused_every_call([(ScaledAttention(s), [x]) for s in (0.3, 0.2, 0.7)], "cpu", monkeypatch, 1)
+
+    torch._dynamo.reset()
+    model = DropoutAttention(0.3)
+    for mode in ("eval", "train", "eval"):
+        getattr(model, mode)()
+        if mode == "eval":
+            _fused_every_call([(model, [x])], "cpu", monkeypatch, 1)
+        else:  # dropout: compare the fused runs only
+            with fused_runs("cpu", monkeypatch) as runs:
+                torch.compile(model, backend="fuse_attn")(x)
+            assert runs[0] == 1
+
+    transformers = pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    gemma = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=LAYERS, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=64, attn_implementation="eager", sliding_window=8))
+    ids = torch.randint(0, 64, (2, 17), generator=torch.Generator().manual_seed(0))
+    calls = [(Logits(model), [ids]) for model in (_llama(1e-5), gemma, _llama(1e-6))]
+    _fused_every_call(calls, "cpu", monkeypatch, LAYERS)
+
+
+class Logits(torch.nn.Module):
+    """A Hugging Face causal LM returning its logits as a tensor."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(ids).logits

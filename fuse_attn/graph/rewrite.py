@@ -341,12 +341,20 @@ def few_row_table_lookups(graph: fx.Graph, fake_mode: Any, needing_grad: set[fx.
         options.update(zip(options, node.args[2:]), **node.kwargs)
         if not embedding_backward.handles(val(weight), options["scale_grad_by_freq"], options["sparse"]):
             continue
-        tables.append(TableLookup(node.name, shape_text(val(weight).shape), _source_line(node)))
+        found = TableLookup(node.name, shape_text(val(weight).shape), _source_line(node))
         if not apply:
+            tables.append(found)
             continue
         emit = _Emitter(graph, node, fake_mode)
-        lookup = emit(torch.ops.fuse_attn.table_lookup.default, weight, indices, options["padding_idx"])
+        try:
+            lookup = emit(torch.ops.fuse_attn.table_lookup.default, weight, indices, options["padding_idx"])
+        except Exception:  # a bug of ours costs this lookup its table gradient, not the graph its attentions
+            log.debug("fuse_attn: internal error while rewriting the lookup %s", node.name, exc_info=True)
+            for inserted in reversed(emit.inserted):
+                graph.erase_node(inserted)
+            continue
         lookup.meta["stack_trace"] = node.meta.get("stack_trace")
         node.replace_all_uses_with(lookup)
         graph.erase_node(node)
+        tables.append(found)
     return tables

@@ -143,6 +143,31 @@ def test_relative_bias_table_gradient_runs_our_kernel_in_the_compiled_backward(d
                _eager_table_grad(module, (q, k, v), dout, torch.float64), dtype)
 
 
+def test_a_lookup_the_rewrite_fails_on_keeps_its_lookup_and_the_attention_still_fuses(monkeypatch):
+    """An internal error while rewriting a table lookup costs that lookup its table gradient, not the graph its
+    fused attention: the lookup stays aten's, the attention is fused, the gradient is right."""
+    from fuse_attn.graph import rewrite
+
+    fill_val = rewrite._Emitter._fill_val
+
+    def failing_on_the_lookup(self, node, target, args, kwargs):
+        if target is torch.ops.fuse_attn.table_lookup.default:
+            raise RuntimeError("a bug of ours")
+        return fill_val(self, node, target, args, kwargs)
+
+    monkeypatch.setattr(rewrite._Emitter, "_fill_val", failing_on_the_lookup)
+    torch.manual_seed(0)
+    heads, n, d = 2, 19, 16
+    module = RelativeBiasAttention(heads).to(DEVICE)
+    q, k, v = (torch.randn(1, heads, n, d, device=DEVICE, requires_grad=True) for _ in range(3))
+    dout = torch.randn(1, heads, n, d, device=DEVICE)
+    _, code, reports = _compiled_step(module, q, k, v, dout)
+    assert [(len(r.fused), r.tables) for r in reports] == [(1, [])]
+    _assert_2x("table", module.relative_attention_bias.weight.grad,
+               _eager_table_grad(module, (q, k, v), dout, torch.float32),
+               _eager_table_grad(module, (q, k, v), dout, torch.float64), torch.float32)
+
+
 def test_relative_bias_table_gradient_under_symbolic_lengths():
     """One compile (dynamic=True) serves two lengths; the table's gradient within the 2x rule at each.
 

@@ -33,6 +33,7 @@ import logging
 import os
 import re
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, NamedTuple, Optional, Sequence, Union
@@ -367,9 +368,64 @@ def _first_working(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
 
 
+# Once this process has spent this long tuning, one WARNING line says so: a first compile on a new GPU tunes each
+# attention's kernels during the first step (tens of seconds for a model), which otherwise looks like a hang; a
+# wait of a few seconds is what a user starts to notice.
+PROGRESS_AFTER_S = 5.0
+
+
+class _TuningProgress:
+    """The process's time spent tuning, and the one progress line (:data:`PROGRESS_AFTER_S`). The line is written by
+    a timer while the tuning it announces still runs, so it appears when the wait does, not after it."""
+
+    def __init__(self):
+        self.spent = 0.0  # seconds of finished tunings
+        self.started: Optional[float] = None  # the running tuning's start
+        self.announced = False
+        self.lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def tuning(self, key: TuningKey):
+        with self.lock:
+            self.started = time.perf_counter()
+            timer = None
+            if not self.announced:
+                timer = threading.Timer(max(0.0, PROGRESS_AFTER_S - self.spent), self._announce, args=(key,))
+                timer.daemon = True
+                timer.start()
+        try:
+            yield
+        finally:
+            if timer is not None:
+                timer.cancel()
+            with self.lock:
+                self.spent += time.perf_counter() - self.started
+                self.started = None
+
+    def _announce(self, key: TuningKey) -> None:
+        with self.lock:
+            if self.announced or self.started is None:
+                return
+            self.announced = True
+            spent = self.spent + time.perf_counter() - self.started
+        where = (f"kept in {cache_file(key)}, so later processes skip it" if settings.disk_cache_enabled()
+                 else "kept in memory only (FUSE_ATTN_CACHE=0)")
+        log.warning("fuse_attn: tuning the attention kernels for this GPU and these shapes (%.0f s so far): the first "
+                    "step takes longer; each choice is %s. TORCH_LOGS=fuse_attn shows each tuning", spent, where)
+
+
+_progress = _TuningProgress()
+
+
 def _fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
              compile_only: Optional[Callable[[Candidate], None]] = None) -> tuple[Candidate, float]:
     """The fastest candidate and its time in ms."""
+    with _progress.tuning(key):
+        return _timed_fastest(key, candidates, launch, compile_only)
+
+
+def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
+                   compile_only: Optional[Callable[[Candidate], None]]) -> tuple[Candidate, float]:
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
     if compile_only is not None:

@@ -233,6 +233,38 @@ def test_tuning_logs_progress_and_dropped_configs(machine, caplog):
     assert "tuning took" in after
 
 
+def test_one_progress_line_once_tuning_has_taken_a_while(machine, monkeypatch, caplog):
+    """Past PROGRESS_AFTER_S of tuning in a process, one WARNING line, written while the tuning still runs; none
+    before that, none again for later tunings."""
+    import time
+
+    monkeypatch.setattr(tuning, "_progress", tuning._TuningProgress())
+    monkeypatch.setattr(tuning, "PROGRESS_AFTER_S", 0.2)
+    time_config = machine.time_config
+    timed_while_warned = []
+
+    def slow_time_config(launch, cfg, rep_ms):
+        time.sleep(0.05)
+        timed_while_warned.append(any(r.levelname == "WARNING" for r in caplog.records))
+        return time_config(launch, cfg, rep_ms)
+
+    monkeypatch.setattr(tuning, "_time_config", slow_time_config)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        tune(machine, key(m=100))  # 6 timings, 0.3 s: the line appears during the last ones
+        tune(machine, key(m=5000))
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "tuning the attention kernels" in warnings[0], warnings
+    assert tuning.cache_file(key()) in warnings[0]
+    assert timed_while_warned[0] is False and True in timed_while_warned[:6]
+
+
+def test_no_progress_line_for_a_short_tuning(machine, monkeypatch, caplog):
+    monkeypatch.setattr(tuning, "_progress", tuning._TuningProgress())
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        tune(machine, key())
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_untimed_picks_the_first_working_config_and_never_stands_in_for_a_tuned_one(machine, monkeypatch):
     machine.failing[CANDIDATES[0]] = RuntimeError("does not compile")
     monkeypatch.setenv("FUSE_ATTN_AUTOTUNE", "0")

@@ -82,6 +82,30 @@ def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path):
     assert cell["variant"] == "sdpa+fuse_attn@reduce-overhead" and float(cell["tokens_per_s"]) > 0, cell
 
 
+def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_path(tmp_path):
+    """--compile-time: the first two training steps of each variant in fresh processes, cold caches and then warm
+    (the caches the cold process left); the ratio of fuse_attn's time to Inductor's on the same attention path."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
+               "--models", "gpt2", "--compile-time", "--variants", "sdpa+fuse_attn", "sdpa+inductor", "--out",
+               str(tmp_path)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = table_rows(done.stdout)
+    assert [row["caches"] for row in rows] == ["cold", "warm"], done.stdout
+    for row in rows:
+        ours, inductor = float(row["sdpa+fuse_attn s"]), float(row["sdpa+inductor s"])
+        assert row["sdpa+fuse_attn / sdpa+inductor"] == f"{ours / inductor:.2f}x", row
+    with open(tmp_path / "bench_models_compile_time.csv", newline="") as f:
+        cells = list(csv.DictReader(f))
+    assert [(c["variant"], c["caches"]) for c in cells] == [("sdpa+fuse_attn", "cold"), ("sdpa+fuse_attn", "warm"),
+                                                            ("sdpa+inductor", "cold"), ("sdpa+inductor", "warm")]
+    for cell in cells:
+        assert float(cell["first_two_steps_s"]) >= float(cell["first_step_s"]) > 0, cell
+    assert [c["fused_attentions"] for c in cells] == ["2", "2", "", ""]  # the tiny GPT-2's two layers
+
+
 def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):
     # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only, so a
     # process of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's process)

@@ -220,17 +220,23 @@ def _fused_every_call(calls, device, monkeypatch, attentions, **compile_kwargs):
 
 
 class DropoutAttention(ScaledAttention):
+    def __init__(self, scaling: float, p: float = 0.1):
+        super().__init__(scaling)
+        self.p = p
+
     def forward(self, x):
         b, n, _ = x.shape
         q, k, v = self.qkv(x).view(b, n, 3, self.heads, self.dim).permute(2, 0, 3, 1, 4)
         weights = torch.softmax(q @ k.transpose(-1, -2) * self.scaling, dim=-1)
-        return torch.nn.functional.dropout(weights, 0.1, self.training) @ v
+        return torch.nn.functional.dropout(weights, self.p, self.training) @ v
 
 
 def test_process_conditions(monkeypatch):
     """What else a real process does: ``dynamic=True`` with a float attribute (lifted from the first compile) and
     changing lengths; ``specialize_float=True`` (a graph per value, each fused); a model recompiled after ``eval()``
-    and again after ``train()``; two model families whose code shares helper functions."""
+    and again after ``train()``; a dropout probability that changes between instances (the kernels take it at
+    compile time: the graph is guarded on its value, a graph per value); two model families whose code shares
+    helper functions."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     x = torch.randn(2, 17, 16, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(0)
@@ -253,6 +259,12 @@ def test_process_conditions(monkeypatch):
             with fused_runs("cpu", monkeypatch) as runs:
                 torch.compile(model, backend="fuse_attn")(x)
             assert runs[0] == 1
+
+    torch._dynamo.reset()
+    for p in (0.1, 0.2, 0.3):
+        with fused_runs("cpu", monkeypatch) as runs:
+            torch.compile(DropoutAttention(0.3, p), backend="fuse_attn")(x)
+        assert runs[0] == 1, p
 
     transformers = pytest.importorskip("transformers")
     torch._dynamo.reset()

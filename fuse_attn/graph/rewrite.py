@@ -66,7 +66,7 @@ class _Emitter:
         The copy is placed after ``node`` (after the graph's inputs where ``node`` is one), before every use."""
         t = val(node)
         sizes, strides = [size_hint(n) for n in t.shape], [size_hint(n) for n in t.stride()]
-        if strides[-1] == 1 or sizes[-1] == 1 or any(st == 0 and n > 1 for n, st in zip(sizes, strides)):
+        if t.dim() == 0 or strides[-1] == 1 or sizes[-1] == 1 or any(st == 0 and n > 1 for n, st in zip(sizes, strides)):
             return node
         copy = self.shared_inputs.get(("keys contiguous", node))
         if copy is None:

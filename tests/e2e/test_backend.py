@@ -117,6 +117,26 @@ def test_bias_gradient_through_bmm_spelling(target):
     compile_and_compare(BiasedBmm(), [torch.randn(2, 2, 17, 16) for _ in range(3)], train=True, device=device, dtype=dtype)
 
 
+class LearnedTemperatureAndSoftcap(torch.nn.Module):
+    """A learned temperature and softcap: 0-d parameters, read by the kernels as one-element score tensors."""
+
+    def __init__(self):
+        super().__init__()
+        self.temperature = torch.nn.Parameter(torch.tensor(0.3))
+        self.softcap = torch.nn.Parameter(torch.tensor(5.0))
+
+    def forward(self, q, k, v):
+        scores = q @ k.transpose(-1, -2) * self.temperature
+        return torch.softmax(torch.tanh(scores / self.softcap) * self.softcap, -1) @ v
+
+
+def test_learned_0d_temperature_and_softcap_get_their_gradients(target):
+    torch.manual_seed(7)
+    device, dtype = target
+    compile_and_compare(LearnedTemperatureAndSoftcap(), [3 * torch.randn(2, 2, 17, 16) for _ in range(3)], train=True,
+                        device=device, dtype=dtype)
+
+
 def test_einsum_spelling(target):
     torch.manual_seed(6)
     device, dtype = target

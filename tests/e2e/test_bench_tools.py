@@ -92,11 +92,6 @@ def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_pa
                str(tmp_path)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    rows = table_rows(done.stdout)
-    assert [row["caches"] for row in rows] == ["cold", "warm"], done.stdout
-    for row in rows:
-        ours, inductor = float(row["sdpa+fuse_attn s"]), float(row["sdpa+inductor s"])
-        assert row["sdpa+fuse_attn / sdpa+inductor"] == f"{ours / inductor:.2f}x", row
     with open(tmp_path / "bench_models_compile_time.csv", newline="") as f:
         cells = list(csv.DictReader(f))
     assert [(c["variant"], c["caches"]) for c in cells] == [("sdpa+fuse_attn", "cold"), ("sdpa+fuse_attn", "warm"),
@@ -104,6 +99,12 @@ def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_pa
     for cell in cells:
         assert float(cell["first_two_steps_s"]) >= float(cell["first_step_s"]) > 0, cell
     assert [c["fused_attentions"] for c in cells] == ["2", "2", "", ""]  # the tiny GPT-2's two layers
+    seconds = {(c["variant"], c["caches"]): float(c["first_two_steps_s"]) for c in cells}
+    rows = table_rows(done.stdout)
+    assert [row["caches"] for row in rows] == ["cold", "warm"], done.stdout
+    for row in rows:  # (the CSV's seconds are rounded to 10 ms, the ratio is of the unrounded ones)
+        ratio = seconds["sdpa+fuse_attn", row["caches"]] / seconds["sdpa+inductor", row["caches"]]
+        assert abs(float(row["sdpa+fuse_attn / sdpa+inductor"].rstrip("x")) - ratio) <= 0.01, (row, ratio)
 
 
 def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):

@@ -83,7 +83,8 @@ class _Emitter:
         AOTAutograd's pass that turns Dynamo's lifted floats back into tensors (``tensorify_python_scalars``) reads a
         float used by ``mul``; a float it cannot place is specialized -- a guard on its value, a recompile for each
         new value -- and Dynamo restarts its analysis of the frame."""
-        made = self.shared_inputs.get(("scalar", node))
+        key = (f"scalar on {device}", node)  # (model parallel: attentions on two devices may read one float)
+        made = self.shared_inputs.get(key)
         if made is None:
             ones_args = ([1, 1, 1, 1], 1.0)
             ones_kwargs = {"dtype": torch.float32, "device": device}
@@ -93,7 +94,7 @@ class _Emitter:
                 made = self.graph.call_function(aten.mul.Tensor, (ones, node))
             self._fill_val(ones, aten.full.default, ones_args, ones_kwargs)
             self._fill_val(made, aten.mul.Tensor, (ones, node), {})
-            self.shared_inputs[("scalar", node)] = made
+            self.shared_inputs[key] = made
         return made
 
     def _after_inputs(self, node: fx.Node) -> fx.Node:
@@ -298,7 +299,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     for (kind, _), made in shared_inputs.items():
         if not made.users:  # (made for a match that then failed)
             graph.erase_node(made)
-            if kind == "scalar":
+            if kind.startswith("scalar"):
                 graph.erase_node(made.args[0])  # its ones
     tables = few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
     if apply or expansions:

@@ -107,6 +107,21 @@ def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_pa
         assert abs(float(row["sdpa+fuse_attn / sdpa+inductor"].rstrip("x")) - ratio) <= 0.01, (row, ratio)
 
 
+def test_profile_model_step_tiny_on_cpu():
+    """tools/profile_model_step.py: a row per variant, in the order given (a variant may repeat), with its host time
+    and Dynamo's graphs; the CPU operators' table names each variant's column."""
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    command = [sys.executable, os.path.join(ROOT, "tools", "profile_model_step.py"), "--device", "cpu", "--tiny",
+               "--model", "gpt2", "--variants", "sdpa+fuse_attn", "fuse_attn", "sdpa+fuse_attn", "--top", "5"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary, operators = tables(done.stdout)
+    assert [row["variant"] for row in summary] == ["sdpa+fuse_attn", "fuse_attn", "sdpa+fuse_attn"], done.stdout
+    assert all(float(row["host ms"]) > 0 and int(row["graphs"]) >= 1 for row in summary), done.stdout
+    assert list(operators[0])[1:] == ["1: sdpa+fuse_attn", "2: fuse_attn", "3: sdpa+fuse_attn"] and len(operators) == 5
+
+
 def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):
     # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only, so a
     # process of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's process)

@@ -28,6 +28,7 @@ import functools
 import hashlib
 import heapq
 import operator
+import time
 from pathlib import Path
 from typing import Any, Optional
 
@@ -70,13 +71,30 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     cuda_graphs = bool(config_patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
+    start = time.perf_counter()
     with dispatch.replayed_as_cuda_graphs(cuda_graphs):
         rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
+    _seconds["analysis"] += time.perf_counter() - start
     if report is not None:
         publish(report)
     if rewritten is None or log_only or not report.changed:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     return compile_fx(rewritten, example_inputs, config_patches=config_patches)
+
+
+# Seconds this process spent in the backend before handing graphs to Inductor (compile_seconds).
+_seconds = {"analysis": 0.0, "trace": 0.0}
+
+
+def compile_seconds() -> dict[str, float]:
+    """Where this process's compile time went, in seconds: ``analysis``, the backend's work on Dynamo's graphs before
+    Inductor (tracing them, ``trace``; matching, rewriting, and whatever tuning the rewrite triggers), and from
+    :func:`fuse_attn.kernels.tuning.seconds_spent` all ``tuning`` wherever it ran (in the analysis, or while Inductor
+    traced the fused ops), of it ``compiling candidates``. The rest of a first step is Dynamo's, AOTAutograd's and
+    Inductor's own work and the step itself."""
+    from fuse_attn.kernels import tuning
+
+    return {**_seconds, **tuning.seconds_spent()}
 
 
 def analyze_graph(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool,
@@ -145,8 +163,10 @@ def trace_pre_autograd(gm: fx.GraphModule, example_inputs: list[Any],
     mode = detect_fake_mode(fake_inputs)
     fake_inputs = [_as_fake_of(mode, x) for x in fake_inputs]
     # Interpreting under preserve_node_meta carries each node's stack trace (the user's source line) over.
+    start = time.perf_counter()
     with fx_traceback.preserve_node_meta(), mode:
         traced = make_fx(_KeepAutogradFunctions(gm).run, pre_dispatch=True, tracing_mode="real")(*fake_inputs)
+    _seconds["trace"] += time.perf_counter() - start
     # Values nobody uses (the averaged weights nn.MultiheadAttention computes and its caller drops) would count as
     # users of the attention weights; side-effecting nodes are kept by FX's own impurity rules.
     traced.graph.eliminate_dead_code()

@@ -47,7 +47,9 @@ steps (Dynamo, the rewrite, tuning, Inductor, the steps: a second step can recom
 attention paths, each under fuse_attn and under Inductor default): cold (empty fuse_attn, Inductor and Triton
 caches: FUSE_ATTN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR in a new temporary folder per variant) and
 warm (a second subprocess with the caches the first left). The table gives each fuse_attn variant's time over
-Inductor's on the same attention path. Rows go to OUTDIR/bench_models_compile_time.csv.
+Inductor's on the same attention path; the CSV also where fuse_attn's part of it went
+(``fuse_attn.backend.compile_seconds``: its analysis of the graphs, of it the trace; tuning, of it compiling
+candidates). Rows go to OUTDIR/bench_models_compile_time.csv.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ from tabulate import tabulate
 
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from fuse_attn.backend import fuse_attn_backend  # noqa: E402
+from fuse_attn.backend import compile_seconds, fuse_attn_backend  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402
 
@@ -121,8 +123,11 @@ COMPILE_TIME_RATIOS = [("fuse_attn", "inductor"), ("sdpa+fuse_attn", "sdpa+induc
                        ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor")]
 SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentions", "median_ms", "tokens_per_s",
                  "peak_bytes", "device", "torch", "triton", "transformers", "date"]
+# fuse_attn's parts of a first compile (fuse_attn.backend.compile_seconds; they overlap: see there)
+COMPILE_PARTS = ["analysis", "trace", "tuning", "compiling candidates"]
 COMPILE_COLUMNS = ["model", "B", "N", "variant", "caches", "first_two_steps_s", "first_step_s", "fused_attentions",
-                   "device", "torch", "triton", "transformers", "date"]
+                   "analysis_s", "trace_s", "tuning_s", "compiling_candidates_s", "device", "torch", "triton",
+                   "transformers", "date"]
 
 
 def model_and_config(name, attention, tiny, length):
@@ -372,8 +377,8 @@ def first_steps(args):
         step()
         synchronize(args.device)
     seconds = time.perf_counter() - start
-    print(FIRST_STEPS_MARK, json.dumps({"seconds": seconds, "first": first, "fused": sum(len(r.fused) for r in reports)}),
-          flush=True)
+    print(FIRST_STEPS_MARK, json.dumps({"seconds": seconds, "first": first, "fused": sum(len(r.fused) for r in reports),
+                                        "parts": compile_seconds()}), flush=True)
 
 
 def compile_times(args, record):
@@ -400,14 +405,17 @@ def compile_times(args, record):
                         print(f"{name} {variant} {caches_state} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
                               flush=True)
                         ok = False
-                        record([name, batch, length, variant, caches_state, "error", "", ""])
+                        record([name, batch, length, variant, caches_state, "error", "", "", "", "", "", ""])
                         continue
                     result = json.loads(marked[-1][len(FIRST_STEPS_MARK):])
                     seconds[variant, caches_state] = result["seconds"]
-                    fused = result["fused"] if VARIANTS[variant][1] == "fuse_attn" else ""
+                    ours = VARIANTS[variant][1] == "fuse_attn"
+                    parts = [f"{result['parts'][part]:.2f}" if ours else "" for part in COMPILE_PARTS]
                     record([name, batch, length, variant, caches_state, f"{result['seconds']:.2f}",
-                            f"{result['first']:.2f}", fused])
-                    print(f"  {name} {variant} {caches_state}: {result['seconds']:.1f}s", flush=True)
+                            f"{result['first']:.2f}", result["fused"] if ours else "", *parts])
+                    where = (" (" + ", ".join(f"{part} {result['parts'][part]:.1f}s" for part in COMPILE_PARTS) + ")"
+                             if ours else "")
+                    print(f"  {name} {variant} {caches_state}: {result['seconds']:.1f}s{where}", flush=True)
         for caches_state in ("cold", "warm"):
             cells = [f"{seconds[v, caches_state]:.1f}" if (v, caches_state) in seconds else "error" for v in variants]
             ratios = [f"{seconds[ours, caches_state] / seconds[other, caches_state]:.2f}x"

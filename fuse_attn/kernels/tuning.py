@@ -380,6 +380,7 @@ class _TuningProgress:
 
     def __init__(self):
         self.spent = 0.0  # seconds of finished tunings
+        self.compiling = 0.0  # of them, compiling candidates before timing them
         self.started: Optional[float] = None  # the running tuning's start
         self.announced = False
         self.lock = threading.Lock()
@@ -417,6 +418,12 @@ class _TuningProgress:
 _progress = _TuningProgress()
 
 
+def seconds_spent() -> dict[str, float]:
+    """Seconds this process spent tuning (timing candidate configs and implementations), and of them compiling
+    candidates: where a first compile's time goes (``tools/bench_models.py --compile-time`` reports them)."""
+    return {"tuning": _progress.spent, "compiling candidates": _progress.compiling}
+
+
 def _fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Candidate], None],
              compile_only: Optional[Callable[[Candidate], None]] = None) -> tuple[Candidate, float]:
     """The fastest candidate and its time in ms."""
@@ -430,6 +437,7 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     start = time.perf_counter()
     if compile_only is not None:
         _compile_concurrently(candidates, compile_only)
+        _progress.compiling += time.perf_counter() - start
         log.info("compiled %d candidates for %s in %.2f s", len(candidates), key, time.perf_counter() - start)
     timed, errors = [], []
     for cand in candidates:

@@ -256,6 +256,7 @@ def test_one_progress_line_once_tuning_has_taken_a_while(machine, monkeypatch, c
     assert len(warnings) == 1 and "tuning the attention kernels" in warnings[0], warnings
     assert tuning.cache_file(key()) in warnings[0]
     assert timed_while_warned[0] is False and True in timed_while_warned[:6]
+    assert tuning.seconds_spent()["tuning"] >= 0.05 * len(timed_while_warned)  # the tunings' time is accounted
 
 
 def test_no_progress_line_for_a_short_tuning(machine, monkeypatch, caplog):

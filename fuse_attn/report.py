@@ -107,14 +107,19 @@ collectors: list[list[GraphReport]] = []
 
 
 @contextlib.contextmanager
-def collect_reports() -> Iterator[list[GraphReport]]:
-    """Collect the report of every graph the backend rewrites inside the block."""
+def _collecting(open_blocks: list[list[GraphReport]]) -> Iterator[list[GraphReport]]:
+    """A list of reports that is one of ``open_blocks`` for the duration of the block."""
     reports: list[GraphReport] = []
-    collectors.append(reports)
+    open_blocks.append(reports)
     try:
         yield reports
     finally:
-        collectors.remove(reports)
+        open_blocks.remove(reports)
+
+
+def collect_reports() -> contextlib.AbstractContextManager[list[GraphReport]]:
+    """Collect the report of every graph the backend rewrites inside the block."""
+    return _collecting(collectors)
 
 
 def publish(report: GraphReport) -> None:
@@ -130,16 +135,10 @@ def publish(report: GraphReport) -> None:
 explain_collectors: list[list[GraphReport]] = []
 
 
-@contextlib.contextmanager
-def collect_explained() -> Iterator[list[GraphReport]]:
+def collect_explained() -> contextlib.AbstractContextManager[list[GraphReport]]:
     """The report of every graph that runs inside the block under ``fuse_attn.explain``'s backend
     (:func:`fuse_attn.backend.analyze_only`)."""
-    reports: list[GraphReport] = []
-    explain_collectors.append(reports)
-    try:
-        yield reports
-    finally:
-        explain_collectors.remove(reports)
+    return _collecting(explain_collectors)
 
 
 def explained(report: GraphReport) -> None:

@@ -32,12 +32,12 @@ class _Emitter:
     """Inserts nodes before ``anchor`` and fills their ``meta['val']`` by running them on fake tensors."""
 
     def __init__(self, graph: fx.Graph, anchor: fx.Node, fake_mode,
-                 shared_inputs: Optional[dict[tuple[str, fx.Node], fx.Node]] = None):
+                 shared_inputs: Optional[dict[tuple, fx.Node]] = None):
         self.graph = graph
         self.anchor = anchor
         self.fake_mode = fake_mode
         self.inserted: list[fx.Node] = []
-        # made once a graph for every match that reads them: (kind, node) -> the node made from it
+        # made once a graph for every match that reads them: (kind, node, ...) -> the node made from it
         self.shared_inputs = {} if shared_inputs is None else shared_inputs
 
     def __call__(self, target, *args, **kwargs) -> fx.Node:
@@ -83,7 +83,7 @@ class _Emitter:
         AOTAutograd's pass that turns Dynamo's lifted floats back into tensors (``tensorify_python_scalars``) reads a
         float used by ``mul``; a float it cannot place is specialized -- a guard on its value, a recompile for each
         new value -- and Dynamo restarts its analysis of the frame."""
-        key = (f"scalar on {device}", node)  # (model parallel: attentions on two devices may read one float)
+        key = ("scalar", node, device)  # (model parallel: attentions on two devices may read one float)
         made = self.shared_inputs.get(key)
         if made is None:
             ones_args = ([1, 1, 1, 1], 1.0)
@@ -257,7 +257,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     before = gm.print_readable(print_output=False) if capture else None
     fake_mode = detect_fake_mode([val(n) for n in graph.nodes if n.op == "placeholder"])
     verdicts: list[SoftmaxVerdict] = []
-    shared_inputs: dict[tuple[str, fx.Node], fx.Node] = {}  # made once for every match (_Emitter.shared_inputs)
+    shared_inputs: dict[tuple, fx.Node] = {}  # made once for every match (_Emitter.shared_inputs)
     # which values autograd differentiates: the choice times a score tensor's gradient where it has one
     needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
     # SDPA calls are matched through their expansion (fuse_attn.graph.sdpa_calls); each verdict is the call's
@@ -296,10 +296,10 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
                 sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
                                        runs=choice.text() if choice is not None else None))
-    for (kind, _), made in shared_inputs.items():
+    for key, made in shared_inputs.items():
         if not made.users:  # (made for a match that then failed)
             graph.erase_node(made)
-            if kind.startswith("scalar"):
+            if key[0] == "scalar":
                 graph.erase_node(made.args[0])  # its ones
     tables = few_row_table_lookups(graph, fake_mode, needing_grad, apply) if training else []
     if apply or expansions:
@@ -311,7 +311,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
 
 def _apply(graph: fx.Graph, match: AttentionMatch, fake_mode: Any, training: bool,
            context_parallel: Optional[ContextParallel],
-           shared_inputs: dict[tuple[str, fx.Node], fx.Node], needing_grad: set[fx.Node]) -> dispatch.ImplementationChoice:
+           shared_inputs: dict[tuple, fx.Node], needing_grad: set[fx.Node]) -> dispatch.ImplementationChoice:
     emit = _Emitter(graph, match.pv, fake_mode, shared_inputs)
     try:
         replacement, choice = _fused_call(match, emit, training, context_parallel, needing_grad)

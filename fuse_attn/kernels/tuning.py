@@ -382,15 +382,20 @@ class _TuningProgress:
         self.spent = 0.0  # seconds of finished tunings
         self.compiling = 0.0  # of them, compiling candidates before timing them
         self.started: Optional[float] = None  # the running tuning's start
+        # Tunings nest (timing the implementations launches the template, whose first launch tunes its configs): the
+        # outermost counts the time, once
+        self.depth = 0
         self.announced = False
         self.lock = threading.Lock()
 
     @contextlib.contextmanager
     def tuning(self, key: TuningKey):
         with self.lock:
-            self.started = time.perf_counter()
+            self.depth += 1
             timer = None
-            if not self.announced:
+            if self.depth == 1:
+                self.started = time.perf_counter()
+            if self.depth == 1 and not self.announced:
                 timer = threading.Timer(max(0.0, PROGRESS_AFTER_S - self.spent), self._announce, args=(key,))
                 timer.daemon = True
                 timer.start()
@@ -400,8 +405,10 @@ class _TuningProgress:
             if timer is not None:
                 timer.cancel()
             with self.lock:
-                self.spent += time.perf_counter() - self.started
-                self.started = None
+                self.depth -= 1
+                if self.depth == 0:
+                    self.spent += time.perf_counter() - self.started
+                    self.started = None
 
     def _announce(self, key: TuningKey) -> None:
         with self.lock:

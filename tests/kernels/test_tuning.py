@@ -259,6 +259,25 @@ def test_one_progress_line_once_tuning_has_taken_a_while(machine, monkeypatch, c
     assert tuning.seconds_spent()["tuning"] >= 0.05 * len(timed_while_warned)  # the tunings' time is accounted
 
 
+def test_a_tuning_within_a_tuning_is_counted_once(machine, monkeypatch):
+    """Timing the implementations launches the template, whose first launch tunes its own configs: the inner tuning
+    runs within the outer one. Both finish with their choice, and the time is counted once."""
+    import time
+
+    monkeypatch.setattr(tuning, "_progress", tuning._TuningProgress())
+    inner_choices = []
+
+    def launch(cfg):
+        if cfg == CANDIDATES[0] and not inner_choices:
+            inner_choices.append(tune(machine, key(digest="inner")))
+        time.sleep(0.01)
+
+    assert tuning.tune(key(digest="outer"), CANDIDATES, launch) == FASTEST
+    assert inner_choices == [FASTEST]
+    spent = tuning.seconds_spent()["tuning"]
+    assert 0.01 <= spent < 1.0  # (the inner tuning's time within the outer's, not added twice)
+
+
 def test_no_progress_line_for_a_short_tuning(machine, monkeypatch, caplog):
     monkeypatch.setattr(tuning, "_progress", tuning._TuningProgress())
     with caplog.at_level(logging.WARNING, logger=LOGGER):

@@ -12,10 +12,12 @@ and each method, two numbers per call:
 
 wall / GPU near 1 means the call is GPU-bound. Methods: ``fuse_attn`` (``torch.compile(backend="fuse_attn")`` of the
 eager attention: the generated kernels launched from Inductor's code), ``fuse_attn op`` (``fuse_attn.kernels
-.flash_attention`` called directly, outside any compiled graph), ``torch.compile`` (Inductor's default on the same
-eager attention), ``compiled SDPA`` (``torch.compile`` of ``F.scaled_dot_product_attention(is_causal=True)``: the
-host cost any compiled one-attention graph pays -- Dynamo's guards, AOTAutograd's wrappers, the autograd node),
-``SDPA cuDNN`` and ``SDPA flash`` (the same call eagerly, with that backend).
+.flash_attention`` called directly, outside any compiled graph), ``fuse_attn Gluon`` (the same compiled attention with
+the Gluon kernels chosen where they can run: Hopper), ``Gluon op`` (``flash_attention_hopper`` called directly),
+``torch.compile`` (Inductor's default on the same eager attention), ``compiled SDPA`` (``torch.compile`` of
+``F.scaled_dot_product_attention(is_causal=True)``: the host cost any compiled one-attention graph pays -- Dynamo's
+guards, AOTAutograd's wrappers, the autograd node), ``SDPA cuDNN`` and ``SDPA flash`` (the same call eagerly, with
+that backend).
 Rows are printed as a table and appended to OUTDIR/bench_host_overhead.csv with the GPU, versions and date.
 """
 
@@ -39,12 +41,15 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
 # imports from here, tools/bench_variants.py, sets its own.)
 if __name__ == "__main__":
     os.environ["FUSE_ATTN_CANDIDATES"] = "triton"
+from fuse_attn import settings  # noqa: E402
 from fuse_attn.kernels import flash_attention  # noqa: E402
+from fuse_attn.kernels.dispatch import GLUON  # noqa: E402
 from fuse_attn.spec import AttentionSpec, CausalMask  # noqa: E402
 from tools.bench_csv import appending  # noqa: E402
 
 DEFAULT_SHAPES = [(8, 12, 1024, 64), (32, 12, 512, 64), (1, 32, 256, 128)]
-METHODS = ("fuse_attn", "fuse_attn op", "torch.compile", "compiled SDPA", "SDPA cuDNN", "SDPA flash")
+METHODS = ("fuse_attn", "fuse_attn op", "fuse_attn Gluon", "Gluon op", "torch.compile", "compiled SDPA", "SDPA cuDNN",
+           "SDPA flash")
 CSV_COLUMNS = ["B", "H", "N", "D", "dtype", "mode", "method", "wall_us", "gpu_us", "gpu", "torch", "triton", "date"]
 
 
@@ -66,6 +71,8 @@ def _methods(n: int, d: int, dtype: torch.dtype) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
+    from fuse_attn.kernels.hopper.forward import flash_attention_hopper
+
     core = CausalAttention(n).cuda()
     spec = AttentionSpec(dtype=str(dtype).removeprefix("torch."), head_dim=d, head_dim_v=d, scale=d ** -0.5,
                          causal=CausalMask())
@@ -79,11 +86,35 @@ def _methods(n: int, d: int, dtype: torch.dtype) -> dict:
     return {
         "fuse_attn": torch.compile(core, backend="fuse_attn"),
         "fuse_attn op": lambda q, k, v: flash_attention(q, k, v, spec),
+        "fuse_attn Gluon": _compiled_choosing(GLUON, CausalAttention(n).cuda()),
+        "Gluon op": lambda q, k, v: flash_attention_hopper(q, k, v, spec),
         "torch.compile": torch.compile(CausalAttention(n).cuda()),
         "compiled SDPA": torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
         "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
         "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
     }
+
+
+def _compiled_choosing(candidates: str, module: torch.nn.Module):
+    """``torch.compile(module, backend="fuse_attn")`` whose attention is chosen among ``candidates`` (the value of
+    ``FUSE_ATTN_CANDIDATES`` while the first call compiles it; the generated kernels are always one)."""
+    compiled = torch.compile(module, backend="fuse_attn")
+    compiling = [True]
+
+    def call(q, k, v):
+        if not compiling:
+            return compiled(q, k, v)
+        before = os.environ.get(settings.CANDIDATES)
+        os.environ[settings.CANDIDATES] = candidates
+        try:
+            return compiled(q, k, v)
+        finally:
+            if before is None:
+                del os.environ[settings.CANDIDATES]
+            else:
+                os.environ[settings.CANDIDATES] = before
+            compiling.clear()
+    return call
 
 
 def _graph_time_ms(step) -> float:

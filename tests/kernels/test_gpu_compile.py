@@ -428,8 +428,10 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
             return lambda *args, **kwargs: launches.setdefault(self.kernel_name, []).append((args, kwargs))
 
     with pytest.MonkeyPatch.context() as monkeypatch:
-        for kernel_name in launched:
-            monkeypatch.setattr(module, kernel_name, Recorded(kernel_name))
+        for kernel_name in launched:  # (each launched through its module's PositionalLaunch)
+            launcher, = (obj for obj in vars(module).values()
+                         if isinstance(obj, hopper_common.PositionalLaunch) and obj.kernel is getattr(module, kernel_name))
+            monkeypatch.setattr(launcher, "kernel", Recorded(kernel_name))
         if sms is not None:
             monkeypatch.setattr(hopper_common, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
         if direction == "forward":

@@ -49,10 +49,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head, bias_score_tensors,
-                                             bias_tma_head, bias_tma_view, checked_spec, ds_row_keys, dscore_kv_heads,
-                                             fills_at_most, log2_units, shared_memory_for_tiles, tma_descriptor,
-                                             tma_load, tma_ready, tma_store)
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_spec,
+                                             ds_row_keys, dscore_kv_heads, fills_at_most, log2_units,
+                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_ready, tma_store)
 from fuse_attn.spec import AttentionSpec
 
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -493,6 +493,12 @@ def pairs_key_tiles(causal: bool, key_tiles: int, kv_heads: int, device: torch.d
     return causal and fills_at_most(key_tiles * kv_heads, _PAIR_UP_TO_WAVES, device)
 
 
+_launch_delta = PositionalLaunch(_delta_kernel)
+_launch_backward = PositionalLaunch(_hopper_attn_bwd)
+_launch_nan_dv = PositionalLaunch(_nan_dv_kernel)
+_launch_dq_cast = PositionalLaunch(_dq_cast_kernel)
+
+
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec,
                     dlse: Tensor | None = None, bias: Tensor | None = None,
                     bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -517,7 +523,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
     flag_nan_rows = bias is not None and causal
     nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=q.device) if flag_nan_rows else lse  # (lse: not read)
-    _delta_kernel[(triton.cdiv(M, _PRE_ROWS), Z * H)](
+    _launch_delta(
+        (triton.cdiv(M, _PRE_ROWS), Z * H),
         out, dout, lse if dlse is None else dlse.contiguous(), delta, lse, nan_heads, H, M, *out.stride()[:3],
         *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, flag_nan_rows, zero_empty_rows)
     dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=q.device)
@@ -544,7 +551,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     for kv_head0 in range(0, H_kv, chunk):
         kv_heads = min(chunk, H_kv - kv_head0)
         paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
-        _hopper_attn_bwd[(triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads)](  # (no bias: lse stands in for it)
+        _launch_backward(
+            (triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads),  # (no bias: lse stands in for it)
             *descriptors, lse, delta, H, kv_heads, M, N, scale * LOG2E, scale, lse if bias is None else bias,
             *strides, Z, bias_desc, ds_desc, kv_head0,
             gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
@@ -560,9 +568,9 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
             else:
                 part.copy_(chunk_ds)
     if flag_nan_rows:
-        _nan_dv_kernel[(triton.cdiv(N, _PRE_ROWS), Z * H_kv)](dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
+        _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
     dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
-    _dq_cast_kernel[(triton.cdiv(dq.numel(), _CAST_BLOCK), )](dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
+    _launch_dq_cast((triton.cdiv(dq.numel(), _CAST_BLOCK), ), dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
     return dq, dk, dv, dbias
 
 

@@ -10,6 +10,7 @@ import math
 
 import torch
 from torch import Tensor
+from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
@@ -83,13 +84,29 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
 
 def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None) -> AttentionSpec:
     """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
-    devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them."""
-    s = ops.parse_spec(spec)
-    ops.validate(q, k, v, bias_score_tensors(bias), s)
-    reasons = hopper_reasons(s, q, k)
-    if reasons:
-        raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
+    devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them. What the checks
+    read (the spec, each input's shape, strides, dtype and device) is remembered once it passed: a model calls the
+    op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
+    signature = (op_name, spec, *(_layout(t) for t in (q, k, v)), None if bias is None else _layout(bias))
+    s = _checked.get(signature)
+    if s is None:
+        s = ops.parse_spec(spec)
+        ops.validate(q, k, v, bias_score_tensors(bias), s)
+        reasons = hopper_reasons(s, q, k)
+        if reasons:
+            raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
+        if len(_checked) >= _CHECKED_SIGNATURES:
+            _checked.clear()
+        _checked[signature] = s
     return s
+
+
+def _layout(t: Tensor) -> tuple:
+    return t.shape, t.stride(), t.dtype, t.device
+
+
+_checked: dict[tuple, AttentionSpec] = {}  # the signatures checked_spec passed
+_CHECKED_SIGNATURES = 4096  # (a bound: a process calling the ops with ever new shapes starts over past it)
 
 
 # ---- TMA descriptors and the bias's views ----------------------------------------------------------------------------
@@ -109,10 +126,82 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMAShare
     return gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], _TILE_DTYPES[dtype])
 
 
+@functools.lru_cache(maxsize=4096)
+def _descriptor_fields(shape: tuple, strides: tuple, rows: int, cols: int, dtype: torch.dtype) -> dict:
+    """A TMA descriptor's fields but its base, for every tensor of this layout: validated once (Triton's constructor
+    checks the block, the strides' alignment and the dtype on each call, 3 us of the host's time a descriptor)."""
+    validated = TensorDescriptor(torch.empty(0, dtype=dtype), list(shape), list(strides), [1, 1, rows, cols],
+                                 _tile_layout(rows, cols, dtype))
+    fields = dict(vars(validated))
+    del fields["base"]
+    return fields
+
+
 def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":
-    """A 4-D TMA descriptor over ``t`` whose tiles are ``rows`` x ``cols`` (default: every column)."""
-    cols = t.shape[3] if cols is None else cols
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, cols], _tile_layout(rows, cols, t.dtype))
+    """A 4-D TMA descriptor over ``t`` whose tiles are ``rows`` x ``cols`` (default: every column). ``t`` must be one
+    TMA reads where it lies (:func:`tma_ready`; a ValueError for a misaligned base)."""
+    if t.data_ptr() % TMA_ALIGN_BYTES:
+        raise ValueError(f"a TMA descriptor's base must be {TMA_ALIGN_BYTES}-byte aligned")
+    descriptor = object.__new__(TensorDescriptor)  # (the layout's fields validated once: _descriptor_fields)
+    vars(descriptor).update(_descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols,
+                                               t.dtype), base=t)
+    return descriptor
+
+
+class PositionalLaunch:
+    """Launches of one kernel (Gluon, or Triton's JIT) whose host work a call, after the first call of a
+    specialization, is the compiled kernel's positional ``run``. ``kernel[grid](*args)`` binds and specializes every
+    argument on each call: 39-45 us of an H200 host's time for the Gluon forward's 31 arguments, where the compiled
+    kernel's ``run`` takes 15 us (tools/bench_launch.py). The key here is what Triton specializes a kernel on: each
+    constexpr's value; each other int's class (1, a multiple of 16, 64-bit); each tensor's dtype and 16-byte
+    alignment; each TMA descriptor's dtype, block and layout; the options (``num_warps``, ``maxnreg``); the current
+    device. A new key launches through ``kernel[grid]``, which compiles (or finds) the kernel Triton would run; so
+    does every call while Triton's launch hooks are set (a profiler such as proton observes each launch), and under
+    Triton's interpreter."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        params = getattr(kernel, "params", None)  # (None: Triton's interpreter, which compiles nothing to keep)
+        self.constexprs = None if params is None else frozenset(p.num for p in params if p.is_constexpr)
+        self.compiled = {}
+
+    def _key(self, args: tuple, options: dict) -> tuple:
+        key = [torch.cuda.current_device(), *options.items()]
+        for i, a in enumerate(args):
+            if i in self.constexprs:
+                key.append(a)
+            elif isinstance(a, Tensor):
+                key.append((a.dtype, a.data_ptr() % 16 == 0))
+            elif type(a) is int:
+                key.append((a == 1, a % 16 == 0, -2**31 <= a < 2**31))
+            elif isinstance(a, TensorDescriptor):
+                key.append((a.base.dtype, tuple(a.block_shape), a.layout, a.padding))
+            elif a is None or type(a) in (bool, float):
+                key.append(type(a))
+            else:  # (nothing else is passed; a new kind of argument launches through Triton's JIT)
+                return None
+        return tuple(key)
+
+    def __call__(self, grid: tuple, *args, **options) -> None:
+        # (before CUDA is initialized, no kernel was launched: the first launch initializes it)
+        jit = _launch_hooks_set() or self.constexprs is None or not torch.cuda.is_initialized()
+        key = None if jit else self._key(args, options)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            compiled = self.kernel[grid](*args, **options)
+            if key is not None and compiled is not None:
+                self.compiled[key] = compiled
+            return
+        stream = torch._C._cuda_getCurrentRawStream(key[0])
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, None, None, None, *args)  # (no hooks: no metadata)
+
+
+def _launch_hooks_set() -> bool:
+    """Whether a launch hook of Triton's is set: a chain of hooks (Triton 3.6-3.9; empty, Triton's launch still calls
+    it) with one in it, or a hook itself (older)."""
+    hook = knobs.runtime.launch_enter_hook
+    return hook is not None and bool(getattr(hook, "calls", True))
 
 
 def _strides_tma_reads(strides: list, element_size: int) -> bool:

@@ -42,6 +42,8 @@ the blockwise path), so its wiring is testable without a GPU.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from torch import Tensor
@@ -52,8 +54,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head, bias_score_tensors,
-                                             bias_tma_head, bias_tma_view, checked_spec, ctas_at_once,
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_spec,
+                                             ctas_at_once,
                                              dscore_kv_heads, fills_at_most, log2_units, shared_memory_for_tiles,
                                              tma_descriptor, tma_load, tma_ready, tma_store)
 from fuse_attn.spec import AttentionSpec
@@ -602,46 +605,61 @@ def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blo
     return consumers == _PERSISTENT_CONSUMERS and not fills_at_most(blocks * heads, 1, device)
 
 
+@functools.lru_cache(maxsize=4096)
+def _launch_plan(Z: int, H: int, M: int, N: int, D: int, causal: bool, dtype: torch.dtype,
+                 bias_dtype: torch.dtype | None, bias_by_tma: bool, device: torch.device, ctas: int | None) -> tuple:
+    """``(block_m, block_n, stages, consumers, ring_stages, grid, paired, persistent, consumer_regs, producer_regs,
+    registers)`` of a call: what the launch rules decide from the sizes and the device's SMs (``ctas``: the CTAs they
+    hold at once, :func:`.common.ctas_at_once`), once a shape, as the host time of a call should be the kernel's."""
+    block_m, block_n, stages, consumers = forward_config(D, causal, M, bias_by_tma)
+    ring_stages = 0 if not bias_by_tma else bias_ring_stages(block_m, block_n, stages, consumers, D, dtype, bias_dtype)
+    if ring_stages:  # the bias tiles come by TMA with k and v
+        stages = ring_stages
+    blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
+    paired = pairs_query_blocks(causal, blocks, Z * H, D, consumers, device)
+    ctas_an_sm = resident_ctas(D, consumers)
+    persistent = runs_persistent(causal, bias_dtype is not None, consumers, M, blocks, Z * H, N, D, device)
+    if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
+        items = causal_items(blocks, Z * H) if causal else blocks * Z * H
+        grid = (min(items, ctas_at_once(device, ctas_an_sm)), 1)  # (never paired: runs_persistent asks that)
+    else:
+        grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
+    return (block_m, block_n, stages, consumers, ring_stages, grid, paired, persistent,
+            *register_split(D, consumers), launch_registers(ctas_an_sm))
+
+
+_launch_forward = PositionalLaunch(_hopper_attn_fwd)
+
+
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
     ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`)."""
     Z, H, M, D = q.shape
     N = k.shape[2]
+    causal = spec.causal is not None
     bias_view = None if bias is None else bias_tma_view(bias)
-    block_m, block_n, stages, consumers = forward_config(D, spec.causal is not None, M, bias_view is not None)
-    ring_stages = 0 if bias_view is None else bias_ring_stages(block_m, block_n, stages, consumers, D, q.dtype,
-                                                               bias.dtype)
-    if ring_stages:  # the bias tiles come by TMA with k and v
-        stages = ring_stages
+    (block_m, block_n, stages, consumers, ring_stages, grid, paired, persistent, consumer_regs, producer_regs,
+     registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
+                               bias_view is not None, q.device, ctas_at_once(q.device))
     q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
     out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
     lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
-    blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
-    paired = pairs_query_blocks(spec.causal is not None, blocks, Z * H, D, consumers, q.device)
-    ctas_an_sm = resident_ctas(D, consumers)
-    persistent = runs_persistent(spec.causal is not None, bias is not None, consumers, M, blocks, Z * H, N, D,
-                                 q.device)
-    if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
-        items = causal_items(blocks, Z * H) if spec.causal is not None else blocks * Z * H
-        grid = (min(items, ctas_at_once(q.device, ctas_an_sm)), 1)  # (never paired: runs_persistent asks that)
-    else:
-        grid = (triton.cdiv(blocks, 2) if paired else blocks, Z * H)
     strides = (0, 0, 0, 0) if bias is None else broadcast_strides(bias)
     q_desc = tma_descriptor(q, block_m)
-    launch = launch_registers(ctas_an_sm)
-    _hopper_attn_fwd[grid](
+    _launch_forward(
+        grid,
         q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(out, block_m), lse,
         H, M, N, spec.scale_for(D) * LOG2E,
         lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
         tma_descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
         spec.gqa_group,
-        spec.causal is not None, block_m, block_n, D, stages, consumers, *register_split(D, consumers), paired,
+        causal, block_m, block_n, D, stages, consumers, consumer_regs, producer_regs, paired,
         persistent, bias is not None, batch_rows_innermost(spec),
         bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
         ring_stages > 0,
         num_warps=4,
-        **({} if launch is None else {"maxnreg": launch}))
+        **({} if registers is None else {"maxnreg": registers}))
     return out, lse
 
 

@@ -1,0 +1,120 @@
+"""The Gluon ops' launcher (fuse_attn/kernels/hopper/common.py: PositionalLaunch, tma_descriptor): after the first
+call of a specialization, a call is the compiled kernel's positional ``run``; whatever Triton specializes a kernel on
+(a constexpr's value, an int's class, a tensor's dtype or alignment, a descriptor's block, the options, the device)
+takes Triton's own launch again. A fake kernel stands in for Triton's (no GPU needed); the GPU tests run the real
+kernels through it (test_hopper_forward.py, test_hopper_backward.py)."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from fuse_attn.kernels.hopper import common
+from fuse_attn.kernels.hopper.common import PositionalLaunch, tma_descriptor
+
+
+class FakeCompiled:
+    def __init__(self, runs):
+        self.function, self.packed_metadata, self.runs = "function", "metadata", runs
+
+    def run(self, *launch):
+        self.runs.append(launch)
+
+
+class FakeKernel:
+    """A kernel of params (desc, ptr, n, scale, flag, BLOCK: constexpr): ``kernel[grid](*args)`` records the JIT launch
+    and returns a compiled kernel that records its positional runs."""
+
+    params = [types.SimpleNamespace(num=i, is_constexpr=i == 5) for i in range(6)]
+
+    def __init__(self):
+        self.jit, self.runs = [], []
+
+    def __getitem__(self, grid):
+        def launch(*args, **options):
+            self.jit.append((grid, args, options))
+            return FakeCompiled(self.runs)
+        return launch
+
+
+@pytest.fixture
+def gpu(monkeypatch):
+    """CUDA initialized, device 0 current, its stream 7."""
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+
+
+def args(n=64, block=128, dtype=torch.bfloat16, ptr_offset=0, rows=64):
+    x = torch.zeros(4, 2, 128, 64, dtype=dtype)
+    ptr = torch.zeros(64, dtype=torch.float32)[ptr_offset:]
+    return (tma_descriptor(x, rows), ptr, n, 0.5, False, block)
+
+
+def test_the_second_call_of_a_specialization_runs_the_compiled_kernel_positionally(gpu):
+    kernel = FakeKernel()
+    launch = PositionalLaunch(kernel)
+    first, second = args(), args()
+    launch((3, 2), *first, num_warps=4)
+    launch((5,), *second, num_warps=4)
+    assert [(grid, options) for grid, _, options in kernel.jit] == [((3, 2), {"num_warps": 4})]
+    (run,) = kernel.runs
+    assert run[:8] == (5, 1, 1, 7, "function", "metadata", None, None) and run[8] is None
+    assert run[9:] == second  # every argument, the constexpr too, as Triton's own launch passes them
+
+
+@pytest.mark.parametrize("change", [
+    dict(block=64),  # a constexpr's value
+    dict(n=1), dict(n=65), dict(n=2**31),  # an int's class: 1 (a constant), not a multiple of 16, 64-bit
+    dict(ptr_offset=1),  # a pointer not 16-byte aligned
+    dict(dtype=torch.float16), dict(rows=128),  # a descriptor's dtype, its block
+])
+def test_what_triton_specializes_on_takes_its_own_launch(gpu, change):
+    kernel = FakeKernel()
+    launch = PositionalLaunch(kernel)
+    launch((1,), *args(), num_warps=4)
+    launch((1,), *args(**change), num_warps=4)
+    assert len(kernel.jit) == 2 and not kernel.runs
+    launch((1,), *args(**change), num_warps=4)  # (and that specialization is kept in turn)
+    assert len(kernel.jit) == 2 and len(kernel.runs) == 1
+
+
+def test_options_and_the_device_are_part_of_the_key(gpu, monkeypatch):
+    kernel = FakeKernel()
+    launch = PositionalLaunch(kernel)
+    launch((1,), *args(), num_warps=4)
+    launch((1,), *args(), num_warps=8)
+    launch((1,), *args(), num_warps=8, maxnreg=128)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    launch((1,), *args(), num_warps=4)
+    assert len(kernel.jit) == 4 and not kernel.runs
+
+
+def test_with_launch_hooks_or_before_cuda_is_initialized_every_call_takes_tritons_launch(gpu, monkeypatch):
+    kernel = FakeKernel()
+    launch = PositionalLaunch(kernel)
+    hooks = common.knobs.runtime.launch_enter_hook  # (a chain of hooks, empty by default)
+    hooks.add(print)
+    try:
+        launch((1,), *args())
+        launch((1,), *args())
+    finally:
+        hooks.remove(print)
+    launch((1,), *args())  # (the chain empty again: this specialization kept)
+    launch((1,), *args())
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    launch((1,), *args())
+    assert len(kernel.jit) == 4 and len(kernel.runs) == 1
+
+
+def test_a_descriptor_reads_the_tensor_it_is_given_with_the_layout_validated_once():
+    x, y = torch.zeros(4, 2, 128, 64, dtype=torch.bfloat16), torch.ones(4, 2, 128, 64, dtype=torch.bfloat16)
+    a, b = tma_descriptor(x, 64), tma_descriptor(y, 64)
+    assert a.base is x and b.base is y and a.shape == [4, 2, 128, 64] and a.strides == [16384, 8192, 64, 1]
+    assert a.block_shape == [1, 1, 64, 64] and a.layout == b.layout
+    with pytest.raises(AssertionError, match="16-byte aligned"):  # Triton's own check of a layout, on its first use
+        tma_descriptor(torch.zeros(4, 2, 128, 65, dtype=torch.bfloat16)[..., :64], 64)
+    with pytest.raises(ValueError, match="16-byte aligned"):  # a misaligned base, checked on every call
+        tma_descriptor(torch.zeros(4 * 2 * 128 * 64 + 1, dtype=torch.bfloat16)[1:].view(4, 2, 128, 64), 64)

@@ -152,7 +152,7 @@ class PositionalLaunch:
     """Launches of one kernel (Gluon, or Triton's JIT) whose host work a call, after the first call of a
     specialization, is the compiled kernel's positional ``run``. ``kernel[grid](*args)`` binds and specializes every
     argument on each call: 39-45 us of an H200 host's time for the Gluon forward's 31 arguments, where the compiled
-    kernel's ``run`` takes 15 us (tools/bench_launch.py). The key here is what Triton specializes a kernel on: each
+    kernel's ``run`` takes 15 us. The key here is what Triton specializes a kernel on: each
     constexpr's value; each other int's class (1, a multiple of 16, 64-bit); each tensor's dtype and 16-byte
     alignment; each TMA descriptor's dtype, block and layout; the options (``num_warps``, ``maxnreg``); the current
     device. A new key launches through ``kernel[grid]``, which compiles (or finds) the kernel Triton would run; so

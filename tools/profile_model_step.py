@@ -4,9 +4,11 @@
                                                      [--mode train] [--variants fuse_attn sdpa+fuse_attn] [--top 30]
     PYTHONPATH=. python3 tools/profile_model_step.py --device cpu --tiny        # smoke test
 
-The models and variants are ``tools/bench_models.py``'s (a training step: forward, Hugging Face's loss, backward). For
-each variant, in the order given -- a variant may be named twice (``--variants a b b a``) to see whether the order
-matters, since every variant runs in this one process -- after one compiling step:
+The models and variants are ``tools/bench_models.py``'s (a training step: forward, Hugging Face's loss, backward). Each
+variant runs in a process of its own, in the order given (a variant named twice, ``--variants a b a``, shows the
+spread from one process to the next): a process that has run ``torch.profiler`` once launches kernels more slowly
+from then on, so variants profiled one after another in one process measured 16, 24 and 30 ms of host time a step
+for the same GPT-2 step (H200). In each, after one compiling step:
 
 * **step ms**: ``triton.testing.do_bench`` median of back-to-back steps, what a training loop pays;
 * **host ms**: the median time to *enqueue* one step, starting with the GPU idle (``synchronize`` before each). Over
@@ -22,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import os
+import subprocess
 import sys
 import time
 
@@ -34,6 +38,7 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
 from tools.bench_models import (COMPILED_VARIANTS, DEFAULT_COMPILE_MODE, MODEL_NAMES, TINY_LENGTH, VARIANTS,  # noqa: E402
                                 build, compiled, make_inputs, make_step, synchronize)
 
+RESULT_MARK = "profiled variant:"  # the line a --one-variant subprocess prints its result on
 PROFILED_STEPS = 5  # steps under torch.profiler: enough for a per-step mean of each kernel, few for the trace's size
 HOST_SAMPLES = 11  # steps timed from an idle GPU; the median is reported
 
@@ -109,6 +114,17 @@ def side_by_side(per_variant, labels, top):
         ["name", *labels]
 
 
+def profiled_in_a_process(argv, variant):
+    """:func:`profile_variant`'s result for ``variant``, run in a subprocess with this command's other arguments."""
+    command = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv),
+               "--one-variant", variant]
+    done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)  # (its stderr: this one's)
+    results = [line[len(RESULT_MARK):] for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    if done.returncode or not results:
+        raise RuntimeError(f"profiling {variant} failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
+    return json.loads(results[-1])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="gpt2-small", choices=MODEL_NAMES)
@@ -119,6 +135,7 @@ def main(argv=None):
     ap.add_argument("--top", type=int, default=30, help="rows of the kernel and CPU-operator tables")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--tiny", action="store_true", help="bench_models' tiny configs (a smoke test)")
+    ap.add_argument("--one-variant", choices=COMPILED_VARIANTS, help=argparse.SUPPRESS)  # (the subprocess of one)
     args = ap.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: run on a GPU, or --device cpu --tiny for a smoke test", file=sys.stderr, flush=True)
@@ -126,12 +143,15 @@ def main(argv=None):
     args.dtype = torch.bfloat16 if args.device == "cuda" else torch.float32
     args.length = args.length or (TINY_LENGTH if args.tiny else 1024)
     args.batch_tokens = args.batch_tokens or (2 * args.length if args.tiny else 8192)
+    if args.one_variant:
+        print(RESULT_MARK, json.dumps(profile_variant(args, args.one_variant)), flush=True)
+        return 0
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "cpu"
     print(f"{args.model} {args.mode} B{max(1, args.batch_tokens // args.length)} N{args.length} on {device_name}, "
           f"torch {torch.__version__}", flush=True)
     summaries, kernels, cpu_ops, labels = [], [], [], []
     for i, variant in enumerate(args.variants):
-        summary, variant_kernels, variant_cpu_ops = profile_variant(args, variant)
+        summary, variant_kernels, variant_cpu_ops = profiled_in_a_process(argv, variant)
         summaries.append({"#": i + 1, **summary})
         kernels.append(variant_kernels)
         cpu_ops.append(variant_cpu_ops)

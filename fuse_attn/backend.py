@@ -35,6 +35,10 @@ from typing import Any, Optional
 import torch
 import torch.fx as fx
 import torch.fx.traceback as fx_traceback
+from torch._inductor import config as inductor_config
+# Imported with the backend, as torch.compile(backend="inductor") imports it when it is called (about 1 s): imported
+# in the backend's first call, a model's first step would wait for it where Inductor's does not
+from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 import torch.utils._pytree as pytree
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_proxy_mode, make_fx, track_tensor_tree
@@ -51,9 +55,6 @@ from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, explained
 def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
     """The backend. The options named in :mod:`fuse_attn.settings` are taken out of ``torch.compile(...,
     options={...})``; all others go to Inductor as config patches."""
-    from torch._inductor import config as inductor_config
-    from torch._inductor.compile_fx import compile_fx
-
     options = dict(kwargs.get("options") or {})
     enabled = bool(options.pop(settings.OPTION_ENABLED, True)) and not settings.disabled()
     log_only = bool(options.pop(settings.OPTION_LOG_ONLY, False))

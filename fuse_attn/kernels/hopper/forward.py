@@ -35,8 +35,9 @@ template's backward on CPU tensors. The reference is the template's own:
 
 It is one candidate of the compile-time choice (:mod:`fuse_attn.kernels.dispatch`, name ``gluon``), timed against
 the generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
-(torch 2.11: user kernels must be ``triton.jit``), so this op is opaque to it: a library op whose Python launcher
-runs on every call (its host cost: BENCHMARKS.md). On CPU tensors it runs the generated forward (the interpreter or
+(torch 2.11-2.13: user kernels must be ``triton.jit`` and their descriptors Triton's), so this op is opaque to it: a
+library op whose Python launcher runs on every call, launching the compiled kernel positionally
+(:class:`.common.PositionalLaunch`; its host cost: docs/performance.md). On CPU tensors it runs the generated forward (the interpreter or
 the blockwise path), so its wiring is testable without a GPU.
 """
 

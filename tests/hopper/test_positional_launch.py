@@ -67,7 +67,7 @@ def test_the_second_call_of_a_specialization_runs_the_compiled_kernel_positional
 
 @pytest.mark.parametrize("change", [
     dict(block=64),  # a constexpr's value
-    dict(n=1), dict(n=65), dict(n=2**31),  # an int's class: 1 (a constant), not a multiple of 16, 64-bit
+    dict(n=1), dict(n=65), dict(n=2**31), dict(n=-2**35),  # an int's class: 1, not a multiple of 16, u64, i64
     dict(ptr_offset=1),  # a pointer not 16-byte aligned
     dict(dtype=torch.float16), dict(rows=128),  # a descriptor's dtype, its block
 ])

@@ -67,7 +67,7 @@ def test_the_second_call_of_a_specialization_runs_the_compiled_kernel_positional
 
 @pytest.mark.parametrize("change", [
     dict(block=64),  # a constexpr's value
-    dict(n=1), dict(n=65), dict(n=2**31), dict(n=-2**35),  # an int's class: 1, not a multiple of 16, u64, i64
+    dict(n=1), dict(n=65), dict(n=2**31), dict(n=2**63),  # an int's class: 1, not a multiple of 16, i64, u64
     dict(ptr_offset=1),  # a pointer not 16-byte aligned
     dict(dtype=torch.float16), dict(rows=128),  # a descriptor's dtype, its block
 ])
@@ -79,6 +79,14 @@ def test_what_triton_specializes_on_takes_its_own_launch(gpu, change):
     assert len(kernel.jit) == 2 and not kernel.runs
     launch((1,), *args(**change), num_warps=4)  # (and that specialization is kept in turn)
     assert len(kernel.jit) == 2 and len(kernel.runs) == 1
+
+
+def test_64_bit_ints_of_triton_s_two_types_take_a_launch_each(gpu):
+    kernel = FakeKernel()
+    launch = PositionalLaunch(kernel)
+    for n in (2**32, 2**64 - 16, -2**32, 2**33):  # i64, u64, i64 again, i64 again
+        launch((1,), *args(n=n))
+    assert len(kernel.jit) == 2 and len(kernel.runs) == 2
 
 
 def test_options_and_the_device_are_part_of_the_key(gpu, monkeypatch):

@@ -172,8 +172,8 @@ class PositionalLaunch:
                 key.append(a)
             elif isinstance(a, Tensor):
                 key.append((a.dtype, a.data_ptr() % 16 == 0))
-            elif type(a) is int:  # (Triton's int types: i32 within 32 bits, else u64 above and i64 below)
-                key.append((a == 1, a % 16 == 0, 0 if -2**31 <= a < 2**31 else 1 if a > 0 else -1))
+            elif type(a) is int:  # (Triton's int types: i32 within 32 bits, u64 from 2^63, else i64)
+                key.append((a == 1, a % 16 == 0, "i32" if -2**31 <= a < 2**31 else "u64" if a >= 2**63 else "i64"))
             elif isinstance(a, TensorDescriptor):
                 key.append((a.base.dtype, tuple(a.block_shape), a.layout, a.padding))
             elif a is None or type(a) in (bool, float):

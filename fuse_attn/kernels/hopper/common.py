@@ -152,10 +152,9 @@ class PositionalLaunch:
     """Launches of one kernel (Gluon, or Triton's JIT) whose host work a call, after the first call of a
     specialization, is the compiled kernel's positional ``run``. ``kernel[grid](*args)`` binds and specializes every
     argument on each call: 39-45 us of an H200 host's time for the Gluon forward's 31 arguments, where the compiled
-    kernel's ``run`` takes 15 us. The key here is what Triton specializes a kernel on: each
-    constexpr's value; each other int's class (1, a multiple of 16, 64-bit); each tensor's dtype and 16-byte
-    alignment; each TMA descriptor's dtype, block and layout; the options (``num_warps``, ``maxnreg``); the current
-    device. A new key launches through ``kernel[grid]``, which compiles (or finds) the kernel Triton would run; so
+    kernel's ``run`` takes 15 us. The key here is what Triton specializes a kernel on: each constexpr's value; each
+    other int's class (1, a multiple of 16, its i32 / i64 / u64 type); each tensor's dtype and 16-byte alignment;
+    each TMA descriptor's dtype, block and layout; the options (``num_warps``, ``maxnreg``); the current device. A new key launches through ``kernel[grid]``, which compiles (or finds) the kernel Triton would run; so
     does every call while Triton's launch hooks are set (a profiler such as proton observes each launch), and under
     Triton's interpreter."""
 

@@ -444,3 +444,26 @@ def test_a_graph_replayed_as_cuda_graphs_runs_it_below_the_size_that_hides_its_h
     assert replayed and all(replayed)
     assert "fuse_attn.flash_attention_hopper.default" in "".join(r.after or "" for r in reports)
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+
+
+def test_the_ops_checks_are_remembered_per_signature_and_a_refusal_never_is(monkeypatch):
+    """checked_spec remembers a signature (spec, shapes, strides, dtypes, devices) it passed, so a model's later calls
+    skip the checks; one it refused is checked, and refused, on every call; another signature is checked anew."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(hopper_common, "_checked", {})
+    checks = []
+    validate = hopper_common.ops.validate
+    monkeypatch.setattr(hopper_common.ops, "validate", lambda *args: checks.append(1) or validate(*args))
+    q, k = fake_qk()
+    text = PLAIN.to_json()
+    assert hopper_common.checked_spec("op", q, k, k, text, None) == PLAIN
+    assert hopper_common.checked_spec("op", q, k, k, text, None) == PLAIN
+    assert len(checks) == 1
+    q96, k96 = fake_qk(head_dim=96)
+    wide = dataclasses.replace(PLAIN, head_dim=96, head_dim_v=96).to_json()
+    for _ in range(2):
+        with pytest.raises(ValueError, match="head dims"):
+            hopper_common.checked_spec("op", q96, k96, k96, wide, None)
+    q_long, k_long = fake_qk(q_len=256, kv_len=256)
+    hopper_common.checked_spec("op", q_long, k_long, k_long, text, None)
+    assert len(checks) == 4

@@ -1,6 +1,7 @@
 """Host cost per call of one attention: wall time against GPU time, forward and forward+backward.
 
     python3 tools/bench_host_overhead.py --out OUTDIR [--shapes 8,12,1024,64 32,12,512,64 1,32,256,128] [--dtype bfloat16]
+                                         [--chain 12]
 
 For each shape (causal, nanoGPT-style eager attention: a tril buffer, ``masked_fill(== 0, -inf)``, softmax, ``@ v``)
 and each method, two numbers per call:
@@ -18,6 +19,9 @@ the Gluon kernels chosen where they can run: Hopper), ``Gluon op`` (``flash_atte
 ``F.scaled_dot_product_attention(is_causal=True)``: the host cost any compiled one-attention graph pays -- Dynamo's
 guards, AOTAutograd's wrappers, the autograd node), ``SDPA cuDNN`` and ``SDPA flash`` (the same call eagerly, with
 that backend).
+With ``--chain K`` each call runs K attentions one after another, each one's output the next one's queries: a
+compiled method compiles the K of them as one graph (as a model's layers are), so torch.compile's per-graph cost is
+spread over K attentions; an eager method makes K calls. Times are then per attention (the call's over K).
 Rows are printed as a table and appended to OUTDIR/bench_host_overhead.csv with the GPU, versions and date.
 """
 
@@ -50,7 +54,7 @@ from tools.bench_csv import appending  # noqa: E402
 DEFAULT_SHAPES = [(8, 12, 1024, 64), (32, 12, 512, 64), (1, 32, 256, 128)]
 METHODS = ("fuse_attn", "fuse_attn op", "fuse_attn Gluon", "Gluon op", "torch.compile", "compiled SDPA", "SDPA cuDNN",
            "SDPA flash")
-CSV_COLUMNS = ["B", "H", "N", "D", "dtype", "mode", "method", "wall_us", "gpu_us", "gpu", "torch", "triton", "date"]
+CSV_COLUMNS = ["B", "H", "N", "D", "dtype", "mode", "chain", "method", "wall_us", "gpu_us", "gpu", "torch", "triton", "date"]
 
 
 class CausalAttention(torch.nn.Module):
@@ -67,7 +71,20 @@ class CausalAttention(torch.nn.Module):
         return torch.softmax(att, dim=-1) @ v
 
 
-def _methods(n: int, d: int, dtype: torch.dtype) -> dict:
+class Chain(torch.nn.Module):
+    """``layers`` calls of ``attention`` one after another, each one's output the next one's queries."""
+
+    def __init__(self, attention, layers: int):
+        super().__init__()
+        self.attention, self.layers = attention, layers
+
+    def forward(self, q, k, v):
+        for _ in range(self.layers):
+            q = self.attention(q, k, v)
+        return q
+
+
+def _methods(n: int, d: int, dtype: torch.dtype, chain: int = 1) -> dict:
     from torch.nn.attention import SDPBackend, sdpa_kernel
     import torch.nn.functional as F
 
@@ -83,15 +100,19 @@ def _methods(n: int, d: int, dtype: torch.dtype) -> dict:
                 return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return f
 
+    def chained(attention):
+        return Chain(attention, chain)
+
     return {
-        "fuse_attn": torch.compile(core, backend="fuse_attn"),
-        "fuse_attn op": lambda q, k, v: flash_attention(q, k, v, spec),
-        "fuse_attn Gluon": _compiled_choosing(GLUON, CausalAttention(n).cuda()),
-        "Gluon op": lambda q, k, v: flash_attention_hopper(q, k, v, spec),
-        "torch.compile": torch.compile(CausalAttention(n).cuda()),
-        "compiled SDPA": torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
-        "SDPA cuDNN": sdpa(SDPBackend.CUDNN_ATTENTION),
-        "SDPA flash": sdpa(SDPBackend.FLASH_ATTENTION),
+        "fuse_attn": torch.compile(chained(core), backend="fuse_attn"),
+        "fuse_attn op": chained(lambda q, k, v: flash_attention(q, k, v, spec)),
+        "fuse_attn Gluon": _compiled_choosing(GLUON, chained(CausalAttention(n).cuda())),
+        "Gluon op": chained(lambda q, k, v: flash_attention_hopper(q, k, v, spec)),
+        "torch.compile": torch.compile(chained(CausalAttention(n).cuda())),
+        "compiled SDPA": torch.compile(chained(lambda q, k, v: F.scaled_dot_product_attention(q, k, v,
+                                                                                              is_causal=True))),
+        "SDPA cuDNN": chained(sdpa(SDPBackend.CUDNN_ATTENTION)),
+        "SDPA flash": chained(sdpa(SDPBackend.FLASH_ATTENTION)),
     }
 
 
@@ -158,23 +179,23 @@ def measure(fn, q, k, v, dout, backward: bool) -> tuple[float, float]:
     return wall, _graph_time_ms(step)
 
 
-def run(shapes, dtype, record) -> list:
+def run(shapes, dtype, record, chain: int = 1) -> list:
     rows = []
     for B, H, N, D in shapes:
         torch._dynamo.reset()
-        methods = _methods(N, D, dtype)
+        methods = _methods(N, D, dtype, chain)
         for mode in ("fwd", "fwd+bwd"):
             backward = mode == "fwd+bwd"
             q, k, v, dout = random_inputs(B, H, N, D, dtype, backward)
             row = [f"{B},{H},{N},{D}", mode]
             for name in METHODS:
                 try:
-                    wall, gpu = measure(methods[name], q, k, v, dout, backward)
+                    wall, gpu = (ms / chain for ms in measure(methods[name], q, k, v, dout, backward))
                 except Exception as e:  # one method's failure must not hide the others' numbers
                     print(f"{name} {mode} {B},{H},{N},{D} failed: {type(e).__name__}: {e}", flush=True)
                     row.append("error")
                     continue
-                record([B, H, N, D, str(dtype).removeprefix("torch."), mode, name, f"{wall * 1e3:.1f}",
+                record([B, H, N, D, str(dtype).removeprefix("torch."), mode, chain, name, f"{wall * 1e3:.1f}",
                         f"{gpu * 1e3:.1f}"])
                 row.append(f"{wall * 1e3:.0f} / {gpu * 1e3:.0f} ({wall / gpu:.2f}x)")
             print(row, flush=True)
@@ -187,14 +208,16 @@ def main(argv=None):
     ap.add_argument("--out", default=".")
     ap.add_argument("--shapes", nargs="*", default=None, help="B,H,N,D ...")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
+    ap.add_argument("--chain", type=int, default=1, help="attentions a call, one after another (times per attention)")
     args = ap.parse_args(argv)
     shapes = [tuple(map(int, s.split(","))) for s in args.shapes] if args.shapes else DEFAULT_SHAPES
     os.makedirs(args.out, exist_ok=True)
     run_info = [torch.cuda.get_device_name(), torch.__version__, triton.__version__, datetime.date.today().isoformat()]
     with appending(os.path.join(args.out, "bench_host_overhead.csv"), CSV_COLUMNS, run_info) as record:
-        rows = run(shapes, getattr(torch, args.dtype), record)
+        rows = run(shapes, getattr(torch, args.dtype), record, args.chain)
+    per = "per call" if args.chain == 1 else f"per attention of {args.chain} chained"
     print(f"\n{run_info[0]}, torch {run_info[1]}, triton {run_info[2]}, causal, {args.dtype}; "
-          "per call: wall us / CUDA-graph GPU us (wall / GPU)")
+          f"{per}: wall us / CUDA-graph GPU us (wall / GPU)")
     print(tabulate(rows, headers=["B,H,N,D", "mode", *METHODS], tablefmt="github"))
 
 

@@ -12,6 +12,7 @@ import sys
 from unittest import mock
 
 import pytest
+import torch
 
 with mock.patch.dict(os.environ):  # the tool sets FUSE_ATTN_CANDIDATES for its runs; the session keeps conftest's
     from tools.bench_variants import DEFAULT_SIZE, VARIANTS, check_variant, small_size
@@ -230,3 +231,19 @@ def test_bench_attention_plots_a_csv_without_a_gpu(tmp_path):
         assert "matplotlib is not installed" in result.stdout, result.stdout
     else:
         assert os.path.getsize(tmp_path / "bench_attention.png") > 0
+
+
+def test_bench_host_overhead_chains_attentions_into_one_graph():
+    """tools/bench_host_overhead.py --chain K: a compiled method's call is one graph of K fused attentions, each
+    one's output the next one's queries (eager's answer)."""
+    import fuse_attn
+    from tools.bench_host_overhead import CausalAttention, Chain
+
+    chain = Chain(CausalAttention(16), 3)
+    q, k, v = (torch.randn(1, 2, 16, 8) for _ in range(3))
+    report = fuse_attn.explain(chain, q, k, v)
+    assert len(report.graphs) == 1 and len(report.fused) == 3 and not report.not_fused, str(report)
+    expected = q
+    for _ in range(3):
+        expected = CausalAttention(16)(expected, k, v)
+    torch.testing.assert_close(torch.compile(chain, backend="fuse_attn")(q, k, v), expected)

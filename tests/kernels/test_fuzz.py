@@ -29,7 +29,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 
 from tests.support import fuzz_record
-from tests.support.fuzz_cases import GeneratedAttention, assert_matches_eager, cases, check_op, module_inputs
+from tests.support.fuzz_cases import (GeneratedAttention, assert_matches_eager, cases, check_op, gluon_cases, gluon_op,
+                                      module_inputs)
 from fuse_attn import settings as fuse_attn_settings
 from fuse_attn.kernels.generated import codegen
 from fuse_attn.report import collect_reports
@@ -181,6 +182,23 @@ def test_op_blockwise(case, monkeypatch):
 def test_op_cuda(case):
     name = f"op, {KERNELS}"
     _tallies.setdefault(name, Tally(name)).check(lambda c: check_op(c, "cuda"), case)
+
+
+# sm90 with Triton's compiler: the Gluon kernels run (their op elsewhere runs the generated forward)
+HOPPER = CUDA and torch.cuda.get_device_capability() == (9, 0)
+
+
+@profile(LONG_CASES if LONG else (200 if HOPPER else 4))
+@given(case=gluon_cases(long=LONG))
+def test_op_gluon(case, monkeypatch):
+    """The Gluon ops on what they take (plain or ``s + bias``, causal or not, GQA, fp16 / bf16, D64 / D128, any q / k
+    / v layout), each call through their launchers' cached positional launches (many shapes in one process: each
+    specialization compiled once, then run positionally). Elsewhere the op runs on CPU tensors, where it runs the
+    generated forward (a few cases: the wiring)."""
+    if not HOPPER:
+        monkeypatch.setenv("TRITON_INTERPRET", "0")  # (the blockwise path: the interpreter's kernels are fuzzed above)
+    name = "Gluon op, " + (f"{KERNELS} (sm90)" if HOPPER else "its CPU path")
+    _tallies.setdefault(name, Tally(name)).check(lambda c: check_op(c, "cuda" if HOPPER else "cpu", op=gluon_op), case)
 
 
 _tallies: dict[str, Tally] = {}

@@ -140,6 +140,67 @@ def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout
     return build()
 
 
+# Gluon cases: what the Gluon kernels take (fuse_attn.kernels.hopper.common.hopper_reasons), at lengths that also give
+# several query blocks a head (their CTAs take 128-192 rows) and grids past an H100's / H200's 132 SMs (persistent)
+GLUON_HEAD_DIMS = (64, 128)
+GLUON_LENGTHS = LONG_LENGTHS + (383, 640, 1000, 1025)
+
+
+def gluon_cases(long: bool = False) -> st.SearchStrategy[Case]:
+    """Cases the Gluon kernels compute (:func:`gluon_refusals` empty): fp16 / bf16, head dim 64 or 128 for q, k and
+    v, plain scores or ``s + bias`` (any broadcast the kernels take, its gradient or not), causal top-left over equal
+    lengths or not, GQA, q / k / v in any layout; ``long``: the longer lengths too."""
+    lengths = GLUON_LENGTHS if long else LENGTHS + (128, 129, 257)
+
+    @st.composite
+    def build(draw) -> Case:
+        D = draw(st.sampled_from(GLUON_HEAD_DIMS))
+        causal = draw(st.sampled_from((None, CausalMask())))
+        M = draw(st.sampled_from(lengths))
+        N = M if causal is not None else draw(st.sampled_from(lengths))
+        bias = draw(st.sampled_from((None, None, (True, False, False, False), (False, False, False, False),
+                                     (True, True, False, False), (False, True, False, False))))
+        return Case(Z=draw(st.sampled_from((1, 2, 3))), kv_heads=draw(st.sampled_from((1, 2, 3))),
+                    gqa=draw(st.sampled_from((1, 1, 2, 4))), M=M, N=N, D=D, DV=D,
+                    dtype=draw(st.sampled_from(("float16", "bfloat16"))),
+                    layouts=draw(st.tuples(*[st.sampled_from(LAYOUTS)] * 3)), scale_op=None, bias=bias,
+                    bias_grad=draw(st.booleans()), alibi=False, softcap=None, mask=None, mask_fill=float("-inf"),
+                    mask_keep=1.0, band=None, causal=causal, dropout_p=0.0, seed=draw(st.integers(0, 2**31 - 1)))
+
+    return build().filter(lambda case: not gluon_refusals(case))
+
+
+def gluon_refusals(case: Case) -> list[str]:
+    """Why the Gluon kernels would not compute ``case`` on an sm90 GPU (:func:`hopper_reasons` of its spec)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fuse_attn.kernels.hopper.common import hopper_reasons
+
+    spec = op_inputs(case).spec
+    with FakeTensorMode(), _as_sm90():
+        q = torch.empty(case.Z, case.H, case.M, case.D, dtype=case.torch_dtype, device="cuda")
+        k = torch.empty(case.Z, case.kv_heads, case.N, case.D, dtype=case.torch_dtype, device="cuda")
+        return hopper_reasons(spec, q, k)
+
+
+class _as_sm90:
+    """Within the block, ``torch.cuda.get_device_capability`` says sm90 (fake tensors on "cuda" without a GPU)."""
+
+    def __enter__(self):
+        self.before = torch.cuda.get_device_capability
+        torch.cuda.get_device_capability = lambda device=None: (9, 0)
+
+    def __exit__(self, *exc):
+        torch.cuda.get_device_capability = self.before
+
+
+def gluon_op(q, k, v, spec, score_tensors, dropout_seed=None):
+    """:func:`flash_attention_hopper` called as :func:`check_op` calls the template's op."""
+    from fuse_attn.kernels.hopper.forward import flash_attention_hopper
+
+    return flash_attention_hopper(q, k, v, spec, bias=score_tensors[0] if score_tensors else None)
+
+
 def index_visibility(case: Case) -> torch.Tensor:
     """[M, N] bool: which keys the causal band and the index band show to each query."""
     M, N = case.M, case.N
@@ -243,9 +304,10 @@ def op_inputs(case: Case) -> OpInputs:
     return OpInputs(bases, views, grads, spec, seed)
 
 
-def check_op(case, device="cpu") -> dict[str, torch.Tensor]:
+def check_op(case, device="cpu", op=flash_attention) -> dict[str, torch.Tensor]:
     """The op on ``case``: output and every gradient against eager in the dtype and fp64 (same dropout mask).
-    Returns our gradients by name ("dq", "dk", "dv", "d(score tensor i)"; those checked)."""
+    Returns our gradients by name ("dq", "dk", "dv", "d(score tensor i)"; those checked). ``op``: another op of
+    flash_attention's signature (:func:`gluon_op`)."""
     inputs = op_inputs(case)
     dtype = case.torch_dtype
 
@@ -258,7 +320,7 @@ def check_op(case, device="cpu") -> dict[str, torch.Tensor]:
     seed = None if inputs.dropout_seed is None else inputs.dropout_seed.to(device)
     ours_leaves, ours = run(None)
     failures_before = set(_op_module._kernel_failures)
-    out = flash_attention(*ours[:3], inputs.spec, ours[3:], dropout_seed=seed)
+    out = op(*ours[:3], inputs.spec, ours[3:], dropout_seed=seed)
     results = {}
     for name, cast in (("ref", torch.float64), ("eager", None)):
         leaves, operands = run(cast)

@@ -240,7 +240,10 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
                   or f"{settings.CANDIDATES} allows only triton")
         return ImplementationChoice(TRITON)
     Z, H, M, D = q.shape
-    kernel_id = f"{spec.digest} Z={size_hint(Z)} H={size_hint(H)} H_kv={size_hint(k.shape[1])}"
+    # (the candidates in the key: a choice timed among fewer -- cuDNN switched off, FUSE_ATTN_CANDIDATES narrower --
+    # is no answer once more are allowed)
+    kernel_id = (f"{spec.digest} Z={size_hint(Z)} H={size_hint(H)} H_kv={size_hint(k.shape[1])} "
+                 f"among={','.join(candidates)}")
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
         kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
     if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS:

@@ -327,6 +327,24 @@ def test_the_choice_is_stored_and_read_back_by_a_new_process(gpu, monkeypatch):
     assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
 
 
+def test_a_choice_among_fewer_candidates_is_not_reused_when_more_are_allowed(gpu, monkeypatch):
+    """A choice is kept for the candidates it was timed among: one made with cuDNN switched off (or
+    FUSE_ATTN_CANDIDATES narrower) is not the answer once cuDNN is allowed again, in this process or the next."""
+    gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    monkeypatch.setenv(settings.CANDIDATES, "triton,sdpa_flash")
+    _, verdicts = rewritten(causal_attention, MHA, training=True)
+    assert "runs sdpa_flash" in verdicts
+    monkeypatch.delenv(settings.CANDIDATES)
+    timings = gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    _, verdicts = rewritten(causal_attention, MHA, training=True)
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH} and "runs sdpa_cudnn" in verdicts
+    monkeypatch.setattr(tuning, "_chosen", {})  # a new process, both choices on disk
+    monkeypatch.setenv(settings.CANDIDATES, "triton,sdpa_flash")
+    timings = gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    _, verdicts = rewritten(causal_attention, MHA, training=True)
+    assert timings.timed == [] and "runs sdpa_flash" in verdicts
+
+
 def test_a_candidate_that_fails_is_dropped_and_timing_that_fails_keeps_the_generated_kernels(gpu, monkeypatch, caplog):
     timings = gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
 

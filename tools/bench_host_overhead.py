@@ -182,13 +182,15 @@ def measure(fn, q, k, v, dout, backward: bool) -> tuple[float, float]:
 def run(shapes, dtype, record, chain: int = 1) -> list:
     rows = []
     for B, H, N, D in shapes:
-        torch._dynamo.reset()
         methods = _methods(N, D, dtype, chain)
         for mode in ("fwd", "fwd+bwd"):
             backward = mode == "fwd+bwd"
             q, k, v, dout = random_inputs(B, H, N, D, dtype, backward)
             row = [f"{B},{H},{N},{D}", mode]
             for name in METHODS:
+                # (each compiled method from its own compile: Dynamo would serve a second instance of a module class
+                # the graph the first was compiled to, with that one's attention implementation)
+                torch._dynamo.reset()
                 try:
                     wall, gpu = (ms / chain for ms in measure(methods[name], q, k, v, dout, backward))
                 except Exception as e:  # one method's failure must not hide the others' numbers

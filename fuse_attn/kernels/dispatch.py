@@ -145,9 +145,9 @@ def _run(target, *args, **kwargs):
 # launchers (an op Inductor calls, TMA descriptors, the compiled kernels' positional run: common.PositionalLaunch)
 # take 0.05 ms a forward call and 0.13-0.24 ms a backward call of B8 H16 N1024 D64 on an H200 host (the template's
 # kernels launch from Inductor's code), where a training step of about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes
-# the GPU 0.51 ms for both (H100). The choice times GPU time only, where a smaller step would look faster than it runs. Where the
-# compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon
-# kernels are offered at every size.
+# the GPU 0.51 ms for both (H100). The choice times GPU time only, where a smaller step would look faster than it
+# runs. Where the compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a
+# replay, and the Gluon kernels are offered at every size.
 GLUON_MIN_STEP_FLOPS = 2**37
 # Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
 # mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.

@@ -154,9 +154,10 @@ class PositionalLaunch:
     argument on each call: 39-45 us of an H200 host's time for the Gluon forward's 31 arguments, where the compiled
     kernel's ``run`` takes 15 us. The key here is what Triton specializes a kernel on: each constexpr's value; each
     other int's class (1, a multiple of 16, its i32 / i64 / u64 type); each tensor's dtype and 16-byte alignment;
-    each TMA descriptor's dtype, block and layout; the options (``num_warps``, ``maxnreg``); the current device. A new key launches through ``kernel[grid]``, which compiles (or finds) the kernel Triton would run; so
-    does every call while Triton's launch hooks are set (a profiler such as proton observes each launch), and under
-    Triton's interpreter."""
+    each TMA descriptor's dtype, block and layout; the options (``num_warps``, ``maxnreg``); the current device. A new
+    key launches through ``kernel[grid]``, which compiles (or finds) the kernel Triton would run; so does every call
+    while Triton's launch hooks are set (a profiler such as proton observes each launch), and under Triton's
+    interpreter."""
 
     def __init__(self, kernel):
         self.kernel = kernel

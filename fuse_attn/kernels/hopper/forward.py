@@ -37,8 +37,8 @@ It is one candidate of the compile-time choice (:mod:`fuse_attn.kernels.dispatch
 the generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
 (torch 2.11-2.13: user kernels must be ``triton.jit`` and their descriptors Triton's), so this op is opaque to it: a
 library op whose Python launcher runs on every call, launching the compiled kernel positionally
-(:class:`.common.PositionalLaunch`; its host cost: docs/performance.md). On CPU tensors it runs the generated forward (the interpreter or
-the blockwise path), so its wiring is testable without a GPU.
+(:class:`.common.PositionalLaunch`; its host cost: docs/performance.md). On CPU tensors it runs the generated
+forward (the interpreter or the blockwise path), so its wiring is testable without a GPU.
 """
 
 from __future__ import annotations
@@ -57,9 +57,8 @@ from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
                                              bias_score_tensors, bias_tma_head, bias_tma_view, checked_spec,
-                                             ctas_at_once,
-                                             dscore_kv_heads, fills_at_most, log2_units, shared_memory_for_tiles,
-                                             tma_descriptor, tma_load, tma_ready, tma_store)
+                                             ctas_at_once, dscore_kv_heads, fills_at_most, log2_units,
+                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_ready, tma_store)
 from fuse_attn.spec import AttentionSpec
 
 # Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a sweep over

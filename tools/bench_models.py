@@ -356,6 +356,12 @@ def speed(args, record):
     return rows, headers, ok
 
 
+def marked_result(stdout: str, mark: str):
+    """The JSON a subprocess of these tools printed last on a line starting with ``mark``; None if it printed none."""
+    marked = [line[len(mark):] for line in stdout.splitlines() if line.startswith(mark)]
+    return json.loads(marked[-1]) if marked else None
+
+
 def first_steps(args):
     """(--first-steps, in a subprocess) Print the seconds of the first two training steps of one compiled variant."""
     name, length, variant = args.models[0], args.compile_time_length, args.first_steps
@@ -400,14 +406,13 @@ def compile_times(args, record):
                                "--compile-time-length", str(length), "--batch-tokens", str(args.batch_tokens),
                                "--device", args.device] + (["--tiny"] if args.tiny else [])
                     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
-                    marked = [line for line in done.stdout.splitlines() if line.startswith(FIRST_STEPS_MARK)]
-                    if done.returncode or not marked:
+                    result = marked_result(done.stdout, FIRST_STEPS_MARK)
+                    if done.returncode or result is None:
                         print(f"{name} {variant} {caches_state} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
                               flush=True)
                         ok = False
                         record([name, batch, length, variant, caches_state, "error", "", "", "", "", "", ""])
                         continue
-                    result = json.loads(marked[-1][len(FIRST_STEPS_MARK):])
                     seconds[variant, caches_state] = result["seconds"]
                     ours = VARIANTS[variant][1] == "fuse_attn"
                     parts = [f"{result['parts'][part]:.2f}" if ours else "" for part in COMPILE_PARTS]

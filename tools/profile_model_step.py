@@ -36,7 +36,7 @@ from tabulate import tabulate
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from tools.bench_models import (COMPILED_VARIANTS, DEFAULT_COMPILE_MODE, MODEL_NAMES, TINY_LENGTH, VARIANTS,  # noqa: E402
-                                build, compiled, make_inputs, make_step, synchronize)
+                                build, compiled, make_inputs, make_step, marked_result, synchronize)
 
 RESULT_MARK = "profiled variant:"  # the line a --one-variant subprocess prints its result on
 PROFILED_STEPS = 5  # steps under torch.profiler: enough for a per-step mean of each kernel, few for the trace's size
@@ -119,10 +119,10 @@ def profiled_in_a_process(argv, variant):
     command = [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv),
                "--one-variant", variant]
     done = subprocess.run(command, stdout=subprocess.PIPE, text=True, check=False)  # (its stderr: this one's)
-    results = [line[len(RESULT_MARK):] for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    if done.returncode or not results:
+    result = marked_result(done.stdout, RESULT_MARK)
+    if done.returncode or result is None:
         raise RuntimeError(f"profiling {variant} failed (exit {done.returncode}):\n{done.stdout[-3000:]}")
-    return json.loads(results[-1])
+    return result
 
 
 def main(argv=None):

@@ -14,6 +14,7 @@ import math
 import random
 from dataclasses import dataclass
 from typing import Optional
+from unittest import mock
 
 import torch
 from hypothesis import strategies as st
@@ -177,21 +178,11 @@ def gluon_refusals(case: Case) -> list[str]:
     from fuse_attn.kernels.hopper.common import hopper_reasons
 
     spec = op_inputs(case).spec
-    with FakeTensorMode(), _as_sm90():
+    # (fake tensors on "cuda", the capability an sm90 GPU's, with or without a GPU here)
+    with FakeTensorMode(), mock.patch.object(torch.cuda, "get_device_capability", lambda device=None: (9, 0)):
         q = torch.empty(case.Z, case.H, case.M, case.D, dtype=case.torch_dtype, device="cuda")
         k = torch.empty(case.Z, case.kv_heads, case.N, case.D, dtype=case.torch_dtype, device="cuda")
         return hopper_reasons(spec, q, k)
-
-
-class _as_sm90:
-    """Within the block, ``torch.cuda.get_device_capability`` says sm90 (fake tensors on "cuda" without a GPU)."""
-
-    def __enter__(self):
-        self.before = torch.cuda.get_device_capability
-        torch.cuda.get_device_capability = lambda device=None: (9, 0)
-
-    def __exit__(self, *exc):
-        torch.cuda.get_device_capability = self.before
 
 
 def gluon_op(q, k, v, spec, score_tensors, dropout_seed=None):

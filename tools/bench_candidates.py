@@ -1,5 +1,6 @@
 """What the implementation choice sees: the GPU time of each candidate of a plain attention -- the generated kernels,
-the Gluon forward (sm90; "failed" elsewhere) and SDPA's cuDNN and flash kernels -- per shape, forward and
+the Gluon forward (sm90; "failed" elsewhere) and SDPA's cuDNN and flash kernels, and the generated kernels untuned
+(their first working launch configs) -- per shape, forward and
 forward+backward, timed as the tuner times them (``fuse_attn.kernels.dispatch``: each step recorded as a CUDA
 graph, the replay timed, median), and the one it keeps.
 
@@ -33,6 +34,7 @@ SHAPES = [
     ("llama-1b", 2, 32, 8, 4096, 64, True),
     ("host row", 1, 32, 32, 256, 128, True),
 ]
+UNTUNED = "triton untuned"
 
 
 def candidate_times(spec: AttentionSpec, shape, training: bool) -> dict[str, float]:
@@ -49,6 +51,13 @@ def candidate_times(spec: AttentionSpec, shape, training: bool) -> dict[str, flo
         except Exception as e:  # noqa: BLE001 -- a candidate that cannot run this shape
             print(f"  {name} failed on {shape}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
             times[name] = None
+    # The generated kernels with their first working configs, untuned (tuning.untimed()): how much the tuning of
+    # their launch configs gains, i.e. how far behind the best candidate an untuned template can be and still win
+    # once tuned
+    untuned_steps = dispatch._CandidateSteps(spec, q, k, k, training)
+    with tuning.untimed():
+        times[UNTUNED] = tuning._time_config(untuned_steps.replay, Implementation(dispatch.TRITON),
+                                             tuning._FINAL_PASS_REP_MS)
     return times
 
 
@@ -74,11 +83,13 @@ def main(argv=None):
                 ran = {n: t for n, t in times.items() if t is not None}
                 sdpa = [t for n, t in ran.items() if n in (dispatch.SDPA_CUDNN, dispatch.SDPA_FLASH)]
                 rows.append([name, f"{Z},{H}/{H_kv},{N},{D}", "causal" if causal else "full", mode,
-                             *("failed" if times[n] is None else f"{times[n] * 1e3:.1f}" for n in dispatch.ALL_CANDIDATES),
-                             min(ran, key=ran.get),
+                             *("failed" if times[n] is None else f"{times[n] * 1e3:.1f}"
+                               for n in (*dispatch.ALL_CANDIDATES, UNTUNED)),
+                             min((n for n in ran if n != UNTUNED), key=ran.get),
+                             f"{times[UNTUNED] / times['triton']:.2f}" if times["triton"] is not None else "-",
                              f"{times['triton'] / min(sdpa):.2f}" if sdpa and times["triton"] is not None else "-"])
-    headers = ["model", "Z,H/H_kv,N,D", "mask", "mode", *(f"{n} us" for n in dispatch.ALL_CANDIDATES), "kept",
-               "triton / best SDPA"]
+    headers = ["model", "Z,H/H_kv,N,D", "mask", "mode", *(f"{n} us" for n in (*dispatch.ALL_CANDIDATES, UNTUNED)),
+               "kept", "untuned / tuned triton", "triton / best SDPA"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     return 0
 

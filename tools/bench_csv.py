@@ -8,7 +8,8 @@
     python tools/bench_csv.py OUTDIR/bench_variants.csv [OUTDIR/bench_models.csv ...] [--commit SHA]
                               [--results benchmarks/results.csv] [--dry-run]
 
-reads ``bench_attention.csv``, ``bench_variants.csv``, ``bench_models.csv`` (speed rows) and
+reads ``bench_attention.csv``, ``bench_variants.csv``, ``bench_models.csv`` (speed rows),
+``bench_host_overhead.csv`` (wall and GPU time per call: two rows each), ``bench_candidates.csv`` and
 ``benchmarks/plain_attention.py``'s ``plain_attention.csv``, and appends their measured rows (a cell that ran out of
 memory or failed is no measurement and is left out). ``commit`` is the code that ran: by default this checkout's
 ``git rev-parse --short HEAD``, with ``-dirty`` where tracked files differ from it; pass ``--commit`` when the run
@@ -125,7 +126,30 @@ def _plain_row(r):
     return case_name("plain_attention", name, r["mode"], shape), r["implementation"], r["gpu_ms"], "", r["ratio"], r
 
 
+def _host_overhead_rows(r):
+    """Two rows a measurement: the wall time per call and the CUDA-graph replay's (GPU time only)."""
+    name = f"causal chain{r['chain']}"
+    shape = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']}" + _dtype(r)
+    return [(case_name("bench_host_overhead", f"{name} {timing}", r["mode"], shape), r["method"],
+             _ms(r[column]), "", "", r) for timing, column in (("wall", "wall_us"), ("gpu", "gpu_us"))]
+
+
+def _candidate_row(r):
+    shape = f"B{r['Z']} H{r['H']} Hkv{r['H_kv']} N{r['N']} D{r['D']}" + (" causal" if r["causal"] == "True" else "")
+    return case_name("bench_candidates", r["model"], r["mode"], shape), r["candidate"], r["ms"], "", "", \
+        dict(r, gpu=r["device"])
+
+
+def _ms(us: str) -> str:
+    value = _number(us)
+    return us if value is None else f"{value / 1e3:.5f}"
+
+
 def _converter(header):
+    if "wall_us" in header and "chain" in header:
+        return _host_overhead_rows
+    if "candidate" in header and "ms" in header:
+        return _candidate_row
     if "variant" in header and "method" in header:
         return _variant_row
     if "model" in header and "tokens_per_s" in header:
@@ -145,16 +169,18 @@ def results_rows(path: str, commit: str) -> list[dict[str, str]]:
         reader = csv.DictReader(f)
         convert = _converter(reader.fieldnames or [])
         if convert is None:
-            raise ValueError(f"{path}: not a CSV of bench_attention, bench_variants, bench_models or plain_attention "
+            raise ValueError(f"{path}: not a CSV of bench_attention, bench_variants, bench_models, bench_host_overhead, "
+                             "bench_candidates or plain_attention "
                              f"(columns {reader.fieldnames})")
         rows = []
         for record in reader:
-            case, implementation, ms, tflops, ratio, r = convert(record)
-            if _number(ms) is None:  # "OOM", "error": nothing measured
-                continue
-            rows.append({"date": r["date"], "commit": commit, "gpu": r["gpu"], "torch": r["torch"],
-                         "triton": r["triton"], "case": case, "implementation": implementation, "ms": ms,
-                         "tflops": tflops, "ratio": ratio})
+            converted = convert(record)
+            for case, implementation, ms, tflops, ratio, r in converted if isinstance(converted, list) else [converted]:
+                if _number(ms) is None:  # "OOM", "error": nothing measured
+                    continue
+                rows.append({"date": r["date"], "commit": commit, "gpu": r["gpu"], "torch": r["torch"],
+                             "triton": r["triton"], "case": case, "implementation": implementation, "ms": ms,
+                             "tflops": tflops, "ratio": ratio})
     fastest_peer = {}
     for row in rows:
         key = tuple(row[c] for c in ("date", "gpu", "torch", "triton", "case"))
@@ -185,7 +211,8 @@ def append_results(rows, path: str = RESULTS_PATH) -> None:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("csvs", nargs="+", help="CSVs of bench_attention, bench_variants, bench_models, plain_attention")
+    ap.add_argument("csvs", nargs="+", help="CSVs of bench_attention, bench_variants, bench_models, bench_host_overhead, "
+                                            "bench_candidates, plain_attention")
     ap.add_argument("--commit", default=None, help="the code that ran (default: this checkout's HEAD)")
     ap.add_argument("--results", default=RESULTS_PATH)
     ap.add_argument("--dry-run", action="store_true", help="print the rows instead of appending them")

@@ -279,8 +279,24 @@ def software_versions() -> tuple[str, str]:
     return triton.__version__, torch.__version__
 
 
+_untimed_depth = 0  # > 0 inside untimed()
+
+
+@contextlib.contextmanager
+def untimed():
+    """Within it every launch config is picked as under ``FUSE_ATTN_AUTOTUNE=0`` -- the first candidate that runs, kept
+    under its untimed key -- whatever the environment says: a kernel's cost without its tuning (one compile per
+    kernel instead of one per candidate)."""
+    global _untimed_depth
+    _untimed_depth += 1
+    try:
+        yield
+    finally:
+        _untimed_depth -= 1
+
+
 def tuning_key(kind: str, device: torch.device, kernel_id: str, dtype: torch.dtype, d: int, dv: int, m: int, n: int) -> TuningKey:
-    timed = settings.autotune_timed()
+    timed = settings.autotune_timed() and not _untimed_depth
     return TuningKey(*device_identity(device), *software_versions(), kind, kernel_id, str(dtype), d, dv,
                      length_bucket(m), length_bucket(n), timed)
 

@@ -247,3 +247,29 @@ def test_bench_host_overhead_chains_attentions_into_one_graph():
     for _ in range(3):
         expected = CausalAttention(16)(expected, k, v)
     torch.testing.assert_close(torch.compile(chain, backend="fuse_attn")(q, k, v), expected)
+
+
+def test_bench_csv_turns_host_overhead_and_candidate_rows_into_results_rows(tmp_path):
+    """tools/bench_csv.py reads the CSVs of bench_host_overhead (two results rows a measurement: wall and GPU time, us
+    turned into ms) and bench_candidates (a row a candidate), with the columns those tools write."""
+    from tools.bench_csv import results_rows
+
+    host = tmp_path / "bench_host_overhead.csv"
+    host.write_text("B,H,N,D,dtype,mode,chain,method,wall_us,gpu_us,gpu,torch,triton,date\n"
+                    "8,12,1024,64,bfloat16,fwd,12,fuse_attn Gluon,133.0,42.5,H200,2.11,3.6,2026-11-29\n"
+                    "8,12,1024,64,bfloat16,fwd,12,SDPA cuDNN,61.0,47.0,H200,2.11,3.6,2026-11-29\n")
+    rows = results_rows(str(host), "abc1234")
+    assert [(r["case"], r["implementation"], r["ms"]) for r in rows] == [
+        ("bench_host_overhead/causal chain12 wall/fwd/B8 H12 N1024 D64", "fuse_attn Gluon", "0.13300"),
+        ("bench_host_overhead/causal chain12 gpu/fwd/B8 H12 N1024 D64", "fuse_attn Gluon", "0.04250"),
+        ("bench_host_overhead/causal chain12 wall/fwd/B8 H12 N1024 D64", "SDPA cuDNN", "0.06100"),
+        ("bench_host_overhead/causal chain12 gpu/fwd/B8 H12 N1024 D64", "SDPA cuDNN", "0.04700")]
+    assert [r["ratio"] for r in rows[:2]] == ["0.459", "1.106"]  # (cuDNN's time / ours, per case)
+
+    candidates = tmp_path / "bench_candidates.csv"
+    candidates.write_text("model,Z,H,H_kv,N,D,causal,mode,candidate,ms,device,torch,triton,date\n"
+                          "gpt2-small,8,12,12,1024,64,True,fwd,triton untuned,0.06541,H200,2.11,3.6,2026-11-29\n"
+                          "bert-base,32,12,12,512,64,False,fwd,gluon,,H200,2.11,3.6,2026-11-29\n")
+    rows = results_rows(str(candidates), "abc1234")
+    assert [(r["case"], r["implementation"], r["ms"], r["gpu"]) for r in rows] == [
+        ("bench_candidates/gpt2-small/fwd/B8 H12 Hkv12 N1024 D64 causal", "triton untuned", "0.06541", "H200")]

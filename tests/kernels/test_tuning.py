@@ -296,6 +296,20 @@ def test_untimed_picks_the_first_working_config_and_never_stands_in_for_a_tuned_
     assert machine.timed == [CANDIDATES[1], CANDIDATES[2]]  # tuned after all (the first one still fails)
 
 
+def test_untimed_context_picks_untimed_whatever_the_environment_says(machine):
+    """tuning.untimed() (a kernel's cost without its tuning, as the implementation choice's first round times it): the
+    first working config under the untimed key, nothing timed or stored; outside it, the tuning as before."""
+    machine.failing[CANDIDATES[0]] = RuntimeError("does not compile")
+    with tuning.untimed():
+        with tuning.untimed():  # (nests)
+            assert not key().timed
+        assert tune(machine, key()) == CANDIDATES[1]
+    assert machine.timed == []
+    assert not os.path.exists(settings.cache_dir())
+    assert key().timed
+    assert tune(machine, key()) == FASTEST
+
+
 def test_cache_dir_location(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("FUSE_ATTN_CACHE_DIR", raising=False)

@@ -260,8 +260,9 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
     if chosen is None:
         try:
             with RealInputs():
-                steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads)
-                chosen = tuning.tune(key, [tuning.Implementation(n) for n in candidates], steps.replay)
+                steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads, template_untuned=True)
+                chosen = tuning.tune(key, [tuning.Implementation(n) for n in candidates], steps.replay,
+                                     revisit=steps.tune_the_template_where_it_can_win)
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
                         plan.describe(spec), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
@@ -269,15 +270,27 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
     return ImplementationChoice(chosen.name, how)
 
 
+# How much faster tuning made the generated kernels' step than their first working launch configs, at most, plus a
+# margin: tools/bench_candidates.py's "untuned / tuned triton" on an H200 (GPT-2 small, BERT-base, Llama-3.2-1B GQA
+# and B1 H32 N256 D128 attentions, bf16) 1.08-1.17 forward, 1.20-1.39 forward+backward. An untuned template slower
+# than the best other candidate by more than this cannot win once tuned, and is not tuned: its tuning compiles every
+# candidate config of each of its kernels (about 10 s on an H200 for a forward and backward), the larger part of a
+# cold first step's extra time.
+TUNING_GAINS_AT_MOST = {False: 1.25, True: 1.5}  # {training: bound}
+
+
 class _CandidateSteps:
     """Each candidate's step (forward, or forward and backward) on one set of random inputs, recorded once as a
     CUDA graph; ``replay(candidate)`` runs it (the first replay records it). Trained, the step takes the gradients
-    of q, k, v and of the score tensors that require one."""
+    of q, k, v and of the score tensors that require one. With ``template_untuned`` the generated kernels' step runs
+    their first working launch configs (:func:`tuning.untimed`) until :meth:`tune_the_template_where_it_can_win`
+    tunes them."""
 
     def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
-                 score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None):
+                 score_tensors: Sequence[Tensor] = (), score_grads: Optional[Sequence[bool]] = None,
+                 template_untuned: bool = False):
         score_grads = _score_grads(score_tensors, score_grads)
-        self.spec, self.training = spec, training
+        self.spec, self.training, self.template_untuned = spec, training, template_untuned
         self.q, self.k, self.v = (random_like(t).requires_grad_(training) for t in (q, k, v))
         self.score_tensors = [random_like(t).requires_grad_(training and needs and t.is_floating_point())
                               for t, needs in zip(score_tensors, score_grads)]
@@ -307,8 +320,27 @@ class _CandidateSteps:
     def replay(self, candidate: tuning.Implementation) -> None:
         graph = self.graphs.get(candidate.name)
         if graph is None:
-            graph = self.graphs[candidate.name] = _record(self._step(candidate.name))
+            untuned = candidate.name == TRITON and self.template_untuned
+            with tuning.untimed() if untuned else contextlib.nullcontext():
+                graph = self.graphs[candidate.name] = _record(self._step(candidate.name))
         graph.replay()
+
+    def tune_the_template_where_it_can_win(self, timed: list[tuple[float, tuning.Implementation]]) -> list:
+        """Given the first timing pass (the template untuned), the template to time again tuned where it is within
+        :data:`TUNING_GAINS_AT_MOST` of the fastest other candidate (or no other ran); else nothing: it stays
+        untuned and loses."""
+        times = {cand.name: ms for ms, cand in timed}
+        if not self.template_untuned or TRITON not in times:
+            return []
+        others = [ms for name, ms in times.items() if name != TRITON]
+        if others and times[TRITON] > min(others) * TUNING_GAINS_AT_MOST[self.training]:
+            log.info("fuse_attn: %s: the generated kernels untuned take %.3f ms, %.2fx the fastest other candidate: "
+                     "left untuned (tuning gains at most %.2fx)", plan.describe(self.spec), times[TRITON],
+                     times[TRITON] / min(others), TUNING_GAINS_AT_MOST[self.training])
+            return []
+        self.template_untuned = False
+        self.graphs.pop(TRITON, None)  # (recorded again, tuned, when next replayed)
+        return [next(cand for _, cand in timed if cand.name == TRITON)]
 
 
 # Steps run before recording: the first tunes the generated kernels' launch configs and compiles them (or builds

@@ -81,14 +81,20 @@ class FakeTimings:
         return self.times[candidate.name]
 
 
-class NoSteps:
-    """Stands in for _CandidateSteps: nothing to record or replay without a GPU."""
+CANDIDATE_STEPS = dispatch._CandidateSteps  # (the gpu fixture replaces it with NoSteps)
 
-    def __init__(self, *args):
+
+class NoSteps:
+    """Stands in for _CandidateSteps: nothing to record or replay without a GPU (the template timed as it comes)."""
+
+    def __init__(self, *args, **kwargs):
         pass
 
     def replay(self, candidate):
         pass
+
+    def tune_the_template_where_it_can_win(self, timed):
+        return []
 
 
 @pytest.fixture
@@ -343,6 +349,40 @@ def test_a_choice_among_fewer_candidates_is_not_reused_when_more_are_allowed(gpu
     timings = gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
     _, verdicts = rewritten(causal_attention, MHA, training=True)
     assert timings.timed == [] and "runs sdpa_flash" in verdicts
+
+
+@pytest.mark.parametrize("training, untuned_ms, tuned", [
+    (True, 0.35, False),  # 1.75x the fastest other (cuDNN's 0.20), beyond what tuning gains trained (1.5x)
+    (True, 0.28, True),  # 1.4x: it may win once tuned (and does: 0.18)
+    (False, 0.27, False),  # 1.35x, beyond what tuning gains in a forward (1.25x)
+    (False, 0.24, True),
+])
+def test_the_template_is_tuned_only_where_it_can_win(gpu, monkeypatch, training, untuned_ms, tuned):
+    """The implementation choice times the generated kernels untuned (their first working configs: one compile per
+    kernel) and tunes them (a compile per candidate config) only where they are within what tuning gains of the
+    fastest other candidate; then it times them again, tuned."""
+    times = {TRITON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.30}
+    steps_made = []
+
+    class Steps(CANDIDATE_STEPS):  # (the real one's choice; no recording)
+        def __init__(self, spec, q, k, v, training, *args, template_untuned=False):
+            self.spec, self.training, self.template_untuned, self.graphs = spec, training, template_untuned, {}
+            self.timed = []
+            steps_made.append(self)
+
+        def replay(self, candidate):
+            self.timed.append((candidate.name, candidate.name == TRITON and not self.template_untuned))
+
+    def time_config(launch, candidate, rep_ms):
+        launch(candidate)
+        return untuned_ms if candidate.name == TRITON and steps_made[-1].template_untuned else times[candidate.name]
+
+    monkeypatch.setattr(dispatch, "_CandidateSteps", Steps)
+    monkeypatch.setattr(tuning, "_time_config", time_config)
+    _, verdicts = rewritten(causal_attention, MHA, training=training)
+    (steps,) = steps_made
+    assert ((TRITON, True) in steps.timed) == tuned
+    assert f"runs {TRITON if tuned else SDPA_CUDNN}: fastest of" in verdicts
 
 
 def test_a_candidate_that_fails_is_dropped_and_timing_that_fails_keeps_the_generated_kernels(gpu, monkeypatch, caplog):

@@ -9,7 +9,8 @@
                               [--results benchmarks/results.csv] [--dry-run]
 
 reads ``bench_attention.csv``, ``bench_variants.csv``, ``bench_models.csv`` (speed rows),
-``bench_host_overhead.csv`` (wall and GPU time per call: two rows each), ``bench_candidates.csv`` and
+``bench_host_overhead.csv`` (wall and GPU time per call: two rows each), ``bench_candidates.csv``,
+``bench_models_compile_time.csv`` (the first two steps, in ms) and
 ``benchmarks/plain_attention.py``'s ``plain_attention.csv``, and appends their measured rows (a cell that ran out of
 memory or failed is no measurement and is left out). ``commit`` is the code that ran: by default this checkout's
 ``git rev-parse --short HEAD``, with ``-dirty`` where tracked files differ from it; pass ``--commit`` when the run
@@ -140,12 +141,21 @@ def _candidate_row(r):
         dict(r, gpu=r["device"])
 
 
+def _compile_time_row(r):
+    """The first two steps' seconds (cold or warm caches) as milliseconds."""
+    seconds = _number(r["first_two_steps_s"])
+    return (case_name("bench_models_compile_time", r["model"], r["caches"], f"B{r['B']} N{r['N']}"), r["variant"],
+            r["first_two_steps_s"] if seconds is None else f"{seconds * 1e3:.0f}", "", "", dict(r, gpu=r["device"]))
+
+
 def _ms(us: str) -> str:
     value = _number(us)
     return us if value is None else f"{value / 1e3:.5f}"
 
 
 def _converter(header):
+    if "first_two_steps_s" in header:
+        return _compile_time_row
     if "wall_us" in header and "chain" in header:
         return _host_overhead_rows
     if "candidate" in header and "ms" in header:
@@ -169,8 +179,8 @@ def results_rows(path: str, commit: str) -> list[dict[str, str]]:
         reader = csv.DictReader(f)
         convert = _converter(reader.fieldnames or [])
         if convert is None:
-            raise ValueError(f"{path}: not a CSV of bench_attention, bench_variants, bench_models, bench_host_overhead, "
-                             "bench_candidates or plain_attention "
+            raise ValueError(f"{path}: not a CSV of bench_attention, bench_variants, bench_models (or its compile "
+                             "times), bench_host_overhead, bench_candidates or plain_attention "
                              f"(columns {reader.fieldnames})")
         rows = []
         for record in reader:

@@ -273,3 +273,19 @@ def test_bench_csv_turns_host_overhead_and_candidate_rows_into_results_rows(tmp_
     rows = results_rows(str(candidates), "abc1234")
     assert [(r["case"], r["implementation"], r["ms"], r["gpu"]) for r in rows] == [
         ("bench_candidates/gpt2-small/fwd/B8 H12 Hkv12 N1024 D64 causal", "triton untuned", "0.06541", "H200")]
+
+
+def test_bench_csv_turns_compile_times_into_results_rows(tmp_path):
+    """bench_models --compile-time's CSV: a results row a variant and cache state, the first two steps in ms."""
+    from tools.bench_csv import results_rows
+
+    path = tmp_path / "bench_models_compile_time.csv"
+    path.write_text("model,B,N,variant,caches,first_two_steps_s,first_step_s,fused_attentions,analysis_s,trace_s,"
+                    "tuning_s,compiling_candidates_s,device,torch,triton,transformers,date\n"
+                    "llama-1b,4,4096,fuse_attn,cold,48.13,47.93,16,15.02,1.71,12.75,0.00,H200,2.11,3.6,5.17,2026-11-29\n"
+                    "llama-1b,4,4096,sdpa+inductor,cold,34.16,33.87,,,,,,H200,2.11,3.6,5.17,2026-11-29\n"
+                    "llama-1b,4,4096,sdpa+inductor,warm,error,,,,,,,H200,2.11,3.6,5.17,2026-11-29\n")
+    rows = results_rows(str(path), "abc1234")
+    assert [(r["case"], r["implementation"], r["ms"], r["ratio"]) for r in rows] == [
+        ("bench_models_compile_time/llama-1b/cold/B4 N4096", "fuse_attn", "48130", "0.710"),
+        ("bench_models_compile_time/llama-1b/cold/B4 N4096", "sdpa+inductor", "34160", "")]

@@ -29,11 +29,15 @@ class SoftmaxVerdict:
     # whether a softmax left unfused is an attention's: False where its weights meet no matrix product (a classifier's
     # probabilities), None where that was not examined
     attention: Optional[bool] = None
+    # an attention sink: its logit column's share applied to the fused op's output (fuse_attn.graph.matching)
+    sink: bool = False
 
     @property
     def description(self) -> Optional[str]:
         """A fused attention's spec and what the kernels plan for it (:func:`fuse_attn.kernels.plan.describe`)."""
-        return plan.describe(self.spec) if self.spec is not None else None
+        if self.spec is None:
+            return None
+        return plan.describe(self.spec) + (" + sink (output x sigmoid(lse - sink))" if self.sink else "")
 
     def line(self) -> str:
         where = f" ({self.source})" if self.source else ""

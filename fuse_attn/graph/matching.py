@@ -12,12 +12,18 @@ Anchor: every softmax over the last dim. From it the matcher walks
 
 Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head) are folded into ``gqa_group``.
 
+Attention sinks (gpt-oss): the scores joined to one more column of logits (``cat([s, sink], -1)``), optionally
+shifted by their row max (a no-op for the softmax), the softmax taken and the column dropped (``p[..., :-1]``). The
+column stays outside the spec: the weights over the keys are the plain softmax's times ``sigmoid(lse - sink)`` (the
+sink's share of the denominator), which the rewrite applies to the fused op's output with its lse.
+
 Whatever cannot be proven equivalent raises :class:`NotFused` with the reason; the caller records it.
 The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an ``AttentionSpec``.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -88,6 +94,19 @@ class AttentionMatch:
     tensors: list["ScoreTensorUse"]
     spec: AttentionSpec
     matched_nodes: list[fx.Node]
+    # attention sinks: the extra logit column [*qk_batch, M, 1] joined to the scores (see the module docstring)
+    sink_column: Optional[fx.Node] = None
+
+
+@dataclass
+class AttentionSink:
+    """``cat([scores, column], -1)`` -> [``- max``] -> softmax -> ``[..., :N]``: the nodes around the softmax."""
+
+    scores: fx.Node  # the scores over the keys (the score path's end)
+    column: fx.Node  # the sink logits, [*batch, M, 1]
+    cat: fx.Node
+    weights: fx.Node  # the slice dropping the column: the weights over the keys
+    nodes: list[fx.Node]  # cat, the row-max shift's nodes, the slice
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -288,12 +307,80 @@ def _fold_kv_heads(k_operand: Operand, b: fx.Node, v: fx.Node, batch: tuple, qk_
     return 1, None, None
 
 
+def _row_max_shift(x: fx.Node) -> Optional[tuple[fx.Node, list[fx.Node]]]:
+    """``(c, nodes)`` when ``x`` is ``c - max(c, -1, keepdim=True)`` (``.max(...).values`` or ``amax``) and nothing
+    else reads ``c`` or its max: a shift the softmax does not see."""
+    if target_of(x) != aten.sub.Tensor or len(x.args) < 2 or x.kwargs.get("alpha", 1) != 1:
+        return None
+    c, row_max = x.args[:2]
+    if not isinstance(c, fx.Node) or not isinstance(row_max, fx.Node) or val(c) is None:
+        return None
+    rank = val(c).dim()
+    if row_max.target == operator.getitem and row_max.args[1] == 0:
+        reduction = row_max.args[0]
+        if target_of(reduction) != aten.max.dim or len(reduction.users) != 1:
+            return None
+        dim, keepdim = reduction.args[1], reduction.args[2] if len(reduction.args) > 2 else False
+        nodes = [reduction, row_max]
+    elif target_of(row_max) == aten.amax.default:
+        reduction, dims = row_max, list(row_max.args[1])
+        dim = dims[0] if len(dims) == 1 else None
+        keepdim = row_max.args[2] if len(row_max.args) > 2 else False
+        nodes = [row_max]
+    else:
+        return None
+    if reduction.args[0] is not c or dim is None or dim % rank != rank - 1 or not keepdim or len(row_max.users) != 1:
+        return None
+    if set(c.users) != {x, reduction}:
+        return None
+    return c, nodes + [x]
+
+
+def attention_sink(softmax: fx.Node) -> Optional[AttentionSink]:
+    """The sink structure around ``softmax`` (gpt-oss's spelling, the module docstring), or None where there is
+    none. Raises :class:`NotFused` where the scores are joined to a column but not as a sink."""
+    x = softmax.args[0]
+    if not isinstance(x, fx.Node):
+        return None
+    shift = _row_max_shift(x)
+    c, nodes = shift if shift is not None else (x, [])
+    if target_of(c) != aten.cat.default or val(c) is None:
+        return None
+    parts = c.args[0]
+    dim = c.args[1] if len(c.args) > 1 else c.kwargs.get("dim", 0)
+    rank = val(c).dim()
+    if len(parts) != 2 or dim % rank != rank - 1 or not all(isinstance(p, fx.Node) for p in parts):
+        return None
+    scores, column = parts
+    n = val(scores).shape[-1]
+    if val(column).shape[-1] != 1 or val(column).dim() != rank or len(c.users) != (2 if shift else 1):
+        return None
+    users = list(softmax.users)
+    sliced = users[0] if len(users) == 1 else None
+    if sliced is None or target_of(sliced) != aten.slice.Tensor:
+        raise NotFused(f"the scores {scores.name} are joined to a column before the softmax, whose weights are not "
+                       "then cut back to the keys (an attention sink's form)", softmax)
+    s_dim, start, end, step = (list(sliced.args[1:]) + [0, None, None, 1][len(sliced.args) - 1:])[:4]
+    if (s_dim % rank != rank - 1 or start not in (0, None) or step != 1
+            or not (end == -1 or (isinstance(end, int) and same_shape((end,), (n,))))):
+        raise NotFused(f"{sliced.name} keeps other columns of the weights than the keys the scores were joined "
+                       "from", sliced)
+    return AttentionSink(scores, column, c, sliced, [c, *nodes, sliced])
+
+
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     if not softmax_dim_is_last(softmax):
         raise NotFused("the softmax is not over the last dim", softmax)
     evaluate = ConstantEvaluator(ctx)
-    qk, path, path_nodes = walk_score_path(softmax, _is_qk_product)
-    pv, weight_chain, dropout_p = _walk_to_pv(softmax)
+    sink = attention_sink(softmax)
+    if sink is None:
+        qk, path, path_nodes = walk_score_path(softmax, _is_qk_product)
+        pv, weight_chain, dropout_p = _walk_to_pv(softmax)
+    else:
+        # (a column computed from the scores makes them used twice, which the walk refuses)
+        qk, path, path_nodes = walk_score_path(softmax, _is_qk_product, sink.scores, sink.cat)
+        pv, weight_chain, dropout_p = _walk_to_pv(sink.weights)
+        weight_chain = [softmax, *sink.nodes[:-1], *weight_chain]  # (the chain starts at the slice)
 
     qk_einsum, pv_einsum = einsum_as_matmul(qk), einsum_as_matmul(pv)
     if qk_einsum is not None:
@@ -381,7 +468,8 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
             score_tensors=tuple(score_tensors),
             gqa_group=gqa_group,
             dropout_p=dropout_p,
-            empty_rows="zero" if softmax.target == aten._safe_softmax.default else "nan",
+            # (with a sink, a row whose keys are all masked puts its weight on the sink: eager's output there is 0)
+            empty_rows="zero" if softmax.target == aten._safe_softmax.default or sink is not None else "nan",
             q_len=m if isinstance(m, int) else None,
             kv_len=n if isinstance(n, int) else None,
             num_heads=int(out_val.shape[-3]) if out_val.dim() >= 3 and isinstance(out_val.shape[-3], int) else None,
@@ -403,6 +491,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         tensors=tensors,
         spec=spec,
         matched_nodes=[qk, *path_nodes, *weight_chain, pv],
+        sink_column=sink.column if sink is not None else None,
     )
 
 

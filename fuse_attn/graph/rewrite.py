@@ -185,20 +185,38 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
         tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))
 
     if context_parallel is not None:
+        if match.sink_column is not None:
+            raise NotFused("context parallel: the ring merges its shards' outputs without the sink's share")
         return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
     choice = dispatch.choose_implementation(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors],
-                                            [use.node in needing_grad for use in match.tensors])
+                                            [use.node in needing_grad for use in match.tensors],
+                                            lse_used=match.sink_column is not None)
     if choice.is_sdpa:
         out = dispatch.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
     if choice.name == dispatch.GLUON:  # (plain, or s + bias with the bias its one score tensor; no dropout)
         fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(),
                      *tensors[:1])
-        return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
+    else:
+        fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
+                     match.spec.to_json())
+    out = emit(operator.getitem, fused, 0)
+    if match.sink_column is not None:
+        out = _sink_share_applied(match, emit, out, emit(operator.getitem, fused, 1))
+    return _restored_output(match, emit, out), choice
 
-    fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
-                 match.spec.to_json())
-    return _restored_output(match, emit, emit(operator.getitem, fused, 0)), choice
+
+def _sink_share_applied(match: AttentionMatch, emit: _Emitter, out: fx.Node, lse: fx.Node) -> fx.Node:
+    """``out`` [Z, H, M, DV] of the softmax over the keys alone, scaled as the softmax over the keys and the sink
+    column: each row's weights times ``sum_j e^s_j / (sum_j e^s_j + e^sink) = sigmoid(lse - sink)``, in fp32. The
+    gradients reach the op through its lse output and the sink's through the sigmoid. (A row whose keys are all
+    masked: out 0 and lse -inf, so 0, as eager gives where the sink takes the whole weight.)"""
+    column = emit.broadcast_to(match.sink_column, match.qk_batch, "the sink column")
+    column = emit.to_4d(emit.rebatch(column, match.qk_batch, match.batch, "the sink column"), len(match.batch))
+    column = emit(aten._to_copy.default, column, dtype=torch.float32)
+    share = emit(aten.sigmoid.default, emit(aten.sub.Tensor, emit(aten.unsqueeze.default, lse, -1), column))
+    scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, out, dtype=torch.float32), share)
+    return emit(aten._to_copy.default, scaled, dtype=val(out).dtype)
 
 
 def _dropout_seed(match: AttentionMatch, emit: _Emitter, q4: fx.Node) -> Optional[fx.Node]:
@@ -295,7 +313,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
                 fused = apply and getattr(expansion.output, "_erased", False)
                 sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
-                                       runs=choice.text() if choice is not None else None))
+                                       runs=choice.text() if choice is not None else None,
+                                       sink=match.sink_column is not None))
     for key, made in shared_inputs.items():
         if not made.users:  # (made for a match that then failed)
             graph.erase_node(made)

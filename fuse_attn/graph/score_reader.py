@@ -246,12 +246,14 @@ class PathOp:
     batch: tuple  # batch shape of the node's value (the shape a side tensor broadcasts against is batch + [M, N])
 
 
-def walk_score_path(softmax: fx.Node, is_product) -> tuple[fx.Node, list[PathOp], list[fx.Node]]:
-    """From the softmax input back to the product. Returns (product, path ops in forward order, path nodes)."""
+def walk_score_path(softmax: fx.Node, is_product, scores: Optional[fx.Node] = None,
+                    consumer: Optional[fx.Node] = None) -> tuple[fx.Node, list[PathOp], list[fx.Node]]:
+    """From the softmax input (or ``scores``, read by ``consumer``: the scores joined to a sink column) back to the
+    product. Returns (product, path ops in forward order, path nodes)."""
     ops: list[PathOp] = []
     path_nodes: list[fx.Node] = []
-    node = softmax.args[0]
-    consumer = softmax
+    node = softmax.args[0] if scores is None else scores
+    consumer = softmax if consumer is None else consumer
     while True:
         if not isinstance(node, fx.Node):
             raise NotFused("the softmax input is not a tensor node", softmax)

@@ -220,10 +220,13 @@ def _score_grads(score_tensors: Sequence[Tensor], score_grads: Optional[Sequence
 
 def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, training: bool,
                           score_tensors: Sequence[Tensor] = (),
-                          score_grads: Optional[Sequence[bool]] = None) -> ImplementationChoice:
+                          score_grads: Optional[Sequence[bool]] = None,
+                          lse_used: bool = False) -> ImplementationChoice:
     """The implementation of one matched attention (q, k, v and its score tensors: its fused op's operands, fake while
     compiling). ``score_grads``: which score tensors need a gradient, timed with it (default: those that require
-    grad; a graph traced below autograd says it apart, :func:`fuse_attn.graph.nodes.nodes_needing_grad`)."""
+    grad; a graph traced below autograd says it apart, :func:`fuse_attn.graph.nodes.nodes_needing_grad`).
+    ``lse_used``: the graph reads the attention's logsumexp too (an attention sink's share), which SDPA's calls
+    here do not return."""
     score_grads = _score_grads(score_tensors, score_grads)
     allowed = [n for n in allowed_candidates() if n not in _SET_ASIDE]
     reasons = {n: [] for n in allowed if n == TRITON}
@@ -231,7 +234,8 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
         reasons[GLUON] = gluon_reasons(spec, q, k, training)
     sdpa = [n for n in allowed if n in (SDPA_CUDNN, SDPA_FLASH)]
     if sdpa:
-        reasons.update(dict.fromkeys(sdpa, sdpa_reasons(spec, q, k)))
+        why_not = sdpa_reasons(spec, q, k) + (["the graph reads the attention's logsumexp"] if lse_used else [])
+        reasons.update(dict.fromkeys(sdpa, why_not))
     reasons.update({n: [why] for n, why in _SET_ASIDE.items()})
     candidates = [n for n in allowed if not reasons[n]]
     if candidates == [TRITON]:

@@ -90,6 +90,14 @@ def opt():
     return T.OPTForCausalLM, config, dict(input_ids=ids()), LAYERS
 
 
+def gpt_oss():
+    """Attention sinks (a learned logit a head joined to the softmax), a sliding window on alternate layers, GQA."""
+    config = decoder(T.GptOssConfig, num_key_value_heads=2, head_dim=HIDDEN // HEADS, num_local_experts=2,
+                     num_experts_per_tok=1, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    config._experts_implementation = "eager"  # (the default, grouped_mm, takes no fp64: the reference model's dtype)
+    return T.GptOssForCausalLM, config, dict(input_ids=ids()), LAYERS
+
+
 MODELS = {
     "gpt2": gpt2,
     "llama-gqa": lambda: (T.LlamaForCausalLM, decoder(T.LlamaConfig, num_key_value_heads=2), dict(input_ids=ids()), LAYERS),
@@ -106,6 +114,7 @@ MODELS = {
     "bloom-alibi": bloom,
     "falcon-mqa": falcon,
     "opt": opt,
+    "gpt-oss-sinks": gpt_oss,
 }
 
 

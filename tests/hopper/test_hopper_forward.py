@@ -379,7 +379,7 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monk
     from tests.support.numerics import assert_close_2x
 
     monkeypatch.setattr(dispatch, "choose_implementation",
-                        lambda *args: dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
+                        lambda *args, **kwargs: dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
     g = torch.Generator().manual_seed(0)
     if bias_grad is None:  # GQA 4 / 2 heads
         inputs = [torch.randn(s, generator=g, requires_grad=True) for s in [(2, 4, 40, 64)] + [(2, 2, 40, 64)] * 2]

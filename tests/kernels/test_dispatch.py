@@ -234,7 +234,7 @@ class TestEmittedGraphs(TestCase):
         seen = []
         choose = dispatch.choose_implementation
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(dispatch, "choose_implementation", lambda *a: seen.append(a[-1]) or choose(*a))
+            mp.setattr(dispatch, "choose_implementation", lambda *a, **kw: seen.append(a[-1]) or choose(*a, **kw))
             for fn in (learned, detached, under_no_grad, integer):
                 rewritten(fn, [(4, 16, 64, 64)] * 3 + [(32, 16), (64, 64)], training=True, needing_grad=(3,),
                           integers={4: 32})

@@ -1,0 +1,78 @@
+"""Newer Hugging Face families, built small from their configs: every attention fused through the backend's compile
+path, and ``fuse_attn.explain`` reporting the same verdicts (gpt-oss's sinks, DeepSeek-V3's MLA with q/k and v head
+dims apart, ModernBERT's local and global layers, Gemma-3 / Cohere-2 / Exaone-4 sliding windows, Llama-4's chunked
+attention, SmolLM3, Phi-3, GLM-4). Training mode with gradients on, as a fine-tuning step compiles them. Inductor
+itself is left out (its compile of each graph is what the rest of the suite tests); the model zoo
+(tests/e2e/test_model_zoo.py) checks numerics."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import pytest
+import torch
+import transformers as T
+
+import fuse_attn
+from fuse_attn import backend
+
+HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
+TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
+ALTERNATING = ["sliding_attention", "full_attention"]
+
+
+def decoder(config_cls, **extra):
+    return config_cls(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN,
+                      num_hidden_layers=LAYERS, vocab_size=VOCAB, attention_dropout=0.0, **TOKENS, **extra)
+
+
+FAMILIES = {
+    "gpt-oss": lambda: (T.GptOssForCausalLM, decoder(
+        T.GptOssConfig, num_key_value_heads=2, head_dim=8, num_local_experts=2, num_experts_per_tok=1,
+        sliding_window=4, layer_types=ALTERNATING)),
+    "deepseek-v3-mla": lambda: (T.DeepseekV3ForCausalLM, decoder(
+        T.DeepseekV3Config, num_key_value_heads=HEADS, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=2, num_experts_per_tok=1, moe_intermediate_size=16,
+        first_k_dense_replace=1, n_group=1, topk_group=1)),
+    "modernbert": lambda: (T.ModernBertModel, T.ModernBertConfig(
+        hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
+        vocab_size=VOCAB, global_attn_every_n_layers=2, local_attention=4, **TOKENS, cls_token_id=1, sep_token_id=2)),
+    "gemma3": lambda: (T.Gemma3ForCausalLM, decoder(
+        T.Gemma3TextConfig, num_key_value_heads=2, head_dim=8, sliding_window=4, layer_types=ALTERNATING)),
+    "cohere2": lambda: (T.Cohere2ForCausalLM, decoder(
+        T.Cohere2Config, num_key_value_heads=2, sliding_window=4, layer_types=ALTERNATING)),
+    "exaone4": lambda: (T.Exaone4ForCausalLM, decoder(
+        T.Exaone4Config, num_key_value_heads=2, sliding_window=4, layer_types=ALTERNATING)),
+    "llama4-chunked": lambda: (T.Llama4ForCausalLM, decoder(
+        T.Llama4TextConfig, num_key_value_heads=2, head_dim=8, intermediate_size_mlp=2 * HIDDEN, num_local_experts=2,
+        num_experts_per_tok=1, attention_chunk_size=4, no_rope_layers=[1, 0])),
+    "smollm3": lambda: (T.SmolLM3ForCausalLM, decoder(T.SmolLM3Config, num_key_value_heads=2)),
+    "phi3": lambda: (T.Phi3ForCausalLM, decoder(T.Phi3Config, num_key_value_heads=2)),
+    "glm4": lambda: (T.Glm4ForCausalLM, decoder(T.Glm4Config, num_key_value_heads=2, head_dim=8)),
+}
+
+
+def _attentions(verdicts) -> tuple[list[str], list[str]]:
+    """(fused lines, lines of softmaxes left unfused that are attentions)."""
+    return ([v.line() for v in verdicts if v.fused],
+            [v.line() for v in verdicts if not v.fused and v.attention is not False])
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_every_attention_is_fused_and_explain_says_the_same(name):
+    model_cls, config = FAMILIES[name]()
+    config._attn_implementation = "eager"
+    config._experts_implementation = "eager"  # (a MoE's loop over experts; its grouped_mm path is not attention)
+    torch.manual_seed(0)
+    model = model_cls(config).train()
+    input_ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))
+
+    torch._dynamo.reset()
+    explained = fuse_attn.explain(model, input_ids=input_ids)
+    torch._dynamo.reset()
+    with fuse_attn.collect_reports() as reports, \
+            mock.patch.object(backend, "compile_fx", lambda gm, example_inputs, **kwargs: gm.forward):
+        torch.compile(model, backend="fuse_attn")(input_ids=input_ids)
+    fused, unfused = _attentions([v for r in reports for v in r.verdicts])
+    assert len(fused) == LAYERS and not unfused, "\n".join(fused + unfused)
+    assert _attentions(explained.fused + explained.not_fused) == (fused, unfused), str(explained)

@@ -328,6 +328,43 @@ class PaddingCausalMaskInput(PaddingCausal):
         return {"attn_mask": extra[0] == 0}
 
 
+class SinksWindow(VariantAttention):
+    """gpt-oss's eager attention: a learned logit a head (the sink) joined to the scores as one more column, the row
+    max subtracted, softmax, the column dropped; causal, within a sliding window on its local layers (``window``
+    None: its full layers). FlexAttention states it with its lse: the output times ``sigmoid(lse - sink)``."""
+
+    def __init__(self, size: Size, window: bool = True):
+        super().__init__(size)
+        self.window = size.window if window else None
+        self.sinks = torch.nn.Parameter(torch.randn(size.heads))
+
+    def visible(self, q_idx, kv_idx):
+        causal = kv_idx <= q_idx
+        return causal if self.window is None else causal & (kv_idx > q_idx - self.window)
+
+    def forward(self, q, k, v):
+        B, H, N, D = q.shape
+        kv_heads = k.shape[1]
+        k = k[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
+        v = v[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
+        positions = torch.arange(N, device=q.device)
+        scores = q @ k.transpose(-2, -1) * D ** -0.5
+        scores = torch.where(self.visible(positions[:, None], positions[None, :]), scores, float("-inf"))
+        joined = torch.cat([scores, self.sinks.reshape(1, -1, 1, 1).expand(B, -1, N, -1).to(scores.dtype)], dim=-1)
+        joined = joined - joined.max(dim=-1, keepdim=True).values
+        return torch.softmax(joined, dim=-1, dtype=joined.dtype)[..., :-1].to(v.dtype) @ v
+
+    def flex_mods(self, device, extra):
+        return None, lambda b, h, q_idx, kv_idx: self.visible(q_idx, kv_idx)
+
+    def flex_epilogue(self, out, lse):
+        share = torch.sigmoid(lse.unsqueeze(-1) - self.sinks.float().reshape(1, -1, 1, 1))
+        return (out.float() * share).to(out.dtype)
+
+    def sdpa_arguments(self, device, extra):
+        return None  # SDPA's public call returns no lse (Hugging Face runs gpt-oss with eager attention)
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     module: Callable[[Size], VariantAttention]
@@ -347,6 +384,11 @@ VARIANTS = {
     "dense_bias": Variant(DenseBias, DEFAULT_SIZE),
     "padding_causal": Variant(PaddingCausal, DEFAULT_SIZE),
     "padding_causal_mask_input": Variant(PaddingCausalMaskInput, DEFAULT_SIZE),
+    # gpt-oss-20b's 64 query / 8 kv heads of 64 and its local layers' window of 128; B2 keeps B*H*D equal to the
+    # default's
+    "sinks_window": Variant(SinksWindow, Size(batch=2, heads=64, kv_heads=8, seq=4096, head_dim=64, window=128)),
+    "sinks_causal": Variant(lambda size: SinksWindow(size, window=False),
+                            Size(batch=2, heads=64, kv_heads=8, seq=4096, head_dim=64, window=128)),
 }
 
 
@@ -418,8 +460,14 @@ def make_methods(module: VariantAttention, q, k, v, extra) -> dict[str, Callable
     block_mask = None
     if mask_mod is not None:  # built once, outside the timed calls
         block_mask = create_block_mask(mask_mod, size.batch, None, size.seq, size.seq, device=device)
-    methods["flex"] = lambda q, k, v: flex_compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                                                    enable_gqa=gqa)
+    epilogue = getattr(module, "flex_epilogue", None)  # (attention sinks: the output corrected with the lse)
+    if epilogue is None:
+        methods["flex"] = lambda q, k, v: flex_compiled(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                                                        enable_gqa=gqa)
+    else:
+        methods["flex"] = lambda q, k, v: epilogue(*flex_compiled(q, k, v, score_mod=score_mod,
+                                                                  block_mask=block_mask, enable_gqa=gqa,
+                                                                  return_lse=True))
 
     sdpa = module.sdpa_arguments(device, extra)
     if sdpa is not None:

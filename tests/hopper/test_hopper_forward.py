@@ -369,12 +369,20 @@ def _biased_causal_attention(q, k, v, bias):  # ALiBi's precomputed [1, H, N, N]
     return torch.softmax(scores.masked_fill(~causal, float("-inf")), dim=-1) @ v
 
 
+def _sink_attention(q, k, v, sinks):  # gpt-oss: a logit a head joined to the scores, the column dropped after softmax
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    causal = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()
+    joined = torch.cat([scores.masked_fill(~causal, float("-inf")),
+                        sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)], dim=-1)
+    return torch.softmax(joined - joined.max(-1, keepdim=True).values, dim=-1)[..., :-1] @ v
+
+
 @pytest.mark.parametrize("attention, bias_grad", [(_causal_attention, None), (_biased_causal_attention, False),
-                                                  (_biased_causal_attention, True)])
+                                                  (_biased_causal_attention, True), (_sink_attention, True)])
 def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monkeypatch):
     """The compiled path end to end where a CPU can run it: the rewrite emits this op (its choice forced), Inductor
     calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients (of a bias that
-    needs one too) as eager's."""
+    needs one too, of attention sinks through the op's lse) as eager's."""
     from fuse_attn.kernels import dispatch
     from tests.support.numerics import assert_close_2x
 
@@ -385,7 +393,8 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monk
         inputs = [torch.randn(s, generator=g, requires_grad=True) for s in [(2, 4, 40, 64)] + [(2, 2, 40, 64)] * 2]
     else:
         inputs = [torch.randn(2, 4, 40, 64, generator=g, requires_grad=True) for _ in range(3)]
-        inputs.append(torch.randn(1, 4, 40, 40, generator=g, requires_grad=bias_grad))
+        extra = (4,) if attention is _sink_attention else (1, 4, 40, 40)
+        inputs.append(torch.randn(extra, generator=g, requires_grad=bias_grad))
     ref_in = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
     eager_in = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
     torch._dynamo.reset()

@@ -95,7 +95,9 @@ def gpt_oss():
     config = decoder(T.GptOssConfig, num_key_value_heads=2, head_dim=HIDDEN // HEADS, num_local_experts=2,
                      num_experts_per_tok=1, sliding_window=4, layer_types=["sliding_attention", "full_attention"])
     config._experts_implementation = "eager"  # (the default, grouped_mm, takes no fp64: the reference model's dtype)
-    return T.GptOssForCausalLM, config, dict(input_ids=ids()), LAYERS
+    padding = torch.ones(2, SEQ, dtype=torch.long)
+    padding[1, :3] = 0  # left padding: those query rows see no key, and the sink takes their whole weight
+    return T.GptOssForCausalLM, config, dict(input_ids=ids(), attention_mask=padding), LAYERS
 
 
 MODELS = {

@@ -62,7 +62,6 @@ def _attentions(verdicts) -> tuple[list[str], list[str]]:
 def test_every_attention_is_fused_and_explain_says_the_same(name):
     model_cls, config = FAMILIES[name]()
     config._attn_implementation = "eager"
-    config._experts_implementation = "eager"  # (a MoE's loop over experts; its grouped_mm path is not attention)
     torch.manual_seed(0)
     model = model_cls(config).train()
     input_ids = torch.randint(3, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(0))

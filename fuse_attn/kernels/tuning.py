@@ -472,25 +472,22 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
         _progress.compiling += time.perf_counter() - start
         log.info("compiled %d candidates for %s in %.2f s", len(candidates), key, time.perf_counter() - start)
     timed, errors = [], []
-    for cand in candidates:
-        try:
-            ms = _time_config(launch, cand, _FIRST_PASS_REP_MS)
-        except Exception as e:  # out of shared memory / registers: not a usable config here
-            errors.append(_dropped(key, cand, e))
-            continue
-        log.debug("config %s for %s: %.4f ms", cand, key, ms)
-        timed.append((ms, cand))
-    again = list(revisit(timed)) if revisit is not None else []
-    if again:
-        timed = [(ms, cand) for ms, cand in timed if cand not in again]
-        for cand in again:
+
+    def first_pass(cands: Sequence[Candidate]) -> None:
+        for cand in cands:
             try:
                 ms = _time_config(launch, cand, _FIRST_PASS_REP_MS)
-            except Exception as e:  # noqa: BLE001 -- as in the first pass
+            except Exception as e:  # out of shared memory / registers: not a usable config here
                 errors.append(_dropped(key, cand, e))
                 continue
-            log.debug("revisited %s for %s: %.4f ms", cand, key, ms)
+            log.debug("config %s for %s: %.4f ms", cand, key, ms)
             timed.append((ms, cand))
+
+    first_pass(candidates)
+    again = list(revisit(timed)) if revisit is not None else []
+    if again:  # (their launch changed: their first-pass times no longer stand)
+        timed[:] = [(ms, cand) for ms, cand in timed if cand not in again]
+        first_pass(again)
     if not timed:
         raise RuntimeError(f"no launch config compiled for {key}; first error: {errors[0]}")
     finalists = [cand for _, cand in sorted(timed, key=lambda t: t[0])[:_FINALISTS]]

@@ -143,9 +143,11 @@ def _run(target, *args, **kwargs):
 
 # The Gluon kernels are offered only for steps whose GPU work hides most of their host cost: their ops' Python
 # launchers (an op Inductor calls, TMA descriptors, the compiled kernels' positional run: common.PositionalLaunch)
-# take 0.05 ms a forward call and 0.13-0.24 ms a backward call of B8 H16 N1024 D64 on an H200 host (the template's
-# kernels launch from Inductor's code), where a training step of about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes
-# the GPU 0.51 ms for both (H100). The choice times GPU time only, where a smaller step would look faster than it
+# take 0.05 ms a forward call and 0.13-0.24 ms a backward call of B8 H16 N1024 D64 on an H200 host when called
+# alone, and from a compiled graph of 12 chained attentions (B8 H12 N1024 D64, causal) a forward takes 133 us of wall
+# time for 42 us of GPU work (tools/bench_host_overhead.py --chain 12; the template's kernels, launched from
+# Inductor's code: 52 us for 51), where a training step of about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes the
+# GPU 0.51 ms for both (H100). The choice times GPU time only, where a smaller step would look faster than it
 # runs. Where the compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a
 # replay, and the Gluon kernels are offered at every size.
 GLUON_MIN_STEP_FLOPS = 2**37

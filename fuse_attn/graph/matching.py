@@ -106,7 +106,7 @@ class AttentionSink:
     column: fx.Node  # the sink logits, [*batch, M, 1]
     cat: fx.Node
     weights: fx.Node  # the slice dropping the column: the weights over the keys
-    nodes: list[fx.Node]  # cat, the row-max shift's nodes, the slice
+    nodes: list[fx.Node]  # between the scores and the slice: cat, the row-max shift's nodes
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -365,7 +365,7 @@ def attention_sink(softmax: fx.Node) -> Optional[AttentionSink]:
             or not (end == -1 or (isinstance(end, int) and same_shape((end,), (n,))))):
         raise NotFused(f"{sliced.name} keeps other columns of the weights than the keys the scores were joined "
                        "from", sliced)
-    return AttentionSink(scores, column, c, sliced, [c, *nodes, sliced])
+    return AttentionSink(scores, column, c, sliced, [c, *nodes])
 
 
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
@@ -380,7 +380,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         # (a column computed from the scores makes them used twice, which the walk refuses)
         qk, path, path_nodes = walk_score_path(softmax, _is_qk_product, sink.scores, sink.cat)
         pv, weight_chain, dropout_p = _walk_to_pv(sink.weights)
-        weight_chain = [softmax, *sink.nodes[:-1], *weight_chain]  # (the chain starts at the slice)
+        weight_chain = [softmax, *sink.nodes, *weight_chain]  # (the chain starts at the slice)
 
     qk_einsum, pv_einsum = einsum_as_matmul(qk), einsum_as_matmul(pv)
     if qk_einsum is not None:

@@ -144,6 +144,12 @@ class _Emitter:
             raise NotFused(f"{what} {shape_text(shape)} is broadcast to batch {shape_text(batch)} with symbolic sizes")
         return self(aten.expand.default, node, [*batch, *shape[-2:]])
 
+    def in_batch_4d(self, node: fx.Node, source_batch: tuple, batch: tuple, what: str) -> fx.Node:
+        """``node`` [*b, L, E] of a product whose batch is ``source_batch`` as the op's ``[Z, H, L, E]`` operand in
+        the attention's ``batch``: broadcast to its batch, reshaped to the attention's, laid out 4-D."""
+        node = self.rebatch(self.broadcast_to(node, source_batch, what), source_batch, batch, what)
+        return self.to_4d(node, len(batch))
+
     def rebatch(self, node: fx.Node, source_batch: tuple, target_batch: tuple, what: str) -> fx.Node:
         """Reshape batch dims (the score path reshaped the scores' batch between the two products)."""
         if same_shape(source_batch, target_batch):
@@ -160,17 +166,15 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
     the ring over the ranks under ``context_parallel``) and that choice (``needing_grad``: the graph's values that
     autograd differentiates, :func:`nodes_needing_grad`)."""
     qk_batch, pv_batch, batch = match.qk_batch, match.pv_batch, match.batch
-    q = emit.operand(match.q)
-    q4 = emit.to_4d(emit.rebatch(emit.broadcast_to(q, qk_batch, "q"), qk_batch, batch, "q"), len(batch))
+    q4 = emit.in_batch_4d(emit.operand(match.q), qk_batch, batch, "q")
     if match.kv_heads_source is not None:
         k4, v4 = match.kv_heads_source  # already [Z, H // gqa_group, N, D]: the kernel shares each kv head
     else:
         k = emit.operand(match.k)
         if match.k.permute is None:
             k = emit.transpose_last(k)  # the product's right operand is k^T
-        k = emit.rebatch(emit.broadcast_to(k, qk_batch, "k"), qk_batch, batch, "k")
-        v = emit.rebatch(emit.broadcast_to(emit.operand(match.v), pv_batch, "v"), pv_batch, batch, "v")
-        k4, v4 = emit.to_4d(k, len(batch)), emit.to_4d(v, len(batch))
+        k4 = emit.in_batch_4d(k, qk_batch, batch, "k")
+        v4 = emit.in_batch_4d(emit.operand(match.v), pv_batch, batch, "v")
 
     tensors = []
     for use in match.tensors:
@@ -211,8 +215,7 @@ def _sink_share_applied(match: AttentionMatch, emit: _Emitter, out: fx.Node, lse
     column: each row's weights times ``sum_j e^s_j / (sum_j e^s_j + e^sink) = sigmoid(lse - sink)``, in fp32. The
     gradients reach the op through its lse output and the sink's through the sigmoid. (A row whose keys are all
     masked: out 0 and lse -inf, so 0, as eager gives where the sink takes the whole weight.)"""
-    column = emit.broadcast_to(match.sink_column, match.qk_batch, "the sink column")
-    column = emit.to_4d(emit.rebatch(column, match.qk_batch, match.batch, "the sink column"), len(match.batch))
+    column = emit.in_batch_4d(match.sink_column, match.qk_batch, match.batch, "the sink column")
     column = emit(aten._to_copy.default, column, dtype=torch.float32)
     share = emit(aten.sigmoid.default, emit(aten.sub.Tensor, emit(aten.unsqueeze.default, lse, -1), column))
     scaled = emit(aten.mul.Tensor, emit(aten._to_copy.default, out, dtype=torch.float32), share)

@@ -52,6 +52,15 @@ def verdict_lines(reports: list[GraphReport]) -> str:
     return "\n".join(dataclasses.replace(v, source=None).line() for r in reports for v in r.verdicts)
 
 
+def unfused_verdicts(fn, *args, dynamic=None) -> str:
+    """The verdict lines of ``fn``'s graphs, which fails unless no graph calls the fused op (what must not be
+    rewritten)."""
+    reports = rewrite_reports(fn, *args, dynamic=dynamic)
+    for report in reports:
+        assert "fuse_attn.flash_attention" not in report.after, report.after
+    return verdict_lines(reports)
+
+
 def fused_graph(fn, *args) -> str:
     """The text of ``fn``'s one rewritten graph; fails with the verdicts unless every softmax in it is fused."""
     reports = rewrite_reports(fn, *args)

@@ -129,16 +129,11 @@ def _compiled_choosing(candidates: str, module: torch.nn.Module):
     def call(q, k, v):
         if not compiling:
             return compiled(q, k, v)
-        before = os.environ.get(settings.CANDIDATES)
-        os.environ[settings.CANDIDATES] = candidates
         try:
-            with mock.patch.object(dispatch, "GLUON_MIN_STEP_FLOPS", 0):
+            with mock.patch.dict(os.environ, {settings.CANDIDATES: candidates}), \
+                    mock.patch.object(dispatch, "GLUON_MIN_STEP_FLOPS", 0):
                 return compiled(q, k, v)
         finally:
-            if before is None:
-                del os.environ[settings.CANDIDATES]
-            else:
-                os.environ[settings.CANDIDATES] = before
             compiling.clear()
     return call
 

@@ -117,6 +117,13 @@ def attend(scores, v):
     return torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype) @ v
 
 
+def repeat_kv(x, heads: int):
+    """[B, H_kv, N, D] kv heads repeated to ``heads`` (each kv head serving heads // H_kv query heads in a row):
+    Hugging Face's ``repeat_kv``, an expand and a reshape."""
+    B, kv_heads, N, D = x.shape
+    return x[:, :, None].expand(B, kv_heads, heads // kv_heads, N, D).reshape(B, heads, N, D)
+
+
 def causal_masked(scores):
     """The scores with the keys after each query at -inf: a ``triu(1)`` bool mask, as LLaMA-style model code."""
     n = scores.shape[-2]
@@ -205,9 +212,7 @@ class GqaCausal(VariantAttention):
 
     def forward(self, q, k, v):
         B, H, N, D = q.shape
-        kv_heads = k.shape[1]
-        k = k[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
-        v = v[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
+        k, v = repeat_kv(k, H), repeat_kv(v, H)
         return attend(causal_masked(q @ k.transpose(-2, -1) * D ** -0.5), v)
 
     def flex_mods(self, device, extra):
@@ -344,9 +349,7 @@ class SinksWindow(VariantAttention):
 
     def forward(self, q, k, v):
         B, H, N, D = q.shape
-        kv_heads = k.shape[1]
-        k = k[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
-        v = v[:, :, None].expand(B, kv_heads, H // kv_heads, N, D).reshape(B, H, N, D)
+        k, v = repeat_kv(k, H), repeat_kv(v, H)
         positions = torch.arange(N, device=q.device)
         scores = q @ k.transpose(-2, -1) * D ** -0.5
         scores = torch.where(self.visible(positions[:, None], positions[None, :]), scores, float("-inf"))
@@ -372,6 +375,8 @@ class Variant:
 
 
 DEFAULT_SIZE = Size(batch=4, heads=16, kv_heads=16, seq=4096, head_dim=128)
+# gpt-oss-20b's 64 query / 8 kv heads of 64 and its local layers' window of 128; B2 keeps B*H*D equal to the default's
+GPT_OSS_SIZE = Size(batch=2, heads=64, kv_heads=8, seq=4096, head_dim=64, window=128)
 VARIANTS = {
     "softcap_causal": Variant(SoftcapCausal, DEFAULT_SIZE),
     # Gemma-2 2B's 8 query heads of 256; B4 keeps B*H*D (q/k/v bytes, FLOPs) equal to the default's
@@ -384,11 +389,8 @@ VARIANTS = {
     "dense_bias": Variant(DenseBias, DEFAULT_SIZE),
     "padding_causal": Variant(PaddingCausal, DEFAULT_SIZE),
     "padding_causal_mask_input": Variant(PaddingCausalMaskInput, DEFAULT_SIZE),
-    # gpt-oss-20b's 64 query / 8 kv heads of 64 and its local layers' window of 128; B2 keeps B*H*D equal to the
-    # default's
-    "sinks_window": Variant(SinksWindow, Size(batch=2, heads=64, kv_heads=8, seq=4096, head_dim=64, window=128)),
-    "sinks_causal": Variant(lambda size: SinksWindow(size, window=False),
-                            Size(batch=2, heads=64, kv_heads=8, seq=4096, head_dim=64, window=128)),
+    "sinks_window": Variant(SinksWindow, GPT_OSS_SIZE),
+    "sinks_causal": Variant(lambda size: SinksWindow(size, window=False), GPT_OSS_SIZE),
 }
 
 

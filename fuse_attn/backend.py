@@ -18,8 +18,8 @@ On CUDA tensors AOTAutograd and Inductor trace into the fused ops (``torch.libra
 of the compiled code that Inductor's FX graph cache and AOTAutograd's cache keep. The rewrite runs before Inductor's
 cache lookup, so a changed matcher changes the graph and the key. What is left -- kernel templates, launch code,
 the autograd wiring and the ``FUSE_ATTN_*`` environment settings, which change what the ops trace but not the
-rewritten graph -- is covered by :class:`SourceVersionKey`: a no-op post-grad pass whose ``uuid`` digests this
-package's sources and those settings, which both caches put into their keys.
+rewritten graph -- is covered by :class:`PostGradPass`: Inductor's post-grad pass, whose ``uuid`` digests this package's
+sources and those settings, which both caches put into their keys.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     context_parallel = options.pop(settings.OPTION_CONTEXT_PARALLEL, None)
     config_patches = _inductor_mode_options(kwargs.get("mode"))
     config_patches.update(options)
-    config_patches.setdefault("post_grad_custom_post_pass", SourceVersionKey())
+    config_patches.setdefault("post_grad_custom_post_pass", PostGradPass())
     if hasattr(inductor_config, "static_launch_user_defined_triton_kernels"):
         # The fused kernels are user-defined Triton kernels to Inductor, which launches those through Triton's
         # Python launcher unless this is on. The static launcher costs less host time per launch: on an H100 a
@@ -449,12 +449,15 @@ def settings_digest() -> str:
     return hashlib.sha256(repr(settings.environment_settings()).encode()).hexdigest()
 
 
-class SourceVersionKey(CustomGraphPass):
-    """Changes nothing; its uuid puts the package's source digest and its environment settings into Inductor's and
-    AOTAutograd's cache keys."""
+class PostGradPass(CustomGraphPass):
+    """Inductor's post-grad pass: the Gluon forward's calls become its twin without an autograd formula
+    (``flash_attention_hopper_no_autograd``), as AOTAutograd is done with the graph. Its uuid puts the package's
+    source digest and its environment settings into Inductor's and AOTAutograd's cache keys."""
 
     def __call__(self, graph: fx.Graph) -> None:
-        return None
+        for node in graph.nodes:
+            if node.op == "call_function" and str(node.target) == "fuse_attn.flash_attention_hopper.default":
+                node.target = torch.ops.fuse_attn.flash_attention_hopper_no_autograd.default
 
     def uuid(self) -> str:
         return f"{source_digest()}:{settings_digest()}"

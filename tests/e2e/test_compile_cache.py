@@ -1,7 +1,7 @@
 """Inductor's FX graph cache and AOTAutograd's cache across processes: a second process compiling the same model
 starts warm (cache hits), still calls the fused op, and gets the right results; a process running changed
 sources of this package (here: a changed kernel template, which leaves the rewritten graph as it was) misses
-both caches, through the source digest that ``backend.SourceVersionKey`` puts into their keys.
+both caches, through the source digest that ``backend.PostGradPass`` puts into their keys.
 
 Each compile runs in a fresh Python process with its own cache directories (``TORCHINDUCTOR_CACHE_DIR``,
 ``FUSE_ATTN_CACHE_DIR``) and both caches on.

@@ -456,8 +456,9 @@ def test_a_graph_replayed_as_cuda_graphs_runs_it_below_the_size_that_hides_its_h
 
 
 def test_the_ops_checks_are_remembered_per_signature_and_a_refusal_never_is(monkeypatch):
-    """checked_spec remembers a signature (spec, shapes, strides, dtypes, devices) it passed, so a model's later calls
-    skip the checks; one it refused is checked, and refused, on every call; another signature is checked anew."""
+    """checked_call remembers a signature (spec, shapes, strides, dtypes, devices) it passed with what it prepared for
+    it, so a model's later calls skip the checks; one it refused is checked, and refused, on every call; another
+    signature is checked anew."""
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     monkeypatch.setattr(hopper_common, "_checked", {})
     checks = []
@@ -465,14 +466,36 @@ def test_the_ops_checks_are_remembered_per_signature_and_a_refusal_never_is(monk
     monkeypatch.setattr(hopper_common.ops, "validate", lambda *args: checks.append(1) or validate(*args))
     q, k = fake_qk()
     text = PLAIN.to_json()
-    assert hopper_common.checked_spec("op", q, k, k, text, None) == PLAIN
-    assert hopper_common.checked_spec("op", q, k, k, text, None) == PLAIN
-    assert len(checks) == 1
+    prepared = [hopper_common.checked_call("op", q, k, k, text, None, lambda *a: object()) for _ in range(2)]
+    assert prepared[0] is prepared[1] and len(checks) == 1
+    assert hopper_common.checked_call("op", q, k, k, text, None, hopper_common.parsed_spec) is prepared[0]
+    assert hopper_common.checked_call("other op", q, k, k, text, None, hopper_common.parsed_spec) == PLAIN
     q96, k96 = fake_qk(head_dim=96)
     wide = dataclasses.replace(PLAIN, head_dim=96, head_dim_v=96).to_json()
     for _ in range(2):
         with pytest.raises(ValueError, match="head dims"):
-            hopper_common.checked_spec("op", q96, k96, k96, wide, None)
+            hopper_common.checked_call("op", q96, k96, k96, wide, None, hopper_common.parsed_spec)
     q_long, k_long = fake_qk(q_len=256, kv_len=256)
-    hopper_common.checked_spec("op", q_long, k_long, k_long, text, None)
-    assert len(checks) == 4
+    hopper_common.checked_call("op", q_long, k_long, k_long, text, None, hopper_common.parsed_spec)
+    assert len(checks) == 5
+
+
+def test_after_autograd_the_graph_calls_the_forward_without_its_autograd_formula():
+    """backend.PostGradPass: in a graph AOTAutograd is done with, the op's calls become its twin without an autograd
+    formula, which computes the same (its Python wrapper would only cost host time on every call)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from fuse_attn.backend import PostGradPass
+
+    spec = dataclasses.replace(PLAIN, dtype="float32", head_dim=16, head_dim_v=16, scale=0.25,
+                               causal=CausalMask()).to_json()
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 17, 16, generator=g) for _ in range(3))
+    gm = make_fx(lambda q, k, v: torch.ops.fuse_attn.flash_attention_hopper(q, k, v, spec))(q, k, v)
+    before = gm(q, k, v)
+    PostGradPass()(gm.graph)
+    gm.recompile()
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function" and "fuse_attn" in str(n.target)]
+    assert targets == ["fuse_attn.flash_attention_hopper_no_autograd.default"]
+    for ours, theirs in zip(gm(q, k, v), before):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=0)

@@ -126,3 +126,41 @@ def test_a_descriptor_reads_the_tensor_it_is_given_with_the_layout_validated_onc
         tma_descriptor(torch.zeros(4, 2, 128, 65, dtype=torch.bfloat16)[..., :64], 64)
     with pytest.raises(ValueError, match="16-byte aligned"):  # a misaligned base, checked on every call
         tma_descriptor(torch.zeros(4 * 2 * 128 * 64 + 1, dtype=torch.bfloat16)[1:].view(4, 2, 128, 64), 64)
+
+
+def test_the_forward_op_prepares_a_signature_once_and_then_only_sets_the_tensors(gpu, monkeypatch):
+    """hopper.forward.ForwardCall: the forward of one signature launches the compiled kernel positionally from its
+    second call on, with descriptors over that call's tensors, the outputs fresh, and the specialization of its first
+    call; a query whose base is not 16-byte aligned is read from an aligned copy, still positionally (a descriptor's
+    base is no part of what Triton specializes on)."""
+    from fuse_attn.kernels.hopper import forward
+    from fuse_attn.spec import AttentionSpec, CausalMask
+
+    kernel = FakeKernel()
+    kernel.params = forward._hopper_attn_fwd.params
+    monkeypatch.setattr(forward, "_launch_forward", PositionalLaunch(kernel))
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask())
+    g = torch.Generator().manual_seed(0)
+
+    def qkv():
+        return [torch.randn(2, 4, 96, 64, dtype=torch.bfloat16, generator=g) for _ in range(3)]
+
+    first = qkv()
+    call = forward.ForwardCall(spec, *first, None)
+    outputs = [call(*first, None)]
+    second = qkv()
+    outputs.append(call(*second, None))
+    misaligned = torch.randn(2 * 4 * 96 * 64 + 1, dtype=torch.bfloat16, generator=g)[1:].view(2, 4, 96, 64)
+    outputs.append(call(misaligned, *second[1:], None))
+    assert len(kernel.jit) == 1 and len(kernel.runs) == 2
+    for launch, tensors, (out, lse) in zip([kernel.jit[0][1], kernel.runs[0][9:], kernel.runs[1][9:]],
+                                           [first, second, [misaligned, *second[1:]]], outputs):
+        q_desc, k_desc, v_desc, out_desc, lse_arg = launch[:5]
+        assert k_desc.base is tensors[1] and v_desc.base is tensors[2] and out_desc.base is out and lse_arg is lse
+        assert out.shape == (2, 4, 96, 64) and lse.shape == (2, 4, 96) and lse.dtype == torch.float32
+        assert torch.equal(q_desc.base, tensors[0]) and q_desc.base.data_ptr() % 16 == 0
+        assert q_desc.shape == [2, 4, 96, 64] and q_desc.strides == [24576, 6144, 64, 1]
+    scalars = [[a for a in launch[5:] if not isinstance(a, (torch.Tensor, common.TensorDescriptor))]
+               for launch in (kernel.jit[0][1], kernel.runs[0][9:], kernel.runs[1][9:])]
+    assert scalars[0] == scalars[1] == scalars[2] and len(scalars[0]) == 24  # (the sizes, scale, strides and flags)
+    assert all(o[0] is not outputs[0][0] for o in outputs[1:])

@@ -50,8 +50,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
-                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_spec,
-                                             ds_row_keys, dscore_kv_heads, fills_at_most, log2_units,
+                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
+                                             ds_row_keys, dscore_kv_heads, fills_at_most, log2_units, parsed_spec,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_ready, tma_store)
 from fuse_attn.spec import AttentionSpec
 
@@ -587,7 +587,7 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`.common.dscore_kv_heads`
     must admit it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its
     reasons say why)."""
-    s = checked_spec("flash_attention_hopper_backward", q, k, v, spec, bias)
+    s = checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec)
     if ops.is_empty(q, k):
         dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)

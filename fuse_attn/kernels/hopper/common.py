@@ -82,14 +82,17 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
     return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
-def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None) -> AttentionSpec:
-    """The spec of a Gluon op's call, its inputs validated as the template's op validates them (shapes, dtypes,
-    devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them. What the checks
-    read (the spec, each input's shape, strides, dtype and device) is remembered once it passed: a model calls the
-    op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
-    signature = (op_name, spec, *(_layout(t) for t in (q, k, v)), None if bias is None else _layout(bias))
-    s = _checked.get(signature)
-    if s is None:
+def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare):
+    """What ``prepare(spec, q, k, v, bias)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
+    launch worked out for the call's sizes -- after its inputs were validated as the template's op validates them
+    (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them.
+    It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides, dtype and
+    device, the bias's alignment): a model calls the op with the same few signatures on every step, and the checks
+    cost 10-14 us of the host's time a call."""
+    signature = (op_name, spec, _layout(q), _layout(k), _layout(v),
+                 None if bias is None else (*_layout(bias), bias.data_ptr() % TMA_ALIGN_BYTES == 0))
+    call = _checked.get(signature)
+    if call is None:
         s = ops.parse_spec(spec)
         ops.validate(q, k, v, bias_score_tensors(bias), s)
         reasons = hopper_reasons(s, q, k)
@@ -97,27 +100,37 @@ def checked_spec(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias:
             raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
         if len(_checked) >= _CHECKED_SIGNATURES:
             _checked.clear()
-        _checked[signature] = s
-    return s
+        call = _checked[signature] = prepare(s, q, k, v, bias)
+    return call
+
+
+def parsed_spec(spec: AttentionSpec, *inputs) -> AttentionSpec:
+    """The ``prepare`` of :func:`checked_call` that keeps only the spec."""
+    return spec
 
 
 def _layout(t: Tensor) -> tuple:
     return t.shape, t.stride(), t.dtype, t.device
 
 
-_checked: dict[tuple, AttentionSpec] = {}  # the signatures checked_spec passed
+_checked: dict[tuple, object] = {}  # what checked_call prepared, by the signatures it passed
 _CHECKED_SIGNATURES = 4096  # (a bound: a process calling the ops with ever new shapes starts over past it)
 
 
 # ---- TMA descriptors and the bias's views ----------------------------------------------------------------------------
-def tma_ready(t: Tensor) -> Tensor:
-    """``t`` if TMA can read it where it lies (unit last stride, 16-byte aligned base and strides, none 0: a broadcast
-    dim), else a copy."""
+def reads_in_place(t: Tensor) -> bool:
+    """Whether TMA can read ``t``'s layout where it lies (unit last stride, the others multiples of 16 bytes, none 0:
+    a broadcast dim), its base's alignment aside."""
     size = t.element_size()
-    if (t.stride(-1) == 1 and t.data_ptr() % TMA_ALIGN_BYTES == 0
-            and all(s > 0 and s * size % TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])):
+    return t.stride(-1) == 1 and all(s > 0 and s * size % TMA_ALIGN_BYTES == 0 for s in t.stride()[:-1])
+
+
+def tma_ready(t: Tensor) -> Tensor:
+    """``t`` if TMA can read it where it lies (:func:`reads_in_place`, a 16-byte aligned base), else a contiguous copy
+    (a new allocation: ``contiguous()`` would return a contiguous ``t`` of a misaligned base as it is)."""
+    if reads_in_place(t) and t.data_ptr() % TMA_ALIGN_BYTES == 0:
         return t
-    return t.contiguous()
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,7 +140,7 @@ def _tile_layout(rows: int, head_dim: int, dtype: torch.dtype) -> "gl.NVMMAShare
 
 
 @functools.lru_cache(maxsize=4096)
-def _descriptor_fields(shape: tuple, strides: tuple, rows: int, cols: int, dtype: torch.dtype) -> dict:
+def descriptor_fields(shape: tuple, strides: tuple, rows: int, cols: int, dtype: torch.dtype) -> dict:
     """A TMA descriptor's fields but its base, for every tensor of this layout: validated once (Triton's constructor
     checks the block, the strides' alignment and the dtype on each call, 3 us of the host's time a descriptor)."""
     validated = TensorDescriptor(torch.empty(0, dtype=dtype), list(shape), list(strides), [1, 1, rows, cols],
@@ -142,8 +155,8 @@ def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDesc
     TMA reads where it lies (:func:`tma_ready`; a ValueError for a misaligned base)."""
     if t.data_ptr() % TMA_ALIGN_BYTES:
         raise ValueError(f"a TMA descriptor's base must be {TMA_ALIGN_BYTES}-byte aligned")
-    descriptor = object.__new__(TensorDescriptor)  # (the layout's fields validated once: _descriptor_fields)
-    vars(descriptor).update(_descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols,
+    descriptor = object.__new__(TensorDescriptor)  # (the layout's fields validated once: descriptor_fields)
+    vars(descriptor).update(descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols,
                                                t.dtype), base=t)
     return descriptor
 
@@ -165,8 +178,12 @@ class PositionalLaunch:
         self.constexprs = None if params is None else frozenset(p.num for p in params if p.is_constexpr)
         self.compiled = {}
 
-    def _key(self, args: tuple, options: dict) -> tuple:
-        key = [torch.cuda.current_device(), *options.items()]
+    def specialization(self, args: tuple, options: dict) -> tuple | None:
+        """What Triton specializes a launch of these arguments and options on (None: an argument of a kind not
+        listed, which always launches through Triton's JIT). A caller whose calls differ only where Triton does
+        not specialize (a tensor's address within its alignment, a float's value) computes it once and launches
+        with :meth:`launch_as`."""
+        key = [*options.items()]
         for i, a in enumerate(args):
             if i in self.constexprs:
                 key.append(a)
@@ -178,23 +195,30 @@ class PositionalLaunch:
                 key.append((a.base.dtype, tuple(a.block_shape), a.layout, a.padding))
             elif a is None or type(a) in (bool, float):
                 key.append(type(a))
-            else:  # (nothing else is passed; a new kind of argument launches through Triton's JIT)
+            else:
                 return None
         return tuple(key)
 
     def __call__(self, grid: tuple, *args, **options) -> None:
+        self.launch_as(None if self.constexprs is None else self.specialization(args, options), grid, *args,
+                       **options)
+
+    def launch_as(self, specialization: tuple | None, grid: tuple, *args, **options) -> None:
+        """The launch of ``args`` whose :meth:`specialization` is the one given."""
         # (before CUDA is initialized, no kernel was launched: the first launch initializes it)
-        jit = _launch_hooks_set() or self.constexprs is None or not torch.cuda.is_initialized()
-        key = None if jit else self._key(args, options)
+        jit = (specialization is None or _launch_hooks_set() or self.constexprs is None
+               or not torch.cuda.is_initialized())
+        device = None if jit else torch.cuda.current_device()
+        key = None if jit else (device, specialization)
         compiled = self.compiled.get(key)
         if compiled is None:
             compiled = self.kernel[grid](*args, **options)
             if key is not None and compiled is not None:
                 self.compiled[key] = compiled
             return
-        stream = torch._C._cuda_getCurrentRawStream(key[0])
-        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, None, None, None, *args)  # (no hooks: no metadata)
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                     torch._C._cuda_getCurrentRawStream(device), compiled.function, compiled.packed_metadata, None,
+                     None, None, *args)  # (no hooks: no metadata)
 
 
 def _launch_hooks_set() -> bool:

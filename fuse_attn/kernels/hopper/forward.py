@@ -55,9 +55,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
-                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_spec,
-                                             ctas_at_once, dscore_kv_heads, fills_at_most, log2_units,
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, TMA_ALIGN_BYTES, PositionalLaunch, batch_and_head,
+                                             bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
+                                             checked_call, ctas_at_once, descriptor_fields, dscore_kv_heads,
+                                             fills_at_most, log2_units, parsed_spec, reads_in_place,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_ready, tma_store)
 from fuse_attn.spec import AttentionSpec
 
@@ -631,36 +634,69 @@ def _launch_plan(Z: int, H: int, M: int, N: int, D: int, causal: bool, dtype: to
 _launch_forward = PositionalLaunch(_hopper_attn_fwd)
 
 
+class ForwardCall:
+    """The forward of one call signature -- a spec and the inputs' shapes, strides, dtypes and device (the bias's
+    alignment too) -- with what every call of it repeats worked out once: the launch plan (:func:`_launch_plan`), the
+    kernel's arguments but the tensors, each TMA descriptor's fields but its base, and the compiled kernel's
+    specialization. A call then allocates the outputs, sets the descriptors' bases and runs the compiled kernel. The op
+    keeps one for each signature it meets (:func:`.common.checked_call`): in a compiled model's step each attention
+    calls it with the same signature again."""
+
+    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None):
+        Z, H, M, D = q.shape
+        N = k.shape[2]
+        causal = spec.causal is not None
+        bias_view = None if bias is None else bias_tma_view(bias)
+        (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
+         registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
+                                   bias_view is not None, q.device, ctas_at_once(q.device))
+        self.out_shape, self.lse_shape = (Z, H, M, D), (Z, H, M)
+        self.rows = (block_m, block_n, block_n)  # the q, k and v descriptors' tile rows
+        # (inputs TMA reads where they lie: their descriptors' fields; the others are copied on each call)
+        self.fields = tuple(descriptor_fields(tuple(t.shape), t.stride(), rows, D, t.dtype) if reads_in_place(t)
+                            else None for t, rows in zip((q, k, v), self.rows))
+        self.out_fields = descriptor_fields(self.out_shape, (M * D * H, M * D, D, 1), block_m, D, q.dtype)
+        self.bias_tiles = (block_m, block_n) if ring_stages else None
+        self.scalars = (H, M, N, spec.scale_for(D) * LOG2E)
+        self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
+        self.flags = (spec.gqa_group, causal, block_m, block_n, D, stages, consumers, consumer_regs, producer_regs,
+                      paired, persistent, bias is not None, batch_rows_innermost(spec),
+                      bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty)
+                      ring_stages > 0)
+        self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}
+        self.specialization = None  # (set by the first call, from its arguments)
+
+    def _descriptor(self, t: Tensor, i: int) -> TensorDescriptor:
+        fields = self.fields[i]
+        if fields is None or t.data_ptr() % TMA_ALIGN_BYTES:
+            return tma_descriptor(tma_ready(t), self.rows[i])
+        descriptor = object.__new__(TensorDescriptor)
+        vars(descriptor).update(fields, base=t)
+        return descriptor
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+        out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        q_desc = self._descriptor(q, 0)
+        out_desc = object.__new__(TensorDescriptor)
+        vars(out_desc).update(self.out_fields, base=out)
+        args = (q_desc, self._descriptor(k, 1), self._descriptor(v, 2), out_desc, lse, *self.scalars,
+                lse if bias is None else bias, *self.bias_strides, self.out_shape[0],  # (no bias: lse, never read)
+                # (no bias tiles in the ring: q's descriptor stands in, never read)
+                q_desc if self.bias_tiles is None else tma_descriptor(bias_tma_view(bias), *self.bias_tiles),
+                *self.flags)
+        if self.specialization is None:
+            self.specialization = _launch_forward.specialization(args, self.options)
+        _launch_forward.launch_as(self.specialization, self.grid, *args, **self.options)
+        return out, lse
+
+
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
-    ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`)."""
-    Z, H, M, D = q.shape
-    N = k.shape[2]
-    causal = spec.causal is not None
-    bias_view = None if bias is None else bias_tma_view(bias)
-    (block_m, block_n, stages, consumers, ring_stages, grid, paired, persistent, consumer_regs, producer_regs,
-     registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
-                               bias_view is not None, q.device, ctas_at_once(q.device))
-    q, k, v = tma_ready(q), tma_ready(k), tma_ready(v)
-    out = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
-    lse = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
-    strides = (0, 0, 0, 0) if bias is None else broadcast_strides(bias)
-    q_desc = tma_descriptor(q, block_m)
-    _launch_forward(
-        grid,
-        q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(out, block_m), lse,
-        H, M, N, spec.scale_for(D) * LOG2E,
-        lse if bias is None else bias, *strides, Z,  # (no bias: lse stands in, never read)
-        tma_descriptor(bias_view, block_m, block_n) if ring_stages else q_desc,  # (q's: a stand-in, never read)
-        spec.gqa_group,
-        causal, block_m, block_n, D, stages, consumers, consumer_regs, producer_regs, paired,
-        persistent, bias is not None, batch_rows_innermost(spec),
-        bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty: its kernel unchanged)
-        ring_stages > 0,
-        num_warps=4,
-        **({} if registers is None else {"maxnreg": registers}))
-    return out, lse
+    ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`). Unchecked: the op checks its
+    inputs once a signature and keeps the call (:class:`ForwardCall`)."""
+    return ForwardCall(spec, q, k, v, bias)(q, k, v, bias)
 
 
 # ---- the op and its autograd (on common.LIBRARY) ---------------------------------------------------------------------
@@ -673,20 +709,29 @@ def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str,
     its score tensor). Opaque to torch.compile."""
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
         return ops.forward_op(q, k, v, bias_score_tensors(bias), None, spec, cpu_op=True)
-    s = checked_spec("flash_attention_hopper", q, k, v, spec, bias)
     if ops.is_empty(q, k):
+        checked_call("flash_attention_hopper", q, k, v, spec, bias, parsed_spec)
         return ops.empty_forward(q, v)
-    return hopper_forward(q, k, v, s, bias)
+    return checked_call("flash_attention_hopper", q, k, v, spec, bias, ForwardCall)(q, k, v, bias)
 
 
+# The same forward without an autograd formula, for graphs whose autograd is done: Inductor's post-grad pass
+# (fuse_attn.backend.PostGradPass) calls it where AOTAutograd left the op. The op's formula, Python, would run on every
+# call of a compiled step only to find nothing to record.
+LIBRARY.define("flash_attention_hopper_no_autograd(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None) "
+               "-> (Tensor, Tensor)")
 for _device in ("CPU", "CUDA"):
     LIBRARY.impl("flash_attention_hopper", flash_attention_hopper_op, _device)
+    LIBRARY.impl("flash_attention_hopper_no_autograd", flash_attention_hopper_op, _device)
 
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper")
 def _(q, k, v, spec, bias=None):
     ops.validate(q, k, v, bias_score_tensors(bias), ops.parse_spec(spec))
     return empty_outputs(q, v)
+
+
+torch.library.register_fake("fuse_attn::flash_attention_hopper_no_autograd")(_)
 
 
 def _setup_context(ctx, inputs, output):

@@ -141,16 +141,18 @@ def _run(target, *args, **kwargs):
     return target(*args, **kwargs)
 
 
-# The Gluon kernels are offered only for steps whose GPU work hides most of their host cost: their ops' Python
-# launchers (an op Inductor calls, TMA descriptors, the compiled kernels' positional run: common.PositionalLaunch)
-# take 0.05 ms a forward call and 0.13-0.24 ms a backward call of B8 H16 N1024 D64 on an H200 host when called
-# alone, and from a compiled graph of 12 chained attentions (B8 H12 N1024 D64, causal) a forward takes 133 us of wall
-# time for 42 us of GPU work (tools/bench_host_overhead.py --chain 12; the template's kernels, launched from
-# Inductor's code: 52 us for 51), where a training step of about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes the
-# GPU 0.51 ms for both (H100). The choice times GPU time only, where a smaller step would look faster than it
-# runs. Where the compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a
-# replay, and the Gluon kernels are offered at every size.
-GLUON_MIN_STEP_FLOPS = 2**37
+# The Gluon kernels are offered only for steps whose GPU work hides most of their host cost, by whether the step
+# trains. Their ops' Python launchers (an op Inductor calls, TMA descriptors, the compiled kernels' positional run:
+# common.PositionalLaunch, forward.ForwardCall) take 40-50 us a forward call of B8 H16 N1024 D64 on an H200 host
+# (cuDNN's 23-25 us), and 135-220 us a backward call (cuDNN's 69-92 us); in a compiled graph of 12 chained causal
+# forwards (B8 H12 N1024 D64, 1.3e10 FLOPs each: tools/bench_host_overhead.py --chain 12) a forward took 47-94 us of
+# wall time for 42 us of GPU work over four runs on that host (the template's kernels launched from Inductor's code:
+# 51-56 us for 51-54). A forward of 2^34 FLOPs takes the GPU about twice that, which hides it. A training step of
+# about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes the GPU 0.51 ms for both (H100), which hides the backward's.
+# The choice times GPU time only, where a smaller step would look faster than it runs. Where the compiled graph
+# replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon kernels are
+# offered at every size.
+GLUON_MIN_STEP_FLOPS = {False: 2**34, True: 2**37}  # by training
 # Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
 # mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.
 _CUDA_GRAPHS = False
@@ -189,9 +191,10 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
             return ["the Gluon kernels have no DTensor sharding rule"]
     reasons = hopper_reasons(spec, q, k)
     flops = _step_flops(spec, q, k, training)
-    if not reasons and flops < GLUON_MIN_STEP_FLOPS and not _CUDA_GRAPHS:
-        reasons.append(f"a step of {flops:.3g} FLOPs, under the {GLUON_MIN_STEP_FLOPS:.3g} whose GPU time hides the "
-                       "Gluon op's host cost")
+    least = GLUON_MIN_STEP_FLOPS[training]
+    if not reasons and flops < least and not _CUDA_GRAPHS:
+        reasons.append(f"a step of {flops:.3g} FLOPs, under the {least:.3g} whose GPU time hides the Gluon op's host "
+                       "cost")
     return reasons
 
 
@@ -252,7 +255,7 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
                  f"among={','.join(candidates)}")
     if training and score_tensors:  # (a bias that needs a gradient takes the template's backward after either forward)
         kernel_id += " score_grads=" + "".join("1" if g else "0" for g in score_grads)
-    if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS:
+    if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS[training]:
         kernel_id += " cuda_graphs=1"  # (the Gluon kernels a candidate only because no launcher runs on a replay)
     if GLUON in candidates and score_tensors:  # (the Gluon kernels' two paths for a bias: by TMA, or loaded)
         from fuse_attn.kernels.hopper.common import bias_layout_by_tma

@@ -125,7 +125,7 @@ def on_hopper(monkeypatch):
                         lambda spec, q, k: [r for r in real(spec, q, k) if "sm90" not in r])
 
 
-# large enough for the Gluon forward (GLUON_MIN_STEP_FLOPS): 4 x 16 x 2048^2 x 64 x 4 = 68.7 GFLOP, 3.5x trained
+# large enough for the Gluon kernels (GLUON_MIN_STEP_FLOPS): 4 x 16 x 2048^2 x 64 x 4 = 68.7 GFLOP, 3.5x trained
 GQA_LONG = [(4, 16, 2048, 64), (4, 4, 2048, 64), (4, 4, 2048, 64)]
 
 
@@ -252,7 +252,7 @@ class TestEmittedGraphs(TestCase):
             self.assertEqual(timings.timed, [])
             rewritten(gqa_attention, GQA, training=True)  # 4 x 8 x 128^2 x 64 x 2 x 3.5: its host cost would show
             self.assertEqual(timings.timed, [])
-            rewritten(gqa_attention, GQA_LONG, training=False)  # 68.7 GFLOP, forward only: the same
+            rewritten(gqa_attention, [(2, 16, 1024, 64), (2, 4, 1024, 64), (2, 4, 1024, 64)])  # 2^33, forward only
             self.assertEqual(timings.timed, [])
             rewritten(gqa_attention, GQA_LONG, training=True)  # 240 GFLOP: large enough
             self.assertEqual(set(timings.timed), {TRITON, GLUON})
@@ -280,6 +280,20 @@ def test_under_cuda_graphs_the_gluon_kernels_are_timed_at_every_size(gpu, monkey
     graph, verdicts = rewritten(gqa_attention, GQA, training=True)
     assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH}
     assert "runs sdpa_cudnn" in verdicts and "flash_attention_hopper" not in graph
+
+
+def test_the_gluon_kernels_are_offered_from_a_smaller_step_for_inference_than_for_training(gpu, monkeypatch):
+    """GLUON_MIN_STEP_FLOPS by training: an inference forward of 2^35 FLOPs hides the forward launcher's host cost
+    and is offered the Gluon kernels; the same attention trained (3.5x those FLOPs, under 2^37) has a backward whose
+    launcher costs more, and is not."""
+    on_hopper(monkeypatch)
+    timings = gpu({TRITON: 0.30, GLUON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    shapes = [(2, 16, 2048, 64), (2, 4, 2048, 64), (2, 4, 2048, 64)]  # 4 x 2 x 16 x 2048^2 x 64 = 2^35 FLOPs
+    graph, verdicts = rewritten(gqa_attention, shapes)
+    assert GLUON in timings.timed and "runs gluon" in verdicts
+    timings.timed.clear()
+    graph, verdicts = rewritten(gqa_attention, shapes, training=True)
+    assert set(timings.timed) == {TRITON, SDPA_CUDNN, SDPA_FLASH} and "runs sdpa_cudnn" in verdicts
 
 
 def test_the_backend_tells_the_choice_whether_its_graphs_replay_as_cuda_graphs(monkeypatch):
@@ -475,7 +489,7 @@ def test_each_candidate_compiles_and_matches_fp64_with_gradients(candidates, kv_
 
     if candidates == "gluon" and torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon forward runs on sm90 GPUs")
-    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", {False: 0, True: 0})  # these shapes are small, for speed
 
     if candidates is None:
         monkeypatch.delenv(settings.CANDIDATES, raising=False)
@@ -524,7 +538,7 @@ def test_a_compiled_learned_bias_trains_through_the_gluon_backwards_ds_stores(mo
 
     from fuse_attn.kernels.hopper import common as hopper_common
 
-    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", 0)  # these shapes are small, for speed
+    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", {False: 0, True: 0})  # these shapes are small, for speed
     monkeypatch.setenv(settings.CANDIDATES, "triton,gluon")
     time_config = tuning._time_config
 

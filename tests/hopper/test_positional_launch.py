@@ -6,6 +6,7 @@ kernels through it (test_hopper_forward.py, test_hopper_backward.py)."""
 
 from __future__ import annotations
 
+import inspect
 import types
 
 import pytest
@@ -37,6 +38,16 @@ class FakeKernel:
             self.jit.append((grid, args, options))
             return FakeCompiled(self.runs)
         return launch
+
+
+def kernel_params(kernel) -> list:
+    """A kernel's parameters as Triton's JIT lists them (num, is_constexpr), from its signature under the
+    interpreter (whose kernels list none)."""
+    params = getattr(kernel, "params", None)
+    if params is not None:
+        return params
+    return [types.SimpleNamespace(num=i, is_constexpr="constexpr" in str(p.annotation))
+            for i, p in enumerate(inspect.signature(kernel.fn).parameters.values())]
 
 
 @pytest.fixture
@@ -137,7 +148,7 @@ def test_the_forward_op_prepares_a_signature_once_and_then_only_sets_the_tensors
     from fuse_attn.spec import AttentionSpec, CausalMask
 
     kernel = FakeKernel()
-    kernel.params = forward._hopper_attn_fwd.params
+    kernel.params = kernel_params(forward._hopper_attn_fwd)
     monkeypatch.setattr(forward, "_launch_forward", PositionalLaunch(kernel))
     spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask())
     g = torch.Generator().manual_seed(0)
@@ -164,3 +175,43 @@ def test_the_forward_op_prepares_a_signature_once_and_then_only_sets_the_tensors
                for launch in (kernel.jit[0][1], kernel.runs[0][9:], kernel.runs[1][9:])]
     assert scalars[0] == scalars[1] == scalars[2] and len(scalars[0]) == 24  # (the sizes, scale, strides and flags)
     assert all(o[0] is not outputs[0][0] for o in outputs[1:])
+
+
+def test_the_backward_op_prepares_a_signature_once_and_then_only_sets_the_tensors(gpu, monkeypatch):
+    """hopper.backward.BackwardCall: from its second call on, each of its launches (delta, the backward, dQ's cast)
+    runs its compiled kernel positionally over that call's tensors; a dO whose base is not 16-byte aligned is read
+    from an aligned copy, by the delta kernel too, still positionally."""
+    from fuse_attn.kernels.hopper import backward
+    from fuse_attn.spec import AttentionSpec, CausalMask
+
+    kernels = {}
+    for name in ("_launch_delta", "_launch_backward", "_launch_dq_cast"):
+        kernel = kernels[name] = FakeKernel()
+        kernel.params = kernel_params(getattr(backward, name).kernel)
+        monkeypatch.setattr(backward, name, PositionalLaunch(kernel))
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask(), gqa_group=2)
+    g = torch.Generator().manual_seed(0)
+
+    def tensors():
+        q, dout, out = (torch.randn(2, 4, 96, 64, dtype=torch.bfloat16, generator=g) for _ in range(3))
+        k, v = (torch.randn(2, 2, 96, 64, dtype=torch.bfloat16, generator=g) for _ in range(2))
+        return dout, q, k, v, out, torch.randn(2, 4, 96, generator=g)
+
+    first = tensors()
+    call = backward.BackwardCall(spec, *first[1:4], None, first[0], False)
+    results = [call(*first, None, None)]
+    second = tensors()
+    results.append(call(*second, None, None))
+    misaligned = torch.randn(2 * 4 * 96 * 64 + 1, dtype=torch.bfloat16, generator=g)[1:].view(2, 4, 96, 64)
+    third = (misaligned, *second[1:])
+    results.append(call(*third, None, None))
+    assert all(len(kernel.jit) == 1 and len(kernel.runs) == 2 for kernel in kernels.values())
+    delta, bwd, cast = kernels.values()
+    for i, (inputs, (dq, dk, dv, dbias)) in enumerate(zip([first, second, third], results)):
+        delta_args, bwd_args, cast_args = (k.jit[0][1] if i == 0 else k.runs[i - 1][9:] for k in kernels.values())
+        dout, q, k, v, out, lse = inputs
+        assert delta_args[0] is out and torch.equal(delta_args[1], dout) and delta_args[1].data_ptr() % 16 == 0
+        assert [d.base for d in bwd_args[1:3]] == [k, v] and bwd_args[0].base is q
+        assert bwd_args[3].base is delta_args[1] and bwd_args[4].base is dk and bwd_args[5].base is dv
+        assert bwd_args[6].base is cast_args[0] and cast_args[1] is dq and dbias is None
+        assert dq.shape == q.shape and dk.shape == dv.shape == k.shape

@@ -49,10 +49,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
-                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
-                                             ds_row_keys, dscore_kv_heads, fills_at_most, log2_units, parsed_spec,
-                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_ready, tma_store)
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, TMA_ALIGN_BYTES, PositionalLaunch, batch_and_head,
+                                             bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
+                                             checked_call, described, descriptor_fields, ds_row_keys, dscore_kv_heads,
+                                             fills_at_most, in_place_fields, log2_units, parsed_spec,
+                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
 
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -499,79 +500,121 @@ _launch_nan_dv = PositionalLaunch(_nan_dv_kernel)
 _launch_dq_cast = PositionalLaunch(_dq_cast_kernel)
 
 
+class BackwardCall:
+    """The backward of one call signature -- a spec, the inputs' shapes, strides, dtypes and device (the bias's
+    alignment too), whether the bias gets a gradient -- with what every call of it repeats worked out once: the
+    config, the grids, the kernels' arguments but the tensors, the TMA descriptors' fields but their bases, and
+    each launch's Triton specialization by the alignment of the tensors it takes as pointers. The op keeps one for each
+    signature it meets (:func:`.common.checked_call`), as the forward keeps its :class:`.forward.ForwardCall`."""
+
+    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                 dout: Tensor, bias_grad: bool):
+        Z, H, M, D = q.shape
+        H_kv, N = k.shape[1], k.shape[2]
+        self.shapes = (Z, H, M, D, H_kv, N)
+        self.scale, causal, gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
+        self.chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
+        if not self.chunk:
+            raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the "
+                             "inputs' dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
+        block_m, block_n, stages = _CONFIGS[D]
+        self.block_m, self.block_n, self.causal, self.bias_grad = block_m, block_n, causal, bias_grad
+        # (no row of plain attention is empty: one kernel for both)
+        self.zero_empty_rows = bias is not None and spec.empty_rows == "zero"
+        # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
+        self.flag_nan_rows = bias is not None and causal
+        self.rows = (block_m, block_n, block_n, block_m)  # the q, k, v and dO descriptors' tile rows
+        self.fields = tuple(in_place_fields(t, rows) for t, rows in zip((q, k, v, dout), self.rows))
+        self.dk_fields = descriptor_fields((Z, H_kv, N, D), (H_kv * N * D, N * D, D, 1), block_n, D, k.dtype)
+        self.dv_fields = descriptor_fields((Z, H_kv, N, D), (H_kv * N * D, N * D, D, 1), block_n, D, v.dtype)
+        self.dq_acc_fields = descriptor_fields((Z, H, M, D), (H * M * D, M * D, D, 1), block_m, D, torch.float32)
+        self.delta_grid = (triton.cdiv(M, _PRE_ROWS), Z * H)
+        self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
+        bias_view = None if bias is None else bias_tma_view(bias)
+        self.ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
+                                                                                bias.dtype)
+        n_n = triton.cdiv(N, block_n)  # key tiles
+        self.chunks = []  # (first kv head, kv heads, grid) of each launch of the backward kernel
+        for kv_head0 in range(0, H_kv, self.chunk):
+            kv_heads = min(self.chunk, H_kv - kv_head0)
+            paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
+            self.chunks.append((kv_head0, kv_heads, (triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads), paired))
+        self.flags = (gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS)
+        self.bias_flags = (bias is not None, batch_rows_innermost(spec), self.zero_empty_rows,
+                           self.ring_dq_buffers > 0, self.ring_dq_buffers or _DQ_BUFFERS, bias_grad)
+        self.specializations = {}  # (launch, the pointer arguments' alignments) -> Triton's specialization
+
+    def _launch(self, launch: PositionalLaunch, pointers: tuple, grid: tuple, *args, **options) -> None:
+        key = (launch, *(t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in pointers))
+        specialization = self.specializations.get(key)
+        if specialization is None:
+            specialization = self.specializations[key] = launch.specialization(args, options)
+        launch.launch_as(specialization, grid, *args, **options)
+
+    def __call__(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
+                 bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        Z, H, M, D, H_kv, N = self.shapes
+        device = q.device
+        q_desc, k_desc, v_desc, do_desc = (described(t, fields, rows) for t, fields, rows
+                                           in zip((q, k, v, dout), self.fields, self.rows))
+        dout = do_desc.base  # (where TMA could not read it in place, the copy the descriptor reads)
+        lse = lse.contiguous()
+        out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
+        dlse = None if dlse is None else dlse.contiguous()
+        delta = torch.empty(Z, H, M, dtype=torch.float32, device=device)
+        nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=device) if self.flag_nan_rows else lse  # (not read)
+        self._launch(_launch_delta, (out, dout, lse if dlse is None else dlse), self.delta_grid,
+                     out, dout, lse if dlse is None else dlse, delta, lse, nan_heads, H, M, *out.stride()[:3],
+                     *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, self.flag_nan_rows, self.zero_empty_rows)
+        dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=device)
+        dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=device)
+        dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=device)
+        descriptors = (q_desc, k_desc, v_desc, do_desc, with_base(self.dk_fields, dk), with_base(self.dv_fields, dv),
+                       with_base(self.dq_acc_fields, dq_acc))
+        # (no bias tiles in the ring: q's descriptor stands in, never read)
+        bias_desc = (tma_descriptor(bias_tma_view(bias), self.block_m, self.block_n) if self.ring_dq_buffers
+                     else q_desc)
+        dbias, ds_desc, ds = None, q_desc, None  # (no dS out: q's descriptor stands in, never written)
+        if self.bias_grad:
+            # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
+            # from one chunk to the next: each chunk writes the same tiles)
+            ds = (torch.zeros if self.causal else torch.empty)(
+                Z, self.chunk * self.flags[0], M, ds_row_keys(N, q.element_size()), dtype=q.dtype, device=device)[..., :N]
+            ds_desc = tma_descriptor(ds, self.block_m, self.block_n)
+            dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
+        bias_or_lse = lse if bias is None else bias  # (no bias: lse stands in for it)
+        for kv_head0, kv_heads, grid, paired in self.chunks:
+            self._launch(_launch_backward, (lse, bias_or_lse), grid,
+                         *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale, bias_or_lse,
+                         *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, *self.flags, paired, *self.bias_flags,
+                         num_warps=_NUM_WARPS)
+            if self.bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
+                heads = slice(kv_head0 * self.flags[0], (kv_head0 + kv_heads) * self.flags[0])
+                chunk_ds = ds[:, :heads.stop - heads.start]
+                part = dbias[:, heads] if bias.shape[1] == H else dbias
+                summed = [d for d in range(4) if part.shape[d] == 1 and chunk_ds.shape[d] != 1]
+                if summed:  # (in fp32, as eager's sum over the broadcast dims)
+                    torch.sum(chunk_ds, summed, keepdim=True, out=part)
+                else:
+                    part.copy_(chunk_ds)
+        if self.flag_nan_rows:
+            _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, self.flags[0], _PRE_ROWS,
+                           D)
+        dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=device)
+        self._launch(_launch_dq_cast, (), (triton.cdiv(dq.numel(), _CAST_BLOCK),), dq_acc, dq, dq.numel(), self.scale,
+                     _CAST_BLOCK)
+        return dq, dk, dv, dbias
+
+
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec,
                     dlse: Tensor | None = None, bias: Tensor | None = None,
                     bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dbias)`` of a spec :func:`.common.hopper_reasons` accepts on an sm90 GPU, from the
     forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the spec's score
     tensor where it adds one. ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast
-    dims, a launch for each chunk of :func:`.common.dscore_kv_heads` kv heads (a ValueError where it admits none)."""
-    Z, H, M, D = q.shape
-    H_kv, N = k.shape[1], k.shape[2]
-    scale, causal, gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
-    chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
-    if not chunk:
-        raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the inputs' "
-                         "dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
-    block_m, block_n, stages = _CONFIGS[D]
-    q, k, v, dout = tma_ready(q), tma_ready(k), tma_ready(v), tma_ready(dout)
-    lse = lse.contiguous()
-    out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
-    delta = torch.empty(Z, H, M, dtype=torch.float32, device=q.device)
-    # (no row of plain attention is empty: one kernel for both)
-    zero_empty_rows = bias is not None and spec.empty_rows == "zero"
-    # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
-    flag_nan_rows = bias is not None and causal
-    nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=q.device) if flag_nan_rows else lse  # (lse: not read)
-    _launch_delta(
-        (triton.cdiv(M, _PRE_ROWS), Z * H),
-        out, dout, lse if dlse is None else dlse.contiguous(), delta, lse, nan_heads, H, M, *out.stride()[:3],
-        *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, flag_nan_rows, zero_empty_rows)
-    dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=q.device)
-    dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=q.device)
-    dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=q.device)
-    n_n = triton.cdiv(N, block_n)  # key tiles
-    strides = (0, 0, 0, 0) if bias is None else broadcast_strides(bias)
-    bias_view = None if bias is None else bias_tma_view(bias)
-    ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
-                                                                       bias.dtype)
-    q_desc = tma_descriptor(q, block_m)
-    descriptors = (q_desc, tma_descriptor(k, block_n), tma_descriptor(v, block_n), tma_descriptor(dout, block_m),
-                   tma_descriptor(dk, block_n), tma_descriptor(dv, block_n), tma_descriptor(dq_acc, block_m))
-    # (no bias tiles in the ring: q's descriptor stands in, never read)
-    bias_desc = tma_descriptor(bias_view, block_m, block_n) if ring_dq_buffers else q_desc
-    dbias, ds_desc = None, q_desc  # (no dS out: q's descriptor stands in, never written)
-    if bias_grad:
-        # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
-        # from one chunk to the next: each chunk writes the same tiles)
-        ds = (torch.zeros if causal else torch.empty)(Z, chunk * gqa_group, M, ds_row_keys(N, q.element_size()),
-                                                      dtype=q.dtype, device=q.device)[..., :N]
-        ds_desc = tma_descriptor(ds, block_m, block_n)
-        dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
-    for kv_head0 in range(0, H_kv, chunk):
-        kv_heads = min(chunk, H_kv - kv_head0)
-        paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
-        _launch_backward(
-            (triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads),  # (no bias: lse stands in for it)
-            *descriptors, lse, delta, H, kv_heads, M, N, scale * LOG2E, scale, lse if bias is None else bias,
-            *strides, Z, bias_desc, ds_desc, kv_head0,
-            gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS, paired, bias is not None,
-            batch_rows_innermost(spec),
-            zero_empty_rows, ring_dq_buffers > 0, ring_dq_buffers or _DQ_BUFFERS, bias_grad, num_warps=_NUM_WARPS)
-        if bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
-            heads = slice(kv_head0 * gqa_group, (kv_head0 + kv_heads) * gqa_group)
-            chunk_ds = ds[:, :heads.stop - heads.start]
-            part = dbias[:, heads] if bias.shape[1] == H else dbias
-            summed = [d for d in range(4) if part.shape[d] == 1 and chunk_ds.shape[d] != 1]
-            if summed:  # (in fp32, as eager's sum over the broadcast dims)
-                torch.sum(chunk_ds, summed, keepdim=True, out=part)
-            else:
-                part.copy_(chunk_ds)
-    if flag_nan_rows:
-        _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, gqa_group, _PRE_ROWS, D)
-    dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=q.device)
-    _launch_dq_cast((triton.cdiv(dq.numel(), _CAST_BLOCK), ), dq_acc, dq, dq.numel(), scale, _CAST_BLOCK)
-    return dq, dk, dv, dbias
+    dims, a launch for each chunk of :func:`.common.dscore_kv_heads` kv heads (a ValueError where it admits none).
+    Unchecked: the op checks its inputs once a signature and keeps the call (:class:`BackwardCall`)."""
+    return BackwardCall(spec, q, k, v, bias, dout, bias_grad)(dout, q, k, v, out, lse, dlse, bias)
 
 
 # ---- the op (on common.LIBRARY: see there why not a custom_op) -------------------------------------------------------
@@ -587,11 +630,13 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`.common.dscore_kv_heads`
     must admit it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its
     reasons say why)."""
-    s = checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec)
     if ops.is_empty(q, k):
+        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec)
         dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
-    dq, dk, dv, dbias = hopper_backward(dout, q, k, v, out, lse, s, dlse, bias, bias_grad)
+    call = checked_call("flash_attention_hopper_backward", q, k, v, spec, bias,
+                        lambda s, q, k, v, bias: BackwardCall(s, q, k, v, bias, dout, bias_grad), dout, bias_grad)
+    dq, dk, dv, dbias = call(dout, q, k, v, out, lse, dlse, bias)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 

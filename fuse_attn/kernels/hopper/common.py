@@ -82,15 +82,16 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
     return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
-def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare):
+def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others):
     """What ``prepare(spec, q, k, v, bias)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
     launch worked out for the call's sizes -- after its inputs were validated as the template's op validates them
     (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them.
     It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides, dtype and
-    device, the bias's alignment): a model calls the op with the same few signatures on every step, and the checks
-    cost 10-14 us of the host's time a call."""
+    device, the bias's alignment, and ``others``: more tensors' layouts or values ``prepare`` reads): a model calls
+    the op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
     signature = (op_name, spec, _layout(q), _layout(k), _layout(v),
-                 None if bias is None else (*_layout(bias), bias.data_ptr() % TMA_ALIGN_BYTES == 0))
+                 None if bias is None else (*_layout(bias), bias.data_ptr() % TMA_ALIGN_BYTES == 0),
+                 *(_layout(x) if isinstance(x, Tensor) else x for x in others))
     call = _checked.get(signature)
     if call is None:
         s = ops.parse_spec(spec)
@@ -148,6 +149,27 @@ def descriptor_fields(shape: tuple, strides: tuple, rows: int, cols: int, dtype:
     fields = dict(vars(validated))
     del fields["base"]
     return fields
+
+
+def in_place_fields(t: Tensor, rows: int) -> dict | None:
+    """The fields of a descriptor of ``rows``-row tiles over ``t``'s layout where TMA reads it in place
+    (:func:`reads_in_place`), for :func:`described`; else None."""
+    return descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3], t.dtype) if reads_in_place(t) else None
+
+
+def with_base(fields: dict, t: Tensor) -> "TensorDescriptor":
+    """The descriptor of these fields (:func:`descriptor_fields`, of ``t``'s layout) over ``t``."""
+    descriptor = object.__new__(TensorDescriptor)
+    vars(descriptor).update(fields, base=t)
+    return descriptor
+
+
+def described(t: Tensor, fields: dict | None, rows: int) -> "TensorDescriptor":
+    """A descriptor of ``rows``-row tiles over ``t``, whose layout's fields were prepared (:func:`in_place_fields`:
+    None where TMA cannot read that layout in place); over a copy where TMA cannot read ``t`` where it lies."""
+    if fields is None or t.data_ptr() % TMA_ALIGN_BYTES:
+        return tma_descriptor(tma_ready(t), rows)
+    return with_base(fields, t)
 
 
 def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDescriptor":

@@ -55,13 +55,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, TMA_ALIGN_BYTES, PositionalLaunch, batch_and_head,
-                                             bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
-                                             checked_call, ctas_at_once, descriptor_fields, dscore_kv_heads,
-                                             fills_at_most, log2_units, parsed_spec, reads_in_place,
-                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_ready, tma_store)
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
+                                             ctas_at_once, described, descriptor_fields, dscore_kv_heads,
+                                             fills_at_most, in_place_fields, log2_units, parsed_spec,
+                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
 
 # Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a sweep over
@@ -652,9 +650,7 @@ class ForwardCall:
                                    bias_view is not None, q.device, ctas_at_once(q.device))
         self.out_shape, self.lse_shape = (Z, H, M, D), (Z, H, M)
         self.rows = (block_m, block_n, block_n)  # the q, k and v descriptors' tile rows
-        # (inputs TMA reads where they lie: their descriptors' fields; the others are copied on each call)
-        self.fields = tuple(descriptor_fields(tuple(t.shape), t.stride(), rows, D, t.dtype) if reads_in_place(t)
-                            else None for t, rows in zip((q, k, v), self.rows))
+        self.fields = tuple(in_place_fields(t, rows) for t, rows in zip((q, k, v), self.rows))
         self.out_fields = descriptor_fields(self.out_shape, (M * D * H, M * D, D, 1), block_m, D, q.dtype)
         self.bias_tiles = (block_m, block_n) if ring_stages else None
         self.scalars = (H, M, N, spec.scale_for(D) * LOG2E)
@@ -666,21 +662,12 @@ class ForwardCall:
         self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}
         self.specialization = None  # (set by the first call, from its arguments)
 
-    def _descriptor(self, t: Tensor, i: int) -> TensorDescriptor:
-        fields = self.fields[i]
-        if fields is None or t.data_ptr() % TMA_ALIGN_BYTES:
-            return tma_descriptor(tma_ready(t), self.rows[i])
-        descriptor = object.__new__(TensorDescriptor)
-        vars(descriptor).update(fields, base=t)
-        return descriptor
-
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        q_desc = self._descriptor(q, 0)
-        out_desc = object.__new__(TensorDescriptor)
-        vars(out_desc).update(self.out_fields, base=out)
-        args = (q_desc, self._descriptor(k, 1), self._descriptor(v, 2), out_desc, lse, *self.scalars,
+        q_desc, k_desc, v_desc = (described(t, fields, rows) for t, fields, rows in zip((q, k, v), self.fields,
+                                                                                        self.rows))
+        args = (q_desc, k_desc, v_desc, with_base(self.out_fields, out), lse, *self.scalars,
                 lse if bias is None else bias, *self.bias_strides, self.out_shape[0],  # (no bias: lse, never read)
                 # (no bias tiles in the ring: q's descriptor stands in, never read)
                 q_desc if self.bias_tiles is None else tma_descriptor(bias_tma_view(bias), *self.bias_tiles),

@@ -49,7 +49,8 @@ class ScoreNode:
 
 def node_kinds(program: tuple[ScoreNode, ...], tensors: tuple["ScoreTensor", ...]) -> list[str]:
     """The value kind -- "float", "int" or "bool" -- of each node (leaves: score float, indices and lengths int,
-    a const by its Python type, a load by its tensor's role); raises UnsupportedSpec for an ill-formed program."""
+    a const by its Python type, a load by its tensor's role: ``LOAD_KINDS``); raises UnsupportedSpec for an ill-formed
+    program."""
     kinds: list[str] = []
     for i, node in enumerate(program):
         if node.op not in SCORE_OP_ARITY:
@@ -68,7 +69,10 @@ def node_kinds(program: tuple[ScoreNode, ...], tensors: tuple["ScoreTensor", ...
         elif node.op == "load":
             if not isinstance(node.value, int) or not 0 <= node.value < len(tensors):
                 raise UnsupportedSpec(f"score program node {i} loads a missing tensor {node.value!r}")
-            kind = "bool" if tensors[node.value].role == "mask" else "float"
+            role = tensors[node.value].role
+            if role not in LOAD_KINDS:
+                raise UnsupportedSpec(f"score program node {i} loads a tensor of unknown role {role!r}")
+            kind = LOAD_KINDS[role]
         elif node.op in ("logical_not", "logical_and", "logical_or"):
             if any(k != "bool" for k in a):
                 raise UnsupportedSpec(f"score program node {i}: {node.op} of {a}")
@@ -97,6 +101,8 @@ class ScoreProgramBuilder:
     def __init__(self):
         self.nodes: list[ScoreNode] = []
         self._index: dict[tuple[ScoreNode, type], int] = {}
+        # score tensor -> the value kind of its loads, where :meth:`load` named it (a load added otherwise is a float)
+        self._load_kinds: dict[int, str] = {}
 
     def add(self, op: str, *args: int, value: Union[float, int, bool, None] = None) -> int:
         node = ScoreNode(op, tuple(args), value)
@@ -109,16 +115,22 @@ class ScoreProgramBuilder:
     def const(self, value: Union[float, int, bool]) -> int:
         return self.add("const", value=value)
 
+    def load(self, tensor: int, kind: str) -> int:
+        """A load of score tensor ``tensor``, whose values are of ``kind`` ("float", "int" or "bool"): folding
+        ``x + 0`` keeps the kind of the result, so it folds only a float load with a float 0."""
+        self._load_kinds[tensor] = kind
+        return self.add("load", value=tensor)
+
     def add_folded(self, op: str, *args: int) -> int:
         """``add(op, *args)``, folding what is known: ``x + 0``, ``x & True``, ``q_idx >= 0`` (indices are never
         negative) and ops on constants only (what Hugging Face's mask builders leave once inlined)."""
         nodes = self.nodes
         consts = [nodes[a].value if nodes[a].op == "const" else None for a in args]
         if op in _NEUTRAL and consts[1] is not None and consts[1] == _NEUTRAL[op] and not isinstance(consts[1], bool):
-            if isinstance(consts[1], int) or _is_float(nodes, args[0]):
+            if isinstance(consts[1], int) or self._is_float(args[0]):
                 return args[0]
         if op in ("add", "mul") and consts[0] is not None and consts[0] == _NEUTRAL[op] and not isinstance(consts[0], bool):
-            if isinstance(consts[0], int) or _is_float(nodes, args[1]):
+            if isinstance(consts[0], int) or self._is_float(args[1]):
                 return args[1]
         if op in ("logical_and", "logical_or"):
             absorbing = op == "logical_or"  # x & False == False, x | True == True
@@ -136,6 +148,12 @@ class ScoreProgramBuilder:
             if folded is not None:
                 return self.const(folded)
         return self.add(op, *args)
+
+    def _is_float(self, i: int) -> bool:
+        node = self.nodes[i]
+        if node.op == "load":
+            return self._load_kinds.get(node.value, "float") == "float"
+        return node.op == "score" or (node.op == "const" and isinstance(node.value, float))
 
     def program(self, result: int) -> tuple[ScoreNode, ...]:
         """The nodes ``result`` depends on, renumbered, ending in ``result``; () if that is the bare score."""
@@ -157,10 +175,6 @@ _NEUTRAL = {"add": 0, "sub": 0, "mul": 1, "div": 1}  # x op c == x (for the righ
 
 
 _INDEX_LEAVES = ("q_idx", "kv_idx", "batch_idx", "head_idx")
-
-
-def _is_float(nodes, i: int) -> bool:
-    return nodes[i].op in ("score", "load") or (nodes[i].op == "const" and isinstance(nodes[i].value, float))
 
 
 def _fold(op: str, values: list) -> Optional[Union[bool, int, float]]:
@@ -217,11 +231,28 @@ def _unwrapped(text: str) -> str:
 
 @dataclass(frozen=True)
 class ScoreTensor:
-    """A tensor the score program reads (``load``). ``broadcast`` says, for (Z, H, M, N), which dims have size 1."""
+    """A tensor the score program reads (``load``). ``role`` (:func:`role_of` its dtype): "bias" a float tensor (it
+    may get a gradient), "mask" a bool tensor, "int" an integer tensor the program compares or computes with
+    (document ids, positions, chunk ids: the matcher loads them as vectors per query row or key column).
+    ``broadcast`` says, for (Z, H, M, N), which dims have size 1."""
 
-    role: Literal["bias", "mask"]
+    role: Literal["bias", "mask", "int"]
     dtype: str
     broadcast: tuple[bool, bool, bool, bool]
+
+
+# The value kind of a load of a score tensor of each role (:func:`node_kinds`).
+LOAD_KINDS = {"bias": "float", "mask": "bool", "int": "int"}
+# The dtypes an "int" score tensor may have: torch's signed integers and uint8, which the kernels load (int64 as it
+# is, the others widened to int32).
+INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8")
+
+
+def role_of(dtype: str) -> str:
+    """The role of a score tensor of ``dtype`` (a name, as :attr:`ScoreTensor.dtype` holds it)."""
+    if dtype == "bool":
+        return "mask"
+    return "bias" if dtype.startswith(("float", "bfloat")) else "int"
 
 
 def subprogram(program: tuple[ScoreNode, ...], index: int) -> tuple[ScoreNode, ...]:

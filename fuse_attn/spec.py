@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal, Optional
 
-from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec, node_kinds, program_text
+from fuse_attn.score_program import INT_DTYPES, ScoreNode, ScoreTensor, UnsupportedSpec, node_kinds, program_text
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 # Largest head dim the kernels take: a 256-wide fp32 accumulator tile is the most the register file of an
@@ -110,6 +110,10 @@ class AttentionSpec:
             else:
                 if kinds[-1] != "float":
                     reasons.append(f"the score program ends in a {kinds[-1]}, not a float score")
+        for i, t in enumerate(self.score_tensors):
+            if t.role == "int" and t.dtype not in INT_DTYPES:
+                reasons.append(f"score tensor {i} is an int tensor of dtype {t.dtype} (the kernels read "
+                               f"{', '.join(INT_DTYPES)})")
         loaded = {n.value for n in self.score_program if n.op == "load"}
         if loaded != set(range(len(self.score_tensors))):
             reasons.append(f"score tensors {sorted(set(range(len(self.score_tensors))) - loaded)} are not loaded by the program")

@@ -54,6 +54,7 @@ from fuse_attn.graph.score_reader import (
     SCORE,
     ConstantEvaluator,
     PathOp,
+    Reindexing,
     SideExpressions,
     build_program,
     masking_band,
@@ -61,7 +62,7 @@ from fuse_attn.graph.score_reader import (
     symbolic_masking_band,
     walk_score_path,
 )
-from fuse_attn.score_program import ScoreTensor, UnsupportedSpec
+from fuse_attn.score_program import ScoreTensor, UnsupportedSpec, role_of
 from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec, CausalMask, dtype_name
 
 
@@ -438,15 +439,16 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
             band = proof[1]
         path.remove(op)
 
-    program = build_program(path, SideExpressions(evaluate, m, n), d)
+    sides = SideExpressions(evaluate, m, n)
+    program = build_program(path, sides, d)
     pv_batch = tuple(out_val.shape[:-2])
     # All batch shapes along the attention are row-major reshapes of one another. Work in the longest one at which
     # a mask/bias applies (so that none of them needs a reshape, which would copy a broadcast tensor densely).
     batch = max([pv_batch] + [op.batch for _, op in program.loads], key=len)
-    tensors = [_place_tensor(node, op, batch, a_val.device) for node, op in program.loads]
+    tensors = [_place_tensor(node, op, batch, a_val.device, sides.reindexed.get(node)) for node, op in program.loads]
     score_tensors = [
         ScoreTensor("bias", "float32", use.broadcast) if use.scalar else
-        ScoreTensor("mask" if val(node).dtype == torch.bool else "bias", dtype_name(val(node).dtype), use.broadcast)
+        ScoreTensor(role_of(dtype_name(val(node).dtype)), dtype_name(val(node).dtype), use.broadcast)
         for (node, _), use in zip(program.loads, tensors)
     ]
     scale = q_operand.factor * k_operand.factor * program.scale_factor
@@ -502,18 +504,21 @@ class ScoreTensorUse:
 
     With ``scalar``, ``node`` is a float read at run time (:func:`fuse_attn.graph.nodes.runtime_scalar`: a scale or a
     softcap Dynamo lifted to an input), which the op receives as a one-element fp32 tensor on q's device -- a
-    run-time argument of the kernels, so one compiled graph serves every value."""
+    run-time argument of the kernels, so one compiled graph serves every value. With ``reindexed``, ``node`` is a
+    gather that the op receives as that view of its source (the gather itself is never computed)."""
 
     node: fx.Node
     tensor_batch: tuple
     rebatch: bool
     broadcast: tuple[bool, bool, bool, bool]
     scalar: bool = False
+    reindexed: Optional[Reindexing] = None
 
 
-def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device) -> ScoreTensorUse:
+def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device,
+                  reindexed: Optional[Reindexing] = None) -> ScoreTensorUse:
     """How the fused op receives ``tensor``, a side input of path op ``op`` broadcast against its value (or a float
-    read at run time, :attr:`ScoreTensorUse.scalar`)."""
+    read at run time, :attr:`ScoreTensorUse.scalar`; or a gather read as a view of its source, ``reindexed``)."""
     if runtime_scalar(tensor) is not None:
         return ScoreTensorUse(tensor, (), False, (True, True, True, True), scalar=True)
     fake = val(tensor)
@@ -538,7 +543,7 @@ def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device) -> ScoreTen
             op.node,
         )
     broadcast = (all_ones(batch_part[:-1]), all_ones(batch_part[-1:]), all_ones(tail[:1]), all_ones(tail[1:]))
-    return ScoreTensorUse(tensor, op.batch, rebatch, broadcast)
+    return ScoreTensorUse(tensor, op.batch, rebatch, broadcast, reindexed=reindexed)
 
 
 def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:

@@ -23,6 +23,7 @@ from fuse_attn.graph.context_parallel import ContextParallel, ring_attention_cal
 from fuse_attn.graph.matching import AttentionMatch, find_softmaxes, match_attention, weights_meet_a_product
 from fuse_attn.graph.nodes import (MatchContext, NotFused, aten, erase_dead_nodes, is_static, nodes_needing_grad,
                                    same_shape, shape_text, val)
+from fuse_attn.graph.score_reader import Reindexing
 from fuse_attn.kernels import dispatch, embedding_backward
 from fuse_attn.kernels.plan import size_hint
 from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, log
@@ -96,6 +97,28 @@ class _Emitter:
             self._fill_val(made, aten.mul.Tensor, (ones, node), {})
             self.shared_inputs[key] = made
         return made
+
+    def view_read(self, gather: fx.Node, reindexing: Reindexing) -> fx.Node:
+        """The view of the source of ``gather`` that holds its values (:class:`Reindexing`): the dims read at one
+        index selected, the others sliced to the range read, permuted to the order of ``gather``'s dims they
+        become, and ones inserted for its other dims."""
+        node = reindexing.source
+        for k in reversed(range(len(reindexing.dims))):  # (from the last, so that the earlier dims keep their place)
+            if reindexing.dims[k] is None:
+                node = self(aten.select.int, node, k, reindexing.starts[k])
+        shape = val(gather).shape
+        kept = [(dim, start) for dim, start in zip(reindexing.dims, reindexing.starts) if dim is not None]
+        for k, (dim, start) in enumerate(kept):
+            if start != 0 or not same_shape((val(node).shape[k],), (shape[dim],)):
+                node = self(aten.slice.Tensor, node, k, start, start + shape[dim])
+        order = sorted(range(len(kept)), key=lambda k: kept[k][0])
+        if order != list(range(len(kept))):
+            node = self(aten.permute.default, node, order)
+        placed = {dim for dim, _ in kept}
+        for dim in range(len(shape)):
+            if dim not in placed:
+                node = self(aten.unsqueeze.default, node, dim)
+        return node
 
     def _after_inputs(self, node: fx.Node) -> fx.Node:
         """``node``, or the graph's last input where ``node`` is one: where a node made from ``node`` goes."""
@@ -181,7 +204,7 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
         if use.scalar:
             tensors.append(emit.runtime_scalar_tensor(use.node, val(q4).device))
             continue
-        tensor = emit.keys_contiguous(use.node)
+        tensor = emit.keys_contiguous(use.node if use.reindexed is None else emit.view_read(use.node, use.reindexed))
         for _ in range(len(use.tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
         if use.rebatch:

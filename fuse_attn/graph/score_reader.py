@@ -9,9 +9,14 @@ preference:
 1. a constant, when they are a Python number or a one-element tensor computable from constants;
 2. an index expression, when they are built from ``arange`` (``arange(N)[None, :] - arange(M)[:, None]``):
    ``q_idx`` / ``kv_idx`` leaves, so a position-dependent bias or mask is computed in the kernel;
-3. an inlined pointwise subgraph, when it is a dense ``[.., M, N]`` value computed from smaller ones (a
-   bias ``slopes[h] * distance``, a mask ``causal & padding``): its smaller leaves are loaded instead;
-4. a loaded tensor (through broadcast strides, never copied densely).
+3. a gather ``ids[batch_idx, q_idx]`` whose indices are the element's positions (Hugging Face's mask functions read
+   document ids and positions so): a load of the gather, which the rewrite passes as a view of ``ids``
+   (:class:`Reindexing`), so the gather is never computed;
+4. an inlined pointwise subgraph, when it is a dense ``[.., M, N]`` value computed from smaller ones (a
+   bias ``slopes[h] * distance``, a mask ``causal & padding``, packed documents ``ids_q == ids_k``): its smaller
+   leaves are loaded instead;
+5. a loaded tensor (through broadcast strides, never copied densely): a bool mask, a float bias, or an integer
+   tensor that is not dense in both the query and the key dim (document ids, positions, chunk ids).
 
 Before that, a masking op whose mask is a compile-time constant (a ``tril`` buffer, an ``arange`` comparison,
 a Hugging Face 0 / ``finfo.min`` additive mask) is *evaluated*: if it equals a causal band (optionally a sliding
@@ -28,7 +33,7 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import torch
@@ -37,7 +42,9 @@ import torch.fx as fx
 from fuse_attn.graph.nodes import (CAST_OPS, IDENTITY_OPS, SCALAR_TYPES, MatchContext, NotFused, all_ones, aten,
                                    cast_dtype, is_pure, is_static, op_name, runtime_scalar, same_shape, shape_text,
                                    target_of, val)
-from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder
+from fuse_attn.score_program import (INT_DTYPES, LOAD_KINDS, MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder,
+                                     role_of)
+from fuse_attn.spec import dtype_name
 
 # Masks are evaluated at compile time only up to this many elements (a 16384 x 16384 causal mask is 2**28; the
 # evaluation makes a few temporaries of that size on the host, so bigger ones are loaded as tensors instead).
@@ -503,6 +510,8 @@ def _linear(expr: Expr) -> Optional[tuple[int, int, int]]:
         return (0, 0, expr[1]) if type(expr[1]) is int else None
     if kind == "index":
         return (1, 0, 0) if expr[1] == "q_idx" else (0, 1, 0)
+    if kind == "load":
+        return None  # values known only at run time
     parts = [_linear(child) for child in expr[1:]]
     if any(p is None for p in parts):
         return None
@@ -604,6 +613,18 @@ class _CannotExpress(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class Reindexing:
+    """A gather ``x = source[i_0, i_1, ...]`` that is a view of ``source``: ``x[p] = source[starts[0] + p[dims[0]],
+    starts[1] + p[dims[1]], ...]``, where a dim ``k`` with ``dims[k]`` None is read at ``starts[k]`` alone. Source dim
+    k becomes dim ``dims[k]`` of ``x``, sliced from ``starts[k]`` to its length there; ``x``'s other dims have size
+    1."""
+
+    source: fx.Node
+    dims: tuple[Optional[int], ...]
+    starts: tuple[int, ...]
+
+
 @dataclass
 class SideExpressions:
     """Turns the side operands of path ops into program expressions (see the module docstring for the order)."""
@@ -611,6 +632,8 @@ class SideExpressions:
     evaluate: ConstantEvaluator
     q_len: Any
     kv_len: Any
+    # each gather loaded as a view of its source (:meth:`_gather`), for the rewrite to read through that view
+    reindexed: dict[fx.Node, Reindexing] = field(default_factory=dict)
 
     def expression(self, x: Any) -> Expr:
         scalar = self.evaluate.try_scalar(x)
@@ -631,17 +654,58 @@ class SideExpressions:
         index = self._index(x)
         if index is not None:
             return index
+        gathered = self._gather(x)
+        if gathered is not None:
+            return gathered
         inlined = self._inline(x)
         if inlined is not None:
             return inlined
-        if self._loadable(x):
+        if _loadable(x):
             return ("load", x)
-        raise _CannotExpress(f"{x.name} is a {val(x).dtype} tensor (the kernels read bool masks and float biases)")
+        raise _CannotExpress(f"{x.name} is a {val(x).dtype} tensor {shape_text(val(x).shape)} (the kernels read bool "
+                             "masks, float biases and integer vectors)")
 
-    @staticmethod
-    def _loadable(x: fx.Node) -> bool:
-        dtype = val(x).dtype
-        return dtype == torch.bool or dtype.is_floating_point
+    def _gather(self, x: fx.Node) -> Optional[Expr]:
+        """``source[i_0, i_1, ...]`` (``aten.index``) whose every index is the element's position along one dim of
+        ``x`` plus a constant, or one constant: a load of ``x`` that the rewrite reads as a view of ``source``
+        (:class:`Reindexing`; Hugging Face's mask functions read document ids and positions so:
+        ``ids[batch_idx, q_idx] == ids[batch_idx, kv_idx]``), so the gather is never computed."""
+        if target_of(x) != aten.index.Tensor or not _loadable(x):
+            return None
+        source, indices = x.args[:2]
+        lengths, shape = val(source).shape, val(x).shape
+        if len(indices) != len(lengths):
+            return None  # a partial index (trailing dims kept whole), not read here
+        dims: list[Optional[int]] = []
+        starts: list[int] = []
+        for length, index in zip(lengths, indices):
+            if not isinstance(index, fx.Node) or getattr(val(index), "dtype", None) not in (torch.int64, torch.int32):
+                return None  # a None (a whole dim) or a bool index (a selection)
+            index_shape = val(index).shape
+            varying = [p for p, size in enumerate(index_shape) if not (isinstance(size, int) and size == 1)]
+            if not varying:
+                constant = self.evaluate.try_scalar(index)
+                if type(constant) is not int or not isinstance(length, int) or not 0 <= constant < length:
+                    return None  # (a negative index counts from the end)
+                dims.append(None)
+                starts.append(constant)
+                continue
+            # the index's values along its one varying dim, as a linear form of the position there (named q_idx)
+            position = _position_expression(index, ("index", "q_idx")) if len(varying) == 1 else None
+            linear = _linear(position) if position is not None else None
+            if linear is None or linear[:2] != (1, 0):
+                return None  # not the position itself plus a constant
+            dim, start = len(shape) - len(index_shape) + varying[0], linear[2]
+            whole = start == 0 and same_shape((shape[dim],), (length,))
+            if not (whole or (is_static((shape[dim], length)) and 0 <= start and start + shape[dim] <= length)):
+                return None
+            dims.append(dim)
+            starts.append(start)
+        placed = [d for d in dims if d is not None]
+        if len(set(placed)) != len(placed):
+            return None  # two source dims read along one position (a diagonal): no view
+        self.reindexed[x] = Reindexing(source, tuple(dims), tuple(starts))
+        return ("load", x)
 
     def _inline(self, x: fx.Node) -> Optional[Expr]:
         """``x`` computed in the kernel from its inputs, when that reads less than loading ``x``: x is dense in
@@ -765,6 +829,16 @@ def _keeps_alignment(x: fx.Node) -> bool:
     return len(before) == len(after) and all(p == q and same_shape((a,), (b,)) for (p, a), (q, b) in zip(before, after))
 
 
+def _loadable(x: fx.Node) -> bool:
+    """Whether the kernels read ``x`` as a score tensor: a bool mask, a float bias, or an integer tensor that is not
+    dense in both the query and the key dim (document ids, positions, lengths: a vector per query row or key
+    column, where an N x N one would cost the kernels as much as the mask it makes)."""
+    dtype = val(x).dtype
+    if dtype == torch.bool or dtype.is_floating_point:
+        return True
+    return dtype_name(dtype) in INT_DTYPES and not _is_dense_mn(x)
+
+
 def _is_dense_mn(x: fx.Node) -> bool:
     if not isinstance(val(x), torch.Tensor):
         return False
@@ -872,6 +946,13 @@ def build_program(ops: list[PathOp], sides: SideExpressions, head_dim: Any) -> S
     return ScoreProgram(factor, power, builder.program(score), loads)
 
 
+def _load_kind(node: fx.Node) -> str:
+    """The value kind of a loaded node in the program (a float read at run time is a float tensor)."""
+    if runtime_scalar(node) is not None:
+        return "float"
+    return LOAD_KINDS[role_of(dtype_name(val(node).dtype))]
+
+
 def _emit(builder: ScoreProgramBuilder, expr: Expr, loads: list, load_index: dict, op: PathOp) -> int:
     kind = expr[0]
     if kind == "const":
@@ -883,6 +964,6 @@ def _emit(builder: ScoreProgramBuilder, expr: Expr, loads: list, load_index: dic
         if node not in load_index:
             load_index[node] = len(loads)
             loads.append((node, op))
-        return builder.add("load", value=load_index[node])
+        return builder.load(load_index[node], _load_kind(node))
     args = [_emit(builder, child, loads, load_index, op) for child in expr[1:]]
     return builder.add_folded(kind, *args)

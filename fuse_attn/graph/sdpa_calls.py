@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import guard_bool, guard_int
 
-from fuse_attn.graph.nodes import NotFused, aten, val
+from fuse_attn.graph.nodes import NotFused, aten, erase_dead_nodes, val
 
 SDPA_OPS = {aten.scaled_dot_product_attention.default}
 # SDPA's parameters after q, k, v, with its defaults (torch/nn/functional.py; aten's schema has the same order).
@@ -160,10 +160,12 @@ def _check(call: fx.Node, a: dict) -> None:
 
 
 def settle(expansion: Expansion, fused: bool, graph: fx.Graph) -> None:
-    """After matching: the call's users keep the fused expansion (and the call goes), or get the call back (and the
-    expansion goes)."""
+    """After matching: the call's users keep the fused expansion (and the call goes, with what only it read: a mask
+    the fused program computes from smaller tensors), or get the call back (and the expansion goes)."""
     if fused:
+        inputs = expansion.call.all_input_nodes
         graph.erase_node(expansion.call)
+        erase_dead_nodes(graph, inputs)
         return
     if not getattr(expansion.output, "_erased", False):
         expansion.output.replace_all_uses_with(expansion.call)

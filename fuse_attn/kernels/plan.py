@@ -11,7 +11,8 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from fuse_attn.score_program import COMPARISON_OPS, LEAF_OPS, MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder, subprogram
+from fuse_attn.score_program import (COMPARISON_OPS, LEAF_OPS, MASKING_FILL_LIMIT, ScoreNode, ScoreProgramBuilder,
+                                     node_kinds, subprogram)
 from fuse_attn.spec import AttentionSpec
 
 
@@ -29,9 +30,17 @@ class KeyPadding(NamedTuple):
 class MaskBlocks(NamedTuple):
     """A mask whose tiles are classified per call (:func:`mask_blocks`)."""
 
-    tensor: int  # the score tensor holding it
+    tensor: Optional[int]  # the score tensor holding it (None: the mask is ``predicate``)
     hidden: str  # where it hides a score: "fill" (a bias at or below the fill limit), "false" / "true" (a bool mask)
     unmasked: int  # the program node that is the result where the mask hides nothing (the score itself for s + mask)
+    # the program node of a bool predicate of integer vectors that is the mask (packed documents' ids), or None
+    predicate: Optional[int] = None
+
+
+# The ops a predicate of integer vectors may use (:func:`_is_predicate`): those whose bounds over a granule of keys
+# ``score_program_eval.IntervalOps`` computes.
+PREDICATE_OPS = COMPARISON_OPS + ("logical_and", "logical_or", "logical_not", "add", "sub", "neg", "maximum",
+                                  "minimum", "where")
 
 
 class _Hidden(NamedTuple):
@@ -162,10 +171,11 @@ def _index_offset(program: tuple[ScoreNode, ...], index: int, leaf: str) -> Opti
 # memoized: the launchers read it for every launch (launch.common_kernel_args, launch.key_range_args)
 @functools.lru_cache(maxsize=1024)
 def key_padding(spec: AttentionSpec) -> Optional[KeyPadding]:
-    """A key padding vector of the spec, or None: score tensor ``tensor`` holds one row of keys per batch
-    (``[Z or 1, 1, 1, N]``) and the program masks every query's score wherever it is ``hidden`` ("false" / "true" for
-    a bool mask, "-inf" or "fill" -- at or below :data:`MASKING_FILL_LIMIT` -- for a bias). The kernels then skip the
-    key blocks outside a per-batch range of keys (``launch.key_range_args``), which changes no output or gradient:
+    """A key padding vector of the spec, or None: score tensor ``tensor``, a bool mask or a bias, holds one row of
+    keys per batch (``[Z or 1, 1, 1, N]``) and the program masks every query's score wherever it is ``hidden``
+    ("false" / "true" for a bool mask, "-inf" or "fill" -- at or below :data:`MASKING_FILL_LIMIT` -- for a bias). The
+    kernels then skip the key blocks outside a per-batch range of keys (``launch.key_range_args``), which changes no
+    output or gradient:
 
     * kind ``"-inf"`` (hidden scores are -inf, ``empty_rows="zero"``): the range is the first..last visible key; the
       keys outside it have probability exactly 0, and a row left with no key is 0 either way. (Under
@@ -184,7 +194,8 @@ def key_padding(spec: AttentionSpec) -> Optional[KeyPadding]:
     if not spec.score_program:
         return None
     program, root = spec.score_program, len(spec.score_program) - 1
-    vectors = [i for i, t in enumerate(spec.score_tensors) if t.broadcast[1:] == (True, True, False)]
+    vectors = [i for i, t in enumerate(spec.score_tensors)
+               if t.broadcast[1:] == (True, True, False) and t.role != "int"]
     bands = {found[0] for found in (_band_of(program, i) for i in range(len(program))) if found is not None}
     band = next(iter(bands)) if len(bands) == 1 and spec.causal is None else None
 
@@ -224,7 +235,13 @@ def mask_blocks(spec: AttentionSpec) -> Optional[MaskBlocks]:
     :func:`key_padding`'s "masking" kind; scores are taken to be finite and far above the fill), partial
     otherwise. Empty tiles are skipped, full ones run ``g`` alone (:func:`unmasked_spec`); the results are those of
     the whole computation. The backward uses it only where the mask needs no gradient (a full tile still has
-    one)."""
+    one).
+
+    The mask may also be a ``predicate`` of integer vectors (:func:`_is_predicate`; ``tensor`` None): packed
+    documents' ``ids_q == ids_k`` and ``pos_k <= pos_q``, in ``where(predicate, g(s), fill)``, ``where(predicate,
+    fill, g(s))`` or ``g(s) + where(predicate, 0, fill)``. No N x N tensor exists then: the launcher bounds the
+    predicate over each granule of keys from the vectors' ranges there (``launch.mask_granules``): a tile is full or
+    empty where those bounds prove it, partial otherwise."""
     program = spec.score_program
     if spec.causal is not None or not program:
         return None
@@ -240,24 +257,72 @@ def mask_blocks(spec: AttentionSpec) -> Optional[MaskBlocks]:
     if root.op == "add":
         loads = [a for a in root.args if program[a].op == "load"]
         if len(loads) != 1:
-            return None
+            # ``g(s) + where(predicate, 0, fill)``: Hugging Face's eager form of a mask of packed documents
+            chosen = [a for a in root.args if program[a].op == "where" and _chosen_fill(program, a, 0.0) is not None]
+            if len(chosen) != 1:
+                return None
+            unmasked = next(a for a in root.args if a != chosen[0])
+            return _predicate_blocks(spec, program[chosen[0]].args[0], _chosen_fill(program, chosen[0], 0.0)[0],
+                                     unmasked)
         index, role, hidden = program[loads[0]].value, "bias", "fill"
         unmasked = next(a for a in root.args if a != loads[0])
-    elif root.op == "where" and program[root.args[0]].op == "load":
-        index, role = program[root.args[0]].value, "mask"
-        keep, drop = root.args[1:]
-        if program[drop].op == "const" and program[drop].value <= MASKING_FILL_LIMIT:
-            hidden, unmasked = "false", keep
-        elif program[keep].op == "const" and program[keep].value <= MASKING_FILL_LIMIT:
-            hidden, unmasked = "true", drop
-        else:
-            return None
+    elif root.op == "where" and _chosen_fill(program, len(program) - 1) is not None:
+        hidden, unmasked = _chosen_fill(program, len(program) - 1)
+        cond = root.args[0]
+        if program[cond].op != "load":
+            return _predicate_blocks(spec, cond, hidden, unmasked)
+        index, role = program[cond].value, "mask"
     else:
         return None
     t = spec.score_tensors[index]
     if t.role != role or t.broadcast[1:] != (True, False, False) or not _cannot_mask(program, unmasked):
         return None
     return MaskBlocks(index, hidden, unmasked)
+
+
+def _chosen_fill(program: tuple[ScoreNode, ...], index: int, other: Optional[float] = None) -> Optional[tuple[str, int]]:
+    """For ``where(c, a, b)`` with one branch a constant at or below :data:`MASKING_FILL_LIMIT`: ("false", a) when
+    b is that fill (c false hides), ("true", b) when a is; the other branch must be the constant ``other`` where
+    given. None otherwise."""
+    _, keep, drop = program[index].args
+
+    def number(i):
+        return program[i].value if program[i].op == "const" and not isinstance(program[i].value, bool) else None
+
+    def is_fill(i):
+        return number(i) is not None and number(i) <= MASKING_FILL_LIMIT
+
+    def is_other(i):
+        return other is None or number(i) == other
+
+    if is_fill(drop) and is_other(keep):
+        return "false", keep
+    if is_fill(keep) and is_other(drop):
+        return "true", drop
+    return None
+
+
+def _predicate_blocks(spec: AttentionSpec, predicate: int, hidden: str, unmasked: int) -> Optional[MaskBlocks]:
+    """The mask blocks of a predicate masking ``unmasked`` (``hidden`` as :class:`MaskBlocks` says), if it is one."""
+    program = spec.score_program
+    if not _is_predicate(program, predicate, spec.score_tensors) or not _cannot_mask(program, unmasked):
+        return None
+    return MaskBlocks(None, hidden, unmasked, predicate)
+
+
+def _is_predicate(program: tuple[ScoreNode, ...], index: int, tensors) -> bool:
+    """Whether bool node ``index`` is computed from integer vectors the heads share (each read per query row, per key
+    column or once), the query and key indices and constants alone, through :data:`PREDICATE_OPS`, reading at least
+    one vector: a mask the launcher classifies per call from the vectors' bounds over each granule of keys
+    (``launch.mask_granules``), never reading an N x N tensor."""
+    nodes = subprogram(program, index)
+    kinds = node_kinds(nodes, tuple(tensors))
+    if kinds[-1] != "bool" or "float" in kinds:
+        return False
+    loads = [tensors[node.value] for node in nodes if node.op == "load"]
+    if not loads or any(t.role != "int" or not t.broadcast[1] or not (t.broadcast[2] or t.broadcast[3]) for t in loads):
+        return False
+    return all(node.op in PREDICATE_OPS or node.op in ("const", "load", "q_idx", "kv_idx") for node in nodes)
 
 
 def unmasked_spec(spec: AttentionSpec) -> Optional[AttentionSpec]:
@@ -325,5 +390,7 @@ def describe(spec: AttentionSpec) -> str:
         parts.append(f"padded keys{band} skipped ({spec.score_tensors[padding.tensor].role}{padding.tensor})")
     summarized = mask_blocks(spec)
     if summarized is not None:
-        parts.append(f"tiles classified per call ({spec.score_tensors[summarized.tensor].role}{summarized.tensor})")
+        read = ([summarized.tensor] if summarized.predicate is None else
+                sorted({n.value for n in subprogram(spec.score_program, summarized.predicate) if n.op == "load"}))
+        parts.append(f"tiles classified per call ({', '.join(f'{spec.score_tensors[i].role}{i}' for i in read)})")
     return " ".join(parts)

@@ -1,13 +1,15 @@
 """The score program of an AttentionSpec (``spec.score_program``): evaluation and reverse-mode differentiation.
 
 Each op's forward is a method of the same name on an *ops namespace*; each op's derivative is written once, in
-:data:`VJP`, in terms of that namespace. Three namespaces instantiate them:
+:data:`VJP`, in terms of that namespace. These namespaces instantiate them:
 
 * :class:`TorchOps` -- torch tensors: :func:`~fuse_attn.kernels.reference_attention`, the CPU blockwise forward
   and, through :func:`backward`, the CPU blockwise backward (which runs below the Autograd dispatch key, where
   torch.autograd records nothing, so the program is differentiated here);
 * ``codegen.TritonOps`` -- Triton source text for the kernels' SCORE_MOD / SCORE_MOD_BWD blocks;
-* :class:`BoundOps` -- magnitude bounds, which codegen uses to leave out clamps and guards that cannot trigger.
+* :class:`BoundOps` -- magnitude bounds, which codegen uses to leave out clamps and guards that cannot trigger;
+* :class:`IntervalOps` -- bounds of a predicate of integer vectors over sets of elements, from which the launcher
+  classifies a mask's tiles per call (the ops of ``plan.PREDICATE_OPS`` only: a predicate has no derivative).
 
 A namespace provides ``score()``, ``index(op)`` (q_idx, kv_idx, batch_idx, head_idx, q_len, kv_len),
 ``const(value)``, ``load(tensor)``, one method per op of :mod:`fuse_attn.score_program`'s ``UNARY_OPS`` /
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -169,7 +171,9 @@ class TorchOps:
 
     def load(self, i):
         t = self.tensors[i]
-        return t if t.dtype == torch.bool else t.to(self.ct)
+        if t.is_floating_point():
+            return t.to(self.ct)
+        return t if t.dtype == torch.bool else t.to(torch.int64)
 
     def bind(self, value, name, note=""):
         return value
@@ -305,8 +309,8 @@ def _mul_mag(a: float, b: float) -> float:
 
 # |natural log| of any finite positive fp32: log(2**-149) = -103.28 (smallest subnormal), log(FLT_MAX) = 88.72.
 _LOG_MAG = 149 * math.log(2.0)
-# Indices and lengths are int64 at most (they wrap, never become inf).
-_INT_MAG = 2.0 ** 63
+# Indices, lengths and loaded integers are int64 at most (they wrap, never become inf).
+INT_BOUND = Bound(2.0 ** 63, False)
 
 
 class BoundOps:
@@ -319,7 +323,7 @@ class BoundOps:
         return self._score
 
     def index(self, op):
-        return Bound(_INT_MAG, False)
+        return INT_BOUND
 
     def const(self, value):
         v = float(value)
@@ -381,3 +385,111 @@ class BoundOps:
         return Bound(1.0, False)
 
     lt = le = gt = ge = eq = ne = logical_and = logical_or = logical_not = _bool
+
+
+# ---- intervals ------------------------------------------------------------------------------------------------------
+class Span(NamedTuple):
+    """An integer value's bounds over a set of elements: ``lo <= value <= hi`` (int64 tensors, broadcasting)."""
+
+    lo: Tensor
+    hi: Tensor
+
+
+class Truth(NamedTuple):
+    """A bool value over a set of elements: whether it may be true somewhere, whether it may be false somewhere."""
+
+    may_be_true: Tensor
+    may_be_false: Tensor
+
+
+class IntervalOps:
+    """The integer and bool values of a predicate (``plan.PREDICATE_OPS``) over sets of elements -- a query row and
+    a granule of keys, in ``launch.mask_granules`` -- as :class:`Span` / :class:`Truth` tensors. ``indices`` and
+    ``loads`` give the leaves' spans (by index op and by score tensor). A bool is certain (one of its flags False)
+    only where its inputs' bounds prove it. The integers are taken to stay far from int64's limits (ids, positions
+    and offsets), where sums do not wrap."""
+
+    def __init__(self, indices: dict[str, Span], loads: dict[int, Span], device):
+        self.indices, self.loads, self.device = indices, loads, device
+
+    def index(self, op):
+        return self.indices[op]
+
+    def load(self, i):
+        return self.loads[i]
+
+    def const(self, value):
+        if isinstance(value, bool):
+            return Truth(torch.tensor(value, device=self.device), torch.tensor(not value, device=self.device))
+        number = torch.tensor(value, dtype=torch.int64, device=self.device)
+        return Span(number, number)
+
+    def bind(self, value, name, note=""):
+        return value
+
+    def neg(self, a):
+        a = _span(a)
+        return Span(-a.hi, -a.lo)
+
+    def add(self, a, b):
+        a, b = _span(a), _span(b)
+        return Span(a.lo + b.lo, a.hi + b.hi)
+
+    def sub(self, a, b):
+        a, b = _span(a), _span(b)
+        return Span(a.lo - b.hi, a.hi - b.lo)
+
+    def maximum(self, a, b):
+        a, b = _span(a), _span(b)
+        return Span(torch.maximum(a.lo, b.lo), torch.maximum(a.hi, b.hi))
+
+    def minimum(self, a, b):
+        a, b = _span(a), _span(b)
+        return Span(torch.minimum(a.lo, b.lo), torch.minimum(a.hi, b.hi))
+
+    def lt(self, a, b):
+        a, b = _span(a), _span(b)
+        return Truth(a.lo < b.hi, a.hi >= b.lo)
+
+    def le(self, a, b):
+        a, b = _span(a), _span(b)
+        return Truth(a.lo <= b.hi, a.hi > b.lo)
+
+    def gt(self, a, b):
+        return self.lt(b, a)
+
+    def ge(self, a, b):
+        return self.le(b, a)
+
+    def eq(self, a, b):
+        a, b = _span(a), _span(b)
+        single = (a.lo == a.hi) & (b.lo == b.hi) & (a.lo == b.lo)  # both one and the same value
+        return Truth((a.lo <= b.hi) & (b.lo <= a.hi), ~single)
+
+    def ne(self, a, b):
+        return self.logical_not(self.eq(a, b))
+
+    def logical_not(self, a):
+        return Truth(a.may_be_false, a.may_be_true)
+
+    def logical_and(self, a, b):
+        return Truth(a.may_be_true & b.may_be_true, a.may_be_false | b.may_be_false)
+
+    def logical_or(self, a, b):
+        return Truth(a.may_be_true | b.may_be_true, a.may_be_false & b.may_be_false)
+
+    def where(self, c, a, b):
+        """``a`` where ``c`` is certainly true, ``b`` where certainly false, else what either may be."""
+        if isinstance(a, Truth) and isinstance(b, Truth):
+            return Truth((c.may_be_true & a.may_be_true) | (c.may_be_false & b.may_be_true),
+                         (c.may_be_true & a.may_be_false) | (c.may_be_false & b.may_be_false))
+        a, b, either = _span(a), _span(b), c.may_be_true & c.may_be_false
+        return Span(torch.where(either, torch.minimum(a.lo, b.lo), torch.where(c.may_be_true, a.lo, b.lo)),
+                    torch.where(either, torch.maximum(a.hi, b.hi), torch.where(c.may_be_true, a.hi, b.hi)))
+
+
+def _span(x):
+    """An integer's bounds; a bool's as the integer it is in arithmetic and comparisons (True 1, False 0)."""
+    if isinstance(x, Span):
+        return x
+    return Span((~x.may_be_false).to(torch.int64), x.may_be_true.to(torch.int64))

@@ -74,6 +74,19 @@ def _mask_summarized_spec():
     return dict(score_program=b.program(added), score_tensors=(ScoreTensor("bias", "bfloat16", (False, True, False, False)),))
 
 
+def _packed_documents_spec():
+    """Packed documents as an SDPA call of Hugging Face's masks them: ``(pos_k <= pos_q) & (ids_q == ids_k)``, ids and
+    positions per query row (int64) and per key column (int32), the tiles classified per call from them."""
+    b = ScoreProgramBuilder()
+    pos_k, pos_q, ids_q, ids_k = (b.load(i, "int") for i in range(4))
+    keep = b.add("logical_and", b.add("le", pos_k, pos_q), b.add("eq", ids_q, ids_k))
+    hidden = b.add("where", b.add("logical_not", keep), b.const(float("-inf")), b.add("score"))
+    rows, cols = (False, True, False, True), (False, True, True, False)
+    tensors = (ScoreTensor("int", "int32", cols), ScoreTensor("int", "int64", rows), ScoreTensor("int", "int64", rows),
+               ScoreTensor("int", "int32", cols))
+    return dict(score_program=b.program(hidden), score_tensors=tensors, empty_rows="zero")
+
+
 # Spec fields beyond bf16, head dim 64 and scale 0.125
 SPECS = {
     "causal": dict(causal=CausalMask()),
@@ -87,6 +100,7 @@ SPECS = {
     "padding and causal in one finfo.min mask": _padding_and_causal_in_one_mask_spec(),
     "sliding window": dict(causal=CausalMask(window=64)),
     "a mask summarized per call": _mask_summarized_spec(),
+    "packed documents": _packed_documents_spec(),
 }
 
 
@@ -95,8 +109,10 @@ def _tensors(spec: AttentionSpec, Z=2, H=8, L=256):
     q = torch.randn(Z, H, L, spec.head_dim, dtype=dtype)
     k = torch.randn(Z, H // spec.gqa_group, L, spec.head_dim, dtype=dtype)
     v = torch.randn(Z, H // spec.gqa_group, L, spec.head_dim_v, dtype=dtype)
-    scores = [torch.randn(*(1 if b else n for b, n in zip(t.broadcast, (Z, H, L, L))), dtype=getattr(torch, t.dtype))
-              if t.role == "bias" else torch.rand(Z, 1, 1, L) < 0.9 for t in spec.score_tensors]
+    shapes = [[1 if b else n for b, n in zip(t.broadcast, (Z, H, L, L))] for t in spec.score_tensors]
+    scores = [torch.randn(*shape, dtype=getattr(torch, t.dtype)) if t.role == "bias" else
+              torch.randint(0, 3, shape, dtype=getattr(torch, t.dtype)) if t.role == "int" else
+              torch.rand(Z, 1, 1, L) < 0.9 for t, shape in zip(spec.score_tensors, shapes)]
     seed = torch.tensor(7) if spec.dropout_p else None
     return q, k, v, scores, seed
 

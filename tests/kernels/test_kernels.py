@@ -1063,3 +1063,52 @@ def test_key_padding_is_named_only_where_the_vector_masks_the_score(form, paddin
     # a [Z, 1, M, N] tensor is no padding vector
     per_query = (dataclasses.replace(tensors[0], broadcast=(False, True, False, False)), *tensors[1:])
     assert plan.key_padding(dataclasses.replace(spec, score_tensors=per_query)) is None
+
+
+def _document_program(b, s, t):
+    """where((ids_q == ids_k) & (kv_idx <= q_idx), s + bias + pos_k * pos_k / 100, -inf): packed documents from
+    integer vectors, and integer arithmetic on a key's position in its document that overflows 8 bits (19 * 19)
+    unless computed as torch computes it (t: the ids per query row and per key column, the positions, the bias)."""
+    same_document = b.add("eq", t[0], t[1])
+    causal = b.add("le", b.add("kv_idx"), b.add("q_idx"))
+    x = b.add("add", b.add("add", s, t[3]), b.add("div", b.add("mul", t[2], t[2]), b.const(100)))
+    return b.add("where", b.add("logical_and", same_document, causal), x, b.const(float("-inf")))
+
+
+@pytest.mark.parametrize("row_dtype, column_dtype", [(torch.int64, torch.int32), (torch.int16, torch.uint8),
+                                                     (torch.int8, torch.int64)])
+@pytest.mark.parametrize("interpret", ["1", "0"])
+def test_integer_vectors(row_dtype, column_dtype, interpret, monkeypatch):
+    """Document ids read per query row and per key column as integer score tensors of any integer dtype, compared and
+    computed with in the score program (forward and backward: the ids need no gradient, the bias next to them gets
+    one), on the kernels and the blockwise path; unsorted ids and an id that comes back after another."""
+    monkeypatch.setenv("TRITON_INTERPRET", interpret)
+    Z, H, L, D = 2, 2, 37, 16
+    g = torch.Generator().manual_seed(5)
+    lengths = [[9, 12, 16], [5, 20, 12]]
+    documents = torch.tensor([[0] * 9 + [17] * 12 + [1] * 16, [2] * 5 + [0] * 20 + [2] * 12])  # [Z, L]
+    positions = torch.stack([torch.cat([torch.arange(n) for n in row]) for row in lengths])
+    q, k, v = (torch.randn(Z, H, L, D, generator=g) for _ in range(3))
+    bias = torch.randn(1, H, 1, L, generator=g).requires_grad_(True)
+    tensors = [documents.to(row_dtype)[:, None, :, None], documents.to(column_dtype)[:, None, None, :],
+               positions.to(column_dtype)[:, None, None, :], bias]
+    infos = tuple(ScoreTensor(role, str(t.dtype).removeprefix("torch."), tuple(n == 1 for n in t.shape))
+                  for role, t in zip(("int", "int", "int", "bias"), tensors))
+    b = ScoreProgramBuilder()
+    loads = [b.load(0, "int"), b.load(1, "int"), b.load(2, "int"), b.load(3, "float")]
+    spec = AttentionSpec(dtype="float32", head_dim=D, head_dim_v=D, scale=D ** -0.5,
+                         score_program=b.program(_document_program(b, b.add("score"), loads)), score_tensors=infos)
+    run_and_check(q, k, v, tensors, spec, torch.float32)
+    one_document = [torch.zeros_like(t) for t in tensors[:2]] + tensors[2:]
+    assert not torch.allclose(flash_attention(q, k, v, spec, tensors), flash_attention(q, k, v, spec, one_document))
+
+
+def test_integer_vectors_are_no_padding_and_need_an_integer_dtype():
+    b = ScoreProgramBuilder()
+    s = b.add("score")
+    program = b.program(b.add("add", s, b.add("to_float", b.load(0, "int"))))
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=program,
+                         score_tensors=(ScoreTensor("int", "int64", (False, True, True, False)),), empty_rows="zero")
+    assert plan.key_padding(spec) is None  # an integer is never -inf: keys it is added to are not hidden by it
+    with pytest.raises(UnsupportedSpec, match="int tensor of dtype float32"):
+        dataclasses.replace(spec, score_tensors=(ScoreTensor("int", "float32", (False, True, True, False)),))

@@ -1,8 +1,10 @@
 """Tiles classified per call from a mask tensor of unknown values (``AttentionSpec.mask_blocks``,
-``launch.mask_block_args``): empty tiles skipped, full ones run without the score program, in the forward, dQ and
-dK/dV kernels, with the results of the whole computation. Kernels through the Triton interpreter; the interpreter
-configs' tiles are 32 x 16 (forward, dQ) and 16 query x 32 key rows (dK/dV)."""
+``launch.mask_block_args``), or from the bounds of a predicate of integer vectors (packed documents): empty tiles
+skipped, full ones run without the score program, in the forward, dQ and dK/dV kernels, with the results of the whole
+computation. Kernels through the Triton interpreter; the interpreter configs' tiles are 32 x 16 (forward, dQ) and
+16 query x 32 key rows (dK/dV)."""
 
+import dataclasses
 import os
 
 import pytest
@@ -10,10 +12,10 @@ import torch
 from expecttest import TestCase
 
 from fuse_attn.kernels import plan
-from fuse_attn.kernels import tuning, flash_attention
+from fuse_attn.kernels import score_program_eval, tuning, flash_attention
 
 from fuse_attn.kernels.generated import launch
-from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreProgramBuilder, ScoreTensor, program_text
+from fuse_attn.score_program import MASKING_FILL_LIMIT, ScoreProgramBuilder, ScoreTensor, program_text, subprogram
 from fuse_attn.spec import AttentionSpec, CausalMask
 from tests.support.graph_capture import rewrite_reports, verdict_lines
 from tests.support.cases import make_case, run_and_check
@@ -108,7 +110,8 @@ def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, g
     mask[0, :, 40:45, 0:16] = 3.0  # a partial block below the diagonal
     mask[0, :, 20:24, 40:41] = 0.0  # a single visible key past the diagonal (1 of a 32-key block's granules)
     q, k, v, tensors, spec = mask_case(mask, Z=3)
-    args = launch.mask_block_args(launch.mask_granules(spec, tensors, 53, granule), 45, 53, rows, cols, key_major, q)
+    granules = launch.mask_granules(spec, tensors, 45, 53, granule)
+    args = launch.mask_block_args(granules, 45, 53, rows, cols, key_major, q)
     assert args["MASK_BLOCKS"] and args["stride_blist_z"] > 0
     classes = classify(mask, rows, cols)
     if key_major:
@@ -135,7 +138,7 @@ def test_block_lists_match_a_brute_force_classification(key_major, rows, cols, g
 
 def test_a_mask_shared_by_the_batch_has_stride_zero():
     q, k, v, tensors, spec = mask_case(causal_fill(40, 40))
-    args = launch.mask_block_args(launch.mask_granules(spec, tensors, 40, 16), 40, 40, 32, 16, False, q)
+    args = launch.mask_block_args(launch.mask_granules(spec, tensors, 40, 40, 16), 40, 40, 32, 16, False, q)
     assert args["BlockList"].shape == (1, 2, 3) and args["stride_blist_z"] == 0 and args["stride_bcount_z"] == 0
 
 
@@ -167,7 +170,8 @@ def test_full_tiles_after_a_gap_run_with_the_predicate(dtype):
     mask[1, :, 20:26, 70:75] = 2.0
     q, k, v, tensors, spec = mask_case(mask, dtype=dtype)
     for rows, cols, key_major in ((32, 16, False), (16, 32, True)):  # the interpreter's forward / dQ and dK/dV tiles
-        args = launch.mask_block_args(launch.mask_granules(spec, tensors, 97, 16), 70, 97, rows, cols, key_major, q)
+        granules = launch.mask_granules(spec, tensors, 70, 97, 16)
+        args = launch.mask_block_args(granules, 70, 97, rows, cols, key_major, q)
         classes = classify(mask, rows, cols)
         n_full = (classes.transpose(1, 2) if key_major else classes).eq(0).sum(-1)
         assert int(args["BlockCounts"][..., 0].sum()) < int(n_full.sum()), (rows, cols)
@@ -304,8 +308,8 @@ def test_which_specs_are_summarized():
         return AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, causal=causal, score_program=program,
                              score_tensors=(ScoreTensor(role, "float32", broadcast),))
 
-    assert plan.mask_blocks(spec()) == (0, "fill", 0)
-    assert plan.mask_blocks(spec(broadcast=(True, True, False, False))) == (0, "fill", 0)
+    assert plan.mask_blocks(spec()) == plan.MaskBlocks(0, "fill", 0)
+    assert plan.mask_blocks(spec(broadcast=(True, True, False, False))) == plan.MaskBlocks(0, "fill", 0)
     assert plan.mask_blocks(spec(broadcast=(False, False, False, False))) is None  # per head: one summary per head
     assert plan.mask_blocks(spec(broadcast=(False, True, True, False))) is None  # a key padding vector (key_padding)
     assert plan.mask_blocks(spec(causal=CausalMask())) is None  # the band already skips blocks, at compile time
@@ -313,13 +317,14 @@ def test_which_specs_are_summarized():
     softcapped = b.program(b.add("tanh", b.add("add", b.add("score"), b.add("load", value=0))))
     assert plan.mask_blocks(spec(program=softcapped)) is None  # where the mask is 0 the program is not s itself
     for fill, kept in ((float("-inf"), True), (FMIN, True), (-1e4, False)):  # -1e4 hides less than the limit
-        assert plan.mask_blocks(spec(program=bool_program("false", fill), role="mask")) == ((0, "false", 0) if kept else None)
-        assert plan.mask_blocks(spec(program=bool_program("true", fill), role="mask")) == ((0, "true", 0) if kept else None)
+        for hidden in ("false", "true"):
+            expected = plan.MaskBlocks(0, hidden, 0) if kept else None
+            assert plan.mask_blocks(spec(program=bool_program(hidden, fill), role="mask")) == expected
     for floor, kept in ((FMIN, True), (-1e4, False)):  # a floor above the limit would hide nothing
         for op in ("maximum", "clamp_min"):
             b = ScoreProgramBuilder()
             program = b.program(b.add(op, b.add("add", b.add("score"), b.add("load", value=0)), b.const(floor)))
-            assert plan.mask_blocks(spec(program=program)) == ((0, "fill", 0) if kept else None)
+            assert plan.mask_blocks(spec(program=program)) == (plan.MaskBlocks(0, "fill", 0) if kept else None)
     capped = spec(program=softcap_plus_mask())  # Gemma-2's eager order: the softcap, then the mask
     assert plan.mask_blocks(capped)[:2] == (0, "fill")
     assert program_text(plan.unmasked_spec(capped).score_program, ()) == "tanh(s / 50) * 50"
@@ -340,7 +345,7 @@ def mask_reads(monkeypatch) -> list:
     """The granule of every summary of a mask (every read of it) the launcher makes, in order."""
     reads = []
     summarize = launch.mask_granules
-    monkeypatch.setattr(launch, "mask_granules", lambda *args: reads.append(args[3]) or summarize(*args))
+    monkeypatch.setattr(launch, "mask_granules", lambda *args: reads.append(args[4]) or summarize(*args))
     return reads
 
 
@@ -371,7 +376,7 @@ def test_the_tuner_times_a_causal_mask(hidden):
     expected = {"fill": torch.where(visible, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16),
                 "false": visible, "true": ~visible}[hidden]
     assert torch.equal(tuning, expected)
-    granules = launch.mask_granules(spec, [tuning], 9, 3)
+    granules = launch.mask_granules(spec, [tuning], 6, 9, 3)
     assert granules.hidden.any() and granules.unchanged.any()  # full and empty tiles to time, not only partial ones
 
 
@@ -381,7 +386,7 @@ def test_the_summary_compiles_with_symbolic_lengths():
     spec = mask_case(causal_fill(40, 40))[4]
 
     def summary(mask):
-        granules = launch.mask_granules(spec, [mask], mask.shape[3], 8)
+        granules = launch.mask_granules(spec, [mask], mask.shape[2], mask.shape[3], 8)
         args = launch.mask_block_args(granules, mask.shape[2], mask.shape[3], 32, 16, True, mask)
         return args["BlockList"], args["BlockCounts"]
 
@@ -447,3 +452,173 @@ def test_the_tuner_reads_the_mask_once_per_set_of_tuning_tensors(mask_reads, mon
     flash_attention(q, k, v, spec, tensors).sum().backward()
     assert {kind for kind, _ in repeated} == {"fwd", "bwd_dq", "bwd_dkdv"}
     assert all(count == 0 for _, count in repeated), repeated
+
+
+# ---- a predicate of integer vectors (packed documents) -------------------------------------------------------------
+def documents_spec(form: str, dtype=torch.float32, strict=False):
+    """Packed documents as Hugging Face's eager attention (``s + where(P, 0, finfo.min)``) or SDPA call
+    (``where(~P, -inf, s)``, empty rows 0) computes them, ``P = (pos_k <= pos_q) & (ids_q == ids_k)`` (``<`` where
+    ``strict``: each document's first token then sees no key); the tensors from :func:`documents_tensors`."""
+    b = ScoreProgramBuilder()
+    s = b.add("score")
+    pos_k, pos_q, ids_q, ids_k = (b.load(i, "int") for i in range(4))
+    keep = b.add("logical_and", b.add("lt" if strict else "le", pos_k, pos_q), b.add("eq", ids_q, ids_k))
+    if form == "eager":
+        root = b.add("add", s, b.add("where", keep, b.const(0.0), b.const(torch.finfo(dtype).min)))
+    else:
+        root = b.add("where", b.add("logical_not", keep), b.const(float("-inf")), s)
+    rows, cols = (False, True, False, True), (False, True, True, False)
+    tensors = tuple(ScoreTensor("int", "int64", broadcast) for broadcast in (cols, rows, rows, cols))
+    return AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=16, head_dim_v=16, scale=0.25,
+                         score_program=b.program(root), score_tensors=tensors,
+                         empty_rows="nan" if form == "eager" else "zero")
+
+
+def documents_tensors(ids: torch.Tensor) -> list:
+    """The loads of :func:`documents_spec` for ``[Z, L]`` document ids: positions restart where the id changes."""
+    starts = torch.ones_like(ids, dtype=torch.bool)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    index = torch.arange(ids.shape[1]).expand_as(ids)
+    positions = index - torch.cummax(torch.where(starts, index, 0), -1).values
+    return [positions[:, None, None, :], positions[:, None, :, None], ids[:, None, :, None], ids[:, None, None, :]]
+
+
+def written_out(spec, tensors):
+    """A spec's predicate mask written out, ``[Z, 1, M, N]`` (0 where it keeps a key, finfo.min where it hides one),
+    and the spec of ``s + mask`` that summarizes it as a tensor: the exact granules to hold the bounded ones to."""
+    summarized = plan.mask_blocks(spec)
+    Z, M, N = max(t.shape[0] for t in tensors), max(t.shape[2] for t in tensors), max(t.shape[3] for t in tensors)
+    s = torch.zeros(Z, 1, M, N)
+    indices = score_program_eval.torch_indices(0, M, Z, 1, M, N, s.device)
+    predicate = score_program_eval.forward(subprogram(spec.score_program, summarized.predicate),
+                                           score_program_eval.TorchOps(s, tensors, indices))[-1]
+    keeps = predicate if summarized.hidden == "false" else ~predicate
+    b = ScoreProgramBuilder()
+    bias = dataclasses.replace(spec, score_program=b.program(b.add("add", b.add("score"), b.add("load", value=0))),
+                               score_tensors=(ScoreTensor("bias", "float32", (False, True, False, False)),))
+    return torch.where(keeps, 0.0, FMIN).expand(Z, 1, M, N), bias
+
+
+def assert_granules_are_proofs(spec, tensors, granule, exact_where=()):
+    """Where the granules from a predicate's bounds say hidden, unchanged or a row keeping a visible key, the mask
+    written out says so too; for the names in ``exact_where``, they say all of it."""
+    mask, bias = written_out(spec, tensors)
+    M, N = mask.shape[-2:]
+    exact = launch.mask_granules(bias, [mask], M, N, granule)
+    bounded = launch.mask_granules(spec, tensors, M, N, granule)
+    for name in ("hidden", "unchanged", "keeps_visible"):
+        ours, truth = getattr(bounded, name), getattr(exact, name)
+        assert not (ours & ~truth).any(), name  # never claimed where it does not hold
+        if name in exact_where:
+            assert torch.equal(ours, truth), name
+    return bounded
+
+
+# ids: documents of 16 and 32 tokens (no granule holds two), and documents of any length, unsorted, an id that comes
+# back after another
+ALIGNED = torch.tensor([[0] * 16 + [1] * 32 + [2] * 16 + [3] * 16, [5] * 48 + [0] * 32])
+ANY = torch.tensor([[0] * 7 + [1] * 20 + [2] * 30 + [3] * 13 + [4] * 10, [3] * 25 + [0] * 9 + [3] * 40 + [1] * 6])
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("granule", [8, 16])
+def test_a_predicates_granules_are_proofs(strict, granule):
+    """The granules of packed documents from the vectors' bounds are proofs; with no granule holding two documents,
+    they are exact (but for a row's visible key where the predicate hides a row's own key: strictly causal)."""
+    for ids in (ALIGNED, ANY):
+        spec = documents_spec("eager", strict=strict)
+        assert plan.mask_blocks(spec)[:2] == (None, "false") and plan.mask_blocks(spec).predicate is not None
+        exact = ("hidden", "unchanged") + (() if strict else ("keeps_visible",)) if ids is ALIGNED else ()
+        bounded = assert_granules_are_proofs(spec, documents_tensors(ids), granule, exact)
+        assert bounded.hidden.any() and bounded.unchanged.any()
+
+
+def test_interval_ops_bound_every_value():
+    """Each op of ``IntervalOps`` (every op of ``plan.PREDICATE_OPS``) on random spans and truths, each holding a
+    random value: the result holds torch's op of the values -- so a bool it calls certain is -- with bools taken as
+    the integers 0 and 1 where an integer op reads them."""
+    g = torch.Generator().manual_seed(0)
+    n = 4000
+
+    def span():
+        a, b = torch.randint(-6, 7, (2, n), generator=g)
+        lo, hi = torch.minimum(a, b), torch.maximum(a, b)
+        return score_program_eval.Span(lo, hi), lo + (torch.rand(n, generator=g) * (hi - lo + 1)).long()
+
+    def truth():
+        may_be_true, either = torch.rand(2, n, generator=g) < 0.5
+        may_be_false = ~may_be_true | either
+        may_be_true = may_be_true | either
+        value = torch.where(either, torch.rand(n, generator=g) < 0.5, may_be_true)
+        return score_program_eval.Truth(may_be_true, may_be_false), value
+
+    ops = score_program_eval.IntervalOps({}, {}, "cpu")
+    integer = lambda: span() if torch.rand(1, generator=g) < 0.8 else truth()  # noqa: E731
+    cases = [(op, fn, (integer,) * arity) for op, fn, arity in (
+        ("neg", torch.neg, 1), ("add", torch.add, 2), ("sub", torch.sub, 2), ("maximum", torch.maximum, 2),
+        ("minimum", torch.minimum, 2), ("lt", torch.lt, 2), ("le", torch.le, 2), ("gt", torch.gt, 2),
+        ("ge", torch.ge, 2), ("eq", torch.eq, 2), ("ne", torch.ne, 2))]
+    cases += [("logical_not", torch.logical_not, (truth,)), ("logical_and", torch.logical_and, (truth, truth)),
+              ("logical_or", torch.logical_or, (truth, truth)), ("where", torch.where, (truth, span, span)),
+              ("where", torch.where, (truth, truth, truth))]
+    assert {op for op, _, _ in cases} == set(plan.PREDICATE_OPS)
+    for op, fn, makers in cases:
+        for _ in range(20):
+            args = [make() for make in makers]
+            values = [value.long() if op not in ("logical_not", "logical_and", "logical_or", "where") else value
+                      for _, value in args]
+            bounds, exact = getattr(ops, op)(*(bound for bound, _ in args)), fn(*values)
+            if isinstance(bounds, score_program_eval.Span):
+                assert ((bounds.lo <= exact) & (exact <= bounds.hi)).all(), op
+            else:
+                assert (bounds.may_be_true | ~exact).all() and (bounds.may_be_false | exact).all(), op
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_predicates_empty_tiles_are_not_read(enabled, monkeypatch):
+    # two documents of 32 tokens: the second one's keys are hidden from the first one's queries, whole tiles of them:
+    # skipped, their NaN values never reach those rows (as test_empty_tiles_are_not_read)
+    monkeypatch.setenv("FUSE_ATTN_MASK_BLOCKS", "1" if enabled else "0")
+    spec = documents_spec("sdpa")
+    q, k, v, _, _ = make_case(Z=1, H=2, M=64, N=64, D=16)
+    v[:, :, 48:] = float("nan")
+    out = flash_attention(q, k, v, spec, documents_tensors(torch.tensor([[0] * 32 + [1] * 32])))
+    assert out[:, :, :32].isnan().any() != enabled
+
+
+@pytest.mark.parametrize("strict", [False, True])
+@pytest.mark.parametrize("form", ["eager", "sdpa"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_predicates_tiles_give_the_whole_computation(form, strict, dtype, monkeypatch):
+    """Output and gradients under the 2x rule with the tiles classified from the vectors: documents of any length,
+    unsorted ids, an id coming back; strictly causal, each document's first token sees no key -- eager's uniform
+    row over every key (finfo.min) or SDPA's 0 -- so its query block skips nothing. (bf16 rows masked whole with
+    finfo.min take the exact delta: the default backward's known difference there, docs/testing.md.)"""
+    if form == "eager" and strict and dtype == torch.bfloat16:
+        monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+    spec = documents_spec(form, dtype, strict)
+    tensors = documents_tensors(torch.tensor([[0] * 40 + [1] * 9 + [2] * 31, [4] * 20 + [2] * 44 + [4] * 16]))
+    q, k, v, _, _ = make_case(Z=2, H=2, M=80, N=80, D=16, dtype=dtype)
+    granules = launch.mask_granules(spec, tensors, 80, 80, 16)
+    visited = int(launch.mask_block_args(granules, 80, 80, 32, 16, False, q)["BlockCounts"].sum())
+    assert strict or visited < 2 * 3 * 5  # tiles skipped (of 2 batch rows x 3 query blocks x 5 key blocks)
+    check_with_nan_positions_of_the_semantics(q, k, v, tensors, spec, dtype, torch.zeros(2, 1, 80, dtype=torch.bool))
+
+
+def test_a_predicates_summary_traces_with_symbolic_lengths():
+    # as test_the_summary_compiles_with_symbolic_lengths, traced as the op's body is on a GPU: under fake tensors of
+    # symbolic lengths (make_fx, as AOTAutograd; not Dynamo), one graph for every length
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    spec = documents_spec("sdpa")
+
+    def summary(*tensors):
+        M, N = tensors[1].shape[2], tensors[0].shape[3]
+        args = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, 8), M, N, 32, 16, False, tensors[0])
+        return args["BlockList"], args["BlockCounts"]
+
+    traced = make_fx(summary, tracing_mode="symbolic")(*documents_tensors(ALIGNED))
+    for ids in (ALIGNED, ANY[:, :77]):
+        tensors = documents_tensors(ids)
+        for a, b in zip(traced(*tensors), summary(*tensors)):
+            assert torch.equal(a, b)

@@ -60,8 +60,8 @@ from fuse_attn.kernels import plan
 from fuse_attn import settings
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.score_program import ScoreNode, ScoreTensor, program_text
-from fuse_attn.kernels.score_program_eval import (FLT_MAX, Bound, BoundOps, backward, bias_load_sources, divides_safely, forward,
-                            relevant_nodes, score_sources)
+from fuse_attn.kernels.score_program_eval import (FLT_MAX, INT_BOUND, Bound, BoundOps, backward, bias_load_sources,
+                                                  divides_safely, forward, relevant_nodes, score_sources)
 
 TEMPLATE_DIR = Path(__file__).parent / "templates"
 TEMPLATE_NAME = "flash_attention.py.tmpl"
@@ -266,6 +266,12 @@ class TritonOps:
         if self.tensors[i].role == "mask":  # a bool tensor, loaded as bytes
             load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
             return TVal(f"({load} != 0)", "bool", shape)
+        if self.tensors[i].role == "int":
+            # int64 as it is; narrower ints widened to int32 (the indices' type): the program's integer arithmetic is
+            # torch's on int64 (TorchOps), which int8 / int16 / uint8 arithmetic would overflow
+            load = f"tl.load({ptr}, mask={mask}, other=0)" if mask else f"tl.load({ptr})"
+            widened = load if self.tensors[i].dtype == "int64" else f"{load}.to(tl.int32)"
+            return TVal(widened, "int", shape, bound=INT_BOUND)
         load = f"tl.load({ptr}, mask={mask}, other=0.0)" if mask else f"tl.load({ptr})"
         return TVal(f"{load}.to(tl.float32)", "float", shape, "nat", bound=_UNKNOWN)
 

@@ -31,7 +31,8 @@ from torch import Tensor
 from fuse_attn.kernels import plan
 from fuse_attn.kernels.plan import size_hint
 from fuse_attn import settings
-from fuse_attn.score_program import MASKING_FILL_LIMIT
+from fuse_attn.kernels.score_program_eval import IntervalOps, Span, forward
+from fuse_attn.score_program import MASKING_FILL_LIMIT, subprogram
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import tuning
 from fuse_attn.kernels.generated import codegen
@@ -258,20 +259,25 @@ class _MaskGranules(NamedTuple):
     """A summarized mask (:func:`fuse_attn.kernels.plan.mask_blocks`) read once: per query row and per granule of
     ``granule`` consecutive keys, whether the mask hides every entry (``hidden``) and whether it changes none
     (``unchanged``: a bias of 0, a bool mask all visible), ``[Zm, M, ceil(N / granule)]`` (``Zm``: the mask's batch,
-    1 or Z). Keys past N count as hidden and changed. Every kernel of one op call (forward; dQ and dK/dV) derives its
-    tile classes from these small tensors -- its key blocks are whole granules -- so an op call reads the mask once.
-    A NaN in a bias is neither hidden nor unchanged, so its tiles stay partial (and eager's NaN comes through)."""
+    1 or Z), and per query row whether it keeps a visible key (``keeps_visible``, ``[Zm, M]``). Each is a proof:
+    False where it is not known (a predicate's bounds). Keys past N count as hidden and changed. Every kernel of one
+    op call (forward; dQ and dK/dV) derives its tile classes from these small tensors -- its key blocks are whole
+    granules -- so an op call reads the mask once. A NaN in a bias is neither hidden nor unchanged, so its tiles stay
+    partial (and eager's NaN comes through)."""
     hidden: Tensor
     unchanged: Tensor
+    keeps_visible: Tensor
     granule: int
 
 
-def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granule: int) -> Optional[_MaskGranules]:
+def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, granule: int) -> Optional[_MaskGranules]:
     """The granules of ``spec``'s summarized mask (None where it has none or ``FUSE_ATTN_MASK_BLOCKS=0``), computed
     on the device -- traced into the graph under torch.compile, like the key range."""
     summarized = plan.mask_blocks(spec) if settings.mask_blocks_enabled() else None
     if summarized is None:
         return None
+    if summarized.predicate is not None:
+        return _predicate_granules(spec, summarized, score_tensors, M, N, granule)
     mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
     if summarized.hidden == "fill":
         hidden, unchanged = mask <= MASKING_FILL_LIMIT, mask == 0
@@ -281,8 +287,49 @@ def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], N, granu
     granules = triton_cdiv(N, granule)
     pad = (0, granules * granule - N)
     shape = (mask.shape[0], mask.shape[1], granules, granule)
-    return _MaskGranules(torch.nn.functional.pad(hidden, pad, value=True).view(shape).all(3),
-                         torch.nn.functional.pad(unchanged, pad, value=False).view(shape).all(3), granule)
+    hidden = torch.nn.functional.pad(hidden, pad, value=True).view(shape).all(3)
+    return _MaskGranules(hidden, torch.nn.functional.pad(unchanged, pad, value=False).view(shape).all(3),
+                         ~hidden.all(-1), granule)
+
+
+def _predicate_granules(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
+                        granule: int) -> _MaskGranules:
+    """The granules of a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each
+    granule's keys (``IntervalOps``; keys past N read as key N - 1, so a granule's bounds are its real keys', and a
+    granule reaching past N is never unchanged). A row keeps a visible key where the predicate keeps its own position
+    as a key (packed documents' tokens see themselves) or a whole granule. No N x N tensor is made: the largest is
+    ``[Zm, M, ceil(N / granule)]``."""
+    program = subprogram(spec.score_program, summarized.predicate)
+    device = score_tensors[0].device
+    granules = triton_cdiv(N, granule)
+    first = torch.arange(granules, device=device) * granule
+    keys = torch.arange(granules * granule, device=device).clamp(max=N - 1).view(granules, granule)
+    rows = torch.arange(M, device=device)
+    own = rows.clamp(max=N - 1)  # each row's own position as a key (a row past the last key has none: excluded)
+    per_granule: dict[int, Span] = {}
+    on_own_key: dict[int, Span] = {}
+    for i in sorted({node.value for node in program if node.op == "load"}):
+        values = score_tensors[i][:, 0].to(torch.int64)  # [Zt, M or 1, N or 1]
+        if spec.score_tensors[i].broadcast[3]:  # one value per row, or one for all
+            per_granule[i] = on_own_key[i] = Span(values, values)
+            continue
+        read = values[:, 0, keys]  # [Zt, granules, granule]
+        per_granule[i] = Span(read.amin(-1)[:, None], read.amax(-1)[:, None])
+        at_own = values[:, 0, own][..., None]
+        on_own_key[i] = Span(at_own, at_own)
+    query = Span(rows[:, None], rows[:, None])
+    granule_keys = Span(first, (first + granule - 1).clamp(max=N - 1))
+    bounds = forward(program, IntervalOps({"q_idx": query, "kv_idx": granule_keys}, per_granule, device))[-1]
+    at_own_key = forward(program, IntervalOps({"q_idx": query, "kv_idx": Span(own[:, None], own[:, None])},
+                                              on_own_key, device))[-1]
+    hides_where_false = summarized.hidden == "false"  # ("true": it hides where it is true)
+    may_hide = "may_be_false" if hides_where_false else "may_be_true"
+    may_keep = "may_be_true" if hides_where_false else "may_be_false"
+    shape = (max(span.lo.shape[0] for span in per_granule.values()), M, granules)
+    hidden = (~getattr(bounds, may_keep)).expand(shape)
+    unchanged = (~getattr(bounds, may_hide) & (first + granule <= N)).expand(shape)
+    keeps_own_key = ~getattr(at_own_key, may_hide)[..., 0] & (rows < N)
+    return _MaskGranules(hidden, unchanged, (keeps_own_key | unchanged.any(-1)).expand(shape[:2]), granule)
 
 
 def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: int, key_major: bool,
@@ -305,7 +352,7 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
     hidden, unchanged = granules.hidden, granules.unchanged
     row_blocks, col_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
     pad = (0, col_blocks * per_tile - hidden.shape[2], 0, row_blocks * rows - M)
-    keeps_visible = torch.nn.functional.pad(~hidden.all(-1), pad[2:], value=True)  # [Zm, rows padded]
+    keeps_visible = torch.nn.functional.pad(granules.keeps_visible, pad[2:], value=True)  # [Zm, rows padded]
     tiles = (hidden.shape[0], row_blocks, rows, col_blocks, per_tile)
     empty = torch.nn.functional.pad(hidden, pad, value=True).view(tiles).all(4).all(2)
     empty &= keeps_visible.view(tiles[:3]).all(2)[:, :, None]
@@ -343,7 +390,7 @@ class _MaskBlocks:
         key = (granule, rows, cols, key_major)
         if key not in self._args:
             if granule not in self._granules:
-                self._granules[granule] = (mask_granules(self.spec, self.score_tensors, self.N, granule)
+                self._granules[granule] = (mask_granules(self.spec, self.score_tensors, self.M, self.N, granule)
                                            if self.summarize else None)
             self._args[key] = mask_block_args(self._granules[granule], self.M, self.N, rows, cols, key_major,
                                                self.placeholder)
@@ -362,8 +409,8 @@ def _size_expr(x):
 
 def random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional[Tensor]:
     """A real tensor with ``t``'s (hinted) sizes, strides, dtype and device, filled with random values (normal
-    floats, mostly-true masks, any int64 seed): what the tuner times candidates on. Zeros would time faster than
-    real data on tensor cores, and a mask of all False would skip nothing the real one skips.
+    floats, mostly-true masks, any integers: a seed, document ids): what the tuner times candidates on. Zeros would
+    time faster than real data on tensor cores, and a mask of all False would skip nothing the real one skips.
 
     ``lengths`` ({symbolic length's expression: int}): the dims of that length get that size instead of their hint
     (a length bucket's tuning inputs), laid out densely in ``t``'s order of strides, broadcast dims kept broadcast."""
@@ -387,6 +434,8 @@ def _random_values(count: int, t: Tensor) -> Tensor:
         return torch.rand(count, device=t.device) < 0.9
     if t.dtype == torch.int64:
         return torch.randint(2**62, (count,), dtype=torch.int64, device=t.device)
+    if not t.dtype.is_floating_point:  # an "int" score tensor: the kernels' work does not depend on its values
+        return torch.randint(torch.iinfo(t.dtype).max, (count,), dtype=t.dtype, device=t.device)
     return torch.randn(count, dtype=t.dtype, device=t.device)
 
 
@@ -396,8 +445,8 @@ def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
     partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
     block's graph -- are mostly full and empty tiles: the configs are timed on the loops those run."""
     summarized = plan.mask_blocks(spec)
-    if summarized is None:
-        return
+    if summarized is None or summarized.predicate is not None:
+        return  # (a predicate of integer vectors is timed on the random vectors: its tiles partial)
     t = tuning_tensors[summarized.tensor]
     M, N = t.shape[-2:]
     keep = torch.ones(M, N, dtype=torch.bool, device=t.device).tril(N - M)

@@ -75,6 +75,7 @@ DTYPE = torch.bfloat16
 WINDOW = 1024
 # Key lengths of the padded batch rows, as fractions of N (cycled over the batch), as issue 17 sets them.
 PADDING_FRACTIONS = (1, 3 / 4, 1 / 2, 1 / 3)
+DOCUMENTS = 16  # documents packed into a row of the packed-documents variants (the issue's case: N 32k, 16 documents)
 # --check: several kernel blocks (64 or 128 rows) at each variant's head dim, and a window (N / 4) shorter than N.
 CHECK_SEQ = 256
 
@@ -333,6 +334,46 @@ class PaddingCausalMaskInput(PaddingCausal):
         return {"attn_mask": extra[0] == 0}
 
 
+class PackedDocuments(VariantAttention):
+    """Packed documents as Hugging Face's mask functions build the mask (``masking_utils``: ``packed_sequence_overlay``
+    and ``causal_mask_function`` over index grids): position ids restarting at 0 at each document and no attention
+    mask, document ids their restarts' cumsum, gathered per (batch row, query) and per (batch row, key), with a causal
+    comparison; the ``[B, 1, N, N]`` bool mask applied with ``finfo.min``. fuse_attn reads the ``[B, N]`` vectors
+    only and classifies the tiles per call; Flex's block mask comes from the same document ids."""
+
+    def extra_inputs(self, device) -> tuple:
+        lengths = [self.size.seq // DOCUMENTS] * DOCUMENTS
+        lengths[-1] += self.size.seq - sum(lengths)
+        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
+        return (positions[None].expand(self.size.batch, -1).contiguous(),)
+
+    @staticmethod
+    def documents(position_ids):
+        return (position_ids == 0).cumsum(-1)
+
+    def visible(self, position_ids):
+        """[B, 1, N, N] bool, True where the key is in the query's document and not after it."""
+        documents, n = self.documents(position_ids), position_ids.shape[-1]
+        batch = torch.arange(position_ids.shape[0], device=position_ids.device)[:, None, None, None]
+        q_idx = torch.arange(n, device=position_ids.device)[None, None, :, None]
+        kv_idx = torch.arange(n, device=position_ids.device)[None, None, None, :]
+        return (documents[batch, q_idx] == documents[batch, kv_idx]) & (kv_idx <= q_idx)
+
+    def forward(self, q, k, v, position_ids):
+        scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return attend(scores.masked_fill(~self.visible(position_ids), torch.finfo(scores.dtype).min), v)
+
+    def flex_mods(self, device, extra):
+        documents = self.documents(extra[0])
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            return (documents[b, q_idx] == documents[b, kv_idx]) & (kv_idx <= q_idx)
+        return None, mask_mod
+
+    def sdpa_arguments(self, device, extra):
+        return {"attn_mask": self.visible(extra[0])}
+
+
 class SinksWindow(VariantAttention):
     """gpt-oss's eager attention: a learned logit a head (the sink) joined to the scores as one more column, the row
     max subtracted, softmax, the column dropped; causal, within a sliding window on its local layers (``window``
@@ -389,6 +430,8 @@ VARIANTS = {
     "dense_bias": Variant(DenseBias, DEFAULT_SIZE),
     "padding_causal": Variant(PaddingCausal, DEFAULT_SIZE),
     "padding_causal_mask_input": Variant(PaddingCausalMaskInput, DEFAULT_SIZE),
+    "packed_documents_8k": Variant(PackedDocuments, dataclasses.replace(DEFAULT_SIZE, batch=1, seq=8192)),
+    "packed_documents_32k": Variant(PackedDocuments, dataclasses.replace(DEFAULT_SIZE, batch=1, seq=32768)),
     "sinks_window": Variant(SinksWindow, GPT_OSS_SIZE),
     "sinks_causal": Variant(lambda size: SinksWindow(size, window=False), GPT_OSS_SIZE),
 }

@@ -177,10 +177,9 @@ def tma_descriptor(t: Tensor, rows: int, cols: int | None = None) -> "TensorDesc
     TMA reads where it lies (:func:`tma_ready`; a ValueError for a misaligned base)."""
     if t.data_ptr() % TMA_ALIGN_BYTES:
         raise ValueError(f"a TMA descriptor's base must be {TMA_ALIGN_BYTES}-byte aligned")
-    descriptor = object.__new__(TensorDescriptor)  # (the layout's fields validated once: descriptor_fields)
-    vars(descriptor).update(descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols,
-                                               t.dtype), base=t)
-    return descriptor
+    # (the layout's fields validated once: descriptor_fields)
+    return with_base(descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols, t.dtype),
+                     t)
 
 
 class PositionalLaunch:

@@ -49,9 +49,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, TMA_ALIGN_BYTES, PositionalLaunch, batch_and_head,
-                                             bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
-                                             checked_call, described, descriptor_fields, ds_row_keys, dscore_kv_heads,
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
+                                             dense_fields, described, ds_row_keys, dscore_kv_heads,
                                              fills_at_most, in_place_fields, log2_units, parsed_spec,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
@@ -512,7 +512,7 @@ class BackwardCall:
         Z, H, M, D = q.shape
         H_kv, N = k.shape[1], k.shape[2]
         self.shapes = (Z, H, M, D, H_kv, N)
-        self.scale, causal, gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
+        self.scale, causal, self.gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
         self.chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
         if not self.chunk:
             raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the "
@@ -525,31 +525,24 @@ class BackwardCall:
         self.flag_nan_rows = bias is not None and causal
         self.rows = (block_m, block_n, block_n, block_m)  # the q, k, v and dO descriptors' tile rows
         self.fields = tuple(in_place_fields(t, rows) for t, rows in zip((q, k, v, dout), self.rows))
-        self.dk_fields = descriptor_fields((Z, H_kv, N, D), (H_kv * N * D, N * D, D, 1), block_n, D, k.dtype)
-        self.dv_fields = descriptor_fields((Z, H_kv, N, D), (H_kv * N * D, N * D, D, 1), block_n, D, v.dtype)
-        self.dq_acc_fields = descriptor_fields((Z, H, M, D), (H * M * D, M * D, D, 1), block_m, D, torch.float32)
+        self.dk_fields = dense_fields((Z, H_kv, N, D), block_n, k.dtype)
+        self.dv_fields = dense_fields((Z, H_kv, N, D), block_n, v.dtype)
+        self.dq_acc_fields = dense_fields((Z, H, M, D), block_m, torch.float32)
         self.delta_grid = (triton.cdiv(M, _PRE_ROWS), Z * H)
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
         bias_view = None if bias is None else bias_tma_view(bias)
         self.ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
                                                                                 bias.dtype)
         n_n = triton.cdiv(N, block_n)  # key tiles
-        self.chunks = []  # (first kv head, kv heads, grid) of each launch of the backward kernel
+        self.chunks = []  # (first kv head, kv heads, grid, paired) of each launch of the backward kernel
         for kv_head0 in range(0, H_kv, self.chunk):
             kv_heads = min(self.chunk, H_kv - kv_head0)
             paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
             self.chunks.append((kv_head0, kv_heads, (triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads), paired))
-        self.flags = (gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS)
+        self.flags = (self.gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS)
         self.bias_flags = (bias is not None, batch_rows_innermost(spec), self.zero_empty_rows,
                            self.ring_dq_buffers > 0, self.ring_dq_buffers or _DQ_BUFFERS, bias_grad)
-        self.specializations = {}  # (launch, the pointer arguments' alignments) -> Triton's specialization
-
-    def _launch(self, launch: PositionalLaunch, pointers: tuple, grid: tuple, *args, **options) -> None:
-        key = (launch, *(t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in pointers))
-        specialization = self.specializations.get(key)
-        if specialization is None:
-            specialization = self.specializations[key] = launch.specialization(args, options)
-        launch.launch_as(specialization, grid, *args, **options)
+        self.specializations = {}  # (PositionalLaunch.launch_kept)
 
     def __call__(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
                  bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
@@ -563,7 +556,7 @@ class BackwardCall:
         dlse = None if dlse is None else dlse.contiguous()
         delta = torch.empty(Z, H, M, dtype=torch.float32, device=device)
         nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=device) if self.flag_nan_rows else lse  # (not read)
-        self._launch(_launch_delta, (out, dout, lse if dlse is None else dlse), self.delta_grid,
+        _launch_delta.launch_kept(self.specializations, (out, dout, lse if dlse is None else dlse), self.delta_grid,
                      out, dout, lse if dlse is None else dlse, delta, lse, nan_heads, H, M, *out.stride()[:3],
                      *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, self.flag_nan_rows, self.zero_empty_rows)
         dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=device)
@@ -579,17 +572,17 @@ class BackwardCall:
             # causal: the tiles past the diagonal are never visited, and their dS is 0 (the buffer keeps its zeros
             # from one chunk to the next: each chunk writes the same tiles)
             ds = (torch.zeros if self.causal else torch.empty)(
-                Z, self.chunk * self.flags[0], M, ds_row_keys(N, q.element_size()), dtype=q.dtype, device=device)[..., :N]
+                Z, self.chunk * self.gqa_group, M, ds_row_keys(N, q.element_size()), dtype=q.dtype, device=device)[..., :N]
             ds_desc = tma_descriptor(ds, self.block_m, self.block_n)
             dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
         bias_or_lse = lse if bias is None else bias  # (no bias: lse stands in for it)
         for kv_head0, kv_heads, grid, paired in self.chunks:
-            self._launch(_launch_backward, (lse, bias_or_lse), grid,
+            _launch_backward.launch_kept(self.specializations, (lse, bias_or_lse), grid,
                          *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale, bias_or_lse,
                          *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, *self.flags, paired, *self.bias_flags,
                          num_warps=_NUM_WARPS)
             if self.bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
-                heads = slice(kv_head0 * self.flags[0], (kv_head0 + kv_heads) * self.flags[0])
+                heads = slice(kv_head0 * self.gqa_group, (kv_head0 + kv_heads) * self.gqa_group)
                 chunk_ds = ds[:, :heads.stop - heads.start]
                 part = dbias[:, heads] if bias.shape[1] == H else dbias
                 summed = [d for d in range(4) if part.shape[d] == 1 and chunk_ds.shape[d] != 1]
@@ -598,10 +591,10 @@ class BackwardCall:
                 else:
                     part.copy_(chunk_ds)
         if self.flag_nan_rows:
-            _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, self.flags[0], _PRE_ROWS,
+            _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, self.gqa_group, _PRE_ROWS,
                            D)
         dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=device)
-        self._launch(_launch_dq_cast, (), (triton.cdiv(dq.numel(), _CAST_BLOCK),), dq_acc, dq, dq.numel(), self.scale,
+        _launch_dq_cast.launch_kept(self.specializations, (), (triton.cdiv(dq.numel(), _CAST_BLOCK),), dq_acc, dq, dq.numel(), self.scale,
                      _CAST_BLOCK)
         return dq, dk, dv, dbias
 

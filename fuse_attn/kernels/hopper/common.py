@@ -157,6 +157,12 @@ def in_place_fields(t: Tensor, rows: int) -> dict | None:
     return descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3], t.dtype) if reads_in_place(t) else None
 
 
+def dense_fields(shape: tuple, rows: int, dtype: torch.dtype) -> dict:
+    """:func:`descriptor_fields` of a contiguous tensor of ``shape`` (an output or buffer the op allocates), tiles of
+    ``rows`` rows by every column."""
+    return descriptor_fields(shape, tuple(math.prod(shape[d + 1:]) for d in range(len(shape))), rows, shape[-1], dtype)
+
+
 def with_base(fields: dict, t: Tensor) -> "TensorDescriptor":
     """The descriptor of these fields (:func:`descriptor_fields`, of ``t``'s layout) over ``t``."""
     descriptor = object.__new__(TensorDescriptor)
@@ -223,6 +229,16 @@ class PositionalLaunch:
     def __call__(self, grid: tuple, *args, **options) -> None:
         self.launch_as(None if self.constexprs is None else self.specialization(args, options), grid, *args,
                        **options)
+
+    def launch_kept(self, kept: dict, pointers: tuple, grid: tuple, *args, **options) -> None:
+        """The launch of ``args`` with the specialization ``kept`` holds for the alignment of ``pointers`` (the tensor
+        arguments whose address may change between the calls of one prepared signature), computed at the first such
+        launch. ``kept``: a prepared call's (:class:`.forward.ForwardCall`, :class:`.backward.BackwardCall`)."""
+        key = (self, *(t.data_ptr() % TMA_ALIGN_BYTES == 0 for t in pointers))
+        specialization = kept.get(key)
+        if specialization is None and self.constexprs is not None:
+            specialization = kept[key] = self.specialization(args, options)
+        self.launch_as(specialization, grid, *args, **options)
 
     def launch_as(self, specialization: tuple | None, grid: tuple, *args, **options) -> None:
         """The launch of ``args`` whose :meth:`specialization` is the one given."""

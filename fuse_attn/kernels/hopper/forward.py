@@ -57,7 +57,7 @@ from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
                                              bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
-                                             ctas_at_once, described, descriptor_fields, dscore_kv_heads,
+                                             ctas_at_once, dense_fields, described, dscore_kv_heads,
                                              fills_at_most, in_place_fields, log2_units, parsed_spec,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
@@ -651,7 +651,7 @@ class ForwardCall:
         self.out_shape, self.lse_shape = (Z, H, M, D), (Z, H, M)
         self.rows = (block_m, block_n, block_n)  # the q, k and v descriptors' tile rows
         self.fields = tuple(in_place_fields(t, rows) for t, rows in zip((q, k, v), self.rows))
-        self.out_fields = descriptor_fields(self.out_shape, (M * D * H, M * D, D, 1), block_m, D, q.dtype)
+        self.out_fields = dense_fields(self.out_shape, block_m, q.dtype)
         self.bias_tiles = (block_m, block_n) if ring_stages else None
         self.scalars = (H, M, N, spec.scale_for(D) * LOG2E)
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
@@ -660,7 +660,7 @@ class ForwardCall:
                       bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty)
                       ring_stages > 0)
         self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}
-        self.specialization = None  # (set by the first call, from its arguments)
+        self.specializations = {}  # (PositionalLaunch.launch_kept)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
@@ -672,9 +672,8 @@ class ForwardCall:
                 # (no bias tiles in the ring: q's descriptor stands in, never read)
                 q_desc if self.bias_tiles is None else tma_descriptor(bias_tma_view(bias), *self.bias_tiles),
                 *self.flags)
-        if self.specialization is None:
-            self.specialization = _launch_forward.specialization(args, self.options)
-        _launch_forward.launch_as(self.specialization, self.grid, *args, **self.options)
+        # (no pointer whose alignment may change: lse is new, the bias's alignment is part of the signature)
+        _launch_forward.launch_kept(self.specializations, (), self.grid, *args, **self.options)
         return out, lse
 
 

@@ -258,16 +258,17 @@ def mask_blocks(spec: AttentionSpec) -> Optional[MaskBlocks]:
         loads = [a for a in root.args if program[a].op == "load"]
         if len(loads) != 1:
             # ``g(s) + where(predicate, 0, fill)``: Hugging Face's eager form of a mask of packed documents
-            chosen = [a for a in root.args if program[a].op == "where" and _chosen_fill(program, a, 0.0) is not None]
+            fills = [(a, _chosen_fill(program, a, 0.0)) for a in root.args if program[a].op == "where"]
+            chosen = [(a, fill) for a, fill in fills if fill is not None]
             if len(chosen) != 1:
                 return None
-            unmasked = next(a for a in root.args if a != chosen[0])
-            return _predicate_blocks(spec, program[chosen[0]].args[0], _chosen_fill(program, chosen[0], 0.0)[0],
-                                     unmasked)
+            (masking, (hidden, _)), = chosen
+            unmasked = next(a for a in root.args if a != masking)
+            return _predicate_blocks(spec, program[masking].args[0], hidden, unmasked)
         index, role, hidden = program[loads[0]].value, "bias", "fill"
         unmasked = next(a for a in root.args if a != loads[0])
-    elif root.op == "where" and _chosen_fill(program, len(program) - 1) is not None:
-        hidden, unmasked = _chosen_fill(program, len(program) - 1)
+    elif root.op == "where" and (chosen := _chosen_fill(program, len(program) - 1)) is not None:
+        hidden, unmasked = chosen
         cond = root.args[0]
         if program[cond].op != "load":
             return _predicate_blocks(spec, cond, hidden, unmasked)

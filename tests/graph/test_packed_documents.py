@@ -22,6 +22,10 @@ from tests.support.numerics import check_close
 
 transformers = pytest.importorskip("transformers")
 
+# Hugging Face's causal comparison: transformers 5.24 (CI's) compares position ids, pos[kv] <= pos[q] (four vectors
+# in the kernel); older releases (5.17) compare indices, kv_idx <= q_idx (two vectors: the document ids).
+POSITIONS_COMPARED = tuple(int(x) for x in transformers.__version__.split(".")[:2]) >= (5, 24)
+
 DOCUMENTS = (10, 8, 6)  # lengths of the documents packed into one row of 24 tokens
 LENGTH = sum(DOCUMENTS)
 
@@ -58,17 +62,26 @@ class TestHuggingFacePackedDocuments(TestCase):
         assert len(verdicts) == 2 and all(v.fused for v in verdicts), "\n".join(v.line() for v in verdicts)
         for verdict in verdicts:
             assert {t.role for t in verdict.spec.score_tensors} == {"int"}
-            assert score_tensor_sizes(verdict.spec, batch, LENGTH) == [batch * LENGTH] * 4, verdict.line()
+            sizes = score_tensor_sizes(verdict.spec, batch, LENGTH)
+            assert sizes == [batch * LENGTH] * len(sizes), verdict.line()
         after = reports[0].after
         for shape in (f"[{batch}, 1, {LENGTH}, {LENGTH}]", f"[{batch}, {LENGTH}, {LENGTH}]"):
             assert shape not in after, f"an N x N tensor {shape} is still built:\n{after}"
         return verdicts[0].description
 
     def test_eager_attention(self):
-        self.assertExpectedInline(self.check_vectors_only("eager", batch=1), """float32 D=16 M=24 N=24 scale=0.25 s -> s + where((int0[1,1,1,N] <= int1[1,1,M,1]) & (int2[1,1,M,1] == int3[1,1,1,N]), 0, -3.40282e+38) gqa=2 tiles classified per call (int0, int1, int2, int3)""")
+        text = self.check_vectors_only("eager", batch=1)
+        if not POSITIONS_COMPARED:
+            assert "(kv_idx <= q_idx)" in text and "int1" in text and "int2" not in text, text
+            return
+        self.assertExpectedInline(text, """float32 D=16 M=24 N=24 scale=0.25 s -> s + where((int0[1,1,1,N] <= int1[1,1,M,1]) & (int2[1,1,M,1] == int3[1,1,1,N]), 0, -3.40282e+38) gqa=2 tiles classified per call (int0, int1, int2, int3)""")
 
     def test_sdpa_attention(self):
-        self.assertExpectedInline(self.check_vectors_only("sdpa", batch=2), """float32 D=16 M=24 N=24 scale=0.25 s -> where(logical_not((int0[Z,1,1,N] <= int1[Z,1,M,1]) & (int2[Z,1,M,1] == int3[Z,1,1,N])), -inf, s) gqa=2 empty rows 0 tiles classified per call (int0, int1, int2, int3)""")
+        text = self.check_vectors_only("sdpa", batch=2)
+        if not POSITIONS_COMPARED:
+            assert "(kv_idx <= q_idx)" in text and "int1" in text and "int2" not in text, text
+            return
+        self.assertExpectedInline(text, """float32 D=16 M=24 N=24 scale=0.25 s -> where(logical_not((int0[Z,1,1,N] <= int1[Z,1,M,1]) & (int2[Z,1,M,1] == int3[Z,1,1,N])), -inf, s) gqa=2 empty rows 0 tiles classified per call (int0, int1, int2, int3)""")
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -160,13 +173,18 @@ def test_document_mask_matches_eager(target, ids):
 
 
 @pytest.mark.parametrize("fill", ["-inf", "finfo.min"])
-def test_rows_with_every_key_masked(target, fill):
+def test_rows_with_every_key_masked(target, fill, monkeypatch):
     """Strictly causal documents: the first token of each id sees no key. With -inf its output row is NaN, exactly
     where eager's is; with finfo.min it is the uniform average over every key, as in eager (gradients too)."""
     device, dtype = target
     model = DocumentAttention(diagonal=-1, fill=float("-inf") if fill == "-inf" else torch.finfo(dtype).min)
     inputs = [*qkv(), DOCUMENT_IDS["id comes back"]]
     if fill == "finfo.min":
+        if dtype == torch.bfloat16:
+            # the default bf16 backward's known difference for a row all finfo.min (docs/testing.md; pinned in
+            # test_edge_semantics.py): its fp32 lse cannot hold finfo.min + log(N). The exact delta takes each row's
+            # statistics from its own scores, so such a row's gradients are eager's.
+            monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
         compile_and_compare(model, inputs, train=True, dtype=dtype, device=device)
         return
     torch._dynamo.reset()

@@ -6,7 +6,10 @@ forward, with the attention compiled five ways. Models: ``gpt2`` and ``llama`` (
 sizes as a Mistral with a sliding window of N/4), ``t5`` (T5-small's encoder-decoder, whose relative position bias
 is one learned ``[1, H, N, N]`` tensor shared by the batch; input ids also as decoder input ids), ``gemma2``
 (Gemma-2-2B's layers, 4 of them: head dim 256, a tanh softcap on the scores; eager attention only in transformers)
-and ``phi3`` (Phi-3-mini's layers, 4 of them: 32 heads of 96, a head dim the kernels take in two column parts).
+and ``phi3`` (Phi-3-mini's layers, 4 of them: 32 heads of 96, a head dim the kernels take in two column parts);
+``llama-packed``: the ``llama`` decoder on packed documents, as Hugging Face's padding-free collator feeds them --
+each row of N tokens holds 16 documents, told apart by position ids that restart at 0, no attention mask (the same
+tokens run as separate sequences: ``--models llama --lengths N/16 --batch-tokens B*N``).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -25,6 +28,9 @@ Variants (the model's ``config._attn_implementation`` and the ``torch.compile`` 
                  wherever SDPA's would have been timed faster (not in the default set)
   sdpa+fuse_attn:ours    the same with ``FUSE_ATTN_CANDIDATES=triton,gluon``: our kernels only, the Gluon forward
                  on Hopper included where it times faster (not in the default set)
+  flex+inductor  ``attn_implementation="flex_attention"``, ``torch.compile`` default: Hugging Face's FlexAttention
+                 path, its block mask built in the step (packed documents: from the position ids; not in the default
+                 set)
   eager          eager attention, not compiled (with ``--eager``)
 
 ``--compile-mode reduce-overhead`` compiles every variant with ``mode="reduce-overhead"`` (Inductor's CUDA graph trees:
@@ -103,16 +109,21 @@ VARIANTS = {
     "sdpa+fuse_attn": ("sdpa", "fuse_attn", None),
     "sdpa+fuse_attn:triton": ("sdpa", "fuse_attn", "triton"),  # the generated kernels only: their share of the speed
     "sdpa+fuse_attn:ours": ("sdpa", "fuse_attn", "triton,gluon"),  # ... and the Gluon forward (Hopper)
+    "flex+inductor": ("flex_attention", "inductor", None),
     "eager": ("eager", None, None),
 }
 COMPILED_VARIANTS = ["fuse_attn", "inductor", "sdpa+inductor", "sdpa+fuse_attn", "sdpa+fuse_attn:triton",
-                     "sdpa+fuse_attn:ours"]
+                     "sdpa+fuse_attn:ours", "flex+inductor"]
 DEFAULT_VARIANTS = COMPILED_VARIANTS[:4]
 FUSED_VARIANTS = [name for name, (_, backend, _) in VARIANTS.items() if backend == "fuse_attn"]  # they count fusions
-# (ours, the other): the speed-up columns of the table
+# (ours, the other): the speed-up columns of the table, those whose two variants run
 RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse_attn", "sdpa+inductor"),
-          ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor")]
-MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3"]
+          ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor"),
+          ("fuse_attn", "flex+inductor"), ("sdpa+fuse_attn", "flex+inductor")]
+MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3",
+               "llama-packed"]
+# documents in each row of "llama-packed" (issue 59's case: 16 documents in a row of 32k tokens)
+PACKED_DOCUMENTS = 16
 MODES = ["train", "infer"]
 # torch.compile's modes a run may take for all its compiled variants
 DEFAULT_COMPILE_MODE = "default"
@@ -195,7 +206,7 @@ def model_and_config(name, attention, tiny, length):
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
                               use_cache=False)
         model_cls = T.GPT2LMHeadModel
-    else:
+    else:  # "llama", "llama-packed"
         config = T.LlamaConfig(**_llama_sizes(tiny), max_position_embeddings=length, attention_dropout=0.0,
                                use_cache=False)
         model_cls = T.LlamaForCausalLM
@@ -224,7 +235,8 @@ def build(name, attention, tiny, length, device, dtype, train):
 def make_inputs(name, vocab, batch, length, device) -> dict:
     """Random input ids (for "t5" also as the decoder's); for "bert-padded" also the attention mask of a padded batch:
     the sequences' lengths cycle through N, 3N/4, N/2, N/3 (the padding the model's mask utilities turn into an
-    additive mask)."""
+    additive mask); for "llama-packed" the position ids of :data:`PACKED_DOCUMENTS` documents of equal length in each
+    row (the last takes the remainder), restarting at 0 (Hugging Face builds the documents' mask from them)."""
     gen = torch.Generator(device).manual_seed(0)
     inputs = {"input_ids": torch.randint(0, vocab, (batch, length), device=device, generator=gen)}
     if name == "t5":  # an encoder-decoder: the decoder reads the same ids (teacher forcing on the labels)
@@ -233,6 +245,11 @@ def make_inputs(name, vocab, batch, length, device) -> dict:
         lengths = torch.tensor([(length, 3 * length // 4, length // 2, length // 3)[i % 4] for i in range(batch)],
                                device=device)
         inputs["attention_mask"] = (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
+    if name == "llama-packed":
+        documents = [length // PACKED_DOCUMENTS] * PACKED_DOCUMENTS
+        documents[-1] += length - sum(documents)
+        positions = torch.cat([torch.arange(n, device=device) for n in documents if n])
+        inputs["position_ids"] = positions[None].expand(batch, -1).contiguous()
     return inputs
 
 
@@ -347,13 +364,18 @@ def speed(args, record):
                     print(f"  {name} {mode} N={length} {label}: {cells[variant]} tokens/s ({time.time() - t0:.1f}s)",
                           flush=True)
                 ratios = [f"{rates[ours] / rates[other]:.2f}x" if ours in rates and other in rates else "-"
-                          for ours, other in RATIOS]
+                          for ours, other in ratio_columns(args.variants)]
                 rows.append([name, mode, f"{batch}x{length}", layers, fused["fuse_attn"], fused["sdpa+fuse_attn"],
                              *(cells[v] for v in args.variants), *ratios])
     headers = ["model", "mode", "BxN", "layers", "fused", "sdpa fused",
                *(f"{labelled(v, args.compile_mode)} tok/s" for v in args.variants),
-               *(f"{ours} / {other}" for ours, other in RATIOS)]
+               *(f"{ours} / {other}" for ours, other in ratio_columns(args.variants))]
     return rows, headers, ok
+
+
+def ratio_columns(variants) -> list[tuple[str, str]]:
+    """The speed-up columns (:data:`RATIOS`) of a run of ``variants``: those whose two variants it runs."""
+    return [(ours, other) for ours, other in RATIOS if ours in variants and other in variants]
 
 
 def marked_result(stdout: str, mark: str):

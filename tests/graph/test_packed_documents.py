@@ -202,6 +202,37 @@ def test_rows_with_every_key_masked(target, fill, monkeypatch):
     check_close(ours[seen], eager[seen], ref[seen], dtype, "rows that see a key")
 
 
+class CuSeqlensAttention(torch.nn.Module):
+    """Causal attention within documents given as FlashAttention's varlen callers give them, ``cu_seqlens`` (the
+    documents' start offsets and the total length), the document of each token computed in the model."""
+
+    def __init__(self, spelling):
+        super().__init__()
+        self.spelling = spelling
+
+    def forward(self, q, k, v, cu_seqlens):
+        T = q.shape[-2]
+        position = torch.arange(T, device=q.device)
+        if self.spelling == "searchsorted":
+            documents = torch.searchsorted(cu_seqlens, position, right=True)
+        else:  # "starts passed": how many documents start at or before each token
+            documents = (position[:, None] >= cu_seqlens[None, 1:]).sum(-1)
+        mask = (documents[:, None] == documents[None, :]) & (position[None, :] <= position[:, None])
+        w = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        return torch.softmax(w.masked_fill(~mask, float("-inf")), -1) @ v
+
+
+@pytest.mark.parametrize("spelling", ["searchsorted", "starts passed"])
+def test_documents_from_cu_seqlens(target, spelling):
+    """The model derives the document ids from ``cu_seqlens`` itself: they reach the kernels as one int vector read per
+    row and per column, output and gradients under the 2x rule."""
+    device, dtype = target
+    inputs = [*qkv(), torch.tensor([0, 10, 18, LENGTH])]
+    reports = rewrite_reports(CuSeqlensAttention(spelling), *inputs)
+    assert [t.role for v in reports[0].verdicts for t in v.spec.score_tensors] == ["int", "int"]
+    compile_and_compare(CuSeqlensAttention(spelling), inputs, train=True, dtype=dtype, device=device)
+
+
 def test_chunked_attention_reads_chunk_ids_per_row_and_column(target):
     """Llama-4's chunked attention, ``q // C == k // C`` and causal: the chunk ids are integer vectors (each
     computed once, from ``arange``), the comparison runs in the kernels."""

@@ -239,9 +239,9 @@ def mask_blocks(spec: AttentionSpec) -> Optional[MaskBlocks]:
 
     The mask may also be a ``predicate`` of integer vectors (:func:`_is_predicate`; ``tensor`` None): packed
     documents' ``ids_q == ids_k`` and ``pos_k <= pos_q``, in ``where(predicate, g(s), fill)``, ``where(predicate,
-    fill, g(s))`` or ``g(s) + where(predicate, 0, fill)``. No N x N tensor exists then: the launcher bounds the
-    predicate over each granule of keys from the vectors' ranges there (``launch.mask_granules``): a tile is full or
-    empty where those bounds prove it, partial otherwise."""
+    fill, g(s))`` or ``g(s) + where(predicate, 0, fill)``. No N x N tensor exists then: one generated kernel
+    (``launch.predicate_block_args``) bounds the predicate over each tile from the vectors' values at its query rows
+    and their ranges over its keys: a tile is full or empty where those bounds prove it, partial otherwise."""
     program = spec.score_program
     if spec.causal is not None or not program:
         return None
@@ -315,7 +315,7 @@ def _is_predicate(program: tuple[ScoreNode, ...], index: int, tensors) -> bool:
     """Whether bool node ``index`` is computed from integer vectors the heads share (each read per query row, per key
     column or once), the query and key indices and constants alone, through :data:`PREDICATE_OPS`, reading at least
     one vector: a mask the launcher classifies per call from the vectors' bounds over each granule of keys
-    (``launch.mask_granules``), never reading an N x N tensor."""
+    (``launch.predicate_block_args``), never reading an N x N tensor."""
     nodes = subprogram(program, index)
     kinds = node_kinds(nodes, tuple(tensors))
     if kinds[-1] != "bool" or "float" in kinds:

@@ -404,7 +404,8 @@ class Truth(NamedTuple):
 
 class IntervalOps:
     """The integer and bool values of a predicate (``plan.PREDICATE_OPS``) over sets of elements -- a query row and
-    a granule of keys, in ``launch.mask_granules`` -- as :class:`Span` / :class:`Truth` tensors. ``indices`` and
+    a granule of keys, in ``launch.mask_granules``, the reference of the generated tile-classes kernel
+    (``codegen.TritonIntervalOps`` writes these rules in Triton) -- as :class:`Span` / :class:`Truth` tensors. ``indices`` and
     ``loads`` give the leaves' spans (by index op and by score tensor). A bool is certain (one of its flags False)
     only where its inputs' bounds prove it. The integers are taken to stay far from int64's limits (ids, positions
     and offsets), where sums do not wrap."""

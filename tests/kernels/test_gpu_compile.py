@@ -43,7 +43,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # (compute capability, shared memory per block): the opt-in limits of the H100/H200 and the A100
 TARGETS = {"sm90": (90, 232448), "sm80": (80, 166912)}
 _POINTER_TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.bool: "*i1",
-                  torch.int32: "*i32", torch.int64: "*i64"}
+                  torch.int32: "*i32", torch.int64: "*i64", torch.int8: "*i8"}
 
 
 def _softcap_bias_spec():
@@ -119,7 +119,8 @@ def _tensors(spec: AttentionSpec, Z=2, H=8, L=256):
 
 def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
     launches = []
-    monkeypatch.setattr(launch, "launch", lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args)))
+    monkeypatch.setattr(launch, "launch",
+                        lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args, cfg)))
     q, k, v, scores, seed = _tensors(spec)
     launch.triton_forward(q, k, v, scores, spec, seed)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
@@ -183,11 +184,16 @@ def compile_spec(name: str, target: str) -> None:
     capability, smem = TARGETS[target]
     with pytest.MonkeyPatch.context() as monkeypatch:
         launches = _captured_launches(spec, monkeypatch)
-    assert {kernel.fn.__name__ for kernel, _ in launches} >= {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"}
-    if plan.mask_blocks(spec) is not None:  # the block-list code paths are the ones compiled
-        assert all(args["MASK_BLOCKS"] for kernel, args in launches if "MASK_BLOCKS" in args)
-    for kernel, args in launches:
-        for cfg in _configs(kernel.fn.__name__, spec, smem):
+    assert {kernel.fn.__name__ for kernel, _, _ in launches} >= {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv"}
+    summarized = plan.mask_blocks(spec)
+    if summarized is not None:  # the block-list code paths are the ones compiled
+        assert all(args["MASK_BLOCKS"] for kernel, args, _ in launches if "MASK_BLOCKS" in args)
+    if summarized is not None and summarized.predicate is not None:  # its tiles classified by the generated kernel
+        assert any(kernel.fn.__name__ == "_tile_classes" for kernel, _, _ in launches)
+    for kernel, args, launched in launches:
+        # the attention kernels with the tuner's extreme candidates; the tile classes with the config they launch with
+        configs = [launched] if kernel.fn.__name__ == "_tile_classes" else _configs(kernel.fn.__name__, spec, smem)
+        for cfg in configs:
             bound = dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
             for part in _launch_parts(cfg):
                 compiled = _compile(kernel, dict(bound, **part), cfg, capability)
@@ -220,6 +226,8 @@ def _written(kernel: str, args: dict) -> set:
     dt = {name[len("NEED_"):] for name, need in args.items() if name.startswith("NEED_DT") and need}
     if kernel == "_attn_fwd":
         return {"Out", "Lse"}
+    if kernel == "_tile_classes":
+        return {"Lists", "Counts", "Classes"}
     if kernel == "_attn_bwd_dq":
         return {"DQ", "Delta", "LseFlags"} | ({"RowMax", "RowScale"} if args["EXACT_DELTA"] else set()) | dt
     return ({"DK"} if args["COMPUTE_DK"] else set()) | ({"DVout"} if args["COMPUTE_DV"] else set()) | dt
@@ -246,9 +254,11 @@ def analyzed_writes(name: str) -> None:
     triton.runtime.driver.set_active(_TargetOnly())
     checked = []
     kinds = {"_attn_fwd": "fwd", "_attn_bwd_dq": "bwd_dq", "_attn_bwd_dkdv": "bwd_dkdv"}
-    for kernel, args in launches:
-        cfg = tuning.INTERPRETER_CONFIGS[kinds[kernel.fn.__name__]]  # the tile the launcher gave this launch
-        seen = written_by_analysis(kernel, dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n))
+    for kernel, args, _ in launches:
+        if kernel.fn.__name__ in kinds:
+            cfg = tuning.INTERPRETER_CONFIGS[kinds[kernel.fn.__name__]]  # the tile the launcher gave this launch
+            args = dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
+        seen = written_by_analysis(kernel, args)
         expected = _written(kernel.fn.__name__, args)
         assert seen == expected, f"{name}: {kernel.fn.__name__} seen writing {sorted(seen)}, writes {sorted(expected)}"
         checked.append(kernel.fn.__name__)
@@ -264,6 +274,7 @@ ANALYZED_SPECS = {
                                               score_tensors=(ScoreTensor("bias", "float32", (True, False, False, False)),)),
     "key padding + causal": SPECS["key padding + causal"],
     "a mask summarized per call": SPECS["a mask summarized per call"],
+    "packed documents (tile classes)": SPECS["packed documents"],
 }
 
 

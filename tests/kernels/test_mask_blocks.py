@@ -622,3 +622,55 @@ def test_a_predicates_summary_traces_with_symbolic_lengths():
         tensors = documents_tensors(ids)
         for a, b in zip(traced(*tensors), summary(*tensors)):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("key_major", [False, True])
+@pytest.mark.parametrize("rows, cols", [(16, 16), (32, 16), (16, 64)])
+def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, cols):
+    """The generated tile-classes kernel (one launch: launch.predicate_block_args) against its plain-PyTorch reference
+    (the granules of the vectors' bounds, a granule a tile's keys, then mask_block_args): the same counts and listed
+    blocks for documents aligned to the tiles or not, unsorted, an id coming back, lengths no tile divides."""
+    for form in ("eager", "sdpa"):
+        spec = documents_spec(form)
+        summarized = plan.mask_blocks(spec)
+        for ids in (ALIGNED, ANY, ANY[:, :77]):
+            tensors = documents_tensors(ids)
+            M = N = ids.shape[1]
+            ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
+            ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols), M, N, rows, cols, key_major,
+                                         tensors[0])
+            assert torch.equal(ours["BlockCounts"], ref["BlockCounts"]), (form, ids.shape)
+            listed = ours["BlockCounts"].sum(-1)
+            for z, outer in zip(*torch.nonzero(listed >= 0, as_tuple=True)):
+                n = listed[z, outer]
+                assert torch.equal(ours["BlockList"][z, outer, :n], ref["BlockList"][z, outer, :n])
+            assert (ours["stride_blist_z"], ours["stride_bcount_z"]) == (ref["stride_blist_z"], ref["stride_bcount_z"])
+            assert ours["BlockList"].dtype == ours["BlockCounts"].dtype == torch.int32
+
+
+@pytest.mark.parametrize("key_major", [False, True])
+def test_the_tile_classes_kernels_skips_and_runs_are_proofs(key_major):
+    """Against the mask written out (not the reference): the kernel's unlisted tiles hide every entry and each row of
+    their query block sees a key; its first run of full tiles keeps every entry. (A strictly causal mask hides each
+    row's own key: the kernel then proves no row visible and skips nothing, test_a_predicates_tiles_give_the_whole_
+    computation runs it.)"""
+    rows, cols = 16, 16
+    spec = documents_spec("eager")
+    tensors = documents_tensors(ANY)
+    keeps = written_out(spec, tensors)[0][:, 0] == 0  # [Z, M, N]
+    M = N = ANY.shape[1]
+    args = launch.predicate_block_args(spec, plan.mask_blocks(spec), tensors, M, N, rows, cols, key_major)
+    skipped = 0
+    for z in range(2):
+        for outer in range(args["BlockList"].shape[1]):
+            run, rest = args["BlockCounts"][z, outer].tolist()
+            entries = args["BlockList"][z, outer].tolist()
+            for position, inner in enumerate(entries):
+                r, c = (inner, outer) if key_major else (outer, inner)
+                tile = keeps[z, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
+                if position < run:
+                    assert tile.all() and entries[position] == entries[0] + position
+                elif position >= run + rest:
+                    assert not tile.any() and keeps[z, r * rows:(r + 1) * rows].any(-1).all()
+                    skipped += 1
+    assert skipped > 0

@@ -272,7 +272,8 @@ class _MaskGranules(NamedTuple):
 
 def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, granule: int) -> Optional[_MaskGranules]:
     """The granules of ``spec``'s summarized mask (None where it has none or ``FUSE_ATTN_MASK_BLOCKS=0``), computed
-    on the device -- traced into the graph under torch.compile, like the key range."""
+    on the device -- traced into the graph under torch.compile, like the key range. (A predicate's are the reference
+    of :func:`predicate_block_args`, which the launchers call instead.)"""
     summarized = plan.mask_blocks(spec) if settings.mask_blocks_enabled() else None
     if summarized is None:
         return None
@@ -294,8 +295,8 @@ def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, gr
 
 def _predicate_granules(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
                         granule: int) -> _MaskGranules:
-    """The granules of a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each
-    granule's keys (``IntervalOps``; keys past N read as key N - 1, so a granule's bounds are its real keys', and a
+    """The plain-PyTorch reference of :func:`predicate_block_args`' kernel (what the launchers call): the granules of
+    a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each granule's keys (``IntervalOps``; keys past N read as key N - 1, so a granule's bounds are its real keys', and a
     granule reaching past N is never unchanged). A row keeps a visible key where the predicate keeps its own position
     as a key (packed documents' tokens see themselves) or a whole granule. No N x N tensor is made: the largest is
     ``[Zm, M, ceil(N / granule)]``."""
@@ -371,6 +372,43 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
 
+# Tiles of the other axis the tile-classes kernel classifies at once (a 2-D step of ROWS x CHUNK points against
+# CHUNK spans): 16 keeps its int64 arrays at 2,048 elements for 128-row tiles, 16 a thread at the default 4 warps.
+# A register-pressure choice, not a sweep.
+_CLASS_CHUNK = 16
+
+
+def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
+                         rows: int, cols: int, key_major: bool) -> dict:
+    """:func:`mask_block_args` of a predicate of integer vectors (``summarized.predicate``) for tiles of ``rows`` x
+    ``cols``, from one launch of the generated tile-classes kernel (templates/tile_classes.py.tmpl): each query row a
+    point, each tile's keys one span, and a query block's tiles skipped as empty only where each of its rows keeps its
+    own key. Its plain-PyTorch reference, ``mask_block_args(_predicate_granules(..., granule=cols), ...)``, gives the
+    same lists wherever every row keeps its own key (packed documents: a token sees itself); where one does not, the
+    reference can still prove a row visible from a whole granule it keeps, this kernel cannot, and leaves such a
+    query block's hidden tiles partial (read and masked: the same results)."""
+    mod = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)
+    loads = sorted({node.value for node in subprogram(spec.score_program, summarized.predicate) if node.op == "load"})
+    batch = next((score_tensors[i].shape[0] for i in loads if not spec.score_tensors[i].broadcast[0]), 1)
+    outer, inner = (triton_cdiv(N, cols), triton_cdiv(M, rows)) if key_major else (triton_cdiv(M, rows), triton_cdiv(N, cols))
+    device = score_tensors[loads[0]].device
+    lists = torch.empty((batch, outer, inner), dtype=torch.int32, device=device)
+    counts = torch.empty((batch, outer, 2), dtype=torch.int32, device=device)
+    classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
+    args = dict(Lists=lists, Counts=counts, Classes=classes, stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0), M=M, N=N,
+                ROWS=rows, COLS=cols, CHUNK=_CLASS_CHUNK, KEY_MAJOR=key_major)
+    for i in loads:
+        args[f"T{i}"] = score_tensors[i]
+        for d, stride in zip("zhmn", broadcast_strides(score_tensors[i])):
+            if d != "h":
+                args[f"stride_t{i}_{d}"] = stride
+    # Triton's default 4 warps, one stage (a config is what names the kernel's copy when Inductor traces it)
+    launch(mod._tile_classes, (outer, batch), args, tuning.KernelConfig(rows, cols, num_warps=4, num_stages=1))
+    batched = not all(spec.score_tensors[i].broadcast[0] for i in loads)
+    return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
+                stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
+
+
 class _MaskBlocks:
     """The block lists of one set of tensors' summarized mask, each computed once per granule and tile shape: an op
     call computes what its kernels use, and the tuner, which launches many configs on one set of tuning tensors,
@@ -386,8 +424,13 @@ class _MaskBlocks:
         self._args: dict[tuple, dict] = {}
 
     def args(self, granule: int, rows: int, cols: int, key_major: bool) -> dict:
-        """``mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys."""
+        """``mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys; of a
+        predicate of integer vectors, from :func:`predicate_block_args` (no granules)."""
         key = (granule, rows, cols, key_major)
+        summarized = plan.mask_blocks(self.spec) if self.summarize and settings.mask_blocks_enabled() else None
+        if key not in self._args and summarized is not None and summarized.predicate is not None:
+            self._args[key] = predicate_block_args(self.spec, summarized, self.score_tensors, self.M, self.N, rows, cols,
+                                                   key_major)
         if key not in self._args:
             if granule not in self._granules:
                 self._granules[granule] = (mask_granules(self.spec, self.score_tensors, self.M, self.N, granule)

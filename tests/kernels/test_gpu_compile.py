@@ -265,6 +265,35 @@ def analyzed_writes(name: str) -> None:
     print("checked", " ".join(checked))
 
 
+def trace_tile_classes() -> None:
+    """(In the subprocess.) The tile-classes kernel's launches traced as the op's body is under torch.compile on a GPU
+    (make_fx on meta tensors of symbolic lengths, wrap_triton recording each launch): one graph for every length, its
+    grids and outputs sized by the lengths' symbols."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tests.kernels.test_mask_blocks import ALIGNED, documents_spec, documents_tensors
+
+    spec = documents_spec("sdpa")
+    summarized = plan.mask_blocks(spec)
+
+    def lists(*tensors):
+        M, N = tensors[1].shape[2], tensors[0].shape[3]
+        return [launch.predicate_block_args(spec, summarized, tensors, M, N, 64, 32, key_major)["BlockList"]
+                for key_major in (False, True)]
+
+    triton.runtime.driver.set_active(_TargetOnly())
+    graph = make_fx(lists, tracing_mode="symbolic")(*(t.to("meta") for t in documents_tensors(ALIGNED)))
+    for node in graph.graph.nodes:
+        if node.target is torch.ops.higher_order.triton_kernel_wrapper_mutation:
+            print("launch grid", node.kwargs["grid"], "KEY_MAJOR", node.kwargs["kwargs"]["KEY_MAJOR"])
+
+
+def test_the_tile_classes_kernel_traces_with_symbolic_lengths():
+    stdout = _in_subprocess("t.trace_tile_classes()")
+    launches = [line for line in stdout.splitlines() if line.startswith("launch grid")]
+    assert len(launches) == 2 and all("floordiv" in line for line in launches), stdout
+
+
 # Specs whose kernels store to more than the outputs: a bias gradient (by the dK/dV kernel, or the dQ kernel with the
 # exact delta of fp32), next to a key range and block lists (whose placeholders a write through a helper call that
 # took them was once attributed to)

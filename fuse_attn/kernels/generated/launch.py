@@ -373,9 +373,9 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
 
 
 # Tiles of the other axis the tile-classes kernel classifies at once (a 2-D step of ROWS x CHUNK points against
-# CHUNK spans): 16 keeps its int64 arrays at 2,048 elements for 128-row tiles, 16 a thread at the default 4 warps.
-# A register-pressure choice, not a sweep.
-_CLASS_CHUNK = 16
+# CHUNK spans). Its compile time, not a timed sweep, chose 8: for sm90 on a CPU (Triton 3.9, 128 x 128 tiles,
+# query-major) 0.8 s and 4.3k lines of PTX, against 2.2 s and 7.8k lines at 16 (key-major: 0.7 s either way).
+_CLASS_CHUNK = 8
 
 
 def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
@@ -414,12 +414,15 @@ class _MaskBlocks:
     call computes what its kernels use, and the tuner, which launches many configs on one set of tuning tensors,
     computes them once, outside the timed launches (the summary's eager torch ops take more host time than a short
     kernel's GPU time: inside the timed launches, every candidate would time alike). ``summarize``: False for none
-    (a mask that needs a gradient has one in its full tiles too)."""
+    (a mask that needs a gradient has one in its full tiles too). ``predicate_kernel``: a predicate's lists from
+    :func:`predicate_block_args` (True: an op call's) or from its PyTorch reference (False: the tuner's, whose
+    candidates' many tile shapes would each compile the tile-classes kernel, 0.7-0.8 s apiece for sm90 on a CPU,
+    for lists that need not be the real ones' -- its random ids leave every tile partial either way)."""
 
     def __init__(self, spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, placeholder: Tensor,
-                 summarize: bool = True):
+                 summarize: bool = True, predicate_kernel: bool = True):
         self.spec, self.score_tensors, self.M, self.N, self.placeholder = spec, score_tensors, M, N, placeholder
-        self.summarize = summarize
+        self.summarize, self.predicate_kernel = summarize, predicate_kernel
         self._granules: dict[int, Optional[_MaskGranules]] = {}
         self._args: dict[tuple, dict] = {}
 
@@ -428,7 +431,8 @@ class _MaskBlocks:
         predicate of integer vectors, from :func:`predicate_block_args` (no granules)."""
         key = (granule, rows, cols, key_major)
         summarized = plan.mask_blocks(self.spec) if self.summarize and settings.mask_blocks_enabled() else None
-        if key not in self._args and summarized is not None and summarized.predicate is not None:
+        predicate = summarized is not None and summarized.predicate is not None
+        if key not in self._args and predicate and self.predicate_kernel:
             self._args[key] = predicate_block_args(self.spec, summarized, self.score_tensors, self.M, self.N, rows, cols,
                                                    key_major)
         if key not in self._args:
@@ -708,7 +712,7 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
         _causal_tuning_mask(spec, rs)
         out, lse = empty_outputs(rq, rv)
         real, key_range = common_kernel_args(rq, rk, rv, spec), key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
-        mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse)
+        mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse, predicate_kernel=False)
         return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range,
                                                    mask_blocks, warmup)
 
@@ -755,7 +759,7 @@ class _BackwardBuffers:
     exact delta, the fp32 gradient buffers of the bias tensors that need one (accumulated with atomics), and the
     kernels' key range arguments and mask block lists (computed once: the tuner launches many times on one set)."""
 
-    def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool):
+    def __init__(self, q, k, v, lse, score_tensors, spec, needs_grad, exact_delta: bool, predicate_kernel: bool = True):
         self.dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         self.dk = torch.empty(k.shape, dtype=k.dtype, device=q.device)
         self.dv = torch.empty(v.shape, dtype=v.dtype, device=q.device)
@@ -776,7 +780,8 @@ class _BackwardBuffers:
                                          full_tiles=padding is None or padding.tensor not in self.dbias)
         summarized = plan.mask_blocks(spec)
         self.mask_blocks = _MaskBlocks(spec, score_tensors, q.shape[2], k.shape[2], lse,
-                                       summarize=summarized is None or summarized.tensor not in self.dbias)
+                                       summarize=summarized is None or summarized.tensor not in self.dbias,
+                                       predicate_kernel=predicate_kernel)
 
 
 def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out, lse, spec, dropout_seed,
@@ -859,7 +864,7 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
             _causal_tuning_mask(spec, rs)
             out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
             real = common_kernel_args(rq, rk, rv, spec)
-            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta)
+            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
             if kind == "bwd_dkdv":  # delta, the lse flags (and row statistics) from the tuned dQ kernel, once
                 _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta,
                                  only="bwd_dq")

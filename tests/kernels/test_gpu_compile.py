@@ -288,6 +288,29 @@ def trace_tile_classes() -> None:
             print("launch grid", node.kwargs["grid"], "KEY_MAJOR", node.kwargs["kwargs"]["KEY_MAJOR"])
 
 
+def compile_tile_classes() -> None:
+    """(In the subprocess.) The tile-classes kernel of a predicate reaching every op (test_mask_blocks.every_op_spec),
+    both orientations, compiled for sm90 with the launch's own arguments and config."""
+    from tests.kernels.test_mask_blocks import ANY, documents_tensors, every_op_spec
+
+    spec = every_op_spec()
+    launches = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(launch, "launch",
+                            lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args, cfg)))
+        for key_major in (False, True):
+            launch.predicate_block_args(spec, plan.mask_blocks(spec), documents_tensors(ANY), 80, 80, 64, 32, key_major)
+    for kernel, args, cfg in launches:
+        compiled = _compile(kernel, args, cfg, TARGETS["sm90"][0])
+        assert compiled.asm["cubin"]
+        print(f"KEY_MAJOR {args['KEY_MAJOR']}: {compiled.metadata.shared} bytes of shared memory")
+
+
+def test_the_tile_classes_kernel_of_every_predicate_op_compiles_for_the_gpu():
+    stdout = _in_subprocess("t.compile_tile_classes()")
+    assert stdout.count("bytes of shared memory") == 2, stdout
+
+
 def test_the_tile_classes_kernel_traces_with_symbolic_lengths():
     stdout = _in_subprocess("t.trace_tile_classes()")
     launches = [line for line in stdout.splitlines() if line.startswith("launch grid")]

@@ -674,3 +674,54 @@ def test_the_tile_classes_kernels_skips_and_runs_are_proofs(key_major):
                     assert not tile.any() and keeps[z, r * rows:(r + 1) * rows].any(-1).all()
                     skipped += 1
     assert skipped > 0
+
+
+def every_op_spec():
+    """A predicate that keeps each row's own key (``kv_idx == q_idx or ...``) and reaches every op of
+    ``plan.PREDICATE_OPS`` over the vectors of :func:`documents_tensors`, bools read as integers too."""
+    b = ScoreProgramBuilder()
+    s = b.add("score")
+    pos_k, pos_q, ids_q, ids_k = (b.load(i, "int") for i in range(4))
+    q_idx, kv_idx = b.add("q_idx"), b.add("kv_idx")
+    near = b.add("le", b.add("sub", pos_k, b.const(100)), b.add("maximum", pos_q, b.add("neg", ids_k)))
+    other = b.add("ne", b.add("minimum", ids_q, b.add("add", ids_k, b.const(1))), ids_k)
+    picked = b.add("where", b.add("lt", ids_q, b.const(2)), ids_q, ids_k)  # an integer where
+    either = b.add("where", b.add("gt", ids_q, ids_k), b.add("eq", pos_q, pos_k), b.add("ge", ids_k, ids_q))  # a bool one
+    flag = b.add("logical_not", b.add("gt", picked, either))  # an integer compared with a bool
+    keep = b.add("logical_or", b.add("eq", kv_idx, q_idx), b.add("logical_and", near, b.add("logical_or", other, flag)))
+    root = b.add("where", keep, s, b.const(float("-inf")))
+    rows, cols = (False, True, False, True), (False, True, True, False)
+    tensors = tuple(ScoreTensor("int", "int64", broadcast) for broadcast in (cols, rows, rows, cols))
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=b.program(root),
+                         score_tensors=tensors)
+    used = {node.op for node in spec.score_program}
+    assert set(plan.PREDICATE_OPS) <= used, set(plan.PREDICATE_OPS) - used
+    return spec
+
+
+@pytest.mark.parametrize("key_major", [False, True])
+def test_the_tile_classes_kernel_bounds_every_predicate_op_as_its_reference(key_major):
+    """Each op's bounds as the generated kernel writes them (codegen.TritonIntervalOps) against IntervalOps: the same
+    lists and counts, and their skips and runs true of the mask written out."""
+    spec = every_op_spec()
+    summarized = plan.mask_blocks(spec)
+    assert summarized is not None and summarized.predicate is not None
+    tensors = documents_tensors(ANY)
+    keeps = written_out(spec, tensors)[0][:, 0] == 0
+    M = N = ANY.shape[1]
+    rows, cols = 16, 16
+    ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
+    ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols), M, N, rows, cols, key_major, tensors[0])
+    assert torch.equal(ours["BlockCounts"], ref["BlockCounts"]) and ours["BlockCounts"][..., 0].any()  # (runs too)
+    skipped = 0
+    for z in range(2):
+        for outer in range(ours["BlockList"].shape[1]):
+            run, rest = ours["BlockCounts"][z, outer].tolist()
+            entries = ours["BlockList"][z, outer].tolist()
+            assert entries[:run + rest] == ref["BlockList"][z, outer, :run + rest].tolist()
+            for position, inner in enumerate(entries):
+                r, c = (inner, outer) if key_major else (outer, inner)
+                tile = keeps[z, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
+                assert tile.all() if position < run else (not tile.any() if position >= run + rest else True)
+                skipped += position >= run + rest
+    assert skipped > 0

@@ -47,6 +47,17 @@ def appending(path, columns, run_info, lineterminator="\r\n"):
         yield record
 
 
+def columns_clash(path, columns):
+    """Say so and return True when ``path`` exists with other columns (appended rows would not line up)."""
+    if not (os.path.exists(path) and os.path.getsize(path)):
+        return False
+    with open(path, newline="") as f:
+        header = next(csv.reader(f), None)
+    if header != columns:
+        print(f"{path} has other columns ({header}): choose another --out", flush=True)
+    return header != columns
+
+
 # ---- benchmarks/results.csv -----------------------------------------------------------------------------------------
 def current_commit(root: str = ROOT) -> str:
     """``git rev-parse --short HEAD`` of ``root`` (``-dirty`` appended where tracked files differ from it); "" outside

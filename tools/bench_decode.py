@@ -54,8 +54,8 @@ from fuse_attn.kernels.generated.launch import triton_forward  # noqa: E402
 from fuse_attn.kernels.ops import flash_attention  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
 from fuse_attn.spec import AttentionSpec, dtype_name  # noqa: E402
-from tools.bench_csv import appending  # noqa: E402
-from tools.bench_models import columns_clash, model_and_config  # noqa: E402
+from tools.bench_csv import appending, columns_clash  # noqa: E402
+from tools.bench_models import model_and_config  # noqa: E402
 
 # part op: cache lengths of the issue (1k-32k), LLaMA-3-8B's attention shape
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768]

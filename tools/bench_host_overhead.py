@@ -138,7 +138,7 @@ def _compiled_choosing(candidates: str, module: torch.nn.Module):
     return call
 
 
-def _graph_time_ms(step) -> float:
+def graph_time_ms(step) -> float:
     """Median ms of one replay of ``step`` captured in a CUDA graph (warmed up on a side stream first)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -176,7 +176,7 @@ def measure(fn, q, k, v, dout, backward: bool) -> tuple[float, float]:
                                    return_mode="median")
     for t in (q, k, v):
         t.grad = None
-    return wall, _graph_time_ms(step)
+    return wall, graph_time_ms(step)
 
 
 def run(shapes, dtype, record, chain: int = 1) -> list:

@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import csv
 import datetime
 import gc
 import importlib.util
@@ -85,7 +84,7 @@ if __package__ in (None, ""):  # run as a script: the repository root holds fuse
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.backend import compile_seconds, fuse_attn_backend  # noqa: E402
 from fuse_attn.report import collect_reports  # noqa: E402
-from tools.bench_csv import appending  # noqa: E402
+from tools.bench_csv import appending, columns_clash  # noqa: E402
 
 DEFAULT_LENGTHS = [1024, 2048, 4096, 8192]
 TINY_LENGTH = 32
@@ -452,17 +451,6 @@ def compile_times(args, record):
     headers = ["model", "BxN", "caches", *(f"{v} s" for v in variants),
                *(f"{ours} / {other}" for ours, other in COMPILE_TIME_RATIOS if ours in variants and other in variants)]
     return rows, headers, ok
-
-
-def columns_clash(path, columns):
-    """Say so and return True when ``path`` exists with other columns (appended rows would not line up)."""
-    if not (os.path.exists(path) and os.path.getsize(path)):
-        return False
-    with open(path, newline="") as f:
-        header = next(csv.reader(f), None)
-    if header != columns:
-        print(f"{path} has other columns ({header}): choose another --out", flush=True)
-    return header != columns
 
 
 def main(argv=None):

@@ -32,9 +32,10 @@ once, or ``is_causal``), ``cudnn`` (the same SDPA call under SDPA's cuDNN backen
 ``enable_gqa`` where this torch's cuDNN path takes it, else kv heads expanded in the call) and ``torch_compile``
 (Inductor's default on the same module); a cell is "-" where the method cannot state the variant.
 For each, forward (under ``torch.no_grad()``) and forward+backward (gradients of q, k, v and the learned bias):
-the median of ``triton.testing.do_bench`` -- GPU time, as calls of this size are GPU-bound (the host issues them
-faster than the GPU runs them; ``tools/bench_host_overhead.py`` measures that split) -- and the peak memory one
-call allocates beyond its inputs. Inputs are random normal. After each variant a row is printed: each method's
+the median of ``triton.testing.do_bench`` over back-to-back calls (wall time: where the host cannot issue a call's
+kernels as fast as the GPU runs them, the GPU idles and this grows), the GPU time of the call's kernels alone (the
+call captured once in a CUDA graph and replayed, as ``tools/bench_host_overhead.py`` does; "-" where a method cannot
+be captured), and the peak memory one call allocates beyond its inputs. Inputs are random normal. After each variant a row is printed: each method's
 time and memory, the fastest peer and the speed-up ``peer ms / fuse_attn ms``; a table at the end. Rows are
 appended to OUTDIR/bench_variants.csv with the GPU's name, the torch and triton versions and the date.
 ``--check`` first compiles every variant with fuse_attn at a small size in fp32 and holds its output and gradients
@@ -66,8 +67,8 @@ if os.environ.get("FUSE_ATTN_CANDIDATES") != "triton,gluon":
     os.environ["FUSE_ATTN_CANDIDATES"] = "triton"
 from fuse_attn.report import collect_reports  # noqa: E402
 from tools.bench_attention import FLOOR, NAMES, SOFTCAP, _err, alibi_slopes, measure  # noqa: E402
-from tools.bench_csv import appending  # noqa: E402
-from tools.bench_host_overhead import random_inputs  # noqa: E402
+from tools.bench_csv import appending, columns_clash  # noqa: E402
+from tools.bench_host_overhead import graph_time_ms, random_inputs  # noqa: E402
 
 # the dtype models train and serve in (and tools/bench_attention.py's default)
 DTYPE = torch.bfloat16
@@ -484,8 +485,8 @@ def check_variant(variant: Variant, size: Size, device) -> Check:
 # ---- speed ---------------------------------------------------------------------------------------------------------
 METHOD_NAMES = ("fuse_attn", "flex", "sdpa_mask", "cudnn", "torch_compile")
 PEERS = METHOD_NAMES[1:]
-CSV_COLUMNS = ["variant", "B", "H", "H_kv", "N", "D", "dtype", "mode", "method", "median_ms", "peak_bytes_above_inputs",
-               "fused_attentions", "gpu", "torch", "triton", "date"]
+CSV_COLUMNS = ["variant", "B", "H", "H_kv", "N", "D", "dtype", "mode", "method", "median_ms", "gpu_ms",
+               "peak_bytes_above_inputs", "fused_attentions", "gpu", "torch", "triton", "date"]
 
 
 def make_methods(module: VariantAttention, q, k, v, extra) -> dict[str, Callable]:
@@ -537,6 +538,23 @@ def without_grad(fn):
     return call
 
 
+def kernels_ms(fn, q, k, v, dout, backward, learned=()) -> float | None:
+    """GPU ms of one call's kernels alone (a CUDA graph of it replayed), or None where the call cannot be captured."""
+    def step():
+        out = fn(q, k, v)
+        if backward:
+            out.backward(dout)
+
+    try:
+        return graph_time_ms(step)
+    except Exception as e:  # (a method that syncs or allocates outside the graph's pool)
+        print(f"  no CUDA graph of the call: {first_line(e)}", flush=True)
+        return None
+    finally:
+        for t in (q, k, v, *learned):
+            t.grad = None
+
+
 def first_line(error: Exception) -> str:
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
@@ -563,23 +581,27 @@ def bench_variant(name: str, size: Size, mode: str, methods_filter, record) -> l
             cells.append("-")
             continue
         try:
+            call = fn if backward else without_grad(fn)
             with collect_reports() as reports:
-                ms, peak = measure(fn if backward else without_grad(fn), q, k, v, dout, backward, learned)
+                ms, peak = measure(call, q, k, v, dout, backward, learned)
+            gpu_ms = kernels_ms(call, q, k, v, dout, backward, learned)
             if method == "fuse_attn":
                 fused = sum(len(report.fused) for report in reports)
                 for report in reports:  # what the kernel computes (and loads), or why a softmax was left alone
                     for verdict in report.verdicts:
                         print(f"  {name} {mode}: {verdict.line()}", flush=True)
             times[method] = ms
-            cells.append(f"{ms:.3f} ms, {peak / 2**20:.0f} MiB")
-            record(prefix + [method, f"{ms:.4f}", peak, fused if method == "fuse_attn" else ""])
+            gpu_cell = "-" if gpu_ms is None else f"{gpu_ms:.3f}"
+            cells.append(f"{ms:.3f} ms (GPU {gpu_cell}), {peak / 2**20:.0f} MiB")
+            record(prefix + [method, f"{ms:.4f}", "" if gpu_ms is None else f"{gpu_ms:.4f}", peak,
+                             fused if method == "fuse_attn" else ""])
         except torch.cuda.OutOfMemoryError:
             cells.append("OOM")
-            record(prefix + [method, "OOM", "", ""])
+            record(prefix + [method, "OOM", "", "", ""])
         except Exception as e:  # one method's failure must not hide the others' numbers
             print(f"  {name} {mode} {method} failed: {first_line(e)}", flush=True)
             cells.append("err")
-            record(prefix + [method, "error", "", ""])
+            record(prefix + [method, "error", "", "", ""])
         for t in (q, k, v, *learned):
             t.grad = None
         torch.cuda.empty_cache()
@@ -664,13 +686,17 @@ def main(argv=None):
     os.makedirs(args.out, exist_ok=True)
     run_info = [gpu, torch.__version__, triton.__version__, datetime.date.today().isoformat()]
     rows = []
-    with appending(os.path.join(args.out, "bench_variants.csv"), CSV_COLUMNS, run_info) as record:
+    path = os.path.join(args.out, "bench_variants.csv")
+    if columns_clash(path, CSV_COLUMNS):
+        return 2
+    with appending(path, CSV_COLUMNS, run_info) as record:
         for name in args.variants:
             size = resized(VARIANTS[name].default, args.batch, args.heads, args.seq, args.head_dim)
             for mode in args.modes:
                 rows.append(bench_variant(name, size, mode, args.methods, record))
-    print(f"\n{gpu}, torch {torch.__version__}, triton {triton.__version__}, {NAMES[DTYPE]}; per call: median ms "
-          "(GPU-bound), peak MiB beyond the inputs; speed-up = fastest peer ms / fuse_attn ms")
+    print(f"\n{gpu}, torch {torch.__version__}, triton {triton.__version__}, {NAMES[DTYPE]}; per call: median ms of "
+          "back-to-back calls (the kernels' own GPU ms), peak MiB beyond the inputs; speed-up = fastest peer ms / "
+          "fuse_attn ms")
     print(tabulate(rows, headers=["variant", "B,H,N,D", "mode", "fused", *METHOD_NAMES, "fastest peer", "speed-up"],
                    tablefmt="github"), flush=True)
     return 0 if ok else 1

@@ -574,6 +574,63 @@ def test_interval_ops_bound_every_value():
                 assert (bounds.may_be_true | ~exact).all() and (bounds.may_be_false | exact).all(), op
 
 
+# each op of plan.PREDICATE_OPS with the kinds of its operands (s: an integer span, t: a bool's truth)
+OP_OPERANDS = {"neg": "s", "add": "ss", "sub": "st", "maximum": "ts", "minimum": "ss", "lt": "ss", "le": "st",
+               "gt": "ss", "ge": "ts", "eq": "ss", "ne": "st", "logical_not": "t", "logical_and": "tt",
+               "logical_or": "tt", "where": "tss"}
+
+
+@pytest.mark.parametrize("op", list(OP_OPERANDS) + ["where of truths"])
+def test_the_kernels_interval_rules_are_interval_ops(op, tmp_path):
+    """Each op's bounds as Triton lines (codegen.TritonIntervalOps, what the tile-classes kernel runs), run in the
+    interpreter on random spans and truths, equal IntervalOps' (the reference's) element for element."""
+    import importlib.util
+
+    from fuse_attn.kernels.generated import codegen
+
+    assert set(OP_OPERANDS) == set(plan.PREDICATE_OPS)  # (a new op needs its case here)
+    kinds = "ttt" if op == "where of truths" else OP_OPERANDS[op]
+    name = "where" if op == "where of truths" else op
+    g = torch.Generator().manual_seed(0)
+    n = 256
+    inputs, torch_args, triton_args, params, loads = [], [], [], [], []
+    for i, kind in enumerate(kinds):
+        if kind == "s":
+            a, b = torch.randint(-6, 7, (2, n), generator=g)
+            values = (torch.minimum(a, b), torch.maximum(a, b))
+            torch_args.append(score_program_eval.Span(*values))
+            names = (f"x{i}_lo", f"x{i}_hi")
+            triton_args.append(("span", *names))
+            loads += [f"{names[0]} = tl.load(X{i}_0 + i)", f"{names[1]} = tl.load(X{i}_1 + i)"]
+        else:
+            may_be_true, either = torch.rand(2, n, generator=g) < 0.5
+            values = (may_be_true | either, ~may_be_true | either)
+            torch_args.append(score_program_eval.Truth(*values))
+            names = (f"x{i}_t", f"x{i}_f")
+            triton_args.append(("truth", *names))
+            loads += [f"{names[0]} = tl.load(X{i}_0 + i) != 0", f"{names[1]} = tl.load(X{i}_1 + i) != 0"]
+            values = tuple(v.to(torch.int64) for v in values)
+        inputs += list(values)
+        params += [f"X{i}_0", f"X{i}_1"]
+    expected = getattr(score_program_eval.IntervalOps({}, {}, "cpu"), name)(*torch_args)
+    ops = codegen.TritonIntervalOps({"q_idx": ("x0_lo", "x0_hi")})
+    kind, first, second = getattr(ops, name)(*triton_args)
+    assert kind == ("span" if isinstance(expected, score_program_eval.Span) else "truth")
+    body = loads + ops.lines + [f"tl.store(Out0 + i, ({first}).to(tl.int64))", f"tl.store(Out1 + i, ({second}).to(tl.int64))"]
+    source = "\n".join(["import triton", "import triton.language as tl", "", "", "@triton.jit",
+                         f"def rule({', '.join(params)}, Out0, Out1, BLOCK: tl.constexpr):", "    i = tl.arange(0, BLOCK)"]
+                        + ["    " + line for line in body]) + "\n"
+    path = tmp_path / f"rule_{name}.py"
+    path.write_text(source)
+    module_spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    outs = [torch.empty(n, dtype=torch.int64) for _ in range(2)]
+    module.rule[(1,)](*inputs, *outs, BLOCK=n)
+    for ours, theirs in zip(outs, expected):
+        assert torch.equal(ours, theirs.to(torch.int64)), (op, source)
+
+
 @pytest.mark.parametrize("enabled", [True, False])
 def test_a_predicates_empty_tiles_are_not_read(enabled, monkeypatch):
     # two documents of 32 tokens: the second one's keys are hidden from the first one's queries, whole tiles of them:

@@ -326,6 +326,14 @@ def _is_predicate(program: tuple[ScoreNode, ...], index: int, tensors) -> bool:
     return all(node.op in PREDICATE_OPS or node.op in ("const", "load", "q_idx", "kv_idx") for node in nodes)
 
 
+# memoized: the launchers read it for every launch of a predicate's tile classes (launch.predicate_block_args)
+@functools.lru_cache(maxsize=1024)
+def predicate_loads(spec: AttentionSpec) -> tuple[int, ...]:
+    """The score tensors :func:`mask_blocks`' predicate reads, ascending (a spec with a predicate of integer vectors)."""
+    return tuple(sorted({node.value for node in subprogram(spec.score_program, mask_blocks(spec).predicate)
+                         if node.op == "load"}))
+
+
 def unmasked_spec(spec: AttentionSpec) -> Optional[AttentionSpec]:
     """With :func:`mask_blocks`: this spec with the score program where the mask hides nothing (the subprogram of
     its ``unmasked`` node, no score tensors) -- what a full tile computes. None otherwise."""

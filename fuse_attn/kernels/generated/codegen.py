@@ -718,16 +718,18 @@ class TritonIntervalOps:
                          f"tl.where({either}, tl.maximum({ahi}, {bhi}), tl.where({ct}, {ahi}, {bhi}))")
 
 
-def _int_params(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> str:
-    """The tile-classes kernel's parameters for the predicate's vectors (as ``launch.score_kwargs`` names them)."""
-    return "".join(f"T{i}, stride_t{i}_z, stride_t{i}_m, stride_t{i}_n, " for i in loads)
+def _int_params(loads: Sequence[int]) -> str:
+    """The tile-classes kernel's parameters for the predicate's vectors, as ``launch.score_kwargs`` names them (the
+    head stride too, which the vectors the heads share never use)."""
+    return "".join(f"T{i}, stride_t{i}_z, stride_t{i}_h, stride_t{i}_m, stride_t{i}_n, " for i in loads)
 
 
 def _predicate_function(name: str, doc: str, program: tuple[ScoreNode, ...], tensors: Sequence[ScoreTensor],
                         loads: Sequence[int], hides_where_false: bool, own_key: bool) -> list[str]:
     """A ``@triton.jit`` function of (off_z, rows, [keys,] M, N, the vectors) returning (may_keep, may_hide) of the
     predicate at query rows ``rows`` (int64, points, 2-D) and -- ``own_key`` False -- the spans of ``keys`` (int64
-    [spans, keys of a span], clamped to N - 1: a span each along the result's second axis), or -- ``own_key`` True -- each row's own key (a point)."""
+    [spans, keys of a span], clamped to N - 1: a span each along the result's second axis), or -- ``own_key`` True --
+    each row's own key (a point)."""
     body = ["rows_read = tl.minimum(rows, M - 1)  # (rows past M are never read by a class)"]
     if own_key:
         body.append("own = tl.minimum(rows, N - 1)")
@@ -755,8 +757,14 @@ def _predicate_function(name: str, doc: str, program: tuple[ScoreNode, ...], ten
     _, may_true, may_false = forward(program, ops)[-1]
     keep, hide = (may_true, may_false) if hides_where_false else (may_false, may_true)
     params = "off_z, rows, M, N, " if own_key else "off_z, rows, keys, M, N, "
-    return (["@triton.jit", f"def {name}({params}{_int_params(tensors, loads)}):", f'    """{doc}"""']
+    return (["@triton.jit", f"def {name}({params}{_int_params(loads)}):", f'    """{doc}"""']
             + ["    " + line for line in body + ops.lines] + [f"    return {keep}, {hide}"])
+
+
+_PREDICATE_FUNCTIONS = {  # name: (docstring, own_key): the template's two calls of the predicate's bounds
+    "_tile_bounds": ("(may_keep, may_hide) at query rows ``rows`` and the spans of ``keys``.", False),
+    "_own_key_bounds": ("(may_keep, may_hide) at query rows ``rows`` and each row's own key.", True),
+}
 
 
 def generate_tile_classes_source(spec: AttentionSpec) -> str:
@@ -765,16 +773,12 @@ def generate_tile_classes_source(spec: AttentionSpec) -> str:
     summarized = plan.mask_blocks(key)
     if summarized is None or summarized.predicate is None:
         raise ValueError(f"no predicate of integer vectors to classify tiles by in {plan.describe(key)}")
-    program = subprogram(key.score_program, summarized.predicate)
-    loads = sorted({node.value for node in program if node.op == "load"})
-    hides_where_false = summarized.hidden == "false"
-    functions = _predicate_function(
-        "_tile_bounds", "(may_keep, may_hide) at query rows ``rows`` and the spans of ``keys``.", program,
-        key.score_tensors, loads, hides_where_false, own_key=False)
-    functions += ["", ""] + _predicate_function(
-        "_own_key_bounds", "(may_keep, may_hide) at query rows ``rows`` and each row's own key.", program,
-        key.score_tensors, loads, hides_where_false, own_key=True)
-    params = _int_params(key.score_tensors, loads)
+    program, loads = subprogram(key.score_program, summarized.predicate), plan.predicate_loads(key)
+    functions = []
+    for name, (doc, own_key) in _PREDICATE_FUNCTIONS.items():
+        functions += ([""] * 2 if functions else []) + _predicate_function(
+            name, doc, program, key.score_tensors, loads, summarized.hidden == "false", own_key)
+    params = _int_params(loads)
     inline = {"SPEC_DIGEST": key.digest, "SPEC_DESCRIPTION": plan.describe(key), "INT_PARAMS": params,
               "INT_ARGS": params}
     template = (TEMPLATE_DIR / TILE_CLASSES_TEMPLATE_NAME).read_text()

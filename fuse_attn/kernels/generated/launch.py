@@ -145,9 +145,12 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee"
 
 
-def score_kwargs(score_tensors: Sequence[Tensor]) -> dict:
+def score_kwargs(score_tensors: Sequence[Tensor], only: Optional[Sequence[int]] = None) -> dict:
+    """Each score tensor ``T<i>`` and its broadcast strides ``stride_t<i>_<z|h|m|n>``; ``only``: of those indices."""
     kw = {}
     for i, t in enumerate(score_tensors):
+        if only is not None and i not in only:
+            continue
         # bool masks as they are: Triton loads a bool pointer as bytes (a traced bool -> uint8 view is what Inductor
         # could not lower: "torch.bool is not supported by torch.iinfo", torch 2.11)
         kw[f"T{i}"] = t
@@ -296,8 +299,9 @@ def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, gr
 def _predicate_granules(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
                         granule: int) -> _MaskGranules:
     """The plain-PyTorch reference of :func:`predicate_block_args`' kernel (what the launchers call): the granules of
-    a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each granule's keys (``IntervalOps``; keys past N read as key N - 1, so a granule's bounds are its real keys', and a
-    granule reaching past N is never unchanged). A row keeps a visible key where the predicate keeps its own position
+    a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each granule's keys
+    (``IntervalOps``; keys past N read as key N - 1, so a granule's bounds are its real keys', and a granule reaching
+    past N is never unchanged). A row keeps a visible key where the predicate keeps its own position
     as a key (packed documents' tokens see themselves) or a whole granule. No N x N tensor is made: the largest is
     ``[Zm, M, ceil(N / granule)]``."""
     program = subprogram(spec.score_program, summarized.predicate)
@@ -309,7 +313,7 @@ def _predicate_granules(spec: AttentionSpec, summarized: plan.MaskBlocks, score_
     own = rows.clamp(max=N - 1)  # each row's own position as a key (a row past the last key has none: excluded)
     per_granule: dict[int, Span] = {}
     on_own_key: dict[int, Span] = {}
-    for i in sorted({node.value for node in program if node.op == "load"}):
+    for i in plan.predicate_loads(spec):
         values = score_tensors[i][:, 0].to(torch.int64)  # [Zt, M or 1, N or 1]
         if spec.score_tensors[i].broadcast[3]:  # one value per row, or one for all
             per_granule[i] = on_own_key[i] = Span(values, values)
@@ -388,23 +392,20 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     reference can still prove a row visible from a whole granule it keeps, this kernel cannot, and leaves such a
     query block's hidden tiles partial (read and masked: the same results)."""
     mod = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)
-    loads = sorted({node.value for node in subprogram(spec.score_program, summarized.predicate) if node.op == "load"})
-    batch = next((score_tensors[i].shape[0] for i in loads if not spec.score_tensors[i].broadcast[0]), 1)
-    outer, inner = (triton_cdiv(N, cols), triton_cdiv(M, rows)) if key_major else (triton_cdiv(M, rows), triton_cdiv(N, cols))
+    loads = plan.predicate_loads(spec)
+    batched = [i for i in loads if not spec.score_tensors[i].broadcast[0]]  # the vectors of a batch row each
+    batch = score_tensors[batched[0]].shape[0] if batched else 1
+    rows_blocks, cols_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
+    outer, inner = (cols_blocks, rows_blocks) if key_major else (rows_blocks, cols_blocks)
     device = score_tensors[loads[0]].device
     lists = torch.empty((batch, outer, inner), dtype=torch.int32, device=device)
     counts = torch.empty((batch, outer, 2), dtype=torch.int32, device=device)
     classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
-    args = dict(Lists=lists, Counts=counts, Classes=classes, stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0), M=M, N=N,
-                ROWS=rows, COLS=cols, CHUNK=_CLASS_CHUNK, KEY_MAJOR=key_major)
-    for i in loads:
-        args[f"T{i}"] = score_tensors[i]
-        for d, stride in zip("zhmn", broadcast_strides(score_tensors[i])):
-            if d != "h":
-                args[f"stride_t{i}_{d}"] = stride
+    args = dict(Lists=lists, Counts=counts, Classes=classes, stride_lists_z=lists.stride(0),
+                stride_counts_z=counts.stride(0), M=M, N=N, ROWS=rows, COLS=cols, CHUNK=_CLASS_CHUNK,
+                KEY_MAJOR=key_major, **score_kwargs(score_tensors, only=loads))
     # Triton's default 4 warps, one stage (a config is what names the kernel's copy when Inductor traces it)
     launch(mod._tile_classes, (outer, batch), args, tuning.KernelConfig(rows, cols, num_warps=4, num_stages=1))
-    batched = not all(spec.score_tensors[i].broadcast[0] for i in loads)
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
@@ -430,12 +431,13 @@ class _MaskBlocks:
         """``mask_block_args`` of tiles of ``rows`` x ``cols`` from the mask's granules of ``granule`` keys; of a
         predicate of integer vectors, from :func:`predicate_block_args` (no granules)."""
         key = (granule, rows, cols, key_major)
+        if key in self._args:
+            return self._args[key]
         summarized = plan.mask_blocks(self.spec) if self.summarize and settings.mask_blocks_enabled() else None
-        predicate = summarized is not None and summarized.predicate is not None
-        if key not in self._args and predicate and self.predicate_kernel:
-            self._args[key] = predicate_block_args(self.spec, summarized, self.score_tensors, self.M, self.N, rows, cols,
-                                                   key_major)
-        if key not in self._args:
+        if summarized is not None and summarized.predicate is not None and self.predicate_kernel:
+            self._args[key] = predicate_block_args(self.spec, summarized, self.score_tensors, self.M, self.N, rows,
+                                                   cols, key_major)
+        else:
             if granule not in self._granules:
                 self._granules[granule] = (mask_granules(self.spec, self.score_tensors, self.M, self.N, granule)
                                            if self.summarize else None)

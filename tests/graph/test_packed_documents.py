@@ -69,19 +69,18 @@ class TestHuggingFacePackedDocuments(TestCase):
             assert shape not in after, f"an N x N tensor {shape} is still built:\n{after}"
         return verdicts[0].description
 
-    def test_eager_attention(self):
-        text = self.check_vectors_only("eager", batch=1)
+    def assert_description(self, text, expected):
+        """``expected`` (a golden description, pinned for transformers 5.24), or on older releases their spelling."""
         if not POSITIONS_COMPARED:
             assert "(kv_idx <= q_idx)" in text and "int1" in text and "int2" not in text, text
             return
-        self.assertExpectedInline(text, """float32 D=16 M=24 N=24 scale=0.25 s -> s + where((int0[1,1,1,N] <= int1[1,1,M,1]) & (int2[1,1,M,1] == int3[1,1,1,N]), 0, -3.40282e+38) gqa=2 tiles classified per call (int0, int1, int2, int3)""")
+        self.assertExpectedInline(text, expected, skip=1)
+
+    def test_eager_attention(self):
+        self.assert_description(self.check_vectors_only("eager", batch=1), """float32 D=16 M=24 N=24 scale=0.25 s -> s + where((int0[1,1,1,N] <= int1[1,1,M,1]) & (int2[1,1,M,1] == int3[1,1,1,N]), 0, -3.40282e+38) gqa=2 tiles classified per call (int0, int1, int2, int3)""")
 
     def test_sdpa_attention(self):
-        text = self.check_vectors_only("sdpa", batch=2)
-        if not POSITIONS_COMPARED:
-            assert "(kv_idx <= q_idx)" in text and "int1" in text and "int2" not in text, text
-            return
-        self.assertExpectedInline(text, """float32 D=16 M=24 N=24 scale=0.25 s -> where(logical_not((int0[Z,1,1,N] <= int1[Z,1,M,1]) & (int2[Z,1,M,1] == int3[Z,1,1,N])), -inf, s) gqa=2 empty rows 0 tiles classified per call (int0, int1, int2, int3)""")
+        self.assert_description(self.check_vectors_only("sdpa", batch=2), """float32 D=16 M=24 N=24 scale=0.25 s -> where(logical_not((int0[Z,1,1,N] <= int1[Z,1,M,1]) & (int2[Z,1,M,1] == int3[Z,1,1,N])), -inf, s) gqa=2 empty rows 0 tiles classified per call (int0, int1, int2, int3)""")
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])

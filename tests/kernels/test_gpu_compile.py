@@ -117,10 +117,16 @@ def _tensors(spec: AttentionSpec, Z=2, H=8, L=256):
     return q, k, v, scores, seed
 
 
-def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
+def _recording_launches(monkeypatch) -> list:
+    """The launchers' launches from now on, recorded (kernel, arguments, config) and not run."""
     launches = []
     monkeypatch.setattr(launch, "launch",
                         lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args, cfg)))
+    return launches
+
+
+def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
+    launches = _recording_launches(monkeypatch)
     q, k, v, scores, seed = _tensors(spec)
     launch.triton_forward(q, k, v, scores, spec, seed)
     out, lse = torch.empty_like(q), torch.empty(q.shape[:3])
@@ -294,10 +300,8 @@ def compile_tile_classes() -> None:
     from tests.kernels.test_mask_blocks import ANY, documents_tensors, every_op_spec
 
     spec = every_op_spec()
-    launches = []
     with pytest.MonkeyPatch.context() as monkeypatch:
-        monkeypatch.setattr(launch, "launch",
-                            lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args, cfg)))
+        launches = _recording_launches(monkeypatch)
         for key_major in (False, True):
             launch.predicate_block_args(spec, plan.mask_blocks(spec), documents_tensors(ANY), 80, 80, 64, 32, key_major)
     for kernel, args, cfg in launches:

@@ -681,6 +681,15 @@ def test_a_predicates_summary_traces_with_symbolic_lengths():
             assert torch.equal(a, b)
 
 
+def assert_same_lists(ours: dict, ref: dict, what=None) -> None:
+    """The same counts and the same listed blocks (the entries the kernels read: past them, the order is free)."""
+    assert torch.equal(ours["BlockCounts"], ref["BlockCounts"]), what
+    listed = ours["BlockCounts"].sum(-1)
+    for z, outer in zip(*torch.nonzero(listed >= 0, as_tuple=True)):
+        n = listed[z, outer]
+        assert torch.equal(ours["BlockList"][z, outer, :n], ref["BlockList"][z, outer, :n]), what
+
+
 @pytest.mark.parametrize("key_major", [False, True])
 @pytest.mark.parametrize("rows, cols", [(16, 16), (32, 16), (16, 64)])
 def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, cols):
@@ -696,13 +705,29 @@ def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, 
             ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
             ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols), M, N, rows, cols, key_major,
                                          tensors[0])
-            assert torch.equal(ours["BlockCounts"], ref["BlockCounts"]), (form, ids.shape)
-            listed = ours["BlockCounts"].sum(-1)
-            for z, outer in zip(*torch.nonzero(listed >= 0, as_tuple=True)):
-                n = listed[z, outer]
-                assert torch.equal(ours["BlockList"][z, outer, :n], ref["BlockList"][z, outer, :n])
+            assert_same_lists(ours, ref, (form, ids.shape))
             assert (ours["stride_blist_z"], ours["stride_bcount_z"]) == (ref["stride_blist_z"], ref["stride_bcount_z"])
             assert ours["BlockList"].dtype == ours["BlockCounts"].dtype == torch.int32
+
+
+def proven_skips(args: dict, keeps: torch.Tensor, rows: int, cols: int, key_major: bool) -> int:
+    """Hold block lists to the mask written out (``keeps``, [Z, M, N]): each unlisted tile hides every entry and each
+    row of its query block sees a key; each tile of the first run keeps every entry and the run is consecutive.
+    Returns how many tiles they skip."""
+    skipped = 0
+    for z in range(keeps.shape[0]):
+        for outer in range(args["BlockList"].shape[1]):
+            run, rest = args["BlockCounts"][z, outer].tolist()
+            entries = args["BlockList"][z, outer].tolist()
+            for position, inner in enumerate(entries):
+                r, c = (inner, outer) if key_major else (outer, inner)
+                tile = keeps[z, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
+                if position < run:
+                    assert tile.all() and entries[position] == entries[0] + position
+                elif position >= run + rest:
+                    assert not tile.any() and keeps[z, r * rows:(r + 1) * rows].any(-1).all()
+                    skipped += 1
+    return skipped
 
 
 @pytest.mark.parametrize("key_major", [False, True])
@@ -717,20 +742,7 @@ def test_the_tile_classes_kernels_skips_and_runs_are_proofs(key_major):
     keeps = written_out(spec, tensors)[0][:, 0] == 0  # [Z, M, N]
     M = N = ANY.shape[1]
     args = launch.predicate_block_args(spec, plan.mask_blocks(spec), tensors, M, N, rows, cols, key_major)
-    skipped = 0
-    for z in range(2):
-        for outer in range(args["BlockList"].shape[1]):
-            run, rest = args["BlockCounts"][z, outer].tolist()
-            entries = args["BlockList"][z, outer].tolist()
-            for position, inner in enumerate(entries):
-                r, c = (inner, outer) if key_major else (outer, inner)
-                tile = keeps[z, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
-                if position < run:
-                    assert tile.all() and entries[position] == entries[0] + position
-                elif position >= run + rest:
-                    assert not tile.any() and keeps[z, r * rows:(r + 1) * rows].any(-1).all()
-                    skipped += 1
-    assert skipped > 0
+    assert proven_skips(args, keeps, rows, cols, key_major) > 0
 
 
 def every_op_spec():
@@ -769,16 +781,6 @@ def test_the_tile_classes_kernel_bounds_every_predicate_op_as_its_reference(key_
     rows, cols = 16, 16
     ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
     ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols), M, N, rows, cols, key_major, tensors[0])
-    assert torch.equal(ours["BlockCounts"], ref["BlockCounts"]) and ours["BlockCounts"][..., 0].any()  # (runs too)
-    skipped = 0
-    for z in range(2):
-        for outer in range(ours["BlockList"].shape[1]):
-            run, rest = ours["BlockCounts"][z, outer].tolist()
-            entries = ours["BlockList"][z, outer].tolist()
-            assert entries[:run + rest] == ref["BlockList"][z, outer, :run + rest].tolist()
-            for position, inner in enumerate(entries):
-                r, c = (inner, outer) if key_major else (outer, inner)
-                tile = keeps[z, r * rows:(r + 1) * rows, c * cols:(c + 1) * cols]
-                assert tile.all() if position < run else (not tile.any() if position >= run + rest else True)
-                skipped += position >= run + rest
-    assert skipped > 0
+    assert_same_lists(ours, ref)
+    assert ours["BlockCounts"][..., 0].any()  # (runs too)
+    assert proven_skips(ours, keeps, rows, cols, key_major) > 0

@@ -245,11 +245,17 @@ def make_inputs(name, vocab, batch, length, device) -> dict:
                                device=device)
         inputs["attention_mask"] = (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
     if name == "llama-packed":
-        documents = [length // PACKED_DOCUMENTS] * PACKED_DOCUMENTS
-        documents[-1] += length - sum(documents)
-        positions = torch.cat([torch.arange(n, device=device) for n in documents if n])
-        inputs["position_ids"] = positions[None].expand(batch, -1).contiguous()
+        inputs["position_ids"] = packed_position_ids(batch, length, PACKED_DOCUMENTS, device)
     return inputs
+
+
+def packed_position_ids(batch: int, length: int, documents: int, device) -> torch.Tensor:
+    """[batch, length] position ids of ``documents`` packed documents of equal length in each row (the last takes the
+    remainder), restarting at 0 at each: what Hugging Face's padding-free collator gives a model."""
+    lengths = [length // documents] * documents
+    lengths[-1] += length - sum(lengths)
+    positions = torch.cat([torch.arange(n, device=device) for n in lengths if n])
+    return positions[None].expand(batch, -1).contiguous()
 
 
 def make_step(model, inputs, train, cuda_graphs=False):

@@ -35,9 +35,10 @@ For each, forward (under ``torch.no_grad()``) and forward+backward (gradients of
 the median of ``triton.testing.do_bench`` over back-to-back calls (wall time: where the host cannot issue a call's
 kernels as fast as the GPU runs them, the GPU idles and this grows), the GPU time of the call's kernels alone (the
 call captured once in a CUDA graph and replayed, as ``tools/bench_host_overhead.py`` does; "-" where a method cannot
-be captured), and the peak memory one call allocates beyond its inputs. Inputs are random normal. After each variant a row is printed: each method's
-time and memory, the fastest peer and the speed-up ``peer ms / fuse_attn ms``; a table at the end. Rows are
-appended to OUTDIR/bench_variants.csv with the GPU's name, the torch and triton versions and the date.
+be captured), and the peak memory one call allocates beyond its inputs. Inputs are random normal. After each variant
+a row is printed: each method's time and memory, the fastest peer and the speed-up ``peer ms / fuse_attn ms``; a
+table at the end. Rows are appended to OUTDIR/bench_variants.csv with the GPU's name, the torch and triton versions
+and the date.
 ``--check`` first compiles every variant with fuse_attn at a small size in fp32 and holds its output and gradients
 to the 2x rule (``max|ours - fp64| <= 2 * max|eager fp32 - fp64| + floor``).
 """
@@ -69,6 +70,7 @@ from fuse_attn.report import collect_reports  # noqa: E402
 from tools.bench_attention import FLOOR, NAMES, SOFTCAP, _err, alibi_slopes, measure  # noqa: E402
 from tools.bench_csv import appending, columns_clash  # noqa: E402
 from tools.bench_host_overhead import graph_time_ms, random_inputs  # noqa: E402
+from tools.bench_models import packed_position_ids  # noqa: E402
 
 # the dtype models train and serve in (and tools/bench_attention.py's default)
 DTYPE = torch.bfloat16
@@ -343,10 +345,7 @@ class PackedDocuments(VariantAttention):
     only and classifies the tiles per call; Flex's block mask comes from the same document ids."""
 
     def extra_inputs(self, device) -> tuple:
-        lengths = [self.size.seq // DOCUMENTS] * DOCUMENTS
-        lengths[-1] += self.size.seq - sum(lengths)
-        positions = torch.cat([torch.arange(n, device=device) for n in lengths])
-        return (positions[None].expand(self.size.batch, -1).contiguous(),)
+        return (packed_position_ids(self.size.batch, self.size.seq, DOCUMENTS, device),)
 
     @staticmethod
     def documents(position_ids):

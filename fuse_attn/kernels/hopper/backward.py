@@ -556,9 +556,11 @@ class BackwardCall:
         dlse = None if dlse is None else dlse.contiguous()
         delta = torch.empty(Z, H, M, dtype=torch.float32, device=device)
         nan_heads = torch.zeros(Z * H, dtype=torch.int32, device=device) if self.flag_nan_rows else lse  # (not read)
-        _launch_delta.launch_kept(self.specializations, (out, dout, lse if dlse is None else dlse), self.delta_grid,
-                     out, dout, lse if dlse is None else dlse, delta, lse, nan_heads, H, M, *out.stride()[:3],
-                     *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, self.flag_nan_rows, self.zero_empty_rows)
+        lse_or_dlse = lse if dlse is None else dlse
+        _launch_delta.launch_kept(self.specializations, (out, dout, lse_or_dlse), self.delta_grid,
+                                  out, dout, lse_or_dlse, delta, lse, nan_heads, H, M, *out.stride()[:3],
+                                  *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, self.flag_nan_rows,
+                                  self.zero_empty_rows)
         dq_acc = torch.zeros(Z, H, M, D, dtype=torch.float32, device=device)
         dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=device)
         dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=device)
@@ -578,9 +580,9 @@ class BackwardCall:
         bias_or_lse = lse if bias is None else bias  # (no bias: lse stands in for it)
         for kv_head0, kv_heads, grid, paired in self.chunks:
             _launch_backward.launch_kept(self.specializations, (lse, bias_or_lse), grid,
-                         *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale, bias_or_lse,
-                         *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, *self.flags, paired, *self.bias_flags,
-                         num_warps=_NUM_WARPS)
+                                         *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale,
+                                         bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, *self.flags,
+                                         paired, *self.bias_flags, num_warps=_NUM_WARPS)
             if self.bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
                 heads = slice(kv_head0 * self.gqa_group, (kv_head0 + kv_heads) * self.gqa_group)
                 chunk_ds = ds[:, :heads.stop - heads.start]
@@ -594,8 +596,8 @@ class BackwardCall:
             _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, self.gqa_group, _PRE_ROWS,
                            D)
         dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=device)
-        _launch_dq_cast.launch_kept(self.specializations, (), (triton.cdiv(dq.numel(), _CAST_BLOCK),), dq_acc, dq, dq.numel(), self.scale,
-                     _CAST_BLOCK)
+        _launch_dq_cast.launch_kept(self.specializations, (), (triton.cdiv(dq.numel(), _CAST_BLOCK),), dq_acc, dq,
+                                    dq.numel(), self.scale, _CAST_BLOCK)
         return dq, dk, dv, dbias
 
 

@@ -399,7 +399,6 @@ def describe(spec: AttentionSpec) -> str:
         parts.append(f"padded keys{band} skipped ({spec.score_tensors[padding.tensor].role}{padding.tensor})")
     summarized = mask_blocks(spec)
     if summarized is not None:
-        read = ([summarized.tensor] if summarized.predicate is None else
-                sorted({n.value for n in subprogram(spec.score_program, summarized.predicate) if n.op == "load"}))
+        read = [summarized.tensor] if summarized.predicate is None else predicate_loads(spec)
         parts.append(f"tiles classified per call ({', '.join(f'{spec.score_tensors[i].role}{i}' for i in read)})")
     return " ".join(parts)

@@ -233,7 +233,7 @@ def _written(kernel: str, args: dict) -> set:
     if kernel == "_attn_fwd":
         return {"Out", "Lse"}
     if kernel == "_tile_classes":
-        return {"Lists", "Counts", "Classes"}
+        return {"Lists", "Counts", "Classes", "Arrivals"}
     if kernel == "_attn_bwd_dq":
         return {"DQ", "Delta", "LseFlags"} | ({"RowMax", "RowScale"} if args["EXACT_DELTA"] else set()) | dt
     return ({"DK"} if args["COMPUTE_DK"] else set()) | ({"DVout"} if args["COMPUTE_DV"] else set()) | dt

@@ -692,10 +692,17 @@ def assert_same_lists(ours: dict, ref: dict, what=None) -> None:
 
 @pytest.mark.parametrize("key_major", [False, True])
 @pytest.mark.parametrize("rows, cols", [(16, 16), (32, 16), (16, 64)])
-def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, cols):
+@pytest.mark.parametrize("chunk, steps", [(None, None), (2, 1), (2, 2)])
+def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, cols, chunk, steps, monkeypatch):
     """The generated tile-classes kernel (one launch: launch.predicate_block_args) against its plain-PyTorch reference
     (the granules of the vectors' bounds, a granule a tile's keys, then mask_block_args): the same counts and listed
-    blocks for documents aligned to the tiles or not, unsorted, an id coming back, lengths no tile divides."""
+    blocks for documents aligned to the tiles or not, unsorted, an id coming back, lengths no tile divides. Besides
+    the launcher's step of tiles and steps a program (a block's tiles all in one program at these lengths), steps of
+    2 tiles, one or two a program: several programs a block where it has 3 tiles or more (16 x 16 tiles: 5), the
+    last to arrive listing it, a last step part past the tiles."""
+    if chunk is not None:
+        monkeypatch.setattr(launch, "_CLASS_CHUNK", chunk)
+        monkeypatch.setattr(launch, "_CLASS_STEPS", steps)
     for form in ("eager", "sdpa"):
         spec = documents_spec(form)
         summarized = plan.mask_blocks(spec)

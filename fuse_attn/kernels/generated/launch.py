@@ -376,14 +376,18 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
 
-# Tiles of the other axis each program of the tile-classes kernel classifies (a 2-D step of ROWS x CHUNK points
-# against CHUNK spans). Its compile time, not a timed sweep, chose 8: for sm90 on a CPU (Triton 3.9, 128 x 128 tiles,
-# query-major) 0.8 s and 4.3k lines of PTX, against 2.2 s and 7.8k lines at 16 (key-major: 0.7 s either way). With
-# one such step a program, an H200 classifies a 32k-token row's tiles in parallel; a loop over the steps in one
-# program per block took 215 us there.
+# Tiles of the other axis the tile-classes kernel classifies a step (a 2-D step of ROWS x CHUNK points against CHUNK
+# spans). Its compile time, not a timed sweep, chose 8: for sm90 on a CPU (Triton 3.9, 128 x 128 tiles, query-major)
+# 0.8 s and 4.3k lines of PTX, against 2.2 s and 7.8k lines at 16 (key-major: 0.7 s either way).
 _CLASS_CHUNK = 8
-# Tiles the last program of a block lists a step (int8 classes loaded, counted and prefix-summed): 256, a 16k-token
-# row of 64-key tiles in one step; the steps are cheap to compile at any size.
+# Steps a program takes, and its warps. A sweep on an H200 (16 packed documents, N 32k; steps 1-16 x 1, 2, 4 warps;
+# tiles 64x32 to 128x128, both orientations): 8 steps, on as many warps as give each thread at most 16 of a step's
+# vector values (its CHUNK tiles' keys, or rows where KEY_MAJOR), was the fastest or within 6% of it in 7 of the 8
+# cases (key-major 128x128: within 15%), and 1.5-2.9x faster than one step on 4 warps query-major (64x32 tiles: 136
+# against 390 us), 1.05-1.2x key-major. The steps' loads and reductions are latency-bound: smaller programs keep more
+# of them in flight.
+_CLASS_STEPS = 8
+_CLASS_VALUES_PER_THREAD = 16
 _LIST_CHUNK = 256
 
 
@@ -408,11 +412,13 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
     arrivals = torch.zeros((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
     args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, stride_lists_z=lists.stride(0),
-                stride_counts_z=counts.stride(0), M=M, N=N, ROWS=rows, COLS=cols, CHUNK=_CLASS_CHUNK,
-                LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major, **score_kwargs(score_tensors, only=loads))
-    # Triton's default 4 warps, one stage (a config is what names the kernel's copy when Inductor traces it)
-    launch(mod._tile_classes, (outer, batch, triton_cdiv(inner, _CLASS_CHUNK)), args,
-           tuning.KernelConfig(rows, cols, num_warps=4, num_stages=1))
+                stride_counts_z=counts.stride(0), M=M, N=N, STEPS=_CLASS_STEPS, ROWS=rows, COLS=cols,
+                CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major,
+                **score_kwargs(score_tensors, only=loads))
+    warps = max(1, _CLASS_CHUNK * (rows if key_major else cols) // (32 * _CLASS_VALUES_PER_THREAD))
+    # (a config is what names the kernel's copy when Inductor traces it)
+    launch(mod._tile_classes, (outer, batch, triton_cdiv(inner, _CLASS_CHUNK * _CLASS_STEPS)), args,
+           tuning.KernelConfig(rows, cols, num_warps=warps, num_stages=1))
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 

@@ -737,19 +737,27 @@ def proven_skips(args: dict, keeps: torch.Tensor, rows: int, cols: int, key_majo
     return skipped
 
 
+@pytest.mark.parametrize("strict", [False, True])
 @pytest.mark.parametrize("key_major", [False, True])
-def test_the_tile_classes_kernels_skips_and_runs_are_proofs(key_major):
+def test_the_tile_classes_kernels_skips_and_runs_are_proofs(key_major, strict):
     """Against the mask written out (not the reference): the kernel's unlisted tiles hide every entry and each row of
-    their query block sees a key; its first run of full tiles keeps every entry. (A strictly causal mask hides each
-    row's own key: the kernel then proves no row visible and skips nothing, test_a_predicates_tiles_give_the_whole_
-    computation runs it.)"""
+    their query block sees a key; its first run of full tiles keeps every entry. A strictly causal mask hides each
+    row's own key: there a query block's hidden tiles are skipped only in the query-major lists, where the block has a
+    full tile (each of its rows keeps that tile's keys), and not in a block holding a document's first token (which
+    sees no key). test_a_predicates_tiles_give_the_whole_computation runs such masks."""
     rows, cols = 16, 16
-    spec = documents_spec("eager")
-    tensors = documents_tensors(ANY)
-    keeps = written_out(spec, tensors)[0][:, 0] == 0  # [Z, M, N]
-    M = N = ANY.shape[1]
-    args = launch.predicate_block_args(spec, plan.mask_blocks(spec), tensors, M, N, rows, cols, key_major)
-    assert proven_skips(args, keeps, rows, cols, key_major) > 0
+    skips = {}
+    for ids in (ALIGNED, ANY):
+        for is_strict in {False, strict}:
+            spec = documents_spec("eager", strict=is_strict)
+            tensors = documents_tensors(ids)
+            keeps = written_out(spec, tensors)[0][:, 0] == 0  # [Z, M, N]
+            M = N = ids.shape[1]
+            args = launch.predicate_block_args(spec, plan.mask_blocks(spec), tensors, M, N, rows, cols, key_major)
+            skips[ids is ALIGNED, is_strict] = proven_skips(args, keeps, rows, cols, key_major)
+    assert skips[True, False] > 0 and skips[False, False] > 0, skips
+    if strict:  # (the blocks of a document's start skip nothing, the others what they hide)
+        assert skips[True, True] == 0 if key_major else 0 < skips[True, True] < skips[True, False], skips
 
 
 def every_op_spec():

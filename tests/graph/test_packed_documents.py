@@ -221,12 +221,16 @@ class CuSeqlensAttention(torch.nn.Module):
         return torch.softmax(w.masked_fill(~mask, float("-inf")), -1) @ v
 
 
-@pytest.mark.parametrize("spelling", ["searchsorted", "starts passed"])
-def test_documents_from_cu_seqlens(target, spelling):
+@pytest.mark.parametrize("spelling, cu_seqlens", [("searchsorted", [0, 10, 18, LENGTH]),
+                                                  ("starts passed", [0, 10, 18, LENGTH]),
+                                                  ("starts passed", [0, 18, 10, LENGTH + 5, 3])],
+                         ids=["searchsorted", "starts passed", "starts passed, negative lengths"])
+def test_documents_from_cu_seqlens(target, spelling, cu_seqlens):
     """The model derives the document ids from ``cu_seqlens`` itself: they reach the kernels as one int vector read per
-    row and per column, output and gradients under the 2x rule."""
+    row and per column, output and gradients under the 2x rule. Offsets that go back (a negative length) or past the
+    end give eager's answer too: the kernels see the ids the model computed, whatever they are."""
     device, dtype = target
-    inputs = [*qkv(), torch.tensor([0, 10, 18, LENGTH])]
+    inputs = [*qkv(), torch.tensor(cu_seqlens)]
     reports = rewrite_reports(CuSeqlensAttention(spelling), *inputs)
     assert [t.role for v in reports[0].verdicts for t in v.spec.score_tensors] == ["int", "int"]
     compile_and_compare(CuSeqlensAttention(spelling), inputs, train=True, dtype=dtype, device=device)

@@ -12,9 +12,11 @@ without a GPU in test_gpu_compile.py.
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
 import torch
+import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels import reference_attention
@@ -91,6 +93,29 @@ def test_the_backward_refuses_a_bias_gradient_it_does_not_compute():
     for spec, bias in ((biased, torch.randn(1, 2, 64, 64, dtype=torch.bfloat16)), (plain, None)):
         with pytest.raises(ValueError, match="dscore_kv_heads"):
             hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 64), spec, bias=bias, bias_grad=True)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the kernel in Triton's interpreter")
+@pytest.mark.parametrize("dlse", [False, True])
+def test_the_delta_kernel_zeroes_the_dq_accumulator(dlse):
+    """The small Triton kernel before the Gluon one (run here in the interpreter): delta = rowsum(dO * O) - dlse, and
+    the fp32 dQ accumulator's rows zeroed for the backward's reduce-adds (it comes from torch.empty), rows past M of
+    the last program untouched; M not a multiple of its rows."""
+    from fuse_attn.kernels.hopper import backward
+
+    Z, H, M, D = 2, 3, 70, 16
+    out, dout = torch.randn(Z, H, M, D), torch.randn(Z, H, M, D)
+    lse, dlse_t = torch.randn(Z, H, M), torch.randn(Z, H, M)
+    delta = torch.full((Z, H, M), float("nan"))
+    dq_acc = torch.full((Z, H, M + 1, D), float("nan"))  # (a row past M: must stay as it was)
+    grid = (triton.cdiv(M, backward._PRE_ROWS), Z * H)
+    backward._delta_kernel[grid](out, dout, dlse_t if dlse else lse, delta, lse, lse, dq_acc.view(-1)[:Z * H * M * D],
+                                 H, M, *out.stride()[:3], *dout.stride()[:3], dlse, backward._PRE_ROWS, D, False, False)
+    expected = (out.double() * dout.double()).sum(-1) - (dlse_t.double() if dlse else 0)
+    torch.testing.assert_close(delta.double(), expected, rtol=1e-5, atol=1e-5)
+    written = dq_acc.view(-1)[:Z * H * M * D]
+    assert torch.equal(written, torch.zeros_like(written))
+    assert dq_acc.view(-1)[Z * H * M * D:].isnan().all()
 
 
 def test_the_backward_takes_every_head_dim_the_forward_does():

@@ -14,7 +14,8 @@ P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttentio
   of the shared tiles).
 * dQ goes through a double-buffered fp32 tile in shared memory, from which one TMA reduce-add a tile adds it into an
   fp32 buffer (the CTAs of one head's key tiles all add into it; FlashAttention-3's way); a last small Triton kernel
-  scales and casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row.
+  scales and casts it. Before the kernel, another computes delta = rowsum(dO * O) - dlse per query row and zeroes
+  the buffer's rows.
 
 An ``s + bias`` attention's bias tiles come with q and dO into the ring where TMA reads the bias in place and they
 fit (:func:`bias_ring_dq_buffers`: at head dim 128 with a 2-byte bias, in the room of the second dQ buffer); else

@@ -28,6 +28,7 @@ import functools
 import hashlib
 import heapq
 import operator
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -52,6 +53,19 @@ from fuse_attn.kernels import dispatch
 from fuse_attn.report import GraphReport, SoftmaxVerdict, TableLookup, explained, log, publish
 
 
+def _static_launch_in_compile_workers() -> None:
+    """Inductor's compile workers decide whether a user-defined kernel launches statically; each reads its config
+    once at start, from its environment, and a task carries only ``use_static_triton_launcher`` of the parent's
+    config, so the config patch reaches kernels compiled in this process only (with parallel compile on, none of
+    ours). The environment setting reaches workers started after it: the pool starts in the first compile's
+    ``compile_fx``, after this backend's first call, unless another compile of this process started it before.
+    A setting of the user's own is kept."""
+    os.environ.setdefault(_STATIC_LAUNCH_ENVIRONMENT, "1")
+
+
+_STATIC_LAUNCH_ENVIRONMENT = "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"
+
+
 def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -> Any:
     """The backend. The options named in :mod:`fuse_attn.settings` are taken out of ``torch.compile(...,
     options={...})``; all others go to Inductor as config patches."""
@@ -68,6 +82,8 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
         # one-attention step takes 5% less time with it (fwd+bwd, B8 H12 N1024 D64), 31% less forward only (B1 H32
         # N256 D128), where the launch is most of the step.
         config_patches.setdefault("static_launch_user_defined_triton_kernels", True)
+        if config_patches["static_launch_user_defined_triton_kernels"]:
+            _static_launch_in_compile_workers()
 
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)

@@ -11,6 +11,9 @@ from __future__ import annotations
 import importlib
 import math
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +26,7 @@ from tests.support.graph_capture import compiled_code
 from tools.bench_host_overhead import CausalAttention
 
 ops = importlib.import_module("fuse_attn.kernels.ops")
+ROOT = Path(__file__).resolve().parents[2]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU and TRITON_INTERPRET=0")
 
@@ -102,6 +106,37 @@ def test_compiled_code_launches_the_generated_kernels_directly(monkeypatch):
     torch.testing.assert_close(again, out, rtol=0, atol=0)
     for t, g in zip((q, k, v), grads):
         torch.testing.assert_close(t.grad, g, rtol=0, atol=0)
+
+
+_STATIC_LAUNCH_SCRIPT = """
+import torch, triton
+from tools.bench_host_overhead import CausalAttention
+q, k, v = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+compiled = torch.compile(CausalAttention(256).cuda(), backend="fuse_attn")
+def step():
+    compiled(q, k, v).sum().backward()
+step()
+python_launches = []
+real = triton.runtime.driver.active.launcher_cls.__call__
+triton.runtime.driver.active.launcher_cls.__call__ = lambda self, *a, **kw: python_launches.append(1) or real(self, *a, **kw)
+step()
+torch.cuda.synchronize()
+print("python launches", len(python_launches))
+"""
+
+
+@needs_cuda
+def test_the_generated_kernels_launch_statically_with_parallel_compile():
+    """With Inductor's compile workers on (their default), the generated kernels launch through Inductor's static
+    launcher, not Triton's Python launcher: the workers decide that, from the environment they started with. A fresh
+    process, so the compile-worker pool starts from this backend's first compile."""
+    environment = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_STATIC_LAUNCH_USER_DEFINED_TRITON_KERNELS"}
+    environment.update(TORCHINDUCTOR_COMPILE_THREADS="4", TORCHINDUCTOR_FORCE_DISABLE_CACHES="1",
+                       PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), environment.get("PYTHONPATH")])))
+    result = subprocess.run([sys.executable, "-c", _STATIC_LAUNCH_SCRIPT], env=environment, cwd=ROOT,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "python launches 0", result.stdout
 
 
 @pytest.mark.parametrize("exact_delta", [False, True])

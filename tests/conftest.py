@@ -31,7 +31,7 @@ skip_repatching_inside_a_launch()  # a third of an interpreted kernel's time, th
 # Gluon binds triton.language's helpers when imported and refuses interpreter-bound ones unless TRITON_INTERPRET=1
 # then: importing the kernels here, not inside a test that has set TRITON_INTERPRET=0, lets any test run alone.
 import fuse_attn.kernels  # noqa: E402,F401
-from fuse_attn.kernels import tuning  # noqa: E402
+from fuse_attn.kernels import compile_workers, tuning  # noqa: E402
 
 from tests.support.compiled_modules import INTERPRETER_SESSION  # noqa: E402
 from tests.support.tuning import FakeMachine  # noqa: E402
@@ -71,4 +71,5 @@ def machine(tmp_path, monkeypatch):
     monkeypatch.setattr(tuning, "device_identity", lambda device: (m.gpu, m.capability))
     monkeypatch.setattr(tuning, "software_versions", lambda: (m.triton, m.torch))
     monkeypatch.setattr(tuning, "_time_config", m.time_config)
+    monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)  # (its kernels compile in this process)
     return m

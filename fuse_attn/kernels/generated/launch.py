@@ -34,7 +34,7 @@ from fuse_attn import settings
 from fuse_attn.kernels.score_program_eval import IntervalOps, Span, forward
 from fuse_attn.score_program import MASKING_FILL_LIMIT, subprogram
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels import tuning
+from fuse_attn.kernels import compile_workers, tuning
 from fuse_attn.kernels.generated import codegen
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -117,7 +117,8 @@ def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] =
     ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them)."""
     options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if warmup:
-        kernel.warmup(**args, **options, grid=grid)
+        if not compile_workers.collect(kernel, grid, args, options):
+            kernel.warmup(**args, **options, grid=grid)
     elif _tracing():
         torch.library.wrap_triton(_kernel_of_config(kernel, cfg))[grid](**args, **options)
     else:

@@ -1,0 +1,186 @@
+"""Compiling the tuner's candidate kernels in Inductor's compile-worker processes.
+
+A cold tuning compiles every candidate config of a kernel before timing any (:func:`fuse_attn.kernels.tuning.tune`).
+On a thread pool those compiles mostly take turns: Triton's front end and its MLIR passes hold the GIL, so on an
+H200 host 10 forward candidates of BERT's padded attention took 8.5-9 s on 10 threads, about what they take one by
+one. Here each candidate's compile is a job for Inductor's compile workers -- the processes that compile Inductor's
+own kernels, started by ``torch.compile`` with this process's ``sys.path`` -- which write the compiled kernel to
+Triton's disk cache, where this process's launches of it load it from.
+
+A job is Triton's own record of a compile it was asked for (the ``specialization_data`` its ``jit_cache_hook``
+receives: the signature, the specialization of every argument, constexprs, options), taken while the compile is
+skipped here, and compiled in the worker by ``JITFunction.preload`` for this process's GPU target. The workers are
+forked and may not touch CUDA, so there Triton's driver is replaced, for the job, by one that names that target
+(``preload`` asks the driver for the device and the target only). The workers are an optimization: a job that fails,
+or a kernel that does not load from the cache, is compiled in this process as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import importlib
+import importlib.util
+import logging
+import sys
+from typing import Any, Optional, Sequence
+
+log = logging.getLogger("fuse_attn.kernels.tuning")
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileJob:
+    """One kernel compile, picklable: the kernel's module (by name and file) and name, Triton's specialization data
+    of the compile and the GPU target."""
+
+    module_name: str
+    module_file: str
+    kernel_name: str
+    specialization_data: str
+    target: Any  # triton.backends.compiler.GPUTarget
+
+
+_collected: Optional[list] = None
+
+
+@contextlib.contextmanager
+def collecting(jobs: list):
+    """Within it, :func:`collect` appends the compiles it is given to ``jobs`` instead of compiling them."""
+    global _collected
+    outer, _collected = _collected, jobs
+    try:
+        yield jobs
+    finally:
+        _collected = outer
+
+
+def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
+    """Whether the compile of ``kernel`` with ``args`` was taken as a job, or needs none (compiled in this process
+    already); False where it must be compiled here: outside :func:`collecting`, or a kernel that is not its module's
+    attribute of its name (a worker could not find it)."""
+    if _collected is None:
+        return False
+    fn = getattr(kernel, "fn", None)
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    module_file = getattr(module, "__file__", None)
+    if fn is None or module_file is None or getattr(module, fn.__name__, None) is not kernel:
+        return False
+    from triton import knobs
+    from triton.runtime import driver
+
+    asked = []
+
+    def skip_the_compile(*, compile, **_):
+        asked.append(compile["specialization_data"])
+        return True  # (Triton then compiles nothing and launches nothing)
+
+    previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, skip_the_compile
+    try:
+        kernel.warmup(**args, **options, grid=grid)
+    finally:
+        knobs.runtime.jit_cache_hook = previous
+    if asked:
+        _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0],
+                                     driver.active.get_current_target()))
+    return True
+
+
+def compile_in_workers(pool, jobs: Sequence[CompileJob]) -> bool:
+    """Run ``jobs`` on ``pool`` (:func:`worker_pool`'s) and wait for them; whether every one compiled."""
+    try:
+        from triton import knobs
+
+        futures = [pool.submit(compile_job, job, knobs.cache.dir) for job in jobs]
+    except Exception as e:  # noqa: BLE001 -- a pool that cannot take jobs: compile here
+        log.info("fuse_attn: Inductor's compile workers took no job (%s: %s); compiling here", type(e).__name__, e)
+        return False
+    compiled = True
+    for job, future in zip(jobs, futures):
+        try:
+            future.result()
+        except Exception as e:  # noqa: BLE001 -- compiled here instead, where an error is reported
+            compiled = False
+            log.info("fuse_attn: compiling %s in a worker failed (%s)", job.kernel_name, _last_line(e))
+    return compiled
+
+
+def _last_line(error: Exception) -> str:
+    lines = [line for line in str(error).strip().splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[-1].strip() if lines else ''}"
+
+
+def worker_pool():
+    """Inductor's compile workers, where they are ready; else None: ``compile_threads`` of 1, a daemonic process, a
+    pool still starting (Inductor starts it in ``compile_fx``; jobs would wait for it), or an Inductor without the
+    pool's interface."""
+    try:
+        from torch._inductor.async_compile import AsyncCompile
+
+        if not AsyncCompile.use_process_pool():
+            return None
+        return AsyncCompile.process_pool()
+    except Exception as e:  # noqa: BLE001 -- a private interface of Inductor's: without it, compile here
+        log.info("fuse_attn: no Inductor compile workers (%s: %s)", type(e).__name__, e)
+        return None
+
+
+class CompileOnlyDriver:
+    """Triton's driver for compiling, not launching: device 0 and the given target, no CUDA. Set with
+    ``triton.runtime.driver.set_active``."""
+
+    def __init__(self, target):
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: Optional[int] = None) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+@contextlib.contextmanager
+def compiling_only_for(target):
+    """Triton's driver is a :class:`CompileOnlyDriver` of ``target`` within it; after it, the driver before it. (The
+    one before is read from Triton's ``DriverConfig._active``, None until a driver is first used: its public
+    ``active`` and ``reset_active`` would create Triton's default driver, which asks torch for CUDA.)"""
+    from triton.runtime import driver
+
+    previous = getattr(driver, "_active", None)
+    driver.set_active(CompileOnlyDriver(target))
+    try:
+        yield
+    finally:
+        driver.set_active(previous)
+
+
+def compile_job(job: CompileJob, cache_dir: str) -> None:
+    """(In a worker.) Compile ``job`` into Triton's cache at ``cache_dir``, the submitting process's."""
+    from triton import knobs
+
+    kernel = getattr(_module(job.module_name, job.module_file), job.kernel_name)
+    previous, knobs.cache.dir = knobs.cache.dir, cache_dir
+    try:
+        with compiling_only_for(job.target):
+            kernel.preload(job.specialization_data)
+    finally:
+        knobs.cache.dir = previous
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str, file: str) -> Any:
+    """The module ``name`` of ``file``: imported where it is importable by name (this package's kernels), else
+    loaded from the file (generated kernels)."""
+    try:
+        module = importlib.import_module(name)
+        if getattr(module, "__file__", None) == file:
+            return module
+    except ImportError:
+        pass
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

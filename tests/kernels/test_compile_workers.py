@@ -1,0 +1,183 @@
+"""The tuner's candidate compiles on Inductor's compile workers (fuse_attn/kernels/compile_workers.py).
+
+On the CPU, with Triton compiling for an sm90 target and no GPU (its driver replaced by the compile-only one): a
+compile asked for while collecting becomes a job and compiles nothing; the job, pickled and run in a forked process
+(as Inductor's workers are), leaves the kernel in Triton's disk cache, from which the same compile here then loads
+(no new cache entry; another config makes one); the tuner compiles its candidates on the workers and then here, and
+without workers here only. On a GPU: the same through Inductor's real workers, then launched.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import pickle
+from concurrent.futures import Future
+
+import pytest
+import torch
+import triton
+
+from fuse_attn.kernels import compile_workers, tuning
+from fuse_attn.kernels.generated import launch
+from fuse_attn.kernels.tuning import KernelConfig
+from tests.support import compile_job_kernel
+from tests.support.compile_job_kernel import copy_kernel
+
+CONFIGS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 8, 3)]
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs a GPU and TRITON_INTERPRET=0")
+
+
+def _sm90():
+    from triton.backends.compiler import GPUTarget
+
+    return GPUTarget("cuda", 90, 32)
+
+
+def _args(device="cpu"):
+    return {"X": torch.randn(64, device=device).bfloat16(), "Y": torch.zeros(64, device=device), "n": 64, "BLOCK": 64}
+
+
+def _compiled_entries(cache_dir) -> set:
+    return {path.parent.name for path in cache_dir.rglob("copy_kernel.json")}
+
+
+@pytest.fixture
+def compile_only(tmp_path, monkeypatch):
+    """Triton compiles for sm90 into a fresh cache directory, with no GPU; each test's kernel starts uncompiled."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and torch.cuda.is_available():
+        pytest.skip("the GPU run compiles through its own driver (test_candidates_compile_on_inductors_workers)")
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    monkeypatch.setattr(compile_job_kernel, "copy_kernel", copy_kernel)
+    copy_kernel.device_caches.clear()
+    with compile_workers.compiling_only_for(_sm90()):
+        yield tmp_path
+    copy_kernel.device_caches.clear()
+
+
+def _jobs(configs):
+    jobs = []
+    with compile_workers.collecting(jobs):
+        for cfg in configs:
+            launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True)
+    return jobs
+
+
+def test_a_compile_asked_for_while_collecting_is_a_job_and_compiles_nothing(compile_only):
+    [job] = _jobs(CONFIGS[:1])
+    data = json.loads(job.specialization_data)
+    assert (job.kernel_name, job.module_name, job.target) == ("copy_kernel", compile_job_kernel.__name__, _sm90())
+    assert data["name"].endswith("copy_kernel") and data["options"]["num_warps"] == 4
+    assert _compiled_entries(compile_only) == set()
+    assert not compile_workers.collect(copy_kernel, (1,), _args(), {})  # outside collecting(): compiled by the caller
+
+
+def test_a_kernel_a_worker_cannot_find_is_compiled_by_the_caller(compile_only):
+    from triton.runtime.jit import JITFunction
+
+    jobs = []
+    with compile_workers.collecting(jobs):
+        assert not compile_workers.collect(JITFunction(compile_job_kernel.copy_kernel.fn), (1,), _args(), {})
+    assert jobs == []
+
+
+def test_a_job_compiled_in_a_forked_worker_is_loaded_here_from_the_cache(compile_only):
+    first, second = _jobs(CONFIGS)
+    _ForkingPool().submit(compile_workers.compile_job, first, str(compile_only)).result()
+    compiled = _compiled_entries(compile_only)
+    assert len(compiled) == 1
+    launch.launch(copy_kernel, (1,), _args(), CONFIGS[0], warmup=True)  # the same compile here: loaded
+    assert _compiled_entries(compile_only) == compiled
+    launch.launch(copy_kernel, (1,), _args(), CONFIGS[1], warmup=True)  # one no worker compiled: a new entry
+    assert len(_compiled_entries(compile_only)) == 2
+
+
+class _ForkingPool:
+    """Inductor's worker pool, as a forked process a job: each job after a pickling round trip."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, fn, *args):
+        fn, args = pickle.loads(pickle.dumps((fn, args)))
+        self.jobs.append(args[0])
+        process = multiprocessing.get_context("fork").Process(target=fn, args=args)
+        process.start()
+        process.join(120)
+        future = Future()
+        if process.exitcode == 0:
+            future.set_result(None)
+        else:
+            future.set_exception(RuntimeError(f"exit code {process.exitcode}"))
+        return future
+
+
+def test_the_tuner_compiles_candidates_on_the_workers_then_loads_them_here(compile_only, monkeypatch):
+    pool = _ForkingPool()
+    monkeypatch.setattr(compile_workers, "worker_pool", lambda: pool)
+    compiled_here = []
+    real_compile = triton.compiler.compile
+
+    def compile_here(src, target=None, options=None, **kw):
+        kernel = real_compile(src, target=target, options=options, **kw)
+        compiled_here.append(options["num_warps"])
+        return kernel
+
+    monkeypatch.setattr(triton.compiler, "compile", compile_here)  # (what a kernel's binder takes as its compile)
+    copy_kernel.device_caches.clear()
+    tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True))
+    assert [json.loads(job.specialization_data)["options"]["num_warps"] for job in pool.jobs] == [4, 8]
+    assert len(_compiled_entries(compile_only)) == 2  # by the "workers"
+    if tuning.AsyncCompileMode is not None:  # then each compiled here: loaded from those entries, no new one
+        assert sorted(compiled_here) == [4, 8] and len(_compiled_entries(compile_only)) == 2
+
+
+def test_without_workers_the_tuner_compiles_here(compile_only, monkeypatch):
+    monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)
+    tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True))
+    assert len(_compiled_entries(compile_only)) == (2 if tuning.AsyncCompileMode is not None else 0)
+
+
+def test_a_failed_job_is_reported_and_left_to_this_process(caplog):
+    class FailingPool:
+        def submit(self, fn, *args):
+            future = Future()
+            future.set_exception(RuntimeError("An exception occurred in a subprocess:\n...\nRuntimeError: no ptxas"))
+            return future
+
+    job = compile_workers.CompileJob(compile_job_kernel.__name__, compile_job_kernel.__file__, "copy_kernel", "{}",
+                                     None)
+    with caplog.at_level("INFO", logger="fuse_attn.kernels.tuning"):
+        assert not compile_workers.compile_in_workers(FailingPool(), [job])
+    assert "compiling copy_kernel in a worker failed (RuntimeError: RuntimeError: no ptxas)" in caplog.text
+
+
+@needs_cuda
+def test_candidates_compile_on_inductors_workers_and_launch_here(tmp_path, monkeypatch):
+    import time
+
+    from torch._inductor.async_compile import AsyncCompile
+
+    AsyncCompile.process_pool()
+    start = time.monotonic()
+    while not AsyncCompile.use_process_pool():
+        if time.monotonic() - start > 120:
+            pytest.skip("Inductor's compile workers did not start")
+        time.sleep(0.2)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    copy_kernel.device_caches.clear()
+    args = _args("cuda")
+    jobs = []
+    with compile_workers.collecting(jobs):
+        for cfg in CONFIGS:
+            launch.launch(copy_kernel, (1,), args, cfg, warmup=True)
+    assert len(jobs) == len(CONFIGS) and compile_workers.compile_in_workers(compile_workers.worker_pool(), jobs)
+    compiled = _compiled_entries(tmp_path)
+    assert len(compiled) == len(CONFIGS)
+    for cfg in CONFIGS:
+        args["Y"].zero_()
+        launch.launch(copy_kernel, (1,), args, cfg)
+        torch.testing.assert_close(args["Y"], args["X"].float(), rtol=0, atol=0)
+    assert _compiled_entries(tmp_path) == compiled  # launched from the workers' compiles: none compiled here

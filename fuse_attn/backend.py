@@ -39,6 +39,7 @@ import torch.fx.traceback as fx_traceback
 from torch._inductor import config as inductor_config
 # Imported with the backend, as torch.compile(backend="inductor") imports it when it is called (about 1 s): imported
 # in the backend's first call, a model's first step would wait for it where Inductor's does not
+from torch._inductor.async_compile import maybe_warm_pool
 from torch._inductor.compile_fx import compile_fx
 from torch._inductor.custom_graph_pass import CustomGraphPass
 import torch.utils._pytree as pytree
@@ -57,8 +58,8 @@ def _static_launch_in_compile_workers() -> None:
     """Inductor's compile workers decide whether a user-defined kernel launches statically; each reads its config
     once at start, from its environment, and a task carries only ``use_static_triton_launcher`` of the parent's
     config, so the config patch reaches kernels compiled in this process only (with parallel compile on, none of
-    ours). The environment setting reaches workers started after it: the pool starts in the first compile's
-    ``compile_fx``, after this backend's first call, unless another compile of this process started it before.
+    ours). The environment setting reaches workers started after it: the pool starts in this backend's first call,
+    after it, unless another compile of this process started it before.
     A setting of the user's own is kept."""
     os.environ.setdefault(_STATIC_LAUNCH_ENVIRONMENT, "1")
 
@@ -84,6 +85,12 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
         config_patches.setdefault("static_launch_user_defined_triton_kernels", True)
         if config_patches["static_launch_user_defined_triton_kernels"]:
             _static_launch_in_compile_workers()
+    if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        # Inductor's compile workers, started now as torch.compile(backend="inductor") starts them (its backend's
+        # first line): they take about 8 s to start on an H200 host, and the tuner compiles its candidates on them
+        # once they are ready -- started by Inductor's compile_fx, after this backend's analysis, which tunes the
+        # forward, they were not.
+        maybe_warm_pool()
 
     if not enabled:
         return compile_fx(gm, example_inputs, config_patches=config_patches)

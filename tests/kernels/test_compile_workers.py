@@ -1,10 +1,11 @@
 """The tuner's candidate compiles on Inductor's compile workers (fuse_attn/kernels/compile_workers.py).
 
-On the CPU, with Triton compiling for an sm90 target and no GPU (its driver replaced by the compile-only one): a
-compile asked for while collecting becomes a job and compiles nothing; the job, pickled and run in a forked process
-(as Inductor's workers are), leaves the kernel in Triton's disk cache, from which the same compile here then loads
-(no new cache entry; another config makes one); the tuner compiles its candidates on the workers and then here, and
-without workers here only. On a GPU: the same through Inductor's real workers, then launched.
+On the CPU, each in a fresh process, with Triton compiling for an sm90 target and no GPU (its driver replaced by the
+compile-only one): a compile asked for while collecting becomes a job and compiles nothing; the job, pickled and run
+in a forked process (as Inductor's workers are), leaves the kernel in Triton's disk cache, from which the same
+compile here then loads (no new cache entry; another config makes one); the tuner compiles its candidates on the
+workers and then here, and without workers here only. On a GPU: the same through Inductor's real workers, then
+launched.
 """
 
 from __future__ import annotations
@@ -13,11 +14,15 @@ import json
 import multiprocessing
 import os
 import pickle
+import subprocess
+import sys
 from concurrent.futures import Future
+from pathlib import Path
 
 import pytest
 import torch
 import triton
+from triton.runtime import driver
 
 from fuse_attn.kernels import compile_workers, tuning
 from fuse_attn.kernels.generated import launch
@@ -26,6 +31,7 @@ from tests.support import compile_job_kernel
 from tests.support.compile_job_kernel import copy_kernel
 
 CONFIGS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 8, 3)]
+ROOT = Path(__file__).resolve().parents[2]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU and TRITON_INTERPRET=0")
 
@@ -44,17 +50,21 @@ def _compiled_entries(cache_dir) -> set:
     return {path.parent.name for path in cache_dir.rglob("copy_kernel.json")}
 
 
-@pytest.fixture
-def compile_only(tmp_path, monkeypatch):
-    """Triton compiles for sm90 into a fresh cache directory, with no GPU; each test's kernel starts uncompiled."""
-    if os.environ.get("TRITON_INTERPRET") == "1" and torch.cuda.is_available():
-        pytest.skip("the GPU run compiles through its own driver (test_candidates_compile_on_inductors_workers)")
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
-    monkeypatch.setattr(compile_job_kernel, "copy_kernel", copy_kernel)
-    copy_kernel.device_caches.clear()
-    with compile_workers.compiling_only_for(_sm90()):
-        yield tmp_path
-    copy_kernel.device_caches.clear()
+def _fresh_cache(cache_dir: str) -> Path:
+    """(In a scenario's process.) Triton compiles for sm90 into ``cache_dir``, with no GPU."""
+    triton.knobs.cache.dir = cache_dir
+    driver.set_active(compile_workers.CompileOnlyDriver(_sm90()))
+    return Path(cache_dir)
+
+
+def _in_a_fresh_process(scenario: str, tmp_path) -> None:
+    """Run ``scenario`` (a function of this module) in a new Python without ``TRITON_INTERPRET``: in a process that
+    has run kernels in Triton's interpreter, Triton's compiler fails on the library functions the interpreter patched
+    (seen: "'block_argument' object has no attribute 'dtype'")."""
+    code = f"from tests.kernels import test_compile_workers as t; t.{scenario}({str(tmp_path)!r})"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "0"},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
 
 
 def _jobs(configs):
@@ -65,33 +75,27 @@ def _jobs(configs):
     return jobs
 
 
-def test_a_compile_asked_for_while_collecting_is_a_job_and_compiles_nothing(compile_only):
+def asked_compile_is_a_job(cache_dir):
+    cache = _fresh_cache(cache_dir)
     [job] = _jobs(CONFIGS[:1])
     data = json.loads(job.specialization_data)
     assert (job.kernel_name, job.module_name, job.target) == ("copy_kernel", compile_job_kernel.__name__, _sm90())
     assert data["name"].endswith("copy_kernel") and data["options"]["num_warps"] == 4
-    assert _compiled_entries(compile_only) == set()
+    assert _compiled_entries(cache) == set()
     assert not compile_workers.collect(copy_kernel, (1,), _args(), {})  # outside collecting(): compiled by the caller
 
 
-def test_a_kernel_a_worker_cannot_find_is_compiled_by_the_caller(compile_only):
+def test_a_compile_asked_for_while_collecting_is_a_job_and_compiles_nothing(tmp_path):
+    _in_a_fresh_process("asked_compile_is_a_job", tmp_path)
+
+
+def test_a_kernel_a_worker_cannot_find_is_compiled_by_the_caller():
     from triton.runtime.jit import JITFunction
 
     jobs = []
     with compile_workers.collecting(jobs):
         assert not compile_workers.collect(JITFunction(compile_job_kernel.copy_kernel.fn), (1,), _args(), {})
     assert jobs == []
-
-
-def test_a_job_compiled_in_a_forked_worker_is_loaded_here_from_the_cache(compile_only):
-    first, second = _jobs(CONFIGS)
-    _ForkingPool().submit(compile_workers.compile_job, first, str(compile_only)).result()
-    compiled = _compiled_entries(compile_only)
-    assert len(compiled) == 1
-    launch.launch(copy_kernel, (1,), _args(), CONFIGS[0], warmup=True)  # the same compile here: loaded
-    assert _compiled_entries(compile_only) == compiled
-    launch.launch(copy_kernel, (1,), _args(), CONFIGS[1], warmup=True)  # one no worker compiled: a new entry
-    assert len(_compiled_entries(compile_only)) == 2
 
 
 class _ForkingPool:
@@ -114,30 +118,54 @@ class _ForkingPool:
         return future
 
 
-def test_the_tuner_compiles_candidates_on_the_workers_then_loads_them_here(compile_only, monkeypatch):
+def worker_compile_loads_here(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    first, second = _jobs(CONFIGS)
+    _ForkingPool().submit(compile_workers.compile_job, first, cache_dir).result()
+    compiled = _compiled_entries(cache)
+    assert len(compiled) == 1
+    launch.launch(copy_kernel, (1,), _args(), CONFIGS[0], warmup=True)  # the same compile here: loaded
+    assert _compiled_entries(cache) == compiled
+    launch.launch(copy_kernel, (1,), _args(), CONFIGS[1], warmup=True)  # one no worker compiled: a new entry
+    assert len(_compiled_entries(cache)) == 2
+
+
+def test_a_job_compiled_in_a_forked_worker_is_loaded_here_from_the_cache(tmp_path):
+    _in_a_fresh_process("worker_compile_loads_here", tmp_path)
+
+
+def tuner_uses_the_workers(cache_dir):
+    cache = _fresh_cache(cache_dir)
     pool = _ForkingPool()
-    monkeypatch.setattr(compile_workers, "worker_pool", lambda: pool)
+    compile_workers.worker_pool = lambda: pool
     compiled_here = []
     real_compile = triton.compiler.compile
 
     def compile_here(src, target=None, options=None, **kw):
-        kernel = real_compile(src, target=target, options=options, **kw)
         compiled_here.append(options["num_warps"])
-        return kernel
+        return real_compile(src, target=target, options=options, **kw)
 
-    monkeypatch.setattr(triton.compiler, "compile", compile_here)  # (what a kernel's binder takes as its compile)
-    copy_kernel.device_caches.clear()
+    triton.compiler.compile = compile_here  # (what a kernel's binder takes as its compile)
     tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True))
     assert [json.loads(job.specialization_data)["options"]["num_warps"] for job in pool.jobs] == [4, 8]
-    assert len(_compiled_entries(compile_only)) == 2  # by the "workers"
-    if tuning.AsyncCompileMode is not None:  # then each compiled here: loaded from those entries, no new one
-        assert sorted(compiled_here) == [4, 8] and len(_compiled_entries(compile_only)) == 2
+    if tuning.AsyncCompileMode is not None:  # then each compiled here: loaded from the workers' entries, none new
+        assert sorted(compiled_here) == [4, 8]
+    assert len(_compiled_entries(cache)) == 2
 
 
-def test_without_workers_the_tuner_compiles_here(compile_only, monkeypatch):
-    monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)
+def test_the_tuner_compiles_candidates_on_the_workers_then_loads_them_here(tmp_path):
+    _in_a_fresh_process("tuner_uses_the_workers", tmp_path)
+
+
+def tuner_without_workers(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    compile_workers.worker_pool = lambda: None
     tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True))
-    assert len(_compiled_entries(compile_only)) == (2 if tuning.AsyncCompileMode is not None else 0)
+    assert len(_compiled_entries(cache)) == (2 if tuning.AsyncCompileMode is not None else 0)
+
+
+def test_without_workers_the_tuner_compiles_here(tmp_path):
+    _in_a_fresh_process("tuner_without_workers", tmp_path)
 
 
 def test_a_failed_job_is_reported_and_left_to_this_process(caplog):

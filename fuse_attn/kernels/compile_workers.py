@@ -112,8 +112,8 @@ def _last_line(error: Exception) -> str:
 
 def worker_pool():
     """Inductor's compile workers, where they are ready; else None: ``compile_threads`` of 1, a daemonic process, a
-    pool still starting (Inductor starts it in ``compile_fx``; jobs would wait for it), or an Inductor without the
-    pool's interface."""
+    pool still starting (the backend starts it at its first call on CUDA inputs, about 8 s before it is ready on an
+    H200 host; jobs would wait for it), or an Inductor without the pool's interface."""
     try:
         from torch._inductor.async_compile import AsyncCompile
 

@@ -517,21 +517,21 @@ def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callabl
     if workers is not None:
         jobs: list = []
         with compile_workers.collecting(jobs):
-            for cand in candidates:
-                try:
-                    compile_only(cand)
-                except Exception:  # noqa: BLE001 -- compiled again below, and by its timing launch, which drops it
-                    pass
+            _ask_to_compile(candidates, compile_only)
         compile_workers.compile_in_workers(workers, jobs)
     if AsyncCompileMode is None:
         return
     with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \
             AsyncCompileMode(pool, ignore_errors=True):
-        for cand in candidates:
-            try:
-                compile_only(cand)
-            except Exception:  # noqa: BLE001 -- the timing loop compiles it again and drops it with its reason
-                pass
+        _ask_to_compile(candidates, compile_only)
+
+
+def _ask_to_compile(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> None:
+    for cand in candidates:
+        try:
+            compile_only(cand)
+        except Exception:  # noqa: BLE001 -- the timing loop compiles it again and drops it with its reason
+            pass
 
 
 # do_bench's rep (ms) of the first pass over every candidate: ~25 launches of a ms-scale kernel, enough to rank

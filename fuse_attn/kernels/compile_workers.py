@@ -11,8 +11,12 @@ A job is Triton's own record of a compile it was asked for (the ``specialization
 receives: the signature, the specialization of every argument, constexprs, options), taken while the compile is
 skipped here, and compiled in the worker by ``JITFunction.preload`` for this process's GPU target. The workers are
 forked and may not touch CUDA, so there Triton's driver is replaced, for the job, by one that names that target
-(``preload`` asks the driver for the device and the target only). The workers are an optimization: a job that fails,
-or a kernel that does not load from the cache, is compiled in this process as before.
+(``preload`` asks the driver for the device and the target only). Triton's cache key names the ptxas that compiles
+(its version), and Inductor's workers point Triton at the ptxas bundled with torch (``TRITON_PTXAS_PATH``, set as they
+start) where this process may use Triton's own: on an H200 host the workers' ptxas of CUDA 13.0 against this
+process's 12.8 gave every worker compile another key, so none was found here. A job therefore carries this process's
+ptxas and its backend's hash, compiles with that ptxas, and fails where the hash still differs. The workers are an
+optimization: a job that fails, or a kernel that does not load from the cache, is compiled in this process as before.
 """
 
 from __future__ import annotations
@@ -32,13 +36,16 @@ log = logging.getLogger("fuse_attn.kernels.tuning")
 @dataclasses.dataclass(frozen=True)
 class CompileJob:
     """One kernel compile, picklable: the kernel's module (by name and file) and name, Triton's specialization data
-    of the compile and the GPU target."""
+    of the compile, the GPU target, and the submitting process's ptxas (None on a backend without one) and backend
+    hash (the part of Triton's cache key that names the compiler)."""
 
     module_name: str
     module_file: str
     kernel_name: str
     specialization_data: str
     target: Any  # triton.backends.compiler.GPUTarget
+    ptxas: Optional[str]
+    backend_hash: str
 
 
 _collected: Optional[list] = None
@@ -81,9 +88,24 @@ def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
     finally:
         knobs.runtime.jit_cache_hook = previous
     if asked:
-        _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0],
-                                     driver.active.get_current_target()))
+        target = driver.active.get_current_target()
+        _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0], target, _ptxas(target),
+                                     _backend_hash(target)))
     return True
+
+
+def _ptxas(target) -> Optional[str]:
+    if target.backend != "cuda":
+        return None
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    return get_ptxas(target.arch).path
+
+
+def _backend_hash(target) -> str:
+    from triton.compiler.compiler import make_backend
+
+    return make_backend(target).hash()
 
 
 def compile_in_workers(pool, jobs: Sequence[CompileJob]) -> bool:
@@ -164,10 +186,38 @@ def compile_job(job: CompileJob, cache_dir: str) -> None:
     kernel = getattr(_module(job.module_name, job.module_file), job.kernel_name)
     previous, knobs.cache.dir = knobs.cache.dir, cache_dir
     try:
-        with compiling_only_for(job.target):
+        with compiling_only_for(job.target), compiling_with_ptxas(job.ptxas):
+            if _backend_hash(job.target) != job.backend_hash:
+                raise RuntimeError(f"this worker's Triton compiles under another key ({_backend_hash(job.target)!r}, "
+                                   f"the submitter's {job.backend_hash!r}); its compile would not be found there")
             kernel.preload(job.specialization_data)
     finally:
         knobs.cache.dir = previous
+
+
+@contextlib.contextmanager
+def compiling_with_ptxas(path: Optional[str]):
+    """(In a worker.) Triton's NVIDIA backend compiles with the ptxas at ``path`` within it (None: with its own
+    choice). Its ``get_ptxas`` is replaced -- the one function through which the backend finds ptxas, whose knob
+    differs between Triton versions (``ptxas`` or ``ptxas_blackwell`` for sm90) -- and the cached version of the
+    ptxas, part of the cache key, is dropped on entry and exit."""
+    if path is None:
+        yield
+        return
+    from triton import knobs
+    from triton.backends.nvidia import compiler as nvidia
+
+    tool = knobs.NvidiaTool.from_path(path)
+    if tool is None:
+        raise RuntimeError(f"the submitter's ptxas {path} does not run here")
+    previous = nvidia.get_ptxas
+    nvidia.get_ptxas = lambda arch: tool
+    nvidia.get_ptxas_version.cache_clear()
+    try:
+        yield
+    finally:
+        nvidia.get_ptxas = previous
+        nvidia.get_ptxas_version.cache_clear()
 
 
 @functools.lru_cache(maxsize=None)

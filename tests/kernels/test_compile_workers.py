@@ -10,6 +10,7 @@ launched.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import multiprocessing
 import os
@@ -99,15 +100,25 @@ def test_a_kernel_a_worker_cannot_find_is_compiled_by_the_caller():
 
 
 class _ForkingPool:
-    """Inductor's worker pool, as a forked process a job: each job after a pickling round trip."""
+    """Inductor's worker pool, as a forked process a job: each job after a pickling round trip; ``worker_env`` is
+    set in the worker before the job, as Inductor's workers set ``TRITON_PTXAS_PATH`` as they start."""
 
-    def __init__(self):
+    def __init__(self, worker_env=None):
         self.jobs = []
+        self.worker_env = worker_env or {}
 
     def submit(self, fn, *args):
         fn, args = pickle.loads(pickle.dumps((fn, args)))
         self.jobs.append(args[0])
-        process = multiprocessing.get_context("fork").Process(target=fn, args=args)
+
+        def worker(*args):
+            from triton.backends.nvidia.compiler import get_ptxas_version
+
+            os.environ.update(self.worker_env)
+            get_ptxas_version.cache_clear()
+            fn(*args)
+
+        process = multiprocessing.get_context("fork").Process(target=worker, args=args)
         process.start()
         process.join(120)
         future = Future()
@@ -132,6 +143,45 @@ def worker_compile_loads_here(cache_dir):
 
 def test_a_job_compiled_in_a_forked_worker_is_loaded_here_from_the_cache(tmp_path):
     _in_a_fresh_process("worker_compile_loads_here", tmp_path)
+
+
+def _another_ptxas(directory: Path) -> str:
+    """A ptxas that reports another version (part of Triton's cache key) and compiles as the real one."""
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    path = directory / "ptxas"
+    path.write_text(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "Cuda compilation tools, release 12.1, V12.1.0"; '
+                    f'else exec {get_ptxas(90).path} "$@"; fi\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def worker_with_another_ptxas_compiles_with_ours(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    [job] = _jobs(CONFIGS[:1])
+    other = _another_ptxas(cache)
+    worker_env = {"TRITON_PTXAS_PATH": other, "TRITON_PTXAS_BLACKWELL_PATH": other}  # (sm90's knob in Triton 3.9)
+    _ForkingPool(worker_env).submit(compile_workers.compile_job, job, cache_dir).result()
+    compiled = _compiled_entries(cache)
+    assert len(compiled) == 1
+    launch.launch(copy_kernel, (1,), _args(), CONFIGS[0], warmup=True)
+    assert _compiled_entries(cache) == compiled
+
+
+def test_a_worker_pointed_at_another_ptxas_compiles_with_the_submitters(tmp_path):
+    _in_a_fresh_process("worker_with_another_ptxas_compiles_with_ours", tmp_path)
+
+
+def worker_under_another_key_compiles_nothing(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    [job] = _jobs(CONFIGS[:1])
+    with pytest.raises(RuntimeError, match="compiles under another key"):
+        compile_workers.compile_job(dataclasses.replace(job, backend_hash="another"), cache_dir)
+    assert _compiled_entries(cache) == set()
+
+
+def test_a_worker_whose_compiles_would_have_another_key_refuses_the_job(tmp_path):
+    _in_a_fresh_process("worker_under_another_key_compiles_nothing", tmp_path)
 
 
 def tuner_uses_the_workers(cache_dir):
@@ -176,7 +226,7 @@ def test_a_failed_job_is_reported_and_left_to_this_process(caplog):
             return future
 
     job = compile_workers.CompileJob(compile_job_kernel.__name__, compile_job_kernel.__file__, "copy_kernel", "{}",
-                                     None)
+                                     None, None, "")
     with caplog.at_level("INFO", logger="fuse_attn.kernels.tuning"):
         assert not compile_workers.compile_in_workers(FailingPool(), [job])
     assert "compiling copy_kernel in a worker failed (RuntimeError: RuntimeError: no ptxas)" in caplog.text

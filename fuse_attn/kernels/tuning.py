@@ -324,7 +324,9 @@ def tune(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Cand
     (:func:`_while_capturing`)."""
     cfg = _chosen.get(key)
     if cfg is None:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        # (Only where CUDA is initialized can a capture run; asking starts CUDA, which fails in a process forked
+        # from one that had started it.)
+        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
             return _while_capturing(key, candidates)
         cfg = _stored_or_tuned(key, candidates, launch, reset, compile_only, revisit)
         _chosen[key] = cfg

@@ -15,32 +15,23 @@ import json
 import multiprocessing
 import os
 import pickle
-import subprocess
-import sys
 from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 import torch
 import triton
-from triton.runtime import driver
 
 from fuse_attn.kernels import compile_workers, tuning
 from fuse_attn.kernels.generated import launch
 from fuse_attn.kernels.tuning import KernelConfig
 from tests.support import compile_job_kernel
 from tests.support.compile_job_kernel import copy_kernel
+from tests.support.sm90_compiles import compile_for_sm90, in_a_fresh_process, sm90
 
 CONFIGS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 8, 3)]
-ROOT = Path(__file__).resolve().parents[2]
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="needs a GPU and TRITON_INTERPRET=0")
-
-
-def _sm90():
-    from triton.backends.compiler import GPUTarget
-
-    return GPUTarget("cuda", 90, 32)
 
 
 def _args(device="cpu"):
@@ -54,18 +45,12 @@ def _compiled_entries(cache_dir) -> set:
 def _fresh_cache(cache_dir: str) -> Path:
     """(In a scenario's process.) Triton compiles for sm90 into ``cache_dir``, with no GPU."""
     triton.knobs.cache.dir = cache_dir
-    driver.set_active(compile_workers.CompileOnlyDriver(_sm90()))
+    compile_for_sm90()
     return Path(cache_dir)
 
 
 def _in_a_fresh_process(scenario: str, tmp_path) -> None:
-    """Run ``scenario`` (a function of this module) in a new Python without ``TRITON_INTERPRET``: in a process that
-    has run kernels in Triton's interpreter, Triton's compiler fails on the library functions the interpreter patched
-    (seen: "'block_argument' object has no attribute 'dtype'")."""
-    code = f"from tests.kernels import test_compile_workers as t; t.{scenario}({str(tmp_path)!r})"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "0"},
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-6000:]
+    in_a_fresh_process(__name__, scenario, str(tmp_path))
 
 
 def _jobs(configs):
@@ -80,7 +65,7 @@ def asked_compile_is_a_job(cache_dir):
     cache = _fresh_cache(cache_dir)
     [job] = _jobs(CONFIGS[:1])
     data = json.loads(job.specialization_data)
-    assert (job.kernel_name, job.module_name, job.target) == ("copy_kernel", compile_job_kernel.__name__, _sm90())
+    assert (job.kernel_name, job.module_name, job.target) == ("copy_kernel", compile_job_kernel.__name__, sm90())
     assert data["name"].endswith("copy_kernel") and data["options"]["num_warps"] == 4
     assert _compiled_entries(cache) == set()
     assert not compile_workers.collect(copy_kernel, (1,), _args(), {})  # outside collecting(): compiled by the caller

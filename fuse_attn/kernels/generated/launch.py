@@ -35,7 +35,7 @@ from fuse_attn.kernels.score_program_eval import IntervalOps, Span, forward
 from fuse_attn.score_program import MASKING_FILL_LIMIT, subprogram
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import compile_workers, tuning
-from fuse_attn.kernels.generated import codegen
+from fuse_attn.kernels.generated import access_analysis, codegen
 
 log = logging.getLogger("fuse_attn.kernels")
 
@@ -120,7 +120,7 @@ def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] =
         if not compile_workers.collect(kernel, grid, args, options):
             kernel.warmup(**args, **options, grid=grid)
     elif _tracing():
-        torch.library.wrap_triton(_kernel_of_config(kernel, cfg))[grid](**args, **options)
+        torch.library.wrap_triton(access_analysis.remember(_kernel_of_config(kernel, cfg)))[grid](**args, **options)
     else:
         kernel[grid](*[args[name] for name in kernel.arg_names], **options)
 

@@ -218,7 +218,7 @@ def test_tuning_never_runs_inside_a_cuda_graph_capture(machine, monkeypatch):
     break the capture): the stored config if any, else the first candidate, not remembered, so the next call
     outside a capture tunes."""
     capturing = [True]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
     launched = []
 

@@ -471,9 +471,10 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
     if compile_only is not None:
-        _compile_concurrently(candidates, compile_only)
+        where = _compile_concurrently(candidates, compile_only)
         _progress.compiling += time.perf_counter() - start
-        log.info("compiled %d candidates for %s in %.2f s", len(candidates), key, time.perf_counter() - start)
+        log.info("compiled %d candidates for %s in %.2f s %s", len(candidates), key, time.perf_counter() - start,
+                 where)
     timed, errors = [], []
 
     def first_pass(cands: Sequence[Candidate]) -> None:
@@ -507,25 +508,30 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     return best
 
 
-def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> None:
+def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> str:
     """Compile every candidate before any is timed: compiling dominates a cold tuning (about 1-2 s per candidate,
     against ~0.1 s to time one). First on Inductor's compile workers where they are ready
     (:mod:`fuse_attn.kernels.compile_workers`), which leave the kernels in Triton's disk cache; then here on a thread
     pool, where each kernel loads from that cache -- or, compiled nowhere else, compiles, the parts of its compile
-    outside the GIL (LLVM, ptxas) overlapping. The timing launches find them in Triton's in-memory cache."""
+    outside the GIL (LLVM, ptxas) overlapping. The timing launches find them in Triton's in-memory cache. Returns
+    where they compiled, for the log."""
     if len(candidates) < 2:
-        return
+        return "(when timed)"
     workers = compile_workers.worker_pool()
+    where = "here (Inductor's compile workers not ready)"
     if workers is not None:
         jobs: list = []
         with compile_workers.collecting(jobs):
             _ask_to_compile(candidates, compile_only)
-        compile_workers.compile_in_workers(workers, jobs)
+        compiled = compile_workers.compile_in_workers(workers, jobs)
+        where = (f"on Inductor's compile workers ({len(jobs)} jobs)" if compiled
+                 else "here (a job failed on Inductor's compile workers)")
     if AsyncCompileMode is None:
-        return
+        return where if workers is not None else "(when timed)"
     with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \
             AsyncCompileMode(pool, ignore_errors=True):
         _ask_to_compile(candidates, compile_only)
+    return where
 
 
 def _ask_to_compile(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> None:

@@ -181,7 +181,9 @@ def tuner_uses_the_workers(cache_dir):
         return real_compile(src, target=target, options=options, **kw)
 
     triton.compiler.compile = compile_here  # (what a kernel's binder takes as its compile)
-    tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True))
+    where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
+                                                                            warmup=True))
+    assert where == "on Inductor's compile workers (2 jobs)"
     assert [json.loads(job.specialization_data)["options"]["num_warps"] for job in pool.jobs] == [4, 8]
     if tuning.AsyncCompileMode is not None:  # then each compiled here: loaded from the workers' entries, none new
         assert sorted(compiled_here) == [4, 8]
@@ -195,8 +197,11 @@ def test_the_tuner_compiles_candidates_on_the_workers_then_loads_them_here(tmp_p
 def tuner_without_workers(cache_dir):
     cache = _fresh_cache(cache_dir)
     compile_workers.worker_pool = lambda: None
-    tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True))
-    assert len(_compiled_entries(cache)) == (2 if tuning.AsyncCompileMode is not None else 0)
+    where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
+                                                                            warmup=True))
+    threads = tuning.AsyncCompileMode is not None
+    assert where == ("here (Inductor's compile workers not ready)" if threads else "(when timed)")
+    assert len(_compiled_entries(cache)) == (2 if threads else 0)
 
 
 def test_without_workers_the_tuner_compiles_here(tmp_path):

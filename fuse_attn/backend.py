@@ -47,7 +47,7 @@ from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, get_
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 from torch._guards import detect_fake_mode
 
-from fuse_attn import settings
+from fuse_attn import analysis_cache, settings
 from fuse_attn.graph.nodes import MatchContext
 from fuse_attn.graph.rewrite import rewrite_attention
 from fuse_attn.kernels import dispatch
@@ -97,13 +97,33 @@ def fuse_attn_backend(gm: fx.GraphModule, example_inputs: list[Any], **kwargs) -
     cuda_graphs = bool(config_patches.get("triton.cudagraphs", inductor_config.triton.cudagraphs))
     start = time.perf_counter()
     with dispatch.replayed_as_cuda_graphs(cuda_graphs):
-        rewritten, report = analyze_graph(gm, example_inputs, apply=not log_only, context_parallel=context_parallel)
+        rewritten, report = _stored_or_analyzed(gm, example_inputs, apply=not log_only,
+                                                context_parallel=context_parallel, cuda_graphs=cuda_graphs)
     _seconds["analysis"] += time.perf_counter() - start
     if report is not None:
         publish(report)
     if rewritten is None or log_only or not report.changed:
         return compile_fx(gm, example_inputs, config_patches=config_patches)
     return compile_fx(rewritten, example_inputs, config_patches=config_patches)
+
+
+def _stored_or_analyzed(gm: fx.GraphModule, example_inputs: list[Any], *, apply: bool, context_parallel: Any,
+                        cuda_graphs: bool) -> tuple[Optional[fx.GraphModule], Optional[GraphReport]]:
+    """:func:`analyze_graph`'s answer, from the disk where an earlier process stored it
+    (:mod:`fuse_attn.analysis_cache`: a rewrite that changed the graph, applied, without context parallelism)."""
+    key = None
+    if apply and context_parallel is None:
+        key = analysis_cache.analysis_key(gm, example_inputs, _buffer_flags(gm), cuda_graphs=cuda_graphs,
+                                          sources=PostGradPass().uuid())
+    if key is not None:
+        loaded = analysis_cache.load(key)
+        # (a report stored without the graph's text before and after serves no one asking for it)
+        if loaded is not None and (loaded[1].before is not None or not capture_requested()):
+            return loaded
+    rewritten, report = analyze_graph(gm, example_inputs, apply=apply, context_parallel=context_parallel)
+    if key is not None and rewritten is not None and report is not None and report.changed:
+        rewritten = analysis_cache.stored(key, rewritten, report)
+    return rewritten, report
 
 
 # Seconds this process spent in the backend before handing graphs to Inductor (compile_seconds).

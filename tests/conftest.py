@@ -13,7 +13,7 @@ The interpreter's re-patching of ``triton.language`` on every helper call inside
 (``interpreter_patching.py``: the same bits, a third less time).
 
 Kernel configs tuned during the session (on a GPU) go to a temporary cache directory, not the user's, unless
-``FUSE_ATTN_CACHE_DIR`` names one.
+``FUSE_ATTN_CACHE_DIR`` names one; each test keeps the backend's stored analyses in a directory of its own.
 """
 
 import os
@@ -31,6 +31,7 @@ skip_repatching_inside_a_launch()  # a third of an interpreted kernel's time, th
 # Gluon binds triton.language's helpers when imported and refuses interpreter-bound ones unless TRITON_INTERPRET=1
 # then: importing the kernels here, not inside a test that has set TRITON_INTERPRET=0, lets any test run alone.
 import fuse_attn.kernels  # noqa: E402,F401
+from fuse_attn import analysis_cache  # noqa: E402
 from fuse_attn.kernels import compile_workers, tuning  # noqa: E402
 
 from tests.support.compiled_modules import INTERPRETER_SESSION  # noqa: E402
@@ -43,6 +44,13 @@ def _autotune_cache_in_tmp(tmp_path_factory):
         if not os.environ.get("FUSE_ATTN_CACHE_DIR"):
             mp.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path_factory.mktemp("fuse_attn_cache")))
         yield
+
+
+@pytest.fixture(autouse=True)
+def _analysis_cache_of_the_test(tmp_path, monkeypatch):
+    """Each test stores the backend's analyses (fuse_attn/analysis_cache.py) in a directory of its own: a graph a test
+    compiles is analysed under that test's patches and settings, never served from another test's entry."""
+    monkeypatch.setattr(analysis_cache, "directory", lambda: str(tmp_path / "analysis_cache"))
 
 
 @pytest.fixture(params=["cpu-blockwise", "cpu-interpreter", "cuda"])

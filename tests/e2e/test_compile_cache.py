@@ -1,7 +1,8 @@
-"""Inductor's FX graph cache and AOTAutograd's cache across processes: a second process compiling the same model
-starts warm (cache hits), still calls the fused op, and gets the right results; a process running changed
-sources of this package (here: a changed kernel template, which leaves the rewritten graph as it was) misses
-both caches, through the source digest that ``backend.PostGradPass`` puts into their keys.
+"""Inductor's FX graph cache, AOTAutograd's cache and the backend's analysis cache (``fuse_attn.analysis_cache``)
+across processes: a second process compiling the same model starts warm (cache hits, the graph not traced again),
+still calls the fused op, and gets the right results; a process running changed sources of this package (here: a
+changed kernel template, which leaves the rewritten graph as it was) misses all three, through the source digest
+that ``backend.PostGradPass`` puts into their keys.
 
 Each compile runs in a fresh Python process with its own cache directories (``TORCHINDUCTOR_CACHE_DIR``,
 ``FUSE_ATTN_CACHE_DIR``) and both caches on.
@@ -28,6 +29,7 @@ import json, math, torch
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 import fuse_attn
+import fuse_attn.backend
 from fuse_attn.report import collect_reports
 
 def attention(q, k, v):
@@ -52,6 +54,7 @@ print(json.dumps({
     "fx_hit": counters["inductor"]["fxgraph_cache_hit"], "fx_miss": counters["inductor"]["fxgraph_cache_miss"],
     "aot_hit": counters["aot_autograd"]["autograd_cache_hit"], "aot_miss": counters["aot_autograd"]["autograd_cache_miss"],
     "rewrites": len(reports),
+    "traced_seconds": fuse_attn.backend.compile_seconds()["trace"],
     "calls_op": "fuse_attn.flash_attention" in "\\n".join(code),
     "errors": {"output": [err(out, ref), err(eager, ref)], "grad of q": [err(dq, ref_dq), err(eager_dq, ref_dq)]},
 }))
@@ -77,11 +80,13 @@ def test_warm_start_in_a_new_process_and_invalidation_by_changed_sources(tmp_pat
     os.makedirs(cache)
     cold = compile_in_a_new_process(cache, REPO)
     assert (cold["fx_hit"], cold["aot_hit"]) == (0, 0) and cold["fx_miss"] > 0 and cold["aot_miss"] > 0, cold
-    assert cold["rewrites"] == 1 and cold["calls_op"], cold
+    assert cold["rewrites"] == 1 and cold["calls_op"] and cold["traced_seconds"] > 0, cold
 
     warm = compile_in_a_new_process(cache, REPO)
     assert warm["aot_hit"] > 0 and warm["aot_miss"] == 0 and warm["fx_miss"] == 0, warm
     assert warm["calls_op"], "the cached code calls the fused op"
+    # the analysis stored by the first process: not traced again, its report published the same
+    assert warm["traced_seconds"] == 0 and warm["rewrites"] == 1, warm
     for stats in (cold, warm):
         for what, (ours, eager) in stats["errors"].items():  # the 2x rule against fp64
             assert ours <= 2 * eager + FLOOR[torch.float32], (what, stats)
@@ -93,3 +98,4 @@ def test_warm_start_in_a_new_process_and_invalidation_by_changed_sources(tmp_pat
     after_change = compile_in_a_new_process(cache, str(changed))
     assert (after_change["fx_hit"], after_change["aot_hit"]) == (0, 0), after_change
     assert after_change["aot_miss"] > 0 and after_change["calls_op"], after_change
+    assert after_change["traced_seconds"] > 0, "changed sources: the graph is analysed again"

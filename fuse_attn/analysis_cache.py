@@ -1,0 +1,247 @@
+"""The backend's analysis of a graph kept on disk: a second process compiling the same graph skips it.
+
+The analysis (``fuse_attn.backend.analyze_graph``: the pre-autograd trace, the matching, the implementation choice)
+took 1.2 s of BERT-base's 5.2 s warm first step on an H200 host and 1.8 s of GPT-2 small's 9.7 s, where
+``torch.compile`` default took 4.3 s and 7.5 s: Inductor's and AOTAutograd's caches make the rest of a warm compile
+cheap, and this is what fuse_attn adds to it. Its result, the rewritten graph and the report, depends only on
+
+* Dynamo's graph: its code and the operators it calls (graphs holding modules or attributes are not kept);
+* the inputs' metadata (shape, strides, dtype, device, whether each requires grad) and the values of the registered
+  buffers, from which the rewrite evaluates masks (graphs with symbolic sizes or tensor subclasses are not kept);
+* this package's sources and ``FUSE_ATTN_*`` settings, torch's and Triton's versions, the GPU;
+* the ambient state that changes what the trace or the choice sees: grad mode, autocast, TF32, deterministic
+  algorithms, and whether the graph replays as CUDA graphs.
+
+All of it goes into the key. An entry is the rewritten graph as plain data (each node's operator by name, its
+arguments, its user source line; ``GraphModule``'s own pickling traces the code again, evaluating calls without
+tensor arguments into constants) and the report. The process that stores an entry compiles the graph rebuilt from
+it, so that both processes hand Inductor the same graph (the same AOTAutograd and FX-graph cache keys). Entries live
+beside the tuning cache (``FUSE_ATTN_CACHE_DIR``) and are off with it (``FUSE_ATTN_CACHE=0``); an entry that does
+not load is ignored with a warning and replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pickle
+import tempfile
+from typing import Any, Optional
+
+import torch
+import torch.fx as fx
+
+from fuse_attn import settings
+
+log = logging.getLogger("fuse_attn")
+
+# Registered buffers are hashed into the key; a graph whose buffers are larger than this is analysed every time. 16 MiB
+# (a causal mask buffer of N=4096, bool) copies and hashes in about 20 ms on a 2-core CPU host, a tenth of the
+# smallest analysis this cache saves (0.2 s, tiny GPT-2 on that host); a larger buffer would eat into it.
+MAX_HASHED_BUFFER_BYTES = 16 << 20
+_FORMAT = 1  # bumped when an entry's layout changes
+
+
+def analysis_key(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bool], *, cuda_graphs: bool,
+                 sources: str) -> Optional[str]:
+    """The key of ``gm``'s analysis, or None where it is not kept (see the module's docstring); ``sources``: the
+    package's source and settings digest."""
+    if not settings.disk_cache_enabled():
+        return None
+    digest = hashlib.sha256()
+
+    def add(*parts: Any) -> None:
+        digest.update(repr(parts).encode())
+
+    add(_FORMAT, sources, torch.__version__, _triton_version(), gm.code)
+    for node in gm.graph.nodes:
+        if node.op in ("get_attr", "call_module"):
+            return None
+        if node.op == "call_function":
+            add(getattr(node.target, "__module__", None), getattr(node.target, "__qualname__", repr(node.target)))
+    hashed_bytes = 0
+    for x, is_buffer in zip(example_inputs, buffers):
+        if isinstance(x, torch.Tensor):
+            if (type(x) not in (torch.Tensor, torch.nn.Parameter) or not _static(x)
+                    or getattr(x, "item_memo", None) is not None):
+                return None
+            add("tensor", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad,
+                is_buffer)
+            if x.is_cuda:
+                add(_gpu(x.device))
+            if is_buffer:
+                hashed_bytes += x.numel() * x.element_size()
+                if hashed_bytes > MAX_HASHED_BUFFER_BYTES:
+                    return None
+                digest.update(_value_bytes(x))
+        elif isinstance(x, (bool, int, float)) and not isinstance(x, torch.SymInt):
+            add(type(x).__name__, x)
+        else:
+            return None
+    add(torch.is_grad_enabled(), cuda_graphs, torch.are_deterministic_algorithms_enabled(),
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+        [(device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")])
+    return digest.hexdigest()
+
+
+def load(key: str) -> Optional[tuple[fx.GraphModule, Any]]:
+    """The (rewritten graph, report) stored under ``key``; None where there is none, or it does not load (warned)."""
+    path = _path(key)
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError:
+        return None
+    try:
+        stored_format, nodes, report = pickle.loads(blob)
+        if stored_format != _FORMAT:
+            raise ValueError(f"format {stored_format}, not {_FORMAT}")
+        return _graph_of(nodes), report
+    except Exception as e:  # noqa: BLE001 -- any entry that does not load is analysed again and replaced
+        log.warning("fuse_attn: ignoring the stored analysis %s (%s: %s); analysing the graph again", path,
+                    type(e).__name__, e)
+        return None
+
+
+def stored(key: str, gm: fx.GraphModule, report: Any) -> fx.GraphModule:
+    """Store ``gm`` (rewritten) and ``report`` under ``key``; return the graph to compile: the stored one as a later
+    process loads it, or ``gm`` itself where it cannot be stored (then nothing is)."""
+    nodes = _nodes_of(gm)
+    if nodes is None:
+        return gm
+    try:
+        blob = pickle.dumps((_FORMAT, nodes, report))
+        roundtrip = _graph_of(pickle.loads(blob)[1])
+    except Exception as e:  # noqa: BLE001 -- a report that does not pickle: not kept
+        log.debug("fuse_attn: the analysis of a graph is not kept (%s: %s)", type(e).__name__, e)
+        return gm
+    path = _path(key)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=os.path.dirname(path), delete=False) as f:
+            f.write(blob)
+        os.replace(f.name, path)
+    except OSError as e:
+        log.debug("fuse_attn: the analysis of a graph is not kept (%s)", e)
+        return gm
+    return roundtrip
+
+
+# ---- the rewritten graph as plain data ------------------------------------------------------------------------------
+# A rewritten pre-autograd graph holds placeholders, calls of operator overloads (ATen's, this package's) and of
+# ``operator`` functions (getitem), and one output; the arguments are nodes and plain values. A graph with anything
+# else is not kept.
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+class _Ref(tuple):
+    """A reference to the node of that name, in stored arguments."""
+
+
+def _nodes_of(gm: fx.GraphModule) -> Optional[list]:
+    nodes = []
+    for node in gm.graph.nodes:
+        if node.op in ("placeholder", "output"):
+            target = node.target
+        elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            target = ("op", node.target._schema.name, node.target._overloadname)
+        elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("_operator", "operator"):
+            target = ("operator", node.target.__name__)
+        else:
+            return None
+        try:
+            args, kwargs = _plain(node.args), _plain(node.kwargs)
+        except TypeError:
+            return None
+        nodes.append((node.op, node.name, target, args, kwargs, node.meta.get("stack_trace")))
+    return nodes
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, fx.Node):
+        return _Ref((value.name,))
+    if isinstance(value, list):  # (FX's immutable_list too)
+        return [_plain(v) for v in value]
+    if type(value) is tuple:
+        return tuple(_plain(v) for v in value)
+    if isinstance(value, dict):  # (FX's immutable_dict too)
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, slice):
+        return slice(_plain(value.start), _plain(value.stop), _plain(value.step))
+    if isinstance(value, _PLAIN):
+        return value
+    return _unsupported(value)
+
+
+def _unsupported(value: Any):
+    raise TypeError(f"not kept: an argument of type {type(value).__name__}")
+
+
+def _graph_of(nodes: list) -> fx.GraphModule:
+    import operator
+
+    graph = fx.Graph()
+    made: dict[str, fx.Node] = {}
+
+    def node_values(value: Any) -> Any:
+        if isinstance(value, _Ref):
+            return made[value[0]]
+        if isinstance(value, (list, tuple)):
+            return type(value)(node_values(v) for v in value)
+        if isinstance(value, dict):
+            return {k: node_values(v) for k, v in value.items()}
+        if isinstance(value, slice):
+            return slice(node_values(value.start), node_values(value.stop), node_values(value.step))
+        return value
+
+    for op, name, target, args, kwargs, stack_trace in nodes:
+        if op == "call_function":
+            if target[0] == "op":
+                namespace, op_name = target[1].split("::")
+                target = getattr(getattr(getattr(torch.ops, namespace), op_name), target[2])
+            else:
+                target = getattr(operator, target[1])
+        node = graph.create_node(op, target, node_values(args), node_values(kwargs), name=name)
+        if node.name != name:
+            raise ValueError(f"node {name} came back as {node.name}")
+        if stack_trace is not None:
+            node.meta["stack_trace"] = stack_trace
+        made[name] = node
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def directory() -> str:
+    """Where the entries are: ``analysis`` in the cache directory."""
+    return os.path.join(settings.cache_dir(), "analysis")
+
+
+def _path(key: str) -> str:
+    return os.path.join(directory(), f"{key}.pickle")
+
+
+def _static(x: torch.Tensor) -> bool:
+    return all(isinstance(n, int) for n in (*x.shape, *x.stride(), x.storage_offset()))
+
+
+def _value_bytes(x: torch.Tensor) -> bytes:
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        flat = x.detach().to("cpu").contiguous().reshape(-1)
+        return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
+def _gpu(device: torch.device) -> tuple[str, str]:
+    from fuse_attn.kernels.tuning import device_identity
+
+    return device_identity(device)
+
+
+def _triton_version() -> Optional[str]:
+    try:
+        import triton
+    except ImportError:
+        return None
+    return triton.__version__

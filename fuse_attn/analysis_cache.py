@@ -10,7 +10,7 @@ cheap, and this is what fuse_attn adds to it. Its result, the rewritten graph an
   buffers, from which the rewrite evaluates masks (graphs with symbolic sizes or tensor subclasses are not kept);
 * this package's sources and ``FUSE_ATTN_*`` settings, torch's and Triton's versions, the GPU;
 * the ambient state that changes what the trace or the choice sees: grad mode, autocast, TF32, deterministic
-  algorithms, and whether the graph replays as CUDA graphs.
+  algorithms, cuDNN's version, which of SDPA's kernels are enabled, and whether the graph replays as CUDA graphs.
 
 All of it goes into the key. An entry is the rewritten graph as plain data (each node's operator by name, its
 arguments, its user source line; ``GraphModule``'s own pickling traces the code again, evaluating calls without
@@ -81,7 +81,10 @@ def analysis_key(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bo
             return None
     add(torch.is_grad_enabled(), cuda_graphs, torch.are_deterministic_algorithms_enabled(),
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
-        torch.get_float32_matmul_precision(),
+        torch.get_float32_matmul_precision(), torch.backends.cudnn.version(),
+        # (SDPA's kernels switched off are no candidates of the implementation choice)
+        torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.cudnn_sdp_enabled(),
+        torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled(),
         [(device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device)) for device in ("cpu", "cuda")])
     return digest.hexdigest()
 

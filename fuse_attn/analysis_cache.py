@@ -33,6 +33,7 @@ import torch
 import torch.fx as fx
 
 from fuse_attn import settings
+from fuse_attn.kernels.tuning import device_identity, software_versions
 
 log = logging.getLogger("fuse_attn")
 
@@ -54,7 +55,7 @@ def analysis_key(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bo
     def add(*parts: Any) -> None:
         digest.update(repr(parts).encode())
 
-    add(_FORMAT, sources, torch.__version__, _triton_version(), gm.code)
+    add(_FORMAT, sources, software_versions(), gm.code)
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "call_module"):
             return None
@@ -69,13 +70,13 @@ def analysis_key(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bo
             add("tensor", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad,
                 is_buffer)
             if x.is_cuda:
-                add(_gpu(x.device))
+                add(device_identity(x.device))
             if is_buffer:
                 hashed_bytes += x.numel() * x.element_size()
                 if hashed_bytes > MAX_HASHED_BUFFER_BYTES:
                     return None
                 digest.update(_value_bytes(x))
-        elif isinstance(x, (bool, int, float)) and not isinstance(x, torch.SymInt):
+        elif isinstance(x, (bool, int, float)):  # (a SymInt is none of them)
             add(type(x).__name__, x)
         else:
             return None
@@ -116,7 +117,6 @@ def stored(key: str, gm: fx.GraphModule, report: Any) -> fx.GraphModule:
         return gm
     try:
         blob = pickle.dumps((_FORMAT, nodes, report))
-        roundtrip = _graph_of(pickle.loads(blob)[1])
     except Exception as e:  # noqa: BLE001 -- a report that does not pickle: not kept
         log.debug("fuse_attn: the analysis of a graph is not kept (%s: %s)", type(e).__name__, e)
         return gm
@@ -129,7 +129,7 @@ def stored(key: str, gm: fx.GraphModule, report: Any) -> fx.GraphModule:
     except OSError as e:
         log.debug("fuse_attn: the analysis of a graph is not kept (%s)", e)
         return gm
-    return roundtrip
+    return _graph_of(nodes)
 
 
 # ---- the rewritten graph as plain data ------------------------------------------------------------------------------
@@ -234,17 +234,3 @@ def _value_bytes(x: torch.Tensor) -> bytes:
     with _disable_current_modes(), torch.no_grad():
         flat = x.detach().to("cpu").contiguous().reshape(-1)
         return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-
-
-def _gpu(device: torch.device) -> tuple[str, str]:
-    from fuse_attn.kernels.tuning import device_identity
-
-    return device_identity(device)
-
-
-def _triton_version() -> Optional[str]:
-    try:
-        import triton
-    except ImportError:
-        return None
-    return triton.__version__

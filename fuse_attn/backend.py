@@ -112,15 +112,17 @@ def _stored_or_analyzed(gm: fx.GraphModule, example_inputs: list[Any], *, apply:
     """:func:`analyze_graph`'s answer, from the disk where an earlier process stored it
     (:mod:`fuse_attn.analysis_cache`: a rewrite that changed the graph, applied, without context parallelism)."""
     key = None
+    buffers = _buffer_flags(gm)
     if apply and context_parallel is None:
-        key = analysis_cache.analysis_key(gm, example_inputs, _buffer_flags(gm), cuda_graphs=cuda_graphs,
+        key = analysis_cache.analysis_key(gm, example_inputs, buffers, cuda_graphs=cuda_graphs,
                                           sources=PostGradPass().uuid())
     if key is not None:
         loaded = analysis_cache.load(key)
         # (a report stored without the graph's text before and after serves no one asking for it)
         if loaded is not None and (loaded[1].before is not None or not capture_requested()):
             return loaded
-    rewritten, report = analyze_graph(gm, example_inputs, apply=apply, context_parallel=context_parallel)
+    rewritten, report = analyze_graph(gm, example_inputs, apply=apply, buffers=buffers,
+                                      context_parallel=context_parallel)
     if key is not None and rewritten is not None and report is not None and report.changed:
         rewritten = analysis_cache.stored(key, rewritten, report)
     return rewritten, report

@@ -187,9 +187,10 @@ def compile_job(job: CompileJob, cache_dir: str) -> None:
     previous, knobs.cache.dir = knobs.cache.dir, cache_dir
     try:
         with compiling_only_for(job.target), compiling_with_ptxas(job.ptxas):
-            if _backend_hash(job.target) != job.backend_hash:
-                raise RuntimeError(f"this worker's Triton compiles under another key ({_backend_hash(job.target)!r}, "
-                                   f"the submitter's {job.backend_hash!r}); its compile would not be found there")
+            backend_hash = _backend_hash(job.target)
+            if backend_hash != job.backend_hash:
+                raise RuntimeError(f"this worker's Triton compiles under another key ({backend_hash!r}, the "
+                                   f"submitter's {job.backend_hash!r}); its compile would not be found there")
             kernel.preload(job.specialization_data)
     finally:
         knobs.cache.dir = previous

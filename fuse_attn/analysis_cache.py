@@ -37,10 +37,11 @@ from fuse_attn.kernels.tuning import device_identity, software_versions
 
 log = logging.getLogger("fuse_attn")
 
-# Registered buffers are hashed into the key; a graph whose buffers are larger than this is analysed every time. 16 MiB
-# (a causal mask buffer of N=4096, bool) copies and hashes in about 20 ms on a 2-core CPU host, a tenth of the
-# smallest analysis this cache saves (0.2 s, tiny GPT-2 on that host); a larger buffer would eat into it.
-MAX_HASHED_BUFFER_BYTES = 16 << 20
+# Registered buffers are hashed into the key, and the rewritten graph's tensor constants copied into its entry; a graph
+# whose buffers, or constants, are larger than this is analysed every time. 16 MiB (a causal mask of N=4096, bool)
+# copies and hashes in about 20 ms on a 2-core CPU host, a tenth of the smallest analysis this cache saves (0.2 s, tiny
+# GPT-2 on that host); more would eat into it.
+MAX_COPIED_BYTES = 16 << 20
 _FORMAT = 1  # bumped when an entry's layout changes
 
 
@@ -58,28 +59,29 @@ def analysis_key(gm: fx.GraphModule, example_inputs: list[Any], buffers: list[bo
     add(_FORMAT, sources, software_versions(), gm.code)
     for node in gm.graph.nodes:
         if node.op in ("get_attr", "call_module"):
-            return None
+            return _not_kept(f"Dynamo's graph has a {node.op} node ({node.target})")
         if node.op == "call_function":
             add(getattr(node.target, "__module__", None), getattr(node.target, "__qualname__", repr(node.target)))
     hashed_bytes = 0
     for x, is_buffer in zip(example_inputs, buffers):
         if isinstance(x, torch.Tensor):
-            if (type(x) not in (torch.Tensor, torch.nn.Parameter) or not _static(x)
-                    or getattr(x, "item_memo", None) is not None):
-                return None
+            if type(x) not in (torch.Tensor, torch.nn.Parameter):
+                return _not_kept(f"an input is a {type(x).__name__}")
+            if not _static(x) or getattr(x, "item_memo", None) is not None:
+                return _not_kept("an input has symbolic sizes or stands for a Python scalar")
             add("tensor", tuple(x.shape), x.stride(), x.storage_offset(), x.dtype, x.device, x.requires_grad,
                 is_buffer)
             if x.is_cuda:
                 add(device_identity(x.device))
             if is_buffer:
                 hashed_bytes += x.numel() * x.element_size()
-                if hashed_bytes > MAX_HASHED_BUFFER_BYTES:
-                    return None
+                if hashed_bytes > MAX_COPIED_BYTES:
+                    return _not_kept(f"its buffers hold more than {MAX_COPIED_BYTES} bytes")
                 digest.update(_value_bytes(x))
         elif isinstance(x, (bool, int, float)):  # (a SymInt is none of them)
             add(type(x).__name__, x)
         else:
-            return None
+            return _not_kept(f"an input is a {type(x).__name__}")
     add(torch.is_grad_enabled(), cuda_graphs, torch.are_deterministic_algorithms_enabled(),
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,
         torch.get_float32_matmul_precision(), torch.backends.cudnn.version(),
@@ -118,7 +120,7 @@ def stored(key: str, gm: fx.GraphModule, report: Any) -> fx.GraphModule:
     try:
         blob = pickle.dumps((_FORMAT, nodes, report))
     except Exception as e:  # noqa: BLE001 -- a report that does not pickle: not kept
-        log.debug("fuse_attn: the analysis of a graph is not kept (%s: %s)", type(e).__name__, e)
+        _not_kept(f"{type(e).__name__}: {e}")
         return gm
     path = _path(key)
     try:
@@ -127,15 +129,15 @@ def stored(key: str, gm: fx.GraphModule, report: Any) -> fx.GraphModule:
             f.write(blob)
         os.replace(f.name, path)
     except OSError as e:
-        log.debug("fuse_attn: the analysis of a graph is not kept (%s)", e)
+        _not_kept(str(e))
         return gm
     return _graph_of(nodes)
 
 
 # ---- the rewritten graph as plain data ------------------------------------------------------------------------------
-# A rewritten pre-autograd graph holds placeholders, calls of operator overloads (ATen's, this package's) and of
-# ``operator`` functions (getitem), and one output; the arguments are nodes and plain values. A graph with anything
-# else is not kept.
+# A rewritten pre-autograd graph holds placeholders, tensor constants, calls of operator overloads (ATen's, this
+# package's) and of ``operator`` functions (getitem), and one output; the arguments are nodes and plain values. A graph
+# with anything else is not kept.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
@@ -145,19 +147,28 @@ class _Ref(tuple):
 
 def _nodes_of(gm: fx.GraphModule) -> Optional[list]:
     nodes = []
+    constant_bytes = 0
     for node in gm.graph.nodes:
         if node.op in ("placeholder", "output"):
             target = node.target
+        elif node.op == "get_attr":  # a tensor the trace made a constant (``torch.tensor(...)`` in the model's code)
+            value = getattr(gm, node.target, None) if "." not in node.target else None
+            if type(value) is not torch.Tensor:
+                return _not_kept(f"the rewritten graph reads {node.target}, a {type(value).__name__}")
+            constant_bytes += value.numel() * value.element_size()
+            if constant_bytes > MAX_COPIED_BYTES:
+                return _not_kept(f"its constants hold more than {MAX_COPIED_BYTES} bytes")
+            target = ("constant", node.target, _detached_on_cpu(value), value.device)
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             target = ("op", node.target._schema.name, node.target._overloadname)
         elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("_operator", "operator"):
             target = ("operator", node.target.__name__)
         else:
-            return None
+            return _not_kept(f"the rewritten graph calls {node.op} {node.target}")
         try:
             args, kwargs = _plain(node.args), _plain(node.kwargs)
-        except TypeError:
-            return None
+        except TypeError as e:
+            return _not_kept(f"{node.name}: {e}")
         nodes.append((node.op, node.name, target, args, kwargs, node.meta.get("stack_trace")))
     return nodes
 
@@ -187,6 +198,7 @@ def _graph_of(nodes: list) -> fx.GraphModule:
 
     graph = fx.Graph()
     made: dict[str, fx.Node] = {}
+    constants: dict[str, torch.Tensor] = {}
 
     def node_values(value: Any) -> Any:
         if isinstance(value, _Ref):
@@ -200,7 +212,10 @@ def _graph_of(nodes: list) -> fx.GraphModule:
         return value
 
     for op, name, target, args, kwargs, stack_trace in nodes:
-        if op == "call_function":
+        if op == "get_attr":
+            _, target, value, device = target
+            constants[target] = value.to(device)
+        elif op == "call_function":
             if target[0] == "op":
                 namespace, op_name = target[1].split("::")
                 target = getattr(getattr(getattr(torch.ops, namespace), op_name), target[2])
@@ -212,7 +227,12 @@ def _graph_of(nodes: list) -> fx.GraphModule:
         if stack_trace is not None:
             node.meta["stack_trace"] = stack_trace
         made[name] = node
-    return fx.GraphModule(torch.nn.Module(), graph)
+    return fx.GraphModule(constants, graph)
+
+
+def _not_kept(reason: str) -> None:
+    log.debug("fuse_attn: the analysis of a graph is not kept: %s", reason)
+    return None
 
 
 def directory() -> str:
@@ -228,9 +248,14 @@ def _static(x: torch.Tensor) -> bool:
     return all(isinstance(n, int) for n in (*x.shape, *x.stride(), x.storage_offset()))
 
 
-def _value_bytes(x: torch.Tensor) -> bytes:
+def _detached_on_cpu(x: torch.Tensor) -> torch.Tensor:
+    """A copy of real tensor ``x`` on the CPU, outside any fake or tracing mode."""
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes(), torch.no_grad():
-        flat = x.detach().to("cpu").contiguous().reshape(-1)
-        return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        return x.detach().to("cpu", copy=True)
+
+
+def _value_bytes(x: torch.Tensor) -> bytes:
+    flat = _detached_on_cpu(x).contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""

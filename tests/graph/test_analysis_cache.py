@@ -96,6 +96,26 @@ def test_the_rewritten_graph_comes_back_as_it_was_and_is_compiled_so_in_both_pro
     torch.testing.assert_close(loaded(q, k, v, *inputs[3:])[0], rewritten(q, k, v, *inputs[3:])[0])
 
 
+class HeadBiasedAttention(torch.nn.Module):
+    """A per-head bias written as a literal: the trace makes it a tensor constant of the graph."""
+
+    def forward(self, q, k, v):
+        w = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(w + torch.tensor([0.5, -0.25]).view(1, 2, 1, 1), -1) @ v
+
+
+def test_a_graph_with_tensor_constants_comes_back_with_their_values(cache_dir):
+    gm, inputs = _dynamo_graph(HeadBiasedAttention(), *_inputs())
+    rewritten, report = analyze_graph(gm, inputs, apply=True, buffers=gm.buffer_flags)
+    assert any(n.op == "get_attr" for n in rewritten.graph.nodes) and report.changed
+    key = _key(gm, inputs)
+    analysis_cache.stored(key, rewritten, report)
+    loaded, _ = analysis_cache.load(key)
+    assert loaded.code == rewritten.code
+    torch.testing.assert_close(loaded(*inputs)[0], rewritten(*inputs)[0], rtol=0, atol=0)
+    torch.testing.assert_close(loaded(*inputs)[0], gm(*inputs)[0])  # (Dynamo's graph, unfused)
+
+
 def test_a_graph_calling_anything_but_operators_is_not_kept(cache_dir):
     gm, inputs = _dynamo_graph(CausalAttention(17), *_inputs())
     rewritten, report = analyze_graph(gm, inputs, apply=True, buffers=gm.buffer_flags)

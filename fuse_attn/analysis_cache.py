@@ -23,6 +23,7 @@ not load is ignored with a warning and replaced.
 from __future__ import annotations
 
 import hashlib
+import importlib
 import logging
 import os
 import pickle
@@ -136,7 +137,7 @@ def stored(key: str, gm: fx.GraphModule, report: Any) -> fx.GraphModule:
 
 # ---- the rewritten graph as plain data ------------------------------------------------------------------------------
 # A rewritten pre-autograd graph holds placeholders, tensor constants, calls of operator overloads (ATen's, this
-# package's) and of ``operator`` functions (getitem), and one output; the arguments are nodes and plain values. A graph
+# package's) and of a few functions (below), and one output; the arguments are nodes and plain values. A graph
 # with anything else is not kept.
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
@@ -161,8 +162,8 @@ def _nodes_of(gm: fx.GraphModule) -> Optional[list]:
             target = ("constant", node.target, _detached_on_cpu(value), value.device)
         elif node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
             target = ("op", node.target._schema.name, node.target._overloadname)
-        elif node.op == "call_function" and getattr(node.target, "__module__", None) in ("_operator", "operator"):
-            target = ("operator", node.target.__name__)
+        elif node.op == "call_function" and _function_name(node.target) is not None:
+            target = ("function", *_function_name(node.target))
         else:
             return _not_kept(f"the rewritten graph calls {node.op} {node.target}")
         try:
@@ -171,6 +172,25 @@ def _nodes_of(gm: fx.GraphModule) -> Optional[list]:
             return _not_kept(f"{node.name}: {e}")
         nodes.append((node.op, node.name, target, args, kwargs, node.meta.get("stack_trace")))
     return nodes
+
+
+# Besides operator overloads, a pre-dispatch trace calls functions of these modules: ``operator.getitem`` of a
+# multi-output op, ``torch._C._set_grad_enabled`` around a ``torch.no_grad()`` region (rotary embeddings),
+# ``torch.amp.autocast_mode._enter_autocast`` / ``_exit_autocast`` around an autocast region. They are kept by module
+# and name; torch's version is in the key.
+_FUNCTION_MODULES = ("operator", "_operator", "torch._C", "torch.amp.autocast_mode")
+
+
+def _function_name(fn: Any) -> Optional[tuple[str, str]]:
+    """(module, name) of a function of :data:`_FUNCTION_MODULES` that the name finds again; else None."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if module not in _FUNCTION_MODULES or name is None:
+        return None
+    return (module, name) if _function_of(module, name) is fn else None
+
+
+def _function_of(module: str, name: str) -> Any:
+    return getattr(importlib.import_module(module), name, None)
 
 
 def _plain(value: Any) -> Any:
@@ -194,8 +214,6 @@ def _unsupported(value: Any):
 
 
 def _graph_of(nodes: list) -> fx.GraphModule:
-    import operator
-
     graph = fx.Graph()
     made: dict[str, fx.Node] = {}
     constants: dict[str, torch.Tensor] = {}
@@ -220,7 +238,7 @@ def _graph_of(nodes: list) -> fx.GraphModule:
                 namespace, op_name = target[1].split("::")
                 target = getattr(getattr(getattr(torch.ops, namespace), op_name), target[2])
             else:
-                target = getattr(operator, target[1])
+                target = _function_of(*target[1:])
         node = graph.create_node(op, target, node_values(args), node_values(kwargs), name=name)
         if node.name != name:
             raise ValueError(f"node {name} came back as {node.name}")

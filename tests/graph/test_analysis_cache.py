@@ -104,10 +104,27 @@ class HeadBiasedAttention(torch.nn.Module):
         return torch.softmax(w + torch.tensor([0.5, -0.25]).view(1, 2, 1, 1), -1) @ v
 
 
-def test_a_graph_with_tensor_constants_comes_back_with_their_values(cache_dir):
-    gm, inputs = _dynamo_graph(HeadBiasedAttention(), *_inputs())
+class RotatedQueryAttention(torch.nn.Module):
+    """Queries scaled by a table computed under ``torch.no_grad()``, as rotary embeddings are: the trace switches grad
+    mode off and on around it (calls of ``torch._C._set_grad_enabled``), and computes the table under CPU autocast
+    switched off (``_enter_autocast`` / ``_exit_autocast``)."""
+
+    def forward(self, q, k, v):
+        with torch.no_grad(), torch.autocast("cpu", enabled=False):
+            table = torch.arange(q.shape[-2], dtype=q.dtype).cos()
+        w = (q * table[:, None]) @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        return torch.softmax(w, -1) @ v
+
+
+@pytest.mark.parametrize("module, made_by_the_trace", [
+    (HeadBiasedAttention(), {"get_attr"}),
+    (RotatedQueryAttention(), {"_set_grad_enabled", "_enter_autocast", "_exit_autocast"}),
+])
+def test_a_graph_with_constants_and_mode_switches_comes_back_as_it_was(cache_dir, module, made_by_the_trace):
+    gm, inputs = _dynamo_graph(module, *_inputs(requires_grad=True))
     rewritten, report = analyze_graph(gm, inputs, apply=True, buffers=gm.buffer_flags)
-    assert any(n.op == "get_attr" for n in rewritten.graph.nodes) and report.changed
+    assert made_by_the_trace <= {n.op if n.op == "get_attr" else getattr(n.target, "__name__", "")
+                                 for n in rewritten.graph.nodes} and report.changed
     key = _key(gm, inputs)
     analysis_cache.stored(key, rewritten, report)
     loaded, _ = analysis_cache.load(key)

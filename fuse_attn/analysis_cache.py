@@ -14,10 +14,10 @@ cheap, and this is what fuse_attn adds to it. Its result, the rewritten graph an
 
 All of it goes into the key. An entry is the rewritten graph as plain data (each node's operator or function by name,
 its arguments, its user source line, the values of the tensor constants it reads; ``GraphModule``'s own pickling
-traces the code again, evaluating calls without tensor arguments into constants) and the report. The process that stores an entry compiles the graph rebuilt from
-it, so that both processes hand Inductor the same graph (the same AOTAutograd and FX-graph cache keys). Entries live
-beside the tuning cache (``FUSE_ATTN_CACHE_DIR``) and are off with it (``FUSE_ATTN_CACHE=0``); an entry that does
-not load is ignored with a warning and replaced.
+traces the code again, evaluating calls without tensor arguments into constants) and the report. The process that
+stores an entry compiles the graph rebuilt from it, so that both processes hand Inductor the same graph (the same
+AOTAutograd and FX-graph cache keys). Entries live beside the tuning cache (``FUSE_ATTN_CACHE_DIR``) and are off with
+it (``FUSE_ATTN_CACHE=0``); an entry that does not load is ignored with a warning and replaced.
 """
 
 from __future__ import annotations

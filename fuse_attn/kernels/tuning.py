@@ -324,13 +324,49 @@ def tune(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Cand
     (:func:`_while_capturing`)."""
     cfg = _chosen.get(key)
     if cfg is None:
-        # (Only where CUDA is initialized can a capture run; asking starts CUDA, which fails in a process forked
-        # from one that had started it.)
-        if torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing():
+        if _capturing():
             return _while_capturing(key, candidates)
         cfg = _stored_or_tuned(key, candidates, launch, reset, compile_only, revisit)
         _chosen[key] = cfg
     return cfg
+
+
+def compile_together(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Callable[[], Callable[[Candidate], None]]]]
+                     ) -> None:
+    """Compile in one batch the candidates of those of ``kernels`` -- (key, candidates, ``bind()`` returning the
+    kernel's ``compile_only``) -- that :func:`tune` will time: kernels tuned one after the other (the backward's dQ,
+    then dK/dV timed on dQ's outputs) then share Inductor's compile workers instead of each waiting for its own
+    batch, and :func:`tune` finds every candidate compiled. ``bind`` is called only for those."""
+    due = [(key, candidates, bind) for key, candidates, bind in kernels if _will_time(key, candidates)]
+    if len(due) < 2:
+        return  # (one kernel's tuning compiles its own batch)
+    try:
+        compilers = [bind() for _, _, bind in due]
+    except Exception as e:  # noqa: BLE001 -- an optimization: each tuning then compiles its own, and reports the error
+        log.info("compiling %d kernels' candidates together failed (%s: %s)", len(due), type(e).__name__, e)
+        return
+    batch = [(i, cand) for i, (_, candidates, _) in enumerate(due) for cand in candidates]
+    with _progress.tuning(due[0][0]):
+        start = time.perf_counter()
+        where = _compile_concurrently(batch, lambda item: compilers[item[0]](item[1]))
+        _progress.compiling += time.perf_counter() - start
+    log.info("compiled %d candidates for %s in %.2f s %s", len(batch), " and ".join(str(key) for key, _, _ in due),
+             time.perf_counter() - start, where)
+
+
+def _will_time(key: TuningKey, candidates: Sequence[Candidate]) -> bool:
+    """Whether :func:`tune` would time ``candidates`` for ``key`` now (and compile them first)."""
+    if key in _chosen or len(candidates) < 2 or not key.timed:
+        return False
+    if _capturing():
+        return False
+    return not (settings.disk_cache_enabled() and _stored(key, candidates) is not None)
+
+
+def _capturing() -> bool:
+    """Whether a CUDA graph capture is recording this stream. (Only where CUDA is initialized can a capture run; asking
+    starts CUDA, which fails in a process forked from one that had started it.)"""
+    return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
 def _while_capturing(key: TuningKey, candidates: Sequence[Candidate]) -> Candidate:

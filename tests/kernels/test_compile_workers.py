@@ -249,3 +249,41 @@ def test_candidates_compile_on_inductors_workers_and_launch_here(tmp_path, monke
         launch.launch(copy_kernel, (1,), args, cfg)
         torch.testing.assert_close(args["Y"], args["X"].float(), rtol=0, atol=0)
     assert _compiled_entries(tmp_path) == compiled  # launched from the workers' compiles: none compiled here
+
+
+@needs_cuda
+def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, monkeypatch):
+    # A fresh tuning of the generated backward: one batch compiles both kernels' candidates (dK/dV's binary does not
+    # depend on dQ's config), and timing them afterwards compiles nothing more.
+    from fuse_attn.kernels.generated import codegen
+    from tests.support.cases import make_case
+
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "tuning"))
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
+    q, k, v, tensors, spec = make_case(Z=2, H=4, M=256, N=256, D=64, dtype=torch.bfloat16)
+    q, k, v = (t.cuda() for t in (q, k, v))
+    mod = codegen.load_module(spec)
+    for kernel in (mod._attn_fwd, mod._attn_bwd_dq, mod._attn_bwd_dkdv):
+        kernel.device_caches.clear()  # (compiled by other tests: this one counts compiles)
+
+    def binaries() -> int:
+        return sum(1 for _ in (tmp_path / "triton").rglob("*.cubin"))
+
+    batches, real = [], tuning._compile_concurrently
+
+    def counted(candidates, compile_only):
+        where = real(candidates, compile_only)
+        batches.append((len(candidates), binaries()))
+        return where
+
+    monkeypatch.setattr(tuning, "_compile_concurrently", counted)
+    out, lse = launch.triton_forward(q, k, v, [], spec)
+    dq, dk, dv, _ = launch.triton_backward(torch.randn_like(out), q, k, v, [], out, lse, spec, [])
+    common = launch.common_kernel_args(q, k, v, spec)
+    backward = [len(fn(common["BLOCK_D"], common["BLOCK_DV"], 2, common["CAUSAL"], tuning.max_shared_memory(q.device)))
+                for fn in (tuning.dq_candidates, tuning.dkdv_candidates)]
+    together = next(i for i, (n, _) in enumerate(batches) if n == sum(backward))
+    assert [n for n, _ in batches[together + 1:]] == backward  # each tuning's own pass, after the batch
+    assert batches[-1][1] == batches[together][1]  # ... which compiled nothing
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))

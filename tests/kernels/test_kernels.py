@@ -7,6 +7,7 @@ eager_same_dtype is the naive reference run in the input dtype. The Triton kerne
 
 import dataclasses
 import functools
+import inspect
 import json
 import os
 import pickle
@@ -463,6 +464,16 @@ def test_unspecialized_kernels(monkeypatch):
     generic_module = codegen.load_module(spec)
     assert generic_module is not specialized and generic_module.KERNEL_ID != specialized.KERNEL_ID
     run_and_check(q, k, v, ts, spec, dtype=torch.float32)
+
+
+def test_one_dkdv_binary_serves_every_dq_config():
+    # The lse flags' rows per block (the dQ kernel's BLOCK_M) reach the dK/dV kernel as a plain, unspecialized
+    # argument, so the tuner compiles the candidates of both kernels in one batch before dQ's is chosen
+    # (tuning.compile_together): a constexpr or a specialized value would make each dQ choice another dK/dV binary.
+    kernel = codegen.load_module(make_case()[4])._attn_bwd_dkdv
+    unspecialized = getattr(kernel, "kwargs", {}).get("do_not_specialize") or kernel.do_not_specialize
+    assert inspect.signature(kernel.fn).parameters["flag_rows"].annotation is inspect.Parameter.empty
+    assert "flag_rows" in unspecialized
 
 
 def test_generated_fast_paths():

@@ -339,3 +339,37 @@ def test_every_candidate_is_compiled_before_any_is_timed_and_a_failed_compile_is
     first_launch = next(i for i, e in enumerate(events) if e[0] == "launch")
     assert first_launch == len(CANDIDATES)  # all compiles came first
     assert machine.timed == CANDIDATES[1:]  # the config whose compile failed was tried again and dropped
+
+
+def test_kernels_tuned_one_after_the_other_compile_in_one_batch(machine, monkeypatch):
+    batches, bound = [], []
+
+    def compile_all(candidates, compile_only):
+        batches.append(list(candidates))
+        for cand in candidates:
+            compile_only(cand)
+        return "here"
+
+    monkeypatch.setattr(tuning, "_compile_concurrently", compile_all)
+    compiled = []
+
+    def binder(name):
+        def bind():
+            bound.append(name)
+            return lambda cfg: compiled.append((name, cfg))
+        return bind
+
+    first, second = key("dq"), key("dkdv")
+    tuning.compile_together([(first, CANDIDATES, binder("dq")), (second, CANDIDATES[:2], binder("dkdv"))])
+    assert [len(b) for b in batches] == [len(CANDIDATES) + 2] and bound == ["dq", "dkdv"]
+    assert compiled == [("dq", c) for c in CANDIDATES] + [("dkdv", c) for c in CANDIDATES[:2]]
+    assert tuning.tune(first, CANDIDATES, machine.launch) == FASTEST  # (then timed as ever)
+
+    # one kernel still to time (the other chosen in this process, or stored by another): its own tuning compiles it
+    new_process(monkeypatch)
+    tuning.tune(first, CANDIDATES, machine.launch)
+    batches.clear(), bound.clear()
+    tuning.compile_together([(first, CANDIDATES, binder("dq")), (key("other"), CANDIDATES, binder("other"))])
+    new_process(monkeypatch)
+    tuning.compile_together([(first, CANDIDATES, binder("dq")), (key("another"), CANDIDATES, binder("another"))])
+    assert batches == [] and bound == []

@@ -19,6 +19,7 @@ works the same while tracing fake tensors (a symbolic length tunes for its hint)
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import types
@@ -551,14 +552,18 @@ def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, can
     ``run(cfg, warmup)``, which launches (or only compiles) the kernel on them."""
     if settings.interpreting() or not q.is_cuda:
         return tuning.INTERPRETER_CONFIGS[kind]
-    key = tuning.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
-                            size_hint(common["M"] if m is None else m), size_hint(common["N"] if n is None else n))
+    key = _kernel_tuning_key(kind, q, kernel_id, common, m, n)
     cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
     with RealInputs():
         run = bind()
         return tuning.tune(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
+
+
+def _kernel_tuning_key(kind: str, q: Tensor, kernel_id: str, common: dict, m=None, n=None) -> tuning.TuningKey:
+    return tuning.tuning_key(kind, q.device, kernel_id, q.dtype, common["D"], common["DV"],
+                             size_hint(common["M"] if m is None else m), size_hint(common["N"] if n is None else n))
 
 
 def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
@@ -853,7 +858,7 @@ def _launch_backward(mod, cfgs: dict, common, dout, q, k, v, score_tensors, out,
         blocks = bufs.mask_blocks.args(granule, cfg.block_m, cfg.block_n, True)
         key_blocks = triton_cdiv(N, cfg.block_n)
         grid = kernel_grid(key_blocks, Z, H // spec.gqa_group)
-        args = dict(base, DK=bufs.dk, DVout=bufs.dv, FLAG_ROWS=flag_rows, **blocks,
+        args = dict(base, DK=bufs.dk, DVout=bufs.dv, flag_rows=flag_rows, **blocks,
                     **{f"stride_dk{d}": s for d, s in zip("zhnd", bufs.dk.stride())},
                     **{f"stride_dv{d}": s for d, s in zip("zhnd", bufs.dv.stride())},
                     head_group=_head_group(q, key_blocks, cfg), **_blocks(cfg))
@@ -874,25 +879,41 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
     """``lengths``: see :meth:`_LengthBuckets.run`."""
     tuned = {}
 
-    def bind(kind):
+    def random_inputs():
+        # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
+        rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
+        _causal_tuning_mask(spec, rs)
+        out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
+        bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
+        return (common_kernel_args(rq, rk, rv, spec), rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta)
+
+    def bind(kind, inputs=random_inputs, dq_stand_in=None):
+        """``run(cfg, warmup)`` of the ``kind`` kernel's candidates; for dK/dV, after launching the tuned dQ kernel
+        -- or, with ``dq_stand_in`` (a dQ config), for compiling only, with no dQ launch."""
         def bound():
-            # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
-            rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
-            _causal_tuning_mask(spec, rs)
-            out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
-            real = common_kernel_args(rq, rk, rv, spec)
-            bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
-            if kind == "bwd_dkdv":  # delta, the lse flags (and row statistics) from the tuned dQ kernel, once
-                _launch_backward(mod, tuned, real, rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta,
-                                 only="bwd_dq")
-            return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, real, rdo, rq, rk, rv, rs, out,
-                                                         lse, spec, seed, bufs, exact_delta, only=kind, warmup=warmup)
+            args = inputs()
+            configs = tuned if dq_stand_in is None else {"bwd_dq": dq_stand_in}
+            if kind == "bwd_dkdv" and dq_stand_in is None:  # delta, the lse flags (and row statistics) from dQ, once
+                _launch_backward(mod, tuned, *args, only="bwd_dq")
+            return lambda cfg, warmup: _launch_backward(mod, {**configs, kind: cfg}, *args, only=kind, warmup=warmup)
         return bound
 
+    at_lengths = _tuning_lengths(common, lengths)
+    dq_candidates = _candidates(tuning.dq_candidates, q, common)
+    dkdv_candidates = _candidates(tuning.dkdv_candidates, q, common)
+    if not settings.interpreting() and q.is_cuda:
+        # both kernels' candidates compiled in one batch, on one set of inputs: the dK/dV binary does not depend on
+        # dQ's config
+        dq_list, shared = dq_candidates(), functools.cache(random_inputs)
+        with RealInputs():
+            tuning.compile_together([
+                (_kernel_tuning_key("bwd_dq", q, kernel_id, common, **at_lengths), dq_list,
+                 lambda: functools.partial(bind("bwd_dq", shared)(), warmup=True)),
+                (_kernel_tuning_key("bwd_dkdv", q, kernel_id, common, **at_lengths), dkdv_candidates(),
+                 lambda: functools.partial(bind("bwd_dkdv", shared, dq_stand_in=dq_list[0])(), warmup=True))])
     # dQ is tuned first: the dK/dV kernel's inputs come from it
-    for kind, candidates in (("bwd_dq", tuning.dq_candidates), ("bwd_dkdv", tuning.dkdv_candidates)):
-        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, _candidates(candidates, q, common),
-                                           bind(kind), **_tuning_lengths(common, lengths))
+    for kind, candidates in (("bwd_dq", dq_candidates), ("bwd_dkdv", dkdv_candidates)):
+        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, candidates, bind(kind), **at_lengths)
     return tuned
 
 

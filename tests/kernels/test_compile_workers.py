@@ -287,3 +287,51 @@ def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, mon
     assert [n for n, _ in batches[together + 1:]] == backward  # each tuning's own pass, after the batch
     assert batches[-1][1] == batches[together][1]  # ... which compiled nothing
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+def backwards_candidates_compile_ahead_into_the_binaries_launched(_):
+    compile_for_sm90()
+    from fuse_attn.kernels.generated import codegen
+    from tests.support.cases import make_case
+
+    dq_configs, dkdv_configs = [KernelConfig(64, 32, 4, 2), KernelConfig(128, 32, 8, 3)], CONFIGS
+    tuning.dq_candidates = lambda *_: dq_configs
+    tuning.dkdv_candidates = lambda *_: dkdv_configs
+    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuner's device queries)
+    tuning.max_shared_memory = lambda device: 232448
+    compile_workers.worker_pool = lambda: None
+    launch._tuned_on = lambda q: True
+    launch.triton_forward = lambda q, k, v, score_tensors, spec, seed=None: launch.empty_outputs(q, v)
+
+    class TimingStarted(Exception):
+        pass
+
+    def timing(*_, **__):
+        raise TimingStarted  # (only compiled kernels here: nothing is launched)
+
+    launch.choose_kernel_config = timing
+    q, k, v, tensors, spec = make_case(Z=2, H=4, M=256, N=256, D=64, dtype=torch.bfloat16)
+    mod = codegen.load_module(spec)
+    common = launch.common_kernel_args(q, k, v, spec)
+    try:
+        launch._backward_configs(mod, mod.KERNEL_ID, common, torch.randn_like(q), q, k, v, [], spec, [], None, False)
+    except TimingStarted:
+        pass
+
+    def binaries(kernel) -> int:
+        return sum(len(cache[0]) for cache in kernel.device_caches.values())
+
+    assert (binaries(mod._attn_bwd_dq), binaries(mod._attn_bwd_dkdv)) == (len(dq_configs), len(dkdv_configs))
+    # the binaries the tuner then launches: each dK/dV candidate after the other dQ config, compiling nothing new
+    out, lse = launch.empty_outputs(q, v)
+    bufs = launch._BackwardBuffers(q, k, v, lse, [], spec, [], False)
+    for cfg in dkdv_configs:
+        launch._launch_backward(mod, {"bwd_dq": dq_configs[1], "bwd_dkdv": cfg}, common, torch.randn_like(q), q, k, v,
+                                [], out, lse, spec, None, bufs, False, only="bwd_dkdv", warmup=True)
+    assert binaries(mod._attn_bwd_dkdv) == len(dkdv_configs)
+
+
+def test_backwards_candidates_compile_ahead_into_the_binaries_launched():
+    # dQ's and dK/dV's candidates compile in one batch before dQ is chosen, with a stand-in for dQ's config: the
+    # dK/dV binaries are those launched after any dQ config (sm90 compiles, no GPU)
+    in_a_fresh_process(__name__, "backwards_candidates_compile_ahead_into_the_binaries_launched", "")

@@ -550,7 +550,7 @@ def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, can
     and ``n``, by default M and N by their hints); else (stored or tuned) from :func:`fuse_attn.kernels.tuning.tune`.
     ``bind()`` is called only when timing may be needed, with every mode off: it builds random inputs and returns
     ``run(cfg, warmup)``, which launches (or only compiles) the kernel on them."""
-    if settings.interpreting() or not q.is_cuda:
+    if not _tuned_on(q):
         return tuning.INTERPRETER_CONFIGS[kind]
     key = _kernel_tuning_key(kind, q, kernel_id, common, m, n)
     cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
@@ -559,6 +559,12 @@ def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, can
     with RealInputs():
         run = bind()
         return tuning.tune(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))
+
+
+def _tuned_on(q: Tensor) -> bool:
+    """Whether launch configs are tuned for ``q``'s kernels: compiled kernels on a GPU (the interpreter takes fixed
+    ones)."""
+    return not settings.interpreting() and q.is_cuda
 
 
 def _kernel_tuning_key(kind: str, q: Tensor, kernel_id: str, common: dict, m=None, n=None) -> tuning.TuningKey:
@@ -901,9 +907,9 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
     at_lengths = _tuning_lengths(common, lengths)
     dq_candidates = _candidates(tuning.dq_candidates, q, common)
     dkdv_candidates = _candidates(tuning.dkdv_candidates, q, common)
-    if not settings.interpreting() and q.is_cuda:
-        # both kernels' candidates compiled in one batch, on one set of inputs: the dK/dV binary does not depend on
-        # dQ's config
+    def compile_both():
+        # both kernels' candidates compiled in one batch, on one set of inputs (freed on return): the dK/dV binary
+        # does not depend on dQ's config
         dq_list, shared = dq_candidates(), functools.cache(random_inputs)
         with RealInputs():
             tuning.compile_together([
@@ -911,6 +917,9 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
                  lambda: functools.partial(bind("bwd_dq", shared)(), warmup=True)),
                 (_kernel_tuning_key("bwd_dkdv", q, kernel_id, common, **at_lengths), dkdv_candidates(),
                  lambda: functools.partial(bind("bwd_dkdv", shared, dq_stand_in=dq_list[0])(), warmup=True))])
+
+    if _tuned_on(q):
+        compile_both()
     # dQ is tuned first: the dK/dV kernel's inputs come from it
     for kind, candidates in (("bwd_dq", dq_candidates), ("bwd_dkdv", dkdv_candidates)):
         tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, candidates, bind(kind), **at_lengths)

@@ -17,6 +17,12 @@ start) where this process may use Triton's own: on an H200 host the workers' ptx
 process's 12.8 gave every worker compile another key, so none was found here. A job therefore carries this process's
 ptxas and its backend's hash, compiles with that ptxas, and fails where the hash still differs. The workers are an
 optimization: a job that fails, or a kernel that does not load from the cache, is compiled in this process as before.
+
+Inductor's workers take about 8 s to start on an H200 host, from the backend's first call, and the forward's tuning
+comes before that (BERT's 10 forward candidates then compiled here in 8 s). Until they are ready, a batch of jobs runs
+in processes forked from this one for it (:func:`compile_in_forked_processes`): a fork inherits every loaded module,
+and two forked from a process with torch, Triton and this package loaded answered a first job 45-50 ms later on a
+2-core CPU host.
 """
 
 from __future__ import annotations
@@ -27,7 +33,10 @@ import functools
 import importlib
 import importlib.util
 import logging
+import multiprocessing
 import sys
+import time
+import warnings
 from typing import Any, Optional, Sequence
 
 log = logging.getLogger("fuse_attn.kernels.tuning")
@@ -145,6 +154,63 @@ def worker_pool():
     except Exception as e:  # noqa: BLE001 -- a private interface of Inductor's: without it, compile here
         log.info("fuse_attn: no Inductor compile workers (%s: %s)", type(e).__name__, e)
         return None
+
+
+# How long the processes forked for a batch of jobs may take, in all. A candidate compiles in about 1 s on an H200 host
+# (BERT's forward: 10 in 8 s one after the other), and each process takes one or two; processes still busy after this
+# long are taken to be stuck (a lock some other thread of this process held at the fork) and are killed, and this
+# process compiles what they did not.
+FORKED_BATCH_TIMEOUT_S = 60.0
+
+
+def processes_to_fork() -> int:
+    """How many processes forked from this one may compile jobs: Inductor's ``compile_threads`` (the parallelism a
+    user allows Inductor's own compiles; 1 -- ``TORCHINDUCTOR_COMPILE_THREADS=1`` -- and none are forked), where the
+    platform forks and this process is no daemon (which may have no children); else 0."""
+    try:
+        from torch._inductor import config
+
+        threads = config.compile_threads if config.compile_threads is not None else config.decide_compile_threads()
+    except Exception:  # noqa: BLE001 -- an Inductor without these: no processes of ours either
+        return 0
+    if threads < 2 or "fork" not in multiprocessing.get_all_start_methods() or multiprocessing.current_process().daemon:
+        return 0
+    return threads
+
+
+def compile_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> bool:
+    """Run ``jobs`` in ``processes`` forked from this one (at most one a job), for the time Inductor's workers are not
+    ready. The processes never touch CUDA -- :func:`compile_job` compiles with the compile-only driver -- as
+    DataLoader workers forked after CUDA is initialized do not. Whether every job compiled within
+    :data:`FORKED_BATCH_TIMEOUT_S`; the processes are gone when it returns."""
+    from triton import knobs
+
+    try:
+        with warnings.catch_warnings():
+            # (Python 3.12 warns of any fork of a process with threads: the children here run one job each and
+            # exit, and take no lock another thread could have held)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pool = multiprocessing.get_context("fork").Pool(min(len(jobs), processes))
+    except Exception as e:  # noqa: BLE001 -- no processes: compile here
+        log.info("fuse_attn: no processes forked for compiling (%s: %s)", type(e).__name__, e)
+        return False
+    try:
+        results = [pool.apply_async(compile_job, (job, knobs.cache.dir)) for job in jobs]
+        deadline = time.monotonic() + FORKED_BATCH_TIMEOUT_S
+        compiled = True
+        for job, result in zip(jobs, results):
+            try:
+                result.get(max(0.0, deadline - time.monotonic()))
+            except multiprocessing.TimeoutError:
+                log.info("fuse_attn: compiling in forked processes took over %.0f s; compiling here",
+                         FORKED_BATCH_TIMEOUT_S)
+                return False
+            except Exception as e:  # noqa: BLE001 -- compiled here instead, where an error is reported
+                compiled = False
+                log.info("fuse_attn: compiling %s in a forked process failed (%s)", job.kernel_name, _last_line(e))
+        return compiled
+    finally:
+        pool.terminate()
 
 
 class CompileOnlyDriver:

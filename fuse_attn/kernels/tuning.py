@@ -546,28 +546,34 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
 
 def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> str:
     """Compile every candidate before any is timed: compiling dominates a cold tuning (about 1-2 s per candidate,
-    against ~0.1 s to time one). First on Inductor's compile workers where they are ready
-    (:mod:`fuse_attn.kernels.compile_workers`), which leave the kernels in Triton's disk cache; then here on a thread
-    pool, where each kernel loads from that cache -- or, compiled nowhere else, compiles, the parts of its compile
-    outside the GIL (LLVM, ptxas) overlapping. The timing launches find them in Triton's in-memory cache. Returns
-    where they compiled, for the log."""
+    against ~0.1 s to time one). First on Inductor's compile workers where they are ready, else in processes forked
+    from this one (:mod:`fuse_attn.kernels.compile_workers`), which leave the kernels in Triton's disk cache; then
+    here on a thread pool, where each kernel loads from that cache -- or, compiled nowhere else, compiles, the parts
+    of its compile outside the GIL (LLVM, ptxas) overlapping. The timing launches find them in Triton's in-memory
+    cache. Returns where they compiled, for the log."""
     if len(candidates) < 2:
         return "(when timed)"
     workers = compile_workers.worker_pool()
-    where = "here (Inductor's compile workers not ready)"
-    if workers is not None:
+    forks = 0 if workers is not None else compile_workers.processes_to_fork()
+    where = None
+    if workers is not None or forks:
         jobs: list = []
         with compile_workers.collecting(jobs):
             _ask_to_compile(candidates, compile_only)
-        compiled = compile_workers.compile_in_workers(workers, jobs)
-        where = (f"on Inductor's compile workers ({len(jobs)} jobs)" if compiled
-                 else "here (a job failed on Inductor's compile workers)")
+        if workers is not None:
+            compiled = compile_workers.compile_in_workers(workers, jobs)
+            where = (f"on Inductor's compile workers ({len(jobs)} jobs)" if compiled
+                     else "here (a job failed on Inductor's compile workers)")
+        elif jobs:
+            compiled = compile_workers.compile_in_forked_processes(jobs, forks)
+            where = (f"in processes forked from this one ({len(jobs)} jobs; Inductor's compile workers not ready)"
+                     if compiled else "here (a job failed in a forked process)")
     if AsyncCompileMode is None:
-        return where if workers is not None else "(when timed)"
+        return where or "(when timed)"
     with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \
             AsyncCompileMode(pool, ignore_errors=True):
         _ask_to_compile(candidates, compile_only)
-    return where
+    return where or "here (Inductor's compile workers not ready)"
 
 
 def _ask_to_compile(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> None:

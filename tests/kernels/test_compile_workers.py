@@ -4,8 +4,9 @@ On the CPU, each in a fresh process, with Triton compiling for an sm90 target an
 compile-only one): a compile asked for while collecting becomes a job and compiles nothing; the job, pickled and run
 in a forked process (as Inductor's workers are), leaves the kernel in Triton's disk cache, from which the same
 compile here then loads (no new cache entry; another config makes one); the tuner compiles its candidates on the
-workers and then here, and without workers here only. On a GPU: the same through Inductor's real workers, then
-launched.
+workers and then here; without ready workers, in processes forked for the batch (stuck ones killed), and with one
+compile thread here only; the backward's candidates compile ahead into the binaries launched. On a GPU: the same
+through Inductor's real workers and through processes forked after CUDA started, then launched.
 """
 
 from __future__ import annotations
@@ -194,18 +195,55 @@ def test_the_tuner_compiles_candidates_on_the_workers_then_loads_them_here(tmp_p
     _in_a_fresh_process("tuner_uses_the_workers", tmp_path)
 
 
-def tuner_without_workers(cache_dir):
+def _tuner_compiles(cache_dir) -> str:
+    return tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
+                                                                          warmup=True))
+
+
+def tuner_forks_while_the_workers_are_not_ready(cache_dir):
     cache = _fresh_cache(cache_dir)
     compile_workers.worker_pool = lambda: None
-    where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
-                                                                            warmup=True))
+    assert _tuner_compiles(cache_dir) == ("in processes forked from this one (2 jobs; Inductor's compile workers "
+                                          "not ready)")
+    assert len(_compiled_entries(cache)) == 2  # (then loaded here by the thread pass, none compiled anew)
+
+
+def test_while_the_workers_are_not_ready_the_tuner_compiles_in_forked_processes(tmp_path):
+    _in_a_fresh_process("tuner_forks_while_the_workers_are_not_ready", tmp_path)
+
+
+def stuck_forked_processes_are_killed(cache_dir):
+    import time
+
+    cache = _fresh_cache(cache_dir)
+    compile_workers.worker_pool = lambda: None
+    compile_workers.FORKED_BATCH_TIMEOUT_S = 2.0
+    compile_workers.compile_job = lambda job, cache_dir: time.sleep(600)  # (inherited by the forked processes)
+    start = time.monotonic()
+    where = _tuner_compiles(cache_dir)
+    assert time.monotonic() - start < 60
     threads = tuning.AsyncCompileMode is not None
-    assert where == ("here (Inductor's compile workers not ready)" if threads else "(when timed)")
+    assert where == ("here (a job failed in a forked process)" if threads else "(when timed)")
     assert len(_compiled_entries(cache)) == (2 if threads else 0)
 
 
-def test_without_workers_the_tuner_compiles_here(tmp_path):
-    _in_a_fresh_process("tuner_without_workers", tmp_path)
+def test_stuck_forked_processes_are_killed_and_the_candidates_compile_here(tmp_path):
+    _in_a_fresh_process("stuck_forked_processes_are_killed", tmp_path)
+
+
+def tuner_with_one_compile_thread(cache_dir):
+    from torch._inductor import config
+
+    cache = _fresh_cache(cache_dir)
+    compile_workers.worker_pool = lambda: None
+    config.compile_threads = 1  # (TORCHINDUCTOR_COMPILE_THREADS=1: no processes)
+    threads = tuning.AsyncCompileMode is not None
+    assert _tuner_compiles(cache_dir) == ("here (Inductor's compile workers not ready)" if threads else "(when timed)")
+    assert len(_compiled_entries(cache)) == (2 if threads else 0)
+
+
+def test_with_one_compile_thread_the_tuner_compiles_here(tmp_path):
+    _in_a_fresh_process("tuner_with_one_compile_thread", tmp_path)
 
 
 def test_a_failed_job_is_reported_and_left_to_this_process(caplog):
@@ -249,6 +287,24 @@ def test_candidates_compile_on_inductors_workers_and_launch_here(tmp_path, monke
         launch.launch(copy_kernel, (1,), args, cfg)
         torch.testing.assert_close(args["Y"], args["X"].float(), rtol=0, atol=0)
     assert _compiled_entries(tmp_path) == compiled  # launched from the workers' compiles: none compiled here
+
+
+@needs_cuda
+def test_candidates_compile_in_processes_forked_after_cuda_started_and_launch_here(tmp_path, monkeypatch):
+    torch.zeros(1, device="cuda")  # (CUDA started in this process, as in any training process)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))
+    monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)  # (Inductor's workers not ready)
+    copy_kernel.device_caches.clear()
+    args = _args("cuda")
+    where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), args, cfg, warmup=True))
+    assert where == f"in processes forked from this one ({len(CONFIGS)} jobs; Inductor's compile workers not ready)"
+    compiled = _compiled_entries(tmp_path)
+    assert len(compiled) == len(CONFIGS)
+    for cfg in CONFIGS:
+        args["Y"].zero_()
+        launch.launch(copy_kernel, (1,), args, cfg)
+        torch.testing.assert_close(args["Y"], args["X"].float(), rtol=0, atol=0)
+    assert _compiled_entries(tmp_path) == compiled  # launched from the forked processes' compiles
 
 
 @needs_cuda

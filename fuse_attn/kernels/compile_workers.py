@@ -126,13 +126,21 @@ def compile_in_workers(pool, jobs: Sequence[CompileJob]) -> bool:
     except Exception as e:  # noqa: BLE001 -- a pool that cannot take jobs: compile here
         log.info("fuse_attn: Inductor's compile workers took no job (%s: %s); compiling here", type(e).__name__, e)
         return False
+    return _each_compiled(jobs, [future.result for future in futures], "a worker")
+
+
+def _each_compiled(jobs: Sequence[CompileJob], waits: Sequence, place: str) -> bool:
+    """Whether every job compiled: ``waits[i]()`` waits for job i and raises its error, which is logged (the kernel is
+    then compiled here, where an error is reported); ``multiprocessing.TimeoutError`` is left to the caller."""
     compiled = True
-    for job, future in zip(jobs, futures):
+    for job, wait in zip(jobs, waits):
         try:
-            future.result()
+            wait()
+        except multiprocessing.TimeoutError:
+            raise
         except Exception as e:  # noqa: BLE001 -- compiled here instead, where an error is reported
             compiled = False
-            log.info("fuse_attn: compiling %s in a worker failed (%s)", job.kernel_name, _last_line(e))
+            log.info("fuse_attn: compiling %s in %s failed (%s)", job.kernel_name, place, _last_line(e))
     return compiled
 
 
@@ -197,18 +205,12 @@ def compile_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> b
     try:
         results = [pool.apply_async(compile_job, (job, knobs.cache.dir)) for job in jobs]
         deadline = time.monotonic() + FORKED_BATCH_TIMEOUT_S
-        compiled = True
-        for job, result in zip(jobs, results):
-            try:
-                result.get(max(0.0, deadline - time.monotonic()))
-            except multiprocessing.TimeoutError:
-                log.info("fuse_attn: compiling in forked processes took over %.0f s; compiling here",
-                         FORKED_BATCH_TIMEOUT_S)
-                return False
-            except Exception as e:  # noqa: BLE001 -- compiled here instead, where an error is reported
-                compiled = False
-                log.info("fuse_attn: compiling %s in a forked process failed (%s)", job.kernel_name, _last_line(e))
-        return compiled
+        waits = [lambda result=result: result.get(max(0.0, deadline - time.monotonic())) for result in results]
+        try:
+            return _each_compiled(jobs, waits, "a forked process")
+        except multiprocessing.TimeoutError:
+            log.info("fuse_attn: compiling in forked processes took over %.0f s; compiling here", FORKED_BATCH_TIMEOUT_S)
+            return False
     finally:
         pool.terminate()
 

@@ -36,7 +36,7 @@ import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -347,11 +347,8 @@ def compile_together(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Cal
         return
     batch = [(i, cand) for i, (_, candidates, _) in enumerate(due) for cand in candidates]
     with _progress.tuning(due[0][0]):
-        start = time.perf_counter()
-        where = _compile_concurrently(batch, lambda item: compilers[item[0]](item[1]))
-        _progress.compiling += time.perf_counter() - start
-    log.info("compiled %d candidates for %s in %.2f s %s", len(batch), " and ".join(str(key) for key, _, _ in due),
-             time.perf_counter() - start, where)
+        _compiled_before_timing(batch, lambda item: compilers[item[0]](item[1]),
+                                " and ".join(str(key) for key, _, _ in due))
 
 
 def _will_time(key: TuningKey, candidates: Sequence[Candidate]) -> bool:
@@ -507,10 +504,7 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
     if compile_only is not None:
-        where = _compile_concurrently(candidates, compile_only)
-        _progress.compiling += time.perf_counter() - start
-        log.info("compiled %d candidates for %s in %.2f s %s", len(candidates), key, time.perf_counter() - start,
-                 where)
+        _compiled_before_timing(candidates, compile_only, key)
     timed, errors = [], []
 
     def first_pass(cands: Sequence[Candidate]) -> None:
@@ -542,6 +536,15 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     log.info("tuned %s: %s at %.4f ms (%d of %d candidates ran; tuning took %.2f s)", key, best[0], best[1],
              len(candidates) - len(errors), len(candidates), time.perf_counter() - start)
     return best
+
+
+def _compiled_before_timing(candidates: Sequence[Any], compile_only: Callable[[Any], None], what: Any) -> None:
+    """:func:`_compile_concurrently`, its seconds counted as the process's compiling and logged with where it ran;
+    ``what``: the tuning key(s) the candidates are of, for the log."""
+    start = time.perf_counter()
+    where = _compile_concurrently(candidates, compile_only)
+    _progress.compiling += time.perf_counter() - start
+    log.info("compiled %d candidates for %s in %.2f s %s", len(candidates), what, time.perf_counter() - start, where)
 
 
 def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> str:

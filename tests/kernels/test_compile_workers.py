@@ -170,6 +170,11 @@ def test_a_worker_whose_compiles_would_have_another_key_refuses_the_job(tmp_path
     _in_a_fresh_process("worker_under_another_key_compiles_nothing", tmp_path)
 
 
+def _tuner_compiles() -> str:
+    return tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
+                                                                          warmup=True))
+
+
 def tuner_uses_the_workers(cache_dir):
     cache = _fresh_cache(cache_dir)
     pool = _ForkingPool()
@@ -182,9 +187,7 @@ def tuner_uses_the_workers(cache_dir):
         return real_compile(src, target=target, options=options, **kw)
 
     triton.compiler.compile = compile_here  # (what a kernel's binder takes as its compile)
-    where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
-                                                                            warmup=True))
-    assert where == "on Inductor's compile workers (2 jobs)"
+    assert _tuner_compiles() == "on Inductor's compile workers (2 jobs)"
     assert [json.loads(job.specialization_data)["options"]["num_warps"] for job in pool.jobs] == [4, 8]
     if tuning.AsyncCompileMode is not None:  # then each compiled here: loaded from the workers' entries, none new
         assert sorted(compiled_here) == [4, 8]
@@ -195,15 +198,10 @@ def test_the_tuner_compiles_candidates_on_the_workers_then_loads_them_here(tmp_p
     _in_a_fresh_process("tuner_uses_the_workers", tmp_path)
 
 
-def _tuner_compiles(cache_dir) -> str:
-    return tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), _args(), cfg,
-                                                                          warmup=True))
-
-
 def tuner_forks_while_the_workers_are_not_ready(cache_dir):
     cache = _fresh_cache(cache_dir)
     compile_workers.worker_pool = lambda: None
-    assert _tuner_compiles(cache_dir) == ("in processes forked from this one (2 jobs; Inductor's compile workers "
+    assert _tuner_compiles() == ("in processes forked from this one (2 jobs; Inductor's compile workers "
                                           "not ready)")
     assert len(_compiled_entries(cache)) == 2  # (then loaded here by the thread pass, none compiled anew)
 
@@ -220,7 +218,7 @@ def stuck_forked_processes_are_killed(cache_dir):
     compile_workers.FORKED_BATCH_TIMEOUT_S = 2.0
     compile_workers.compile_job = lambda job, cache_dir: time.sleep(600)  # (inherited by the forked processes)
     start = time.monotonic()
-    where = _tuner_compiles(cache_dir)
+    where = _tuner_compiles()
     assert time.monotonic() - start < 60
     threads = tuning.AsyncCompileMode is not None
     assert where == ("here (a job failed in a forked process)" if threads else "(when timed)")
@@ -238,7 +236,7 @@ def tuner_with_one_compile_thread(cache_dir):
     compile_workers.worker_pool = lambda: None
     config.compile_threads = 1  # (TORCHINDUCTOR_COMPILE_THREADS=1: no processes)
     threads = tuning.AsyncCompileMode is not None
-    assert _tuner_compiles(cache_dir) == ("here (Inductor's compile workers not ready)" if threads else "(when timed)")
+    assert _tuner_compiles() == ("here (Inductor's compile workers not ready)" if threads else "(when timed)")
     assert len(_compiled_entries(cache)) == (2 if threads else 0)
 
 
@@ -280,13 +278,18 @@ def test_candidates_compile_on_inductors_workers_and_launch_here(tmp_path, monke
         for cfg in CONFIGS:
             launch.launch(copy_kernel, (1,), args, cfg, warmup=True)
     assert len(jobs) == len(CONFIGS) and compile_workers.compile_in_workers(compile_workers.worker_pool(), jobs)
-    compiled = _compiled_entries(tmp_path)
+    _each_config_launches_from_the_cache(tmp_path, args)
+
+
+def _each_config_launches_from_the_cache(cache_dir, args) -> None:
+    """Every one of CONFIGS compiled once into ``cache_dir`` elsewhere; launched here, each copies, compiling nothing."""
+    compiled = _compiled_entries(cache_dir)
     assert len(compiled) == len(CONFIGS)
     for cfg in CONFIGS:
         args["Y"].zero_()
         launch.launch(copy_kernel, (1,), args, cfg)
         torch.testing.assert_close(args["Y"], args["X"].float(), rtol=0, atol=0)
-    assert _compiled_entries(tmp_path) == compiled  # launched from the workers' compiles: none compiled here
+    assert _compiled_entries(cache_dir) == compiled
 
 
 @needs_cuda
@@ -298,13 +301,7 @@ def test_candidates_compile_in_processes_forked_after_cuda_started_and_launch_he
     args = _args("cuda")
     where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), args, cfg, warmup=True))
     assert where == f"in processes forked from this one ({len(CONFIGS)} jobs; Inductor's compile workers not ready)"
-    compiled = _compiled_entries(tmp_path)
-    assert len(compiled) == len(CONFIGS)
-    for cfg in CONFIGS:
-        args["Y"].zero_()
-        launch.launch(copy_kernel, (1,), args, cfg)
-        torch.testing.assert_close(args["Y"], args["X"].float(), rtol=0, atol=0)
-    assert _compiled_entries(tmp_path) == compiled  # launched from the forked processes' compiles
+    _each_config_launches_from_the_cache(tmp_path, args)
 
 
 @needs_cuda

@@ -20,7 +20,7 @@ optimization: a job that fails, or a kernel that does not load from the cache, i
 
 Inductor's workers take about 8 s to start on an H200 host, from the backend's first call, and the forward's tuning
 comes before that (BERT's 10 forward candidates then compiled here in 8 s). Until they are ready, a batch of jobs runs
-in processes forked from this one for it (:func:`compile_in_forked_processes`): a fork inherits every loaded module,
+in processes forked from this one for it (:func:`start_in_forked_processes`): a fork inherits every loaded module,
 and two forked from a process with torch, Triton and this package loaded answered a first job 45-50 ms later on a
 2-core CPU host.
 """
@@ -35,6 +35,7 @@ import importlib.util
 import logging
 import multiprocessing
 import sys
+import threading
 import time
 import warnings
 from typing import Any, Optional, Sequence
@@ -117,16 +118,57 @@ def _backend_hash(target) -> str:
     return make_backend(target).hash()
 
 
-def compile_in_workers(pool, jobs: Sequence[CompileJob]) -> bool:
-    """Run ``jobs`` on ``pool`` (:func:`worker_pool`'s) and wait for them; whether every one compiled."""
+class Batch:
+    """Jobs compiling elsewhere -- on Inductor's workers or in processes forked for them -- that the submitter waits
+    for a part at a time (:meth:`wait`): the tuner submits the candidates of several kernels at once and waits for each
+    kernel's when it is about to time them. ``stop`` (the forked processes' end) runs once every job was waited for,
+    or when a wait runs out of time (:data:`FORKED_BATCH_TIMEOUT_S`)."""
+
+    def __init__(self, jobs: Sequence[CompileJob], waits: Sequence, place: str, where: str, stop=None):
+        """``place``: where one job runs ("in a worker"), ``where``: where the batch runs, for the logs."""
+        self.jobs, self.place, self.where = list(jobs), place, where
+        self._waits, self._stop = list(waits), stop
+        self._waited: set[int] = set()
+        self._lock = threading.Lock()
+
+    def wait(self, indices: Optional[Sequence[int]] = None) -> bool:
+        """Whether the jobs ``indices`` (default: all) compiled, once they are done."""
+        indices = range(len(self.jobs)) if indices is None else indices
+        with self._lock:
+            try:
+                compiled = _each_compiled([self.jobs[i] for i in indices], [self._waits[i] for i in indices],
+                                          self.place)
+            except multiprocessing.TimeoutError:
+                log.info("fuse_attn: compiling %s took over %.0f s; compiling here", self.where, FORKED_BATCH_TIMEOUT_S)
+                self._stopped()
+                return False
+            self._waited.update(indices)
+            if len(self._waited) == len(self.jobs):
+                self._stopped()
+            return compiled
+
+    def stop(self) -> None:
+        """End the processes compiling, whatever they are doing (the jobs not yet waited for then fail)."""
+        with self._lock:
+            self._stopped()
+
+    def _stopped(self) -> None:
+        stop, self._stop = self._stop, None
+        if stop is not None:
+            stop()
+
+
+def start_in_workers(pool, jobs: Sequence[CompileJob]) -> Optional[Batch]:
+    """``jobs`` submitted to ``pool`` (:func:`worker_pool`'s); None where the pool takes none."""
     try:
         from triton import knobs
 
         futures = [pool.submit(compile_job, job, knobs.cache.dir) for job in jobs]
     except Exception as e:  # noqa: BLE001 -- a pool that cannot take jobs: compile here
         log.info("fuse_attn: Inductor's compile workers took no job (%s: %s); compiling here", type(e).__name__, e)
-        return False
-    return _each_compiled(jobs, [future.result for future in futures], "a worker")
+        return None
+    return Batch(jobs, [future.result for future in futures], "in a worker",
+                 f"on Inductor's compile workers ({len(jobs)} jobs)")
 
 
 def _each_compiled(jobs: Sequence[CompileJob], waits: Sequence, place: str) -> bool:
@@ -140,7 +182,7 @@ def _each_compiled(jobs: Sequence[CompileJob], waits: Sequence, place: str) -> b
             raise
         except Exception as e:  # noqa: BLE001 -- compiled here instead, where an error is reported
             compiled = False
-            log.info("fuse_attn: compiling %s in %s failed (%s)", job.kernel_name, place, _last_line(e))
+            log.info("fuse_attn: compiling %s %s failed (%s)", job.kernel_name, place, _last_line(e))
     return compiled
 
 
@@ -186,13 +228,15 @@ def processes_to_fork() -> int:
     return threads
 
 
-def compile_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> bool:
-    """Run ``jobs`` in ``processes`` forked from this one (at most one a job), for the time Inductor's workers are not
-    ready. The processes never touch CUDA -- :func:`compile_job` compiles with the compile-only driver -- as
-    DataLoader workers forked after CUDA is initialized do not. Whether every job compiled within
-    :data:`FORKED_BATCH_TIMEOUT_S`; the processes are gone when it returns."""
+def start_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> Optional[Batch]:
+    """``jobs`` running in ``processes`` forked from this one (at most one a job), for the time Inductor's workers are
+    not ready; None where no process could be forked. The processes never touch CUDA -- :func:`compile_job` compiles
+    with the compile-only driver -- as DataLoader workers forked after CUDA is initialized do not. A job not done
+    :data:`FORKED_BATCH_TIMEOUT_S` after the submission fails, and the processes are ended then at the latest (a timer
+    ends them where nobody waits for the last jobs)."""
     from triton import knobs
 
+    start = time.perf_counter()
     try:
         with warnings.catch_warnings():
             # (Python 3.12 warns of any fork of a process with threads: the children here run one job each and
@@ -201,18 +245,23 @@ def compile_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> b
             pool = multiprocessing.get_context("fork").Pool(min(len(jobs), processes))
     except Exception as e:  # noqa: BLE001 -- no processes: compile here
         log.info("fuse_attn: no processes forked for compiling (%s: %s)", type(e).__name__, e)
-        return False
-    try:
-        results = [pool.apply_async(compile_job, (job, knobs.cache.dir)) for job in jobs]
-        deadline = time.monotonic() + FORKED_BATCH_TIMEOUT_S
-        waits = [lambda result=result: result.get(max(0.0, deadline - time.monotonic())) for result in results]
-        try:
-            return _each_compiled(jobs, waits, "a forked process")
-        except multiprocessing.TimeoutError:
-            log.info("fuse_attn: compiling in forked processes took over %.0f s; compiling here", FORKED_BATCH_TIMEOUT_S)
-            return False
-    finally:
+        return None
+    log.info("fuse_attn: forked %d processes for compiling in %.2f s", min(len(jobs), processes),
+             time.perf_counter() - start)
+    results = [pool.apply_async(compile_job, (job, knobs.cache.dir)) for job in jobs]
+    deadline = time.monotonic() + FORKED_BATCH_TIMEOUT_S
+    waits = [lambda result=result: result.get(max(0.0, deadline - time.monotonic())) for result in results]
+    timer = threading.Timer(FORKED_BATCH_TIMEOUT_S, lambda: batch.stop())
+    timer.daemon = True
+
+    def stop():
+        timer.cancel()
         pool.terminate()
+
+    batch = Batch(jobs, waits, "in a forked process",
+                  f"in processes forked from this one ({len(jobs)} jobs; Inductor's compile workers not ready)", stop)
+    timer.start()
+    return batch
 
 
 class CompileOnlyDriver:

@@ -244,6 +244,7 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
     reasons.update({n: [why] for n, why in _SET_ASIDE.items()})
     candidates = [n for n in allowed if not reasons[n]]
     if candidates == [TRITON]:
+        ops.compile_candidates_ahead(q, k, v, score_tensors, spec, score_grads, training)
         log.debug("fuse_attn: %s runs %s: %s", plan.describe(spec), ops.execution_path(q.device),
                   "; ".join(f"{n}: {'; '.join(r)}" for n, r in reasons.items() if r)
                   or f"{settings.CANDIDATES} allows only triton")

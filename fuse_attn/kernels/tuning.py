@@ -336,19 +336,77 @@ def compile_together(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Cal
     """Compile in one batch the candidates of those of ``kernels`` -- (key, candidates, ``bind()`` returning the
     kernel's ``compile_only``) -- that :func:`tune` will time: kernels tuned one after the other (the backward's dQ,
     then dK/dV timed on dQ's outputs) then share Inductor's compile workers instead of each waiting for its own
-    batch, and :func:`tune` finds every candidate compiled. ``bind`` is called only for those."""
-    due = [(key, candidates, bind) for key, candidates, bind in kernels if _will_time(key, candidates)]
+    batch, and :func:`tune` finds every candidate compiled. ``bind`` is called only for those. Kernels whose
+    candidates :func:`compile_ahead` submitted are left to that batch."""
+    due = [(key, candidates, bind) for key, candidates, bind in kernels
+           if _will_time(key, candidates) and key not in _ahead]
     if len(due) < 2:
         return  # (one kernel's tuning compiles its own batch)
-    try:
-        compilers = [bind() for _, _, bind in due]
-    except Exception as e:  # noqa: BLE001 -- an optimization: each tuning then compiles its own, and reports the error
-        log.info("compiling %d kernels' candidates together failed (%s: %s)", len(due), type(e).__name__, e)
+    compilers = _compilers(due)
+    if compilers is None:
         return
     batch = [(i, cand) for i, (_, candidates, _) in enumerate(due) for cand in candidates]
     with _progress.tuning(due[0][0]):
-        _compiled_before_timing(batch, lambda item: compilers[item[0]](item[1]),
-                                " and ".join(str(key) for key, _, _ in due))
+        _compiled_before_timing(batch, lambda item: compilers[item[0]](item[1]), [key for key, _, _ in due])
+
+
+# {tuning key: (the batch compiling its candidates, its jobs' indices in the batch)}, from compile_ahead
+_ahead: dict[TuningKey, tuple[compile_workers.Batch, list[int]]] = {}
+
+
+def compile_ahead(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Callable[[], Callable[[Candidate], None]]]]
+                  ) -> None:
+    """Start compiling the candidates of those of ``kernels`` (as :func:`compile_together` takes them) that :func:`tune`
+    will time, in one batch on Inductor's compile workers or in processes forked for it, and return without waiting:
+    each kernel's tuning then waits only for its own candidates, and the later ones' compile meanwhile (the
+    backward's while the forward is timed and AOTAutograd traces the joint graph). Nothing is started where neither
+    workers nor forked processes can compile: each tuning then compiles its own batch, as without it."""
+    due = [(key, candidates, bind) for key, candidates, bind in kernels
+           if _will_time(key, candidates) and key not in _ahead]
+    if not due or (compile_workers.worker_pool() is None and not compile_workers.processes_to_fork()):
+        return  # (bind() builds inputs: not for nothing)
+    compilers = _compilers(due)
+    submitted = None if compilers is None else _submitted(
+        [(candidates, compile_only) for (_, candidates, _), compile_only in zip(due, compilers)])
+    if submitted is None or not submitted[0].jobs:
+        return
+    batch, owned = submitted
+    for (key, _, _), indices in zip(due, owned):
+        _ahead[key] = (batch, indices)
+    log.info("compiling %d candidates for %s ahead of their tunings %s", len(batch.jobs),
+             " and ".join(str(key) for key, _, _ in due), batch.where)
+
+
+def _submitted(groups: Sequence[tuple[Sequence[Candidate], Callable[[Candidate], None]]]
+               ) -> Optional[tuple[compile_workers.Batch, list[list[int]]]]:
+    """One batch compiling the candidates of every group (candidates, their ``compile_only``) elsewhere -- on
+    Inductor's compile workers where they are ready, else in processes forked from this one -- and each group's job
+    indices in it; None where nothing could be submitted (no workers, no processes)."""
+    workers = compile_workers.worker_pool()
+    forks = 0 if workers is not None else compile_workers.processes_to_fork()
+    if workers is None and not forks:
+        return None
+    jobs: list = []
+    owned = []
+    with compile_workers.collecting(jobs):
+        for candidates, compile_only in groups:
+            first = len(jobs)
+            _ask_to_compile(candidates, compile_only)
+            owned.append(list(range(first, len(jobs))))
+    if not jobs:  # (every one compiled before)
+        return compile_workers.Batch([], [], "", "(every one compiled before)"), owned
+    batch = (compile_workers.start_in_workers(workers, jobs) if workers is not None
+             else compile_workers.start_in_forked_processes(jobs, forks))
+    return None if batch is None else (batch, owned)
+
+
+def _compilers(due) -> Optional[list[Callable[[Candidate], None]]]:
+    """Each of ``due``'s kernels' ``compile_only`` (its ``bind()``); None where one fails to bind."""
+    try:
+        return [bind() for _, _, bind in due]
+    except Exception as e:  # noqa: BLE001 -- an optimization: each tuning then compiles its own, and reports the error
+        log.info("compiling %d kernels' candidates together failed (%s: %s)", len(due), type(e).__name__, e)
+        return None
 
 
 def _will_time(key: TuningKey, candidates: Sequence[Candidate]) -> bool:
@@ -504,7 +562,7 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     log.info("tuning %s: timing %d candidate configs", key, len(candidates))
     start = time.perf_counter()
     if compile_only is not None:
-        _compiled_before_timing(candidates, compile_only, key)
+        _compiled_before_timing(candidates, compile_only, [key])
     timed, errors = [], []
 
     def first_pass(cands: Sequence[Candidate]) -> None:
@@ -538,39 +596,36 @@ def _timed_fastest(key: TuningKey, candidates: Sequence[Candidate], launch: Call
     return best
 
 
-def _compiled_before_timing(candidates: Sequence[Any], compile_only: Callable[[Any], None], what: Any) -> None:
+def _compiled_before_timing(candidates: Sequence[Any], compile_only: Callable[[Any], None],
+                            keys: Sequence[TuningKey]) -> None:
     """:func:`_compile_concurrently`, its seconds counted as the process's compiling and logged with where it ran;
-    ``what``: the tuning key(s) the candidates are of, for the log."""
+    ``keys``: the tunings the candidates are of."""
     start = time.perf_counter()
-    where = _compile_concurrently(candidates, compile_only)
+    where = _compile_concurrently(candidates, compile_only, keys)
     _progress.compiling += time.perf_counter() - start
-    log.info("compiled %d candidates for %s in %.2f s %s", len(candidates), what, time.perf_counter() - start, where)
+    log.info("compiled %d candidates for %s in %.2f s %s", len(candidates), " and ".join(str(key) for key in keys),
+             time.perf_counter() - start, where)
 
 
-def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> str:
+def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None],
+                          keys: Sequence[TuningKey] = ()) -> str:
     """Compile every candidate before any is timed: compiling dominates a cold tuning (about 1-2 s per candidate,
-    against ~0.1 s to time one). First on Inductor's compile workers where they are ready, else in processes forked
-    from this one (:mod:`fuse_attn.kernels.compile_workers`), which leave the kernels in Triton's disk cache; then
-    here on a thread pool, where each kernel loads from that cache -- or, compiled nowhere else, compiles, the parts
-    of its compile outside the GIL (LLVM, ptxas) overlapping. The timing launches find them in Triton's in-memory
-    cache. Returns where they compiled, for the log."""
+    against ~0.1 s to time one). Candidates of ``keys`` that :func:`compile_ahead` submitted are waited for;
+    others go to Inductor's compile workers where they are ready, else to processes forked from this one
+    (:mod:`fuse_attn.kernels.compile_workers`), which leave the kernels in Triton's disk cache; then here on a thread
+    pool, where each kernel loads from that cache -- or, compiled nowhere else, compiles, the parts of its compile
+    outside the GIL (LLVM, ptxas) overlapping. The timing launches find them in Triton's in-memory cache. Returns
+    where they compiled, for the log."""
     if len(candidates) < 2:
         return "(when timed)"
-    workers = compile_workers.worker_pool()
-    forks = 0 if workers is not None else compile_workers.processes_to_fork()
-    where = None
-    if workers is not None or forks:
-        jobs: list = []
-        with compile_workers.collecting(jobs):
-            _ask_to_compile(candidates, compile_only)
-        if workers is not None:
-            compiled = compile_workers.compile_in_workers(workers, jobs)
-            where = (f"on Inductor's compile workers ({len(jobs)} jobs)" if compiled
-                     else "here (a job failed on Inductor's compile workers)")
-        elif jobs:
-            compiled = compile_workers.compile_in_forked_processes(jobs, forks)
-            where = (f"in processes forked from this one ({len(jobs)} jobs; Inductor's compile workers not ready)"
-                     if compiled else "here (a job failed in a forked process)")
+    batches = [_ahead.pop(key) for key in keys if key in _ahead]
+    where = "ahead, " + batches[0][0].where if batches else None
+    if not batches:
+        submitted = _submitted([(candidates, compile_only)])
+        batches = [(submitted[0], submitted[1][0])] if submitted is not None else []
+        where = batches[0][0].where if batches else None
+    if not all([batch.wait(indices) for batch, indices in batches]):  # (every batch waited for)
+        where = f"here (a job failed {batches[0][0].place})"
     if AsyncCompileMode is None:
         return where or "(when timed)"
     with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \

@@ -16,6 +16,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import time
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import torch
 import triton
 
 from fuse_attn.kernels import compile_workers, tuning
+from fuse_attn.kernels.compile_workers import compile_job
 from fuse_attn.kernels.generated import launch
 from fuse_attn.kernels.tuning import KernelConfig
 from tests.support import compile_job_kernel
@@ -210,13 +212,22 @@ def test_while_the_workers_are_not_ready_the_tuner_compiles_in_forked_processes(
     _in_a_fresh_process("tuner_forks_while_the_workers_are_not_ready", tmp_path)
 
 
-def stuck_forked_processes_are_killed(cache_dir):
-    import time
+# (forked processes' jobs: module-level, as a job's function is pickled by name)
+def stuck_compile_job(job, cache_dir):
+    time.sleep(600)
 
+
+def stuck_with_one_warp(job, cache_dir):
+    if json.loads(job.specialization_data)["options"]["num_warps"] == 1:
+        time.sleep(600)
+    compile_job(job, cache_dir)
+
+
+def stuck_forked_processes_are_killed(cache_dir):
     cache = _fresh_cache(cache_dir)
     compile_workers.worker_pool = lambda: None
     compile_workers.FORKED_BATCH_TIMEOUT_S = 2.0
-    compile_workers.compile_job = lambda job, cache_dir: time.sleep(600)  # (inherited by the forked processes)
+    compile_workers.compile_job = stuck_compile_job
     start = time.monotonic()
     where = _tuner_compiles()
     assert time.monotonic() - start < 60
@@ -227,6 +238,47 @@ def stuck_forked_processes_are_killed(cache_dir):
 
 def test_stuck_forked_processes_are_killed_and_the_candidates_compile_here(tmp_path):
     _in_a_fresh_process("stuck_forked_processes_are_killed", tmp_path)
+
+
+def candidates_compiled_ahead(cache_dir):
+    from tests.support.tuning import key
+
+    cache = _fresh_cache(cache_dir)
+    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuning keys' device)
+    os.environ["FUSE_ATTN_CACHE"] = "0"  # (no choice stored by another run)
+    compile_workers.worker_pool = lambda: None
+    compile_workers.FORKED_BATCH_TIMEOUT_S = 20.0
+    compile_workers.compile_job = stuck_with_one_warp
+    batches = []
+    start = compile_workers.start_in_forked_processes
+    compile_workers.start_in_forked_processes = lambda jobs, n: batches.append(start(jobs, n)) or batches[-1]
+
+    def compile_only(cfg):
+        launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True)
+
+    slow = [KernelConfig(64, 64, 1, 2), KernelConfig(64, 64, 1, 3)]
+    first, second, third = key("first"), key("second"), key("third")
+    tuning.compile_ahead([(first, CONFIGS, lambda: compile_only), (second, slow, lambda: compile_only),
+                          (third, CONFIGS[:1], lambda: compile_only)])  # (one candidate: not timed, not compiled)
+    [batch] = batches
+    assert len(batch.jobs) == 4 and set(tuning._ahead) == {first, second}
+    started = time.monotonic()
+    where = tuning._compile_concurrently(CONFIGS, compile_only, [first])
+    assert where == (
+        "ahead, in processes forked from this one (4 jobs; Inductor's compile workers not ready)")
+    assert time.monotonic() - started < 15  # its own jobs only, not the second kernel's stuck ones
+    assert len(_compiled_entries(cache)) == 2 and set(tuning._ahead) == {second}
+    # the second kernel's jobs are stuck: its wait ends at the batch's deadline, the processes are ended and its
+    # candidates compile here
+    threads = tuning.AsyncCompileMode is not None
+    where = tuning._compile_concurrently(slow, compile_only, [second])
+    assert where == ("here (a job failed in a forked process)" if threads else "(when timed)")
+    assert time.monotonic() - started < 40 and batch._stop is None and not tuning._ahead
+    assert len(_compiled_entries(cache)) == (4 if threads else 2)
+
+
+def test_candidates_compiled_ahead_are_waited_for_by_their_own_tuning_only(tmp_path):
+    _in_a_fresh_process("candidates_compiled_ahead", tmp_path)
 
 
 def tuner_with_one_compile_thread(cache_dir):
@@ -254,7 +306,7 @@ def test_a_failed_job_is_reported_and_left_to_this_process(caplog):
     job = compile_workers.CompileJob(compile_job_kernel.__name__, compile_job_kernel.__file__, "copy_kernel", "{}",
                                      None, None, "")
     with caplog.at_level("INFO", logger="fuse_attn.kernels.tuning"):
-        assert not compile_workers.compile_in_workers(FailingPool(), [job])
+        assert not compile_workers.start_in_workers(FailingPool(), [job]).wait()
     assert "compiling copy_kernel in a worker failed (RuntimeError: RuntimeError: no ptxas)" in caplog.text
 
 
@@ -277,7 +329,7 @@ def test_candidates_compile_on_inductors_workers_and_launch_here(tmp_path, monke
     with compile_workers.collecting(jobs):
         for cfg in CONFIGS:
             launch.launch(copy_kernel, (1,), args, cfg, warmup=True)
-    assert len(jobs) == len(CONFIGS) and compile_workers.compile_in_workers(compile_workers.worker_pool(), jobs)
+    assert len(jobs) == len(CONFIGS) and compile_workers.start_in_workers(compile_workers.worker_pool(), jobs).wait()
     _each_config_launches_from_the_cache(tmp_path, args)
 
 
@@ -325,8 +377,8 @@ def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, mon
 
     batches, real = [], tuning._compile_concurrently
 
-    def counted(candidates, compile_only):
-        where = real(candidates, compile_only)
+    def counted(candidates, compile_only, keys=()):
+        where = real(candidates, compile_only, keys)
         batches.append((len(candidates), binaries()))
         return where
 
@@ -384,7 +436,84 @@ def backwards_candidates_compile_ahead_into_the_binaries_launched(_):
     assert binaries(mod._attn_bwd_dkdv) == len(dkdv_configs)
 
 
+def attention_candidates_compile_ahead(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    from fuse_attn.kernels.generated import codegen
+    from tests.support.cases import make_case
+
+    os.environ["FUSE_ATTN_CACHE"] = "0"  # (no choice stored by another run)
+    fwd_configs, dq_configs, dkdv_configs = CONFIGS, [KernelConfig(64, 32, 4, 2), KernelConfig(128, 32, 8, 3)], CONFIGS
+    tuning.forward_candidates = lambda *_: fwd_configs
+    tuning.dq_candidates = lambda *_: dq_configs
+    tuning.dkdv_candidates = lambda *_: dkdv_configs
+    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuner's device queries)
+    tuning.max_shared_memory = lambda device: 232448
+    compile_workers.worker_pool = lambda: None
+    launch._tuned_on = lambda q: True
+    q, k, v, tensors, spec = make_case(Z=2, H=4, M=256, N=256, D=64, dtype=torch.bfloat16)
+    launch.compile_candidates_ahead(q, k, v, [], spec, [], training=True)
+    assert sorted(key.kind for key in tuning._ahead) == ["bwd_dkdv", "bwd_dq", "fwd"]
+    [batch] = {batch for batch, _ in tuning._ahead.values()}
+    assert len(batch.jobs) == 6 and batch.wait()
+    compiled_ahead = _entries(cache)
+    # what the tunings then launch loads from those entries: the forward's candidates, dQ's, and dK/dV's after any dQ
+    mod = codegen.load_module(spec)
+    common = launch.common_kernel_args(q, k, v, spec)
+    run = launch._forward_binder(mod, q, k, v, [], spec, None, None)()
+    for cfg in fwd_configs:
+        run(cfg, True)
+    out, lse = launch.empty_outputs(q, v)
+    bufs = launch._BackwardBuffers(q, k, v, lse, [], spec, [], False)
+    for dq_cfg in dq_configs:
+        for kind, configs in (("bwd_dq", dq_configs), ("bwd_dkdv", dkdv_configs)):
+            for cfg in configs:
+                launch._launch_backward(mod, {"bwd_dq": dq_cfg, kind: cfg}, common, torch.randn_like(q), q, k, v, [],
+                                        out, lse, spec, None, bufs, False, only=kind, warmup=True)
+    assert _entries(cache) == compiled_ahead and len(compiled_ahead) == 6
+
+
+def _entries(cache_dir) -> set:
+    return {path.parent.name for path in Path(cache_dir).rglob("*.cubin")}
+
+
+def test_an_attentions_candidates_compile_ahead_into_the_binaries_its_tunings_launch(tmp_path):
+    # the forward's and the backward's candidates, submitted in one batch before either tuning: what the tunings
+    # then launch loads from what that batch compiled (sm90 compiles, no GPU)
+    _in_a_fresh_process("attention_candidates_compile_ahead", tmp_path)
+
+
 def test_backwards_candidates_compile_ahead_into_the_binaries_launched():
     # dQ's and dK/dV's candidates compile in one batch before dQ is chosen, with a stand-in for dQ's config: the
     # dK/dV binaries are those launched after any dQ config (sm90 compiles, no GPU)
     in_a_fresh_process(__name__, "backwards_candidates_compile_ahead_into_the_binaries_launched", "")
+
+
+@needs_cuda
+def test_an_attentions_candidates_compile_ahead_and_its_tunings_compile_nothing_more(tmp_path, monkeypatch, caplog):
+    # Candidates submitted ahead (forward and backward, in processes forked after CUDA started): each tuning waits for
+    # its own, and every binary the tunings launch is one the batch compiled.
+    from fuse_attn.kernels import ops
+    from fuse_attn.kernels.generated import codegen
+    from tests.support.cases import make_case
+
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "tuning"))
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_ahead", {})
+    monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
+    q, k, v, tensors, spec = make_case(Z=2, H=4, M=384, N=384, D=64, dtype=torch.bfloat16)
+    q, k, v = (t.cuda() for t in (q, k, v))
+    mod = codegen.load_module(spec)
+    for kernel in (mod._attn_fwd, mod._attn_bwd_dq, mod._attn_bwd_dkdv):
+        kernel.device_caches.clear()  # (compiled by other tests: this one counts compiles)
+    ops.compile_candidates_ahead(q, k, v, [], spec, [], training=True)
+    assert sorted(key.kind for key in tuning._ahead) == ["bwd_dkdv", "bwd_dq", "fwd"]
+    [batch] = {batch for batch, _ in tuning._ahead.values()}
+    with caplog.at_level("INFO", logger="fuse_attn.kernels.tuning"):
+        out, lse = launch.triton_forward(q, k, v, [], spec)
+        dq, dk, dv, _ = launch.triton_backward(torch.randn_like(out), q, k, v, [], out, lse, spec, [])
+    assert not tuning._ahead and batch._stop is None  # every job waited for, the processes ended
+    compiled = [line for line in caplog.text.splitlines() if "compiled" in line and "candidates for" in line]
+    assert len(compiled) == 3 and all(", in processes forked from this one" in line for line in compiled), compiled
+    assert sum(1 for _ in (tmp_path / "triton").rglob("*.cubin")) == len(batch.jobs)
+    assert all(torch.isfinite(g).all() for g in (dq, dk, dv))

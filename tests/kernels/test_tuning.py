@@ -348,7 +348,7 @@ def test_every_candidate_is_compiled_before_any_is_timed_and_a_failed_compile_is
 def test_kernels_tuned_one_after_the_other_compile_in_one_batch(machine, monkeypatch):
     batches, bound = [], []
 
-    def compile_all(candidates, compile_only):
+    def compile_all(candidates, compile_only, keys=()):
         batches.append(list(candidates))
         for cand in candidates:
             compile_only(cand)

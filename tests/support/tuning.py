@@ -44,3 +44,4 @@ def key(digest="spec0", m=1000, n=1000):
 def new_process(monkeypatch):
     """Forget what this process chose (the disk cache stays)."""
     monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(tuning, "_ahead", {})

@@ -735,6 +735,13 @@ def empty_outputs(q: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
 
 def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, lengths=None) -> tuning.KernelConfig:
     """``lengths``: see :meth:`_LengthBuckets.run`."""
+    return choose_kernel_config("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common),
+                                _forward_binder(mod, q, k, v, score_tensors, spec, dropout_seed, lengths),
+                                **_tuning_lengths(common, lengths))
+
+
+def _forward_binder(mod, q, k, v, score_tensors, spec, dropout_seed, lengths):
+    """The forward's ``bind`` (:func:`choose_kernel_config`)."""
     def bind():
         rq, rk, rv, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
         _causal_tuning_mask(spec, rs)
@@ -744,8 +751,7 @@ def _forward_config(mod, common, q, k, v, score_tensors, spec, dropout_seed, len
         return lambda cfg, warmup: _launch_forward(mod, cfg, real, rq, rk, rv, rs, seed, out, lse, key_range,
                                                    mask_blocks, warmup)
 
-    return choose_kernel_config("fwd", q, mod.KERNEL_ID, common, _candidates(tuning.forward_candidates, q, common),
-                                bind, **_tuning_lengths(common, lengths))
+    return bind
 
 
 def triton_forward(q, k, v, score_tensors, spec: AttentionSpec, dropout_seed=None) -> tuple[Tensor, Tensor]:
@@ -887,43 +893,92 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
 
     def random_inputs():
         # real forward outputs of random inputs: P, delta and the row statistics then look like a model's
-        rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
-        _causal_tuning_mask(spec, rs)
-        out, lse = triton_forward(rq, rk, rv, rs, spec, seed)
-        bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
-        return (common_kernel_args(rq, rk, rv, spec), rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta)
+        return _backward_inputs(q, k, v, dout, score_tensors, spec, needs_grad, dropout_seed, exact_delta, lengths,
+                                run_forward=lambda rq, rk, rv, rs, seed: triton_forward(rq, rk, rv, rs, spec, seed))
 
-    def bind(kind, inputs=random_inputs, dq_stand_in=None):
-        """``run(cfg, warmup)`` of the ``kind`` kernel's candidates; for dK/dV, after launching the tuned dQ kernel
-        -- or, with ``dq_stand_in`` (a dQ config), for compiling only, with no dQ launch."""
+    def bind(kind):
         def bound():
-            args = inputs()
-            configs = tuned if dq_stand_in is None else {"bwd_dq": dq_stand_in}
-            if kind == "bwd_dkdv" and dq_stand_in is None:  # delta, the lse flags (and row statistics) from dQ, once
+            args = random_inputs()
+            if kind == "bwd_dkdv":  # delta, the lse flags (and row statistics) from dQ, once
                 _launch_backward(mod, tuned, *args, only="bwd_dq")
-            return lambda cfg, warmup: _launch_backward(mod, {**configs, kind: cfg}, *args, only=kind, warmup=warmup)
+            return lambda cfg, warmup: _launch_backward(mod, {**tuned, kind: cfg}, *args, only=kind, warmup=warmup)
         return bound
 
     at_lengths = _tuning_lengths(common, lengths)
-    dq_candidates = _candidates(tuning.dq_candidates, q, common)
-    dkdv_candidates = _candidates(tuning.dkdv_candidates, q, common)
-    def compile_both():
-        # both kernels' candidates compiled in one batch, on one set of inputs (freed on return): the dK/dV binary
-        # does not depend on dQ's config
-        dq_list, shared = dq_candidates(), functools.cache(random_inputs)
-        with RealInputs():
-            tuning.compile_together([
-                (_kernel_tuning_key("bwd_dq", q, kernel_id, common, **at_lengths), dq_list,
-                 lambda: functools.partial(bind("bwd_dq", shared)(), warmup=True)),
-                (_kernel_tuning_key("bwd_dkdv", q, kernel_id, common, **at_lengths), dkdv_candidates(),
-                 lambda: functools.partial(bind("bwd_dkdv", shared, dq_stand_in=dq_list[0])(), warmup=True))])
-
     if _tuned_on(q):
-        compile_both()
+        with RealInputs():
+            tuning.compile_together(_backward_kernels(mod, kernel_id, common, dout, q, k, v, score_tensors, spec,
+                                                      needs_grad, dropout_seed, exact_delta, lengths))
     # dQ is tuned first: the dK/dV kernel's inputs come from it
-    for kind, candidates in (("bwd_dq", dq_candidates), ("bwd_dkdv", dkdv_candidates)):
-        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, candidates, bind(kind), **at_lengths)
+    for kind, candidates in (("bwd_dq", tuning.dq_candidates), ("bwd_dkdv", tuning.dkdv_candidates)):
+        tuned[kind] = choose_kernel_config(kind, q, kernel_id, common, _candidates(candidates, q, common), bind(kind),
+                                           **at_lengths)
     return tuned
+
+
+def _backward_inputs(q, k, v, dout, score_tensors, spec, needs_grad, dropout_seed, exact_delta, lengths,
+                     run_forward=None) -> tuple:
+    """Random inputs of the backward's kernels (after ``_launch_backward``'s ``mod`` and ``cfgs``), out and lse from
+    ``run_forward(q, k, v, score_tensors, dropout_seed)`` on them, or, with none, left empty (for compiles only)."""
+    rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
+    _causal_tuning_mask(spec, rs)
+    out, lse = empty_outputs(rq, rv) if run_forward is None else run_forward(rq, rk, rv, rs, seed)
+    bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
+    return (common_kernel_args(rq, rk, rv, spec), rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta)
+
+
+def _backward_kernels(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, needs_grad, dropout_seed,
+                      exact_delta, lengths=None) -> list:
+    """The backward's dQ and dK/dV kernels as :func:`tuning.compile_together` takes them, compiled on one set of
+    inputs (made once, freed when both are compiled): the dK/dV binary does not depend on dQ's config, which the
+    dK/dV candidates are compiled with a stand-in for."""
+    inputs = functools.cache(lambda: _backward_inputs(q, k, v, dout, score_tensors, spec, needs_grad, dropout_seed,
+                                                      exact_delta, lengths))
+    at_lengths = _tuning_lengths(common, lengths)
+    dq_list = _candidates(tuning.dq_candidates, q, common)()
+
+    def compile_only(kind):
+        def bind():
+            configs = {"bwd_dq": dq_list[0]}
+            return lambda cfg: _launch_backward(mod, {**configs, kind: cfg}, *inputs(), only=kind, warmup=True)
+        return bind
+
+    return [(_kernel_tuning_key("bwd_dq", q, kernel_id, common, **at_lengths), dq_list, compile_only("bwd_dq")),
+            (_kernel_tuning_key("bwd_dkdv", q, kernel_id, common, **at_lengths),
+             _candidates(tuning.dkdv_candidates, q, common)(), compile_only("bwd_dkdv"))]
+
+
+def compile_candidates_ahead(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
+                             score_grads: Sequence[bool], training: bool) -> None:
+    """Start compiling the candidate configs of the generated kernels' tunings this attention will run -- the
+    forward's, and the backward's when ``training`` -- in one batch elsewhere (Inductor's compile workers, or
+    processes forked for it), without waiting (:func:`tuning.compile_ahead`): the forward's tuning then waits for its
+    own candidates only, and the backward's compile while the forward is timed and AOTAutograd traces the joint
+    graph, up to the backward's first call (on an H200, BERT's 23 backward candidates took 5.1 s on the workers when
+    the trace reached them). ``q``, ``k``, ``v`` and the score tensors: the fused op's operands (fake while compiling),
+    of static lengths (a symbolic length tunes a config per length bucket)."""
+    if not _tuned_on(q):
+        return
+    mod = codegen.load_module(spec)
+    common = common_kernel_args(q, k, v, spec)
+    # (a seed's value is no part of a compile: any int64 scalar stands in for the one drawn per call)
+    seed = q.new_empty((), dtype=torch.int64) if spec.dropout_p else None
+    forward_bind = _forward_binder(mod, q, k, v, score_tensors, spec, seed, None)
+    kernels = [(_kernel_tuning_key("fwd", q, mod.KERNEL_ID, common), _candidates(tuning.forward_candidates, q, common)(),
+                lambda: functools.partial(forward_bind(), warmup=True))]
+    if training:
+        exact_delta = _uses_exact_delta(q)
+        kernel_id = _backward_kernel_id(mod, q, exact_delta)
+        dout = q.new_empty((*q.shape[:3], v.shape[3]))
+        kernels += _backward_kernels(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, list(score_grads),
+                                     seed, exact_delta)
+    with RealInputs():
+        tuning.compile_ahead(kernels)
+
+
+def _backward_kernel_id(mod, q: Tensor, exact_delta: bool) -> str:
+    # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
+    return mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
 
 
 def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec, needs_grad, dropout_seed=None,
@@ -932,8 +987,7 @@ def triton_backward(dout, q, k, v, score_tensors, out, lse, spec: AttentionSpec,
     gradient of the lse output, or None."""
     mod = codegen.load_module(spec)
     exact_delta = _uses_exact_delta(q)
-    # a forced exact delta makes other dQ and dK/dV kernels for fp16 / bf16: tuned apart from the default ones
-    kernel_id = mod.KERNEL_ID + ("+exact_delta" if exact_delta and q.dtype != torch.float32 else "")
+    kernel_id = _backward_kernel_id(mod, q, exact_delta)
     common = common_kernel_args(q, k, v, spec)
 
     def configs_at(lengths):

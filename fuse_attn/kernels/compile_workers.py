@@ -72,6 +72,27 @@ def collecting(jobs: list):
         _collected = outer
 
 
+_compile_only_depth = 0  # > 0 inside compiling_only()
+
+
+@contextlib.contextmanager
+def compiling_only():
+    """Within it every kernel launch of this package's launchers only compiles its kernel (Triton's ``warmup``; a job
+    for :func:`collect` inside :func:`collecting`) and runs nothing: a step's launches compiled before the step is
+    timed. Their outputs are then whatever the allocator held."""
+    global _compile_only_depth
+    _compile_only_depth += 1
+    try:
+        yield
+    finally:
+        _compile_only_depth -= 1
+
+
+def launches_compile_only() -> bool:
+    """Whether a launch now only compiles its kernel (:func:`compiling_only`)."""
+    return _compile_only_depth > 0
+
+
 def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
     """Whether the compile of ``kernel`` with ``args`` was taken as a job, or needs none (compiled in this process
     already); False where it must be compiled here: outside :func:`collecting`, or a kernel that is not its module's
@@ -97,7 +118,9 @@ def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
         kernel.warmup(**args, **options, grid=grid)
     finally:
         knobs.runtime.jit_cache_hook = previous
-    if asked:
+    if asked and not any((job.module_file, job.kernel_name, job.specialization_data) == (module_file, fn.__name__,
+                                                                                          asked[0])
+                         for job in _collected):  # (a step may launch one specialization twice: one job)
         target = driver.active.get_current_target()
         _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0], target, _ptxas(target),
                                      _backend_hash(target)))

@@ -321,11 +321,11 @@ def tune(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Cand
     timing, every candidate is then compiled at once (:func:`_compile_concurrently`). ``revisit``, when given, sees
     the first timing pass and names candidates to time again because their launch changed (a cheap first version of
     a candidate, made dear only where it can win). Inside a CUDA graph capture nothing is launched or timed
-    (:func:`_while_capturing`)."""
+    (:func:`_untimed_for_now`), nor inside a compile-only pass (:func:`compile_workers.compiling_only`)."""
     cfg = _chosen.get(key)
     if cfg is None:
-        if _capturing():
-            return _while_capturing(key, candidates)
+        if _capturing() or compile_workers.launches_compile_only():
+            return _untimed_for_now(key, candidates)
         cfg = _stored_or_tuned(key, candidates, launch, reset, compile_only, revisit)
         _chosen[key] = cfg
     return cfg
@@ -424,20 +424,22 @@ def _capturing() -> bool:
     return torch.cuda.is_initialized() and torch.cuda.is_current_stream_capturing()
 
 
-def _while_capturing(key: TuningKey, candidates: Sequence[Candidate]) -> Candidate:
-    """A config for a launch that a CUDA graph is recording (``torch.cuda.graph``, ``mode="reduce-overhead"``),
-    launching nothing: every candidate launch would be recorded into the graph, and timing synchronizes the
-    device, which invalidates the capture. The stored config if there is one, else the first candidate, untimed
-    and not remembered, so the next call outside a capture tunes. CUDA graph trees run each new shape once
-    before recording it, so under ``reduce-overhead`` the tuning happens in that warm-up run and this is not
-    reached."""
+def _untimed_for_now(key: TuningKey, candidates: Sequence[Candidate]) -> Candidate:
+    """A config for a launch where none may be timed, launching nothing: one that a CUDA graph is recording
+    (``torch.cuda.graph``, ``mode="reduce-overhead"``; every candidate launch would be recorded into the graph, and
+    timing synchronizes the device, which invalidates the capture), or one that only compiles
+    (:func:`compile_workers.compiling_only`). The stored config if there is one, else the first candidate -- what
+    an untimed choice takes where it runs --, untimed and not remembered, so the next launch that may time tunes.
+    CUDA graph trees run each new shape once before recording it, so under ``reduce-overhead`` the tuning happens in
+    that warm-up run and no capture reaches this."""
     use_disk = key.timed and settings.disk_cache_enabled()
     stored = _stored(key, candidates) if use_disk and len(candidates) > 1 else None
     if stored is not None:
         _chosen[key] = stored
         return stored
-    log.info("%s: first launch inside a CUDA graph capture, where configs cannot be timed; the graph uses %s untimed",
-             key, candidates[0])
+    if _capturing():
+        log.info("%s: first launch inside a CUDA graph capture, where configs cannot be timed; the graph uses %s "
+                 "untimed", key, candidates[0])
     return candidates[0]
 
 

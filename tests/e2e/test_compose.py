@@ -253,8 +253,14 @@ def test_cuda_graphs_training_step(untuned, monkeypatch, mode):
     lengths in two tuning buckets under reduce-overhead (a recompile and a new recording), one under max-autotune
     (whose own GEMM tuning is slow)."""
     met_in_capture = []
-    while_capturing = tuning._while_capturing
-    monkeypatch.setattr(tuning, "_while_capturing", lambda key, cands: met_in_capture.append(key) or while_capturing(key, cands))
+    untimed = tuning._untimed_for_now
+
+    def untimed_noting_captures(key, candidates):
+        if tuning._capturing():
+            met_in_capture.append(key)
+        return untimed(key, candidates)
+
+    monkeypatch.setattr(tuning, "_untimed_for_now", untimed_noting_captures)
     torch.manual_seed(5)
     dtype = torch.bfloat16
     model = NanoGPTAttention(width=128, heads=2, block_size=256).to("cuda", dtype)

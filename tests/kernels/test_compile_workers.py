@@ -517,3 +517,45 @@ def test_an_attentions_candidates_compile_ahead_and_its_tunings_compile_nothing_
     assert len(compiled) == 3 and all(", in processes forked from this one" in line for line in compiled), compiled
     assert sum(1 for _ in (tmp_path / "triton").rglob("*.cubin")) == len(batch.jobs)
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
+
+
+def steps_compile_only(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    from fuse_attn.kernels.hopper import backward as hopper_backward, forward as hopper_forward
+    from fuse_attn.spec import AttentionSpec, CausalMask
+
+    os.environ["FUSE_ATTN_CACHE"] = "0"  # (no choice stored by another run)
+    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuner's device queries)
+    tuning.max_shared_memory = lambda device: 232448
+    launch._tuned_on = lambda q: True
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask(), gqa_group=2)
+    q = torch.randn(2, 4, 200, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, 200, 64, dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(2, 4, 200)
+
+    def steps():  # each implementation's forward and backward, as a candidate's step launches them
+        out, template_lse = launch.triton_forward(q, k, v, [], spec)
+        launch.triton_backward(torch.randn_like(out), q, k, v, [], out, template_lse, spec, [])
+        hopper_forward.hopper_forward(q, k, v, spec)
+        hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), lse, spec)
+
+    jobs = []
+    with tuning.untimed(), compile_workers.compiling_only(), compile_workers.collecting(jobs):
+        steps()
+    names = {job.kernel_name for job in jobs}
+    assert {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv", "_hopper_attn_fwd", "_hopper_attn_bwd"} <= names, names
+    assert _entries(cache) == set() and not tuning.chosen_configs()  # nothing compiled here, no choice remembered
+    for job in jobs:
+        compile_job(job, cache_dir)
+    compiled = _entries(cache)
+    assert len(compiled) == len(jobs)
+    with tuning.untimed(), compile_workers.compiling_only():  # the steps' compiles now find every binary
+        steps()
+    assert _entries(cache) == compiled
+
+
+def test_a_steps_launches_compile_only_as_jobs_and_their_binaries_are_the_ones_it_launches(tmp_path):
+    # The implementation choice compiles each candidate's step before timing any: inside compiling_only() the
+    # template's and the Gluon kernels' launches become compile jobs, and launching nothing, remember no choice; the
+    # step's compiles afterwards find what the jobs compiled (sm90 compiles, no GPU)
+    _in_a_fresh_process("steps_compile_only", tmp_path)

@@ -93,6 +93,9 @@ class NoSteps:
     def replay(self, candidate):
         pass
 
+    def compile_only(self, candidate):
+        pass
+
     def tune_the_template_where_it_can_win(self, timed):
         return []
 
@@ -387,6 +390,9 @@ def test_the_template_is_tuned_only_where_it_can_win(gpu, monkeypatch, training,
         def replay(self, candidate):
             self.timed.append((candidate.name, candidate.name == TRITON and not self.template_untuned))
 
+        def compile_only(self, candidate):
+            pass
+
     def time_config(launch, candidate, rep_ms):
         launch(candidate)
         return untuned_ms if candidate.name == TRITON and steps_made[-1].template_untuned else times[candidate.name]
@@ -594,3 +600,39 @@ def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
     for name in (TRITON, GLUON):
         steps._step(name)()
     assert grads == [3 + bias_grad] * 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                    reason="needs an sm90 GPU (H100 / H200)")
+def test_the_implementation_choice_compiles_every_candidates_kernels_before_timing_any(tmp_path, monkeypatch, caplog):
+    """A trained choice among the template (untuned) and the Gluon kernels: both candidates' kernels compile in one
+    batch before either step is timed, and recording the steps compiles nothing more."""
+    import triton
+
+    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "tuning"))
+    monkeypatch.setenv(settings.CANDIDATES, "triton,gluon")
+    monkeypatch.setattr(tuning, "_chosen", {})
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
+    monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", {True: 0, False: 0})  # (offered at this small size)
+    monkeypatch.setattr(dispatch, "TUNING_GAINS_AT_MOST", {True: 0.0, False: 0.0})  # (the template left untuned)
+
+    def binaries() -> int:
+        return sum(1 for _ in (tmp_path / "triton").rglob("*.cubin"))
+
+    batches, real = [], tuning._compile_concurrently
+
+    def counted(candidates, compile_only, keys=()):
+        where = real(candidates, compile_only, keys)
+        batches.append(([key.kind for key in keys], binaries()))
+        return where
+
+    monkeypatch.setattr(tuning, "_compile_concurrently", counted)
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask(), gqa_group=2)
+    q = torch.randn(2, 8, 1024, 64, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 4, 1024, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    with caplog.at_level(logging.INFO, logger="fuse_attn.kernels.tuning"):
+        choice = dispatch.choose_implementation(spec, q, k, v, training=True)
+    assert choice.name in (TRITON, GLUON)
+    assert batches and batches[0][0] == ["impl_train"], batches
+    assert binaries() == batches[0][1] > 0  # (every kernel the recorded steps launched was in the batch)
+    assert "compiled 2 candidates for impl_train" in caplog.text

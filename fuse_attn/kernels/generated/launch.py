@@ -115,9 +115,10 @@ def _kernel_of_config(kernel, cfg: Optional[tuning.KernelConfig]):
 
 def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] = None, warmup: bool = False) -> None:
     """Run ``kernel`` on ``grid`` with ``args`` (every parameter, constexprs included) and cfg's warps and stages;
-    ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them)."""
+    ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them), as every launch
+    inside :func:`compile_workers.compiling_only`."""
     options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if warmup:
+    if warmup or compile_workers.launches_compile_only():
         if not compile_workers.collect(kernel, grid, args, options):
             kernel.warmup(**args, **options, grid=grid)
     elif _tracing():
@@ -556,6 +557,8 @@ def choose_kernel_config(kind: str, q: Tensor, kernel_id: str, common: dict, can
     cfg = tuning.cached(key)  # hot path in eager: no candidate list, no device queries, no tensors
     if cfg is not None:
         return cfg
+    if compile_workers.launches_compile_only():  # (nothing to time: no inputs)
+        return tuning.tune(key, candidates(), launch=lambda cfg: None)
     with RealInputs():
         run = bind()
         return tuning.tune(key, candidates(), lambda c: run(c, False), None, lambda c: run(c, True))

@@ -16,7 +16,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from fuse_attn.kernels import ops, plan
+from fuse_attn.kernels import compile_workers, ops, plan
 from fuse_attn.kernels.generated.decode import sm_count
 from fuse_attn.kernels.generated.launch import broadcast_strides
 from fuse_attn.kernels.plan import size_hint
@@ -241,7 +241,12 @@ class PositionalLaunch:
         self.launch_as(specialization, grid, *args, **options)
 
     def launch_as(self, specialization: tuple | None, grid: tuple, *args, **options) -> None:
-        """The launch of ``args`` whose :meth:`specialization` is the one given."""
+        """The launch of ``args`` whose :meth:`specialization` is the one given; its compile only inside
+        :func:`compile_workers.compiling_only` (a compile job inside :func:`compile_workers.collecting`)."""
+        if compile_workers.launches_compile_only():
+            if not compile_workers.collect(self.kernel, grid, dict(zip(self.kernel.arg_names, args)), options):
+                self.kernel.warmup(*args, grid=grid, **options)
+            return
         # (before CUDA is initialized, no kernel was launched: the first launch initializes it)
         jit = (specialization is None or _launch_hooks_set() or self.constexprs is None
                or not torch.cuda.is_initialized())

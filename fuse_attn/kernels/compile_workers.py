@@ -23,6 +23,11 @@ comes before that (BERT's 10 forward candidates then compiled here in 8 s). Unti
 in processes forked from this one for it (:func:`start_in_forked_processes`): a fork inherits every loaded module,
 and two forked from a process with torch, Triton and this package loaded answered a first job 45-50 ms later on a
 2-core CPU host.
+
+Jobs are submitted as a :class:`Batch`, which the tuner waits for a part at a time: the candidates of several kernels
+compile together, each kernel's tuning waiting for its own. Inside :func:`compile_launches_only` this package's
+launchers only compile their kernels (a job each inside :func:`collecting`): how a whole step's kernels -- an
+implementation candidate's forward and backward -- become jobs before the step is timed.
 """
 
 from __future__ import annotations
@@ -72,11 +77,11 @@ def collecting(jobs: list):
         _collected = outer
 
 
-_compile_only_depth = 0  # > 0 inside compiling_only()
+_compile_only_depth = 0  # > 0 inside compile_launches_only()
 
 
 @contextlib.contextmanager
-def compiling_only():
+def compile_launches_only():
     """Within it every kernel launch of this package's launchers only compiles its kernel (Triton's ``warmup``; a job
     for :func:`collect` inside :func:`collecting`) and runs nothing: a step's launches compiled before the step is
     timed. Their outputs are then whatever the allocator held."""
@@ -89,7 +94,7 @@ def compiling_only():
 
 
 def launches_compile_only() -> bool:
-    """Whether a launch now only compiles its kernel (:func:`compiling_only`)."""
+    """Whether a launch now only compiles its kernel (:func:`compile_launches_only`)."""
     return _compile_only_depth > 0
 
 

@@ -341,7 +341,7 @@ class _CandidateSteps:
         FlashAttention's, built as they first run."""
         if candidate.name in (SDPA_CUDNN, SDPA_FLASH):
             return
-        with self._configs_of(candidate), compile_workers.compiling_only():
+        with self._configs_of(candidate), compile_workers.compile_launches_only():
             self._step(candidate.name)()
 
     def _configs_of(self, candidate: tuning.Implementation):

@@ -30,9 +30,8 @@ from torch import Tensor
 from fuse_attn.kernels import compile_workers, plan
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.score_program import UnsupportedSpec
-from fuse_attn.kernels.generated import codegen, decode
+from fuse_attn.kernels.generated import codegen, decode, launch
 from fuse_attn import settings
-from fuse_attn.kernels.generated import launch
 from fuse_attn.kernels.generated.launch import empty_outputs, triton_backward, triton_forward
 from fuse_attn.kernels.reference import blockwise_backward, blockwise_forward
 

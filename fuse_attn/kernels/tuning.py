@@ -321,7 +321,7 @@ def tune(key: TuningKey, candidates: Sequence[Candidate], launch: Callable[[Cand
     timing, every candidate is then compiled at once (:func:`_compile_concurrently`). ``revisit``, when given, sees
     the first timing pass and names candidates to time again because their launch changed (a cheap first version of
     a candidate, made dear only where it can win). Inside a CUDA graph capture nothing is launched or timed
-    (:func:`_untimed_for_now`), nor inside a compile-only pass (:func:`compile_workers.compiling_only`)."""
+    (:func:`_untimed_for_now`), nor inside a compile-only pass (:func:`compile_workers.compile_launches_only`)."""
     cfg = _chosen.get(key)
     if cfg is None:
         if _capturing() or compile_workers.launches_compile_only():
@@ -338,8 +338,7 @@ def compile_together(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Cal
     then dK/dV timed on dQ's outputs) then share Inductor's compile workers instead of each waiting for its own
     batch, and :func:`tune` finds every candidate compiled. ``bind`` is called only for those. Kernels whose
     candidates :func:`compile_ahead` submitted are left to that batch."""
-    due = [(key, candidates, bind) for key, candidates, bind in kernels
-           if _will_time(key, candidates) and key not in _ahead]
+    due = _due(kernels)
     if len(due) < 2:
         return  # (one kernel's tuning compiles its own batch)
     compilers = _compilers(due)
@@ -361,8 +360,7 @@ def compile_ahead(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Callab
     each kernel's tuning then waits only for its own candidates, and the later ones' compile meanwhile (the
     backward's while the forward is timed and AOTAutograd traces the joint graph). Nothing is started where neither
     workers nor forked processes can compile: each tuning then compiles its own batch, as without it."""
-    due = [(key, candidates, bind) for key, candidates, bind in kernels
-           if _will_time(key, candidates) and key not in _ahead]
+    due = _due(kernels)
     if not due or (compile_workers.worker_pool() is None and not compile_workers.processes_to_fork()):
         return  # (bind() builds inputs: not for nothing)
     compilers = _compilers(due)
@@ -375,6 +373,12 @@ def compile_ahead(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Callab
         _ahead[key] = (batch, indices)
     log.info("compiling %d candidates for %s ahead of their tunings %s", len(batch.jobs),
              " and ".join(str(key) for key, _, _ in due), batch.where)
+
+
+def _due(kernels):
+    """Those of ``kernels`` (key, candidates, bind) whose candidates :func:`tune` will time and no batch compiles yet."""
+    return [(key, candidates, bind) for key, candidates, bind in kernels
+            if _will_time(key, candidates) and key not in _ahead]
 
 
 def _submitted(groups: Sequence[tuple[Sequence[Candidate], Callable[[Candidate], None]]]
@@ -428,7 +432,7 @@ def _untimed_for_now(key: TuningKey, candidates: Sequence[Candidate]) -> Candida
     """A config for a launch where none may be timed, launching nothing: one that a CUDA graph is recording
     (``torch.cuda.graph``, ``mode="reduce-overhead"``; every candidate launch would be recorded into the graph, and
     timing synchronizes the device, which invalidates the capture), or one that only compiles
-    (:func:`compile_workers.compiling_only`). The stored config if there is one, else the first candidate -- what
+    (:func:`compile_workers.compile_launches_only`). The stored config if there is one, else the first candidate -- what
     an untimed choice takes where it runs --, untimed and not remembered, so the next launch that may time tunes.
     CUDA graph trees run each new shape once before recording it, so under ``reduce-overhead`` the tuning happens in
     that warm-up run and no capture reaches this."""

@@ -540,7 +540,7 @@ def steps_compile_only(cache_dir):
         hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), lse, spec)
 
     jobs = []
-    with tuning.untimed(), compile_workers.compiling_only(), compile_workers.collecting(jobs):
+    with tuning.untimed(), compile_workers.compile_launches_only(), compile_workers.collecting(jobs):
         steps()
     names = {job.kernel_name for job in jobs}
     assert {"_attn_fwd", "_attn_bwd_dq", "_attn_bwd_dkdv", "_hopper_attn_fwd", "_hopper_attn_bwd"} <= names, names
@@ -549,13 +549,13 @@ def steps_compile_only(cache_dir):
         compile_job(job, cache_dir)
     compiled = _entries(cache)
     assert len(compiled) == len(jobs)
-    with tuning.untimed(), compile_workers.compiling_only():  # the steps' compiles now find every binary
+    with tuning.untimed(), compile_workers.compile_launches_only():  # the steps' compiles now find every binary
         steps()
     assert _entries(cache) == compiled
 
 
 def test_a_steps_launches_compile_only_as_jobs_and_their_binaries_are_the_ones_it_launches(tmp_path):
-    # The implementation choice compiles each candidate's step before timing any: inside compiling_only() the
+    # The implementation choice compiles each candidate's step before timing any: inside compile_launches_only() the
     # template's and the Gluon kernels' launches become compile jobs, and launching nothing, remember no choice; the
     # step's compiles afterwards find what the jobs compiled (sm90 compiles, no GPU)
     _in_a_fresh_process("steps_compile_only", tmp_path)

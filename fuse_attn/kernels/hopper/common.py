@@ -242,7 +242,7 @@ class PositionalLaunch:
 
     def launch_as(self, specialization: tuple | None, grid: tuple, *args, **options) -> None:
         """The launch of ``args`` whose :meth:`specialization` is the one given; its compile only inside
-        :func:`compile_workers.compiling_only` (a compile job inside :func:`compile_workers.collecting`)."""
+        :func:`compile_workers.compile_launches_only` (a compile job inside :func:`compile_workers.collecting`)."""
         if compile_workers.launches_compile_only():
             if not compile_workers.collect(self.kernel, grid, dict(zip(self.kernel.arg_names, args)), options):
                 self.kernel.warmup(*args, grid=grid, **options)

@@ -275,5 +275,9 @@ def _detached_on_cpu(x: torch.Tensor) -> torch.Tensor:
 
 
 def _value_bytes(x: torch.Tensor) -> bytes:
-    flat = _detached_on_cpu(x).contiguous().reshape(-1)
-    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+    """``x``'s values as bytes, with no copy of a CPU tensor beyond the bytes' own (outside any fake or tracing mode)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        flat = x.detach().to("cpu").contiguous().reshape(-1)
+        return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""

@@ -356,24 +356,30 @@ def test_candidates_compile_in_processes_forked_after_cuda_started_and_launch_he
     _each_config_launches_from_the_cache(tmp_path, args)
 
 
-@needs_cuda
-def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, monkeypatch):
-    # A fresh tuning of the generated backward: one batch compiles both kernels' candidates (dK/dV's binary does not
-    # depend on dQ's config), and timing them afterwards compiles nothing more.
+def _uncompiled_case(tmp_path, monkeypatch, length: int):
+    """(q, k, v, spec) of a plain bf16 attention on the GPU whose generated kernels this process has not compiled, the
+    tuner's choices and Triton's cache empty (in ``tmp_path``): a test that counts compiles."""
     from fuse_attn.kernels.generated import codegen
     from tests.support.cases import make_case
 
     monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "tuning"))
     monkeypatch.setattr(tuning, "_chosen", {})
     monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
-    q, k, v, tensors, spec = make_case(Z=2, H=4, M=256, N=256, D=64, dtype=torch.bfloat16)
-    q, k, v = (t.cuda() for t in (q, k, v))
+    q, k, v, _, spec = make_case(Z=2, H=4, M=length, N=length, D=64, dtype=torch.bfloat16)
     mod = codegen.load_module(spec)
     for kernel in (mod._attn_fwd, mod._attn_bwd_dq, mod._attn_bwd_dkdv):
-        kernel.device_caches.clear()  # (compiled by other tests: this one counts compiles)
+        kernel.device_caches.clear()  # (compiled by other tests)
+    return q.cuda(), k.cuda(), v.cuda(), spec
+
+
+@needs_cuda
+def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, monkeypatch):
+    # A fresh tuning of the generated backward: one batch compiles both kernels' candidates (dK/dV's binary does not
+    # depend on dQ's config), and timing them afterwards compiles nothing more.
+    q, k, v, spec = _uncompiled_case(tmp_path, monkeypatch, 256)
 
     def binaries() -> int:
-        return sum(1 for _ in (tmp_path / "triton").rglob("*.cubin"))
+        return len(_entries(tmp_path / "triton"))
 
     batches, real = [], tuning._compile_concurrently
 
@@ -493,19 +499,10 @@ def test_an_attentions_candidates_compile_ahead_and_its_tunings_compile_nothing_
     # Candidates submitted ahead (forward and backward, in processes forked after CUDA started): each tuning waits for
     # its own, and every binary the tunings launch is one the batch compiled.
     from fuse_attn.kernels import ops
-    from fuse_attn.kernels.generated import codegen
-    from tests.support.cases import make_case
 
-    monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "tuning"))
-    monkeypatch.setattr(tuning, "_chosen", {})
     monkeypatch.setattr(tuning, "_ahead", {})
     monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
-    q, k, v, tensors, spec = make_case(Z=2, H=4, M=384, N=384, D=64, dtype=torch.bfloat16)
-    q, k, v = (t.cuda() for t in (q, k, v))
-    mod = codegen.load_module(spec)
-    for kernel in (mod._attn_fwd, mod._attn_bwd_dq, mod._attn_bwd_dkdv):
-        kernel.device_caches.clear()  # (compiled by other tests: this one counts compiles)
+    q, k, v, spec = _uncompiled_case(tmp_path, monkeypatch, 384)
     ops.compile_candidates_ahead(q, k, v, [], spec, [], training=True)
     assert sorted(key.kind for key in tuning._ahead) == ["bwd_dkdv", "bwd_dq", "fwd"]
     [batch] = {batch for batch, _ in tuning._ahead.values()}
@@ -515,7 +512,7 @@ def test_an_attentions_candidates_compile_ahead_and_its_tunings_compile_nothing_
     assert not tuning._ahead and batch._stop is None  # every job waited for, the processes ended
     compiled = [line for line in caplog.text.splitlines() if "compiled" in line and "candidates for" in line]
     assert len(compiled) == 3 and all(", in processes forked from this one" in line for line in compiled), compiled
-    assert sum(1 for _ in (tmp_path / "triton").rglob("*.cubin")) == len(batch.jobs)
+    assert len(_entries(tmp_path / "triton")) == len(batch.jobs)
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
 
 

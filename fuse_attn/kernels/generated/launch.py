@@ -908,7 +908,8 @@ def _backward_configs(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
         return bound
 
     at_lengths = _tuning_lengths(common, lengths)
-    if _tuned_on(q):
+    # (dK/dV, tuned last, chosen: both are -- the eager hot path then builds no candidate list)
+    if _tuned_on(q) and tuning.cached(_kernel_tuning_key("bwd_dkdv", q, kernel_id, common, **at_lengths)) is None:
         with RealInputs():
             tuning.compile_together(_backward_kernels(mod, kernel_id, common, dout, q, k, v, score_tensors, spec,
                                                       needs_grad, dropout_seed, exact_delta, lengths))

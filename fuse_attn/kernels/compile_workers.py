@@ -25,13 +25,16 @@ and two forked from a process with torch, Triton and this package loaded answere
 2-core CPU host.
 
 Jobs are submitted as a :class:`Batch`, which the tuner waits for a part at a time: the candidates of several kernels
-compile together, each kernel's tuning waiting for its own. Inside :func:`compile_launches_only` this package's
+compile in one batch, a kernel's once the kernel timed before it has its own (stages), each kernel's tuning waiting for
+its own. The first job of each kernel in a batch also builds the kernel's launcher where Triton builds one for each
+signature (Triton 3.6's C launcher), so the launching process loads it instead of compiling it. Inside :func:`compile_launches_only` this package's
 launchers only compile their kernels (a job each inside :func:`collecting`): how a whole step's kernels -- an
 implementation candidate's forward and backward -- become jobs before the step is timed.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
 import functools
@@ -43,6 +46,7 @@ import sys
 import threading
 import time
 import warnings
+from concurrent.futures import Future
 from typing import Any, Optional, Sequence
 
 log = logging.getLogger("fuse_attn.kernels.tuning")
@@ -51,8 +55,9 @@ log = logging.getLogger("fuse_attn.kernels.tuning")
 @dataclasses.dataclass(frozen=True)
 class CompileJob:
     """One kernel compile, picklable: the kernel's module (by name and file) and name, Triton's specialization data
-    of the compile, the GPU target, and the submitting process's ptxas (None on a backend without one) and backend
-    hash (the part of Triton's cache key that names the compiler)."""
+    of the compile, the GPU target, the submitting process's ptxas (None on a backend without one) and backend
+    hash (the part of Triton's cache key that names the compiler), and whether the job also builds the kernel's
+    launcher (:func:`_build_launcher`: one job a kernel of a batch does)."""
 
     module_name: str
     module_file: str
@@ -61,6 +66,7 @@ class CompileJob:
     target: Any  # triton.backends.compiler.GPUTarget
     ptxas: Optional[str]
     backend_hash: str
+    builds_launcher: bool = False
 
 
 _collected: Optional[list] = None
@@ -186,17 +192,72 @@ class Batch:
             stop()
 
 
-def start_in_workers(pool, jobs: Sequence[CompileJob]) -> Optional[Batch]:
-    """``jobs`` submitted to ``pool`` (:func:`worker_pool`'s); None where the pool takes none."""
-    try:
-        from triton import knobs
+def start_in_workers(pool, jobs: Sequence[CompileJob], stages: Optional[Sequence[Sequence[int]]] = None) -> Batch:
+    """``jobs`` submitted to ``pool`` (:func:`worker_pool`'s), a stage at a time (:func:`_in_stages`); a job the pool
+    does not take fails (and is compiled here)."""
+    from triton import knobs
 
-        futures = [pool.submit(compile_job, job, knobs.cache.dir) for job in jobs]
-    except Exception as e:  # noqa: BLE001 -- a pool that cannot take jobs: compile here
-        log.info("fuse_attn: Inductor's compile workers took no job (%s: %s); compiling here", type(e).__name__, e)
-        return None
+    jobs = _launchers_built_once(jobs)
+
+    def submit(i: int, outcome: Future) -> None:
+        pool.submit(compile_job, jobs[i], knobs.cache.dir).add_done_callback(lambda done: _copy_outcome(done, outcome))
+
+    futures = _in_stages(submit, len(jobs), stages)
     return Batch(jobs, [future.result for future in futures], "in a worker",
                  f"on Inductor's compile workers ({len(jobs)} jobs)")
+
+
+def _in_stages(submit, count: int, stages: Optional[Sequence[Sequence[int]]], deadline: Optional[float] = None
+               ) -> list[Future]:
+    """A future of the outcome of each of ``count`` jobs, ``submit(i, future)`` starting job i: every job at once where
+    ``stages`` is None, else a stage (a list of job indices; the stages cover every job) once every job of the stages
+    before it ended -- the first one here, the others from a thread of their own, which submits no more after
+    ``deadline`` (``time.monotonic()``; the jobs not submitted then never end). The tuner's stages are each kernel's
+    candidates in the order the kernels are timed, so the one timed first has the CPUs to itself: on an H200 host (16
+    cores) BERT's forward waited 4.1 and 5.0 s for its 10 candidates compiled in forked processes before the backward's
+    23, against 4.8 and 5.8 s beside them (two runs each, alternated, one machine; Triton's source digest computed
+    before the fork in the first). A job whose submission fails fails."""
+    futures = [Future() for _ in range(count)]
+    stages = [range(count)] if stages is None else [list(stage) for stage in stages]
+
+    def submitted(stage) -> None:
+        for i in stage:
+            try:
+                submit(i, futures[i])
+            except Exception as e:  # noqa: BLE001 -- (a pool ended meanwhile) the job fails: compiled here
+                futures[i].set_exception(e)
+
+    def later_stages() -> None:
+        for before, stage in zip(stages, stages[1:]):
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if concurrent.futures.wait([futures[i] for i in before], timeout).not_done:
+                return
+            submitted(stage)
+
+    submitted(stages[0])
+    if len(stages) > 1:
+        threading.Thread(target=later_stages, name="fuse_attn compile stages", daemon=True).start()
+    return futures
+
+
+def _copy_outcome(done: Future, outcome: Future) -> None:
+    error = done.exception()
+    if error is None:
+        outcome.set_result(done.result())
+    else:
+        outcome.set_exception(error)
+
+
+def _launchers_built_once(jobs: Sequence[CompileJob]) -> list[CompileJob]:
+    """``jobs`` with the first of each kernel's building its launcher: a kernel's candidates differ in constexprs
+    and options only, which its launcher does not take, so they share one."""
+    kernels = set()
+    out = []
+    for job in jobs:
+        kernel = (job.module_file, job.kernel_name)
+        out.append(dataclasses.replace(job, builds_launcher=kernel not in kernels))
+        kernels.add(kernel)
+    return out
 
 
 def _each_compiled(jobs: Sequence[CompileJob], waits: Sequence, place: str) -> bool:
@@ -256,14 +317,20 @@ def processes_to_fork() -> int:
     return threads
 
 
-def start_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> Optional[Batch]:
-    """``jobs`` running in ``processes`` forked from this one (at most one a job), for the time Inductor's workers are
-    not ready; None where no process could be forked. The processes never touch CUDA -- :func:`compile_job` compiles
-    with the compile-only driver -- as DataLoader workers forked after CUDA is initialized do not. A job not done
-    :data:`FORKED_BATCH_TIMEOUT_S` after the submission fails, and the processes are ended then at the latest (a timer
-    ends them where nobody waits for the last jobs)."""
+def start_in_forked_processes(jobs: Sequence[CompileJob], processes: int,
+                              stages: Optional[Sequence[Sequence[int]]] = None) -> Optional[Batch]:
+    """``jobs`` running in ``processes`` forked from this one (at most one a job), a stage at a time
+    (:func:`_in_stages`), for the time Inductor's workers are not ready; None where no process could be forked. The
+    processes never touch CUDA -- :func:`compile_job` compiles with the compile-only driver -- as DataLoader workers
+    forked after CUDA is initialized do not. A job not done :data:`FORKED_BATCH_TIMEOUT_S` after the submission
+    fails, and the processes are ended then at the latest (a timer ends them where nobody waits for the last jobs)."""
     from triton import knobs
+    from triton.runtime.cache import triton_key
 
+    jobs = _launchers_built_once(jobs)
+    # The digest of Triton's sources in every compile's cache key, kept once a process: 1.1 s of an H200 host's time,
+    # which each process forked before it would spend again (this process computes it for its own compiles anyway).
+    triton_key()
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -276,9 +343,22 @@ def start_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> Opt
         return None
     log.info("fuse_attn: forked %d processes for compiling in %.2f s", min(len(jobs), processes),
              time.perf_counter() - start)
-    results = [pool.apply_async(compile_job, (job, knobs.cache.dir)) for job in jobs]
+
+    def submit(i: int, outcome: Future) -> None:
+        pool.apply_async(compile_job, (jobs[i], knobs.cache.dir), callback=outcome.set_result,
+                         error_callback=outcome.set_exception)
+
     deadline = time.monotonic() + FORKED_BATCH_TIMEOUT_S
-    waits = [lambda result=result: result.get(max(0.0, deadline - time.monotonic())) for result in results]
+    futures = _in_stages(submit, len(jobs), stages, deadline)
+
+    def waiting_until_the_deadline(future: Future):
+        def wait():
+            try:
+                return future.result(max(0.0, deadline - time.monotonic()))
+            except concurrent.futures.TimeoutError:
+                raise multiprocessing.TimeoutError from None
+        return wait
+
     timer = threading.Timer(FORKED_BATCH_TIMEOUT_S, lambda: batch.stop())
     timer.daemon = True
 
@@ -286,7 +366,7 @@ def start_in_forked_processes(jobs: Sequence[CompileJob], processes: int) -> Opt
         timer.cancel()
         pool.terminate()
 
-    batch = Batch(jobs, waits, "in a forked process",
+    batch = Batch(jobs, [waiting_until_the_deadline(future) for future in futures], "in a forked process",
                   f"in processes forked from this one ({len(jobs)} jobs; Inductor's compile workers not ready)", stop)
     timer.start()
     return batch
@@ -336,9 +416,27 @@ def compile_job(job: CompileJob, cache_dir: str) -> None:
             if backend_hash != job.backend_hash:
                 raise RuntimeError(f"this worker's Triton compiles under another key ({backend_hash!r}, the "
                                    f"submitter's {job.backend_hash!r}); its compile would not be found there")
-            kernel.preload(job.specialization_data)
+            compiled = kernel.preload(job.specialization_data)
+            if job.builds_launcher and compiled is not None:
+                _build_launcher(compiled, job.target)
     finally:
         knobs.cache.dir = previous
+
+
+def _build_launcher(compiled, target) -> None:
+    """(In a worker, within the job's cache.) Build the launcher of ``compiled`` (a ``CompiledKernel``) into Triton's
+    cache where Triton builds one for each signature: Triton 3.6's CUDA launcher is C source compiled by the host's C
+    compiler, 1 s of the launching process's time for each of BERT's three attention kernels on an H200 host; that
+    process then loads it from the cache. Triton 3.9 launches every kernel through one launcher: nothing to build.
+    Only an optimization: where it fails, the launching process builds it as before."""
+    from triton.backends.nvidia import driver as nvidia_driver
+
+    if target.backend != "cuda" or not hasattr(nvidia_driver, "make_launcher"):
+        return
+    try:
+        nvidia_driver.CudaLauncher(compiled.src, compiled.metadata)
+    except Exception:  # noqa: BLE001 -- (no C compiler, no libcuda here) the launching process builds it
+        pass
 
 
 @contextlib.contextmanager

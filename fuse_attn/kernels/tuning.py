@@ -399,8 +399,9 @@ def _submitted(groups: Sequence[tuple[Sequence[Candidate], Callable[[Candidate],
             owned.append(list(range(first, len(jobs))))
     if not jobs:  # (every one compiled before)
         return compile_workers.Batch([], [], "", "(every one compiled before)"), owned
-    batch = (compile_workers.start_in_workers(workers, jobs) if workers is not None
-             else compile_workers.start_in_forked_processes(jobs, forks))
+    # (each group's jobs a stage: the groups come in the order their kernels are timed)
+    batch = (compile_workers.start_in_workers(workers, jobs, owned) if workers is not None
+             else compile_workers.start_in_forked_processes(jobs, forks, owned))
     return None if batch is None else (batch, owned)
 
 

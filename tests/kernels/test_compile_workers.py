@@ -240,6 +240,36 @@ def test_stuck_forked_processes_are_killed_and_the_candidates_compile_here(tmp_p
     _in_a_fresh_process("stuck_forked_processes_are_killed", tmp_path)
 
 
+def timed_job(job, cache_dir):
+    """(A forked process's job.) Writes when it started and ended to ``cache_dir``/<its kernel's name>."""
+    start = time.time()
+    time.sleep(0.5)
+    Path(cache_dir, job.kernel_name).write_text(f"{start} {time.time()}")
+
+
+def _timed_jobs(tmp_path, monkeypatch, stages) -> dict:
+    monkeypatch.setattr(compile_workers, "compile_job", timed_job)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path))  # (the jobs' cache_dir)
+    jobs = [compile_workers.CompileJob("m", "f", f"{name}_{len(os.listdir(tmp_path))}", "{}", None, None, "")
+            for name in "abc"]
+    assert compile_workers.start_in_forked_processes(jobs, 3, stages).wait()
+    return {job.kernel_name[0]: [float(t) for t in Path(tmp_path, job.kernel_name).read_text().split()]
+            for job in jobs}
+
+
+def test_a_batchs_stages_start_one_after_another_in_the_forked_processes(tmp_path, monkeypatch):
+    spans = _timed_jobs(tmp_path, monkeypatch, [[0, 1], [2]])
+    assert spans["c"][0] >= max(spans["a"][1], spans["b"][1])  # the second stage after the first's end
+    assert spans["a"][0] < spans["b"][1] and spans["b"][0] < spans["a"][1]  # a stage's jobs together
+    spans = _timed_jobs(tmp_path, monkeypatch, None)  # one stage: every job together
+    assert spans["c"][0] < min(spans["a"][1], spans["b"][1])
+
+
+def test_the_first_job_of_each_kernel_in_a_batch_builds_its_launcher():
+    jobs = [compile_workers.CompileJob("m", "f", name, "{}", None, None, "") for name in ("x", "x", "y", "x")]
+    assert [job.builds_launcher for job in compile_workers._launchers_built_once(jobs)] == [True, False, True, False]
+
+
 def candidates_compiled_ahead(cache_dir):
     from tests.support.tuning import key
 
@@ -251,7 +281,7 @@ def candidates_compiled_ahead(cache_dir):
     compile_workers.compile_job = stuck_with_one_warp
     batches = []
     start = compile_workers.start_in_forked_processes
-    compile_workers.start_in_forked_processes = lambda jobs, n: batches.append(start(jobs, n)) or batches[-1]
+    compile_workers.start_in_forked_processes = lambda *args: batches.append(start(*args)) or batches[-1]
 
     def compile_only(cfg):
         launch.launch(copy_kernel, (1,), _args(), cfg, warmup=True)
@@ -353,7 +383,11 @@ def test_candidates_compile_in_processes_forked_after_cuda_started_and_launch_he
     args = _args("cuda")
     where = tuning._compile_concurrently(CONFIGS, lambda cfg: launch.launch(copy_kernel, (1,), args, cfg, warmup=True))
     assert where == f"in processes forked from this one ({len(CONFIGS)} jobs; Inductor's compile workers not ready)"
+    built_here = []
+    build = triton.runtime.build._build
+    monkeypatch.setattr(triton.runtime.build, "_build", lambda name, *rest: built_here.append(name) or build(name, *rest))
     _each_config_launches_from_the_cache(tmp_path, args)
+    assert built_here == []  # (a Triton that builds a launcher a signature: built by the batch's first job)
 
 
 def _uncompiled_case(tmp_path, monkeypatch, length: int):

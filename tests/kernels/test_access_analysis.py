@@ -59,6 +59,41 @@ def test_launches_of_one_signature_are_analysed_once():
     in_a_fresh_process(__name__, "launches_of_one_signature_are_analysed_once", "")
 
 
+def launches_with_a_config_are_analysed_once_per_config(_):
+    # A launch with options (num_warps, num_stages) reaches torch's analysis as a new single-config Autotuner around
+    # the kernel each time (torch's TritonHOPifier): the kernel's analysis is kept per signature and config still.
+    from fuse_attn.kernels.tuning import KernelConfig
+
+    compile_for_sm90()
+    generations = _counting_ttir_generations()
+    four_warps, eight_warps = KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 8, 2)
+    configs = iter([four_warps, four_warps, eight_warps, four_warps])
+    graph = _traced_copies(lambda args: launch.launch(copy_kernel, (1,), args, next(configs)), [torch.bfloat16] * 4)
+    assert _cloned(graph) == [["Y"]] * 4
+    assert len(generations) == 2  # (four warps, eight warps)
+
+
+def test_launches_with_a_config_are_analysed_once_per_config():
+    in_a_fresh_process(__name__, "launches_with_a_config_are_analysed_once_per_config", "")
+
+
+def test_the_traces_and_inductors_launches_of_one_signature_share_an_answer():
+    # the trace analyses a launch of fake tensors, Inductor's lowering one of TensorBoxes: torch reads both alike
+    from torch._inductor import ir
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fuse_attn.kernels.generated import access_analysis
+
+    access_analysis.remember(copy_kernel)
+    with FakeTensorMode():
+        fake = torch.empty(64, dtype=torch.bfloat16)
+    box = ir.TensorBox.create(ir.InputBuffer(name="x", layout=ir.FixedLayout(torch.device("cpu"), torch.bfloat16, [64])))
+    traced, lowered = ({"X": x, "Y": x, "n": 64, "BLOCK": 64} for x in (fake, box))
+    assert access_analysis._key(copy_kernel, traced, None) == access_analysis._key(copy_kernel, lowered, None)
+    real = dict(traced, X=torch.empty(64, dtype=torch.bfloat16))  # (read as it is: its alignment may matter)
+    assert access_analysis._key(copy_kernel, real, None) != access_analysis._key(copy_kernel, traced, None)
+
+
 def other_kernels_are_analysed_by_torch_each_time(_):
     compile_for_sm90()
     from triton.runtime.jit import JITFunction

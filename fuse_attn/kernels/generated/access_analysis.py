@@ -48,7 +48,7 @@ def _wrap_torchs_analysis() -> None:
 def _kept_per_signature(analysis: Callable) -> Callable:
     @functools.wraps(analysis)
     def kept(kernel, kwargs, tma_descriptor_metadata, *args, **kw):
-        key = _key(kernel, kwargs, tma_descriptor_metadata) if kernel in _ours and not args and not kw else None
+        key = None if args or kw else _key(kernel, kwargs, tma_descriptor_metadata)
         if key is None:
             return analysis(kernel, kwargs, tma_descriptor_metadata, *args, **kw)
         answer = _answers.get(key)
@@ -61,9 +61,20 @@ def _kept_per_signature(analysis: Callable) -> Callable:
 
 
 def _key(kernel, kwargs: dict, tma_descriptor_metadata) -> Optional[tuple]:
-    """What torch's analysis reads of the arguments; None where some value cannot be a key."""
+    """What torch's analysis reads of a launch of one of our kernels; None for other kernels, or where some value
+    cannot be a key. A launch with options (``num_warps``, ``num_stages``: every launch with a config) reaches the
+    analysis as a new single-config ``Autotuner`` around our kernel each time (torch's ``TritonHOPifier``), so the
+    kernel is ours inside it and its configs are part of the key: without that every launch was analysed anew, 18
+    TTIR generations of 0.1-0.5 s each for three chained attentions' forward and backward on a CPU host."""
+    configs = None
+    if kernel not in _ours:
+        inner = getattr(kernel, "fn", None)  # (an Autotuner's kernel)
+        configs = getattr(kernel, "configs", None)
+        if configs is None or inner not in _ours:
+            return None
+        kernel, configs = inner, tuple(str(config) for config in configs)
     try:
-        key = (kernel, tuple((name, _kind(value)) for name, value in sorted(kwargs.items())),
+        key = (kernel, configs, tuple((name, _kind(value)) for name, value in sorted(kwargs.items())),
                repr(sorted((tma_descriptor_metadata or {}).items())))
         hash(key)
         return key
@@ -77,5 +88,12 @@ def _kind(value: Any) -> Any:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool, sympy.Expr)):
         return ("symbolic",)
     if isinstance(value, torch.Tensor) or hasattr(value, "get_dtype"):  # (Inductor's TensorBox)
-        return ("tensor", type(value).__name__, value.dtype if isinstance(value, torch.Tensor) else value.get_dtype())
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        dtype = value.dtype if isinstance(value, torch.Tensor) else value.get_dtype()
+        # torch's analysis reads a fake tensor (the trace's) and a TensorBox (Inductor's lowering) alike, as an empty
+        # tensor of its dtype: one answer serves both. Other tensors it reads as they are.
+        if isinstance(value, FakeTensor) or type(value).__name__ == "TensorBox":
+            return ("tensor", "placeholder", dtype)
+        return ("tensor", type(value).__name__, dtype)
     return ("value", type(value).__name__, value)

@@ -55,7 +55,9 @@ caches: FUSE_ATTN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR in a new 
 warm (a second subprocess with the caches the first left). The table gives each fuse_attn variant's time over
 Inductor's on the same attention path; the CSV also where fuse_attn's part of it went
 (``fuse_attn.backend.compile_seconds``: its analysis of the graphs, of it the trace; tuning, of it compiling
-candidates). Rows go to OUTDIR/bench_models_compile_time.csv.
+candidates), and, for every variant, AOTAutograd's and Inductor's (:data:`INDUCTOR_PHASES`, Dynamo's timers: the
+joint graph's trace, the lowering, the code generation, the wait for the kernels' compiles). Rows go to
+OUTDIR/bench_models_compile_time.csv.
 """
 
 from __future__ import annotations
@@ -135,9 +137,13 @@ SPEED_COLUMNS = ["model", "mode", "B", "N", "variant", "layers", "fused_attentio
                  "peak_bytes", "device", "torch", "triton", "transformers", "date"]
 # fuse_attn's parts of a first compile (fuse_attn.backend.compile_seconds; they overlap: see there)
 COMPILE_PARTS = ["analysis", "trace", "tuning", "compiling candidates"]
+# Where AOTAutograd's and Inductor's part of a first compile went, for every variant (Dynamo's timers,
+# torch._dynamo.utils.compilation_time_metrics, summed over the graphs): a CSV column and the timer it reads
+INDUCTOR_PHASES = {"joint_trace": "aot_trace_joint_graph", "lowering": "GraphLowering.run",
+                   "codegen": "GraphLowering.codegen", "kernel_compile_wait": "async_compile.wait"}
 COMPILE_COLUMNS = ["model", "B", "N", "variant", "caches", "first_two_steps_s", "first_step_s", "fused_attentions",
-                   "analysis_s", "trace_s", "tuning_s", "compiling_candidates_s", "device", "torch", "triton",
-                   "transformers", "date"]
+                   "analysis_s", "trace_s", "tuning_s", "compiling_candidates_s",
+                   *(f"{phase}_s" for phase in INDUCTOR_PHASES), "device", "torch", "triton", "transformers", "date"]
 
 
 def model_and_config(name, attention, tiny, length):
@@ -410,8 +416,10 @@ def first_steps(args):
         step()
         synchronize(args.device)
     seconds = time.perf_counter() - start
+    timers = torch._dynamo.utils.compilation_time_metrics
+    phases = {phase: sum(timers.get(timer, ())) for phase, timer in INDUCTOR_PHASES.items()}
     print(FIRST_STEPS_MARK, json.dumps({"seconds": seconds, "first": first, "fused": sum(len(r.fused) for r in reports),
-                                        "parts": compile_seconds()}), flush=True)
+                                        "parts": compile_seconds(), "phases": phases}), flush=True)
 
 
 def compile_times(args, record):
@@ -438,15 +446,17 @@ def compile_times(args, record):
                         print(f"{name} {variant} {caches_state} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
                               flush=True)
                         ok = False
-                        record([name, batch, length, variant, caches_state, "error", "", "", "", "", "", ""])
+                        record([name, batch, length, variant, caches_state, "error", *[""] * (6 + len(INDUCTOR_PHASES))])
                         continue
                     seconds[variant, caches_state] = result["seconds"]
                     ours = VARIANTS[variant][1] == "fuse_attn"
                     parts = [f"{result['parts'][part]:.2f}" if ours else "" for part in COMPILE_PARTS]
+                    phases = [f"{result['phases'][phase]:.2f}" for phase in INDUCTOR_PHASES]
                     record([name, batch, length, variant, caches_state, f"{result['seconds']:.2f}",
-                            f"{result['first']:.2f}", result["fused"] if ours else "", *parts])
-                    where = (" (" + ", ".join(f"{part} {result['parts'][part]:.1f}s" for part in COMPILE_PARTS) + ")"
-                             if ours else "")
+                            f"{result['first']:.2f}", result["fused"] if ours else "", *parts, *phases])
+                    where = " (" + ", ".join(
+                        [f"{part} {result['parts'][part]:.1f}s" for part in COMPILE_PARTS if ours]
+                        + [f"{phase.replace('_', ' ')} {result['phases'][phase]:.1f}s" for phase in INDUCTOR_PHASES]) + ")"
                     print(f"  {name} {variant} {caches_state}: {result['seconds']:.1f}s{where}", flush=True)
         for caches_state in ("cold", "warm"):
             cells = [f"{seconds[v, caches_state]:.1f}" if (v, caches_state) in seconds else "error" for v in variants]

@@ -106,6 +106,9 @@ def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_pa
     for cell in (cold, warm):
         assert float(cell["tuning_s"]) == float(cell["compiling_candidates_s"]) == 0, cell
     assert all(c["analysis_s"] == "" for c in cells[2:])
+    for cold in (cells[0], cells[2]):  # AOTAutograd's and Inductor's part, for every variant
+        assert float(cold["first_step_s"]) > float(cold["joint_trace_s"]) > 0, cold
+        assert float(cold["lowering_s"]) > 0 and float(cold["codegen_s"]) > 0, cold
     seconds = {(c["variant"], c["caches"]): float(c["first_two_steps_s"]) for c in cells}
     rows = table_rows(done.stdout)
     assert [row["caches"] for row in rows] == ["cold", "warm"], done.stdout

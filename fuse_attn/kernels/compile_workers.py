@@ -429,9 +429,11 @@ def _build_launcher(compiled, target) -> None:
     compiler, 1 s of the launching process's time for each of BERT's three attention kernels on an H200 host; that
     process then loads it from the cache. Triton 3.9 launches every kernel through one launcher: nothing to build.
     Only an optimization: where it fails, the launching process builds it as before."""
+    if target.backend != "cuda":
+        return
     from triton.backends.nvidia import driver as nvidia_driver
 
-    if target.backend != "cuda" or not hasattr(nvidia_driver, "make_launcher"):
+    if not hasattr(nvidia_driver, "make_launcher"):
         return
     try:
         nvidia_driver.CudaLauncher(compiled.src, compiled.metadata)

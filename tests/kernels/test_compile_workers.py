@@ -434,18 +434,34 @@ def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, mon
     assert all(torch.isfinite(g).all() for g in (dq, dk, dv))
 
 
+DQ_CONFIGS = [KernelConfig(64, 32, 4, 2), KernelConfig(128, 32, 8, 3)]
+
+
+def _tuned_as_on_an_h200() -> None:
+    """(In a scenario's process.) The generated kernels' configs are tuned as on a GPU, the tuner's device queries
+    answered as an H200's (no GPU here)."""
+    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")
+    tuning.max_shared_memory = lambda device: 232448
+    launch._tuned_on = lambda q: True
+
+
+def _candidates(dq, dkdv, fwd=None) -> None:
+    """(In a scenario's process.) The tuner's candidate configs of the backward's kernels (and the forward's)."""
+    if fwd is not None:
+        tuning.forward_candidates = lambda *_: fwd
+    tuning.dq_candidates = lambda *_: dq
+    tuning.dkdv_candidates = lambda *_: dkdv
+
+
 def backwards_candidates_compile_ahead_into_the_binaries_launched(_):
     compile_for_sm90()
     from fuse_attn.kernels.generated import codegen
     from tests.support.cases import make_case
 
-    dq_configs, dkdv_configs = [KernelConfig(64, 32, 4, 2), KernelConfig(128, 32, 8, 3)], CONFIGS
-    tuning.dq_candidates = lambda *_: dq_configs
-    tuning.dkdv_candidates = lambda *_: dkdv_configs
-    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuner's device queries)
-    tuning.max_shared_memory = lambda device: 232448
+    dq_configs, dkdv_configs = DQ_CONFIGS, CONFIGS
+    _candidates(dq=dq_configs, dkdv=dkdv_configs)
+    _tuned_as_on_an_h200()
     compile_workers.worker_pool = lambda: None
-    launch._tuned_on = lambda q: True
     launch.triton_forward = lambda q, k, v, score_tensors, spec, seed=None: launch.empty_outputs(q, v)
 
     class TimingStarted(Exception):
@@ -482,14 +498,10 @@ def attention_candidates_compile_ahead(cache_dir):
     from tests.support.cases import make_case
 
     os.environ["FUSE_ATTN_CACHE"] = "0"  # (no choice stored by another run)
-    fwd_configs, dq_configs, dkdv_configs = CONFIGS, [KernelConfig(64, 32, 4, 2), KernelConfig(128, 32, 8, 3)], CONFIGS
-    tuning.forward_candidates = lambda *_: fwd_configs
-    tuning.dq_candidates = lambda *_: dq_configs
-    tuning.dkdv_candidates = lambda *_: dkdv_configs
-    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuner's device queries)
-    tuning.max_shared_memory = lambda device: 232448
+    fwd_configs, dq_configs, dkdv_configs = CONFIGS, DQ_CONFIGS, CONFIGS
+    _candidates(fwd=fwd_configs, dq=dq_configs, dkdv=dkdv_configs)
+    _tuned_as_on_an_h200()
     compile_workers.worker_pool = lambda: None
-    launch._tuned_on = lambda q: True
     q, k, v, tensors, spec = make_case(Z=2, H=4, M=256, N=256, D=64, dtype=torch.bfloat16)
     launch.compile_candidates_ahead(q, k, v, [], spec, [], training=True)
     assert sorted(key.kind for key in tuning._ahead) == ["bwd_dkdv", "bwd_dq", "fwd"]
@@ -556,9 +568,7 @@ def steps_compile_only(cache_dir):
     from fuse_attn.spec import AttentionSpec, CausalMask
 
     os.environ["FUSE_ATTN_CACHE"] = "0"  # (no choice stored by another run)
-    tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")  # (no GPU here: the tuner's device queries)
-    tuning.max_shared_memory = lambda device: 232448
-    launch._tuned_on = lambda q: True
+    _tuned_as_on_an_h200()
     spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask(), gqa_group=2)
     q = torch.randn(2, 4, 200, 64, dtype=torch.bfloat16)
     k, v = (torch.randn(2, 2, 200, 64, dtype=torch.bfloat16) for _ in range(2))

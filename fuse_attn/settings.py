@@ -3,7 +3,7 @@ environment variables.
 
 Environment variables are read on every call, not at import, so a process (or a test) may change them between
 compiles. Under torch.compile the ops' bodies run while tracing, so these settings shape the compiled code: the
-backend folds all of them into Inductor's cache key (:func:`environment_settings`).
+backend folds all of them but the cache directory into Inductor's cache key (:func:`environment_settings`).
 """
 
 from __future__ import annotations
@@ -82,5 +82,9 @@ def interpreting() -> bool:
 
 
 def environment_settings() -> list[tuple[str, str]]:
-    """Every ``FUSE_ATTN_*`` variable set in this process, sorted."""
-    return sorted((name, value) for name, value in os.environ.items() if name.startswith(PREFIX))
+    """Every ``FUSE_ATTN_*`` variable set in this process that may shape the compiled code, sorted: all but
+    ``FUSE_ATTN_CACHE_DIR``, which says where the caches are, not what is compiled. (A tuning result read from there
+    is no more part of Inductor's key than one read from the default directory; with the path in it, every process
+    given a directory of its own -- each test session, each benchmark subprocess -- missed Inductor's and
+    AOTAutograd's caches for every graph.)"""
+    return sorted((name, value) for name, value in os.environ.items() if name.startswith(PREFIX) and name != CACHE_DIR)

@@ -315,6 +315,16 @@ def test_changed_settings_miss_the_fx_graph_cache(monkeypatch):
         assert compile_once() == (1, 0)
 
 
+def test_another_cache_directory_hits_the_fx_graph_cache(monkeypatch, tmp_path):
+    # where fuse_attn's caches live is no setting of the compiled code: a process with a directory of its own (a
+    # test session, a benchmark's subprocess) is served Inductor's entries like any other
+    with fresh_cache():
+        monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "one"))
+        assert compile_once() == (0, 1)
+        monkeypatch.setenv("FUSE_ATTN_CACHE_DIR", str(tmp_path / "another"))
+        assert compile_once() == (1, 0)
+
+
 def run_fresh_python(code: str) -> str:
     return subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd="/").stdout
 

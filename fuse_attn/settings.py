@@ -83,8 +83,7 @@ def interpreting() -> bool:
 
 def environment_settings() -> list[tuple[str, str]]:
     """Every ``FUSE_ATTN_*`` variable set in this process that may shape the compiled code, sorted: all but
-    ``FUSE_ATTN_CACHE_DIR``, which says where the caches are, not what is compiled. (A tuning result read from there
-    is no more part of Inductor's key than one read from the default directory; with the path in it, every process
-    given a directory of its own -- each test session, each benchmark subprocess -- missed Inductor's and
-    AOTAutograd's caches for every graph.)"""
+    ``FUSE_ATTN_CACHE_DIR``, which says where the caches are, not what is compiled, so that processes with
+    directories of their own (a test session, a benchmark's subprocess, a job) share Inductor's and AOTAutograd's
+    entries. (A tuning result read from a directory is no more part of the key than one read from the default.)"""
     return sorted((name, value) for name, value in os.environ.items() if name.startswith(PREFIX) and name != CACHE_DIR)

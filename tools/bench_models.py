@@ -446,7 +446,8 @@ def compile_times(args, record):
                         print(f"{name} {variant} {caches_state} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
                               flush=True)
                         ok = False
-                        record([name, batch, length, variant, caches_state, "error", *[""] * (6 + len(INDUCTOR_PHASES))])
+                        failed = [name, batch, length, variant, caches_state, "error"]  # (the rest left empty)
+                        record(failed + [""] * (COMPILE_COLUMNS.index("device") - len(failed)))
                         continue
                     seconds[variant, caches_state] = result["seconds"]
                     ours = VARIANTS[variant][1] == "fuse_attn"

@@ -93,26 +93,38 @@ class Size:
     seq: int
     head_dim: int
     window: int = WINDOW
+    value_head_dim: int | None = None  # v's head dim where it is not q's and k's (MLA)
 
     @property
     def group(self) -> int:
         return self.heads // self.kv_heads
 
+    @property
+    def v_dim(self) -> int:
+        return self.value_head_dim or self.head_dim
+
+    @property
+    def dims(self) -> str:
+        """The head dims as the CSV's D column writes them: D, or D/Dv where v's differs."""
+        return f"{self.head_dim}/{self.v_dim}" if self.v_dim != self.head_dim else str(self.head_dim)
+
     def __str__(self) -> str:
         heads = f"{self.heads}/{self.kv_heads}" if self.group > 1 else str(self.heads)
-        return f"{self.batch},{heads},{self.seq},{self.head_dim}"
+        return f"{self.batch},{heads},{self.seq},{self.dims}"
 
 
 def resized(size: Size, batch=None, heads=None, seq=None, head_dim=None) -> Size:
     """``size`` with the given fields replaced; the kv heads keep the variant's GQA group (heads // group)."""
     heads = heads or size.heads
     return Size(batch or size.batch, heads, heads // size.group, seq or size.seq, head_dim or size.head_dim,
-                size.window)
+                size.window, None if head_dim else size.value_head_dim)
 
 
 def small_size(size: Size, seq: int, head_dim: int) -> Size:
-    """A check size: two batch rows, 4 kv heads (of the variant's group), a window of N / 4."""
-    return Size(2, 4 * size.group, 4, seq, head_dim, seq // 4)
+    """A check size: two batch rows, 4 kv heads (of the variant's group), a window of N / 4, head dim ``head_dim``
+    (v's scaled with it where it differs)."""
+    value_head_dim = size.value_head_dim and size.value_head_dim * head_dim // size.head_dim
+    return Size(2, 4 * size.group, 4, seq, head_dim, seq // 4, value_head_dim)
 
 
 # ---- the variants: model code (forward) and how each peer states the same attention ---------------------------------
@@ -409,6 +421,21 @@ class SinksWindow(VariantAttention):
         return None  # SDPA's public call returns no lse (Hugging Face runs gpt-oss with eager attention)
 
 
+class MultiHeadLatent(VariantAttention):
+    """DeepSeek-V3's eager attention after its latent up-projections (multi-head latent attention, MLA): each head's
+    query and key 192 wide, the model's join of a 128-wide part without rotary embedding and a 64-wide rotary part
+    (the key's shared by the heads), the value 128 wide; scale 192 ** -0.5; causal."""
+
+    def forward(self, q, k, v):
+        return attend(causal_masked(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5), v)
+
+    def flex_mods(self, device, extra):
+        return None, causal_mask_mod
+
+    def sdpa_arguments(self, device, extra):
+        return {"is_causal": True}
+
+
 @dataclasses.dataclass(frozen=True)
 class Variant:
     module: Callable[[Size], VariantAttention]
@@ -434,6 +461,10 @@ VARIANTS = {
     "packed_documents_32k": Variant(PackedDocuments, dataclasses.replace(DEFAULT_SIZE, batch=1, seq=32768)),
     "sinks_window": Variant(SinksWindow, GPT_OSS_SIZE),
     "sinks_causal": Variant(lambda size: SinksWindow(size, window=False), GPT_OSS_SIZE),
+    # DeepSeek-V3's head dims (q / k 192 = 128 + 64 rotary, v 128); B * N and H as the default's
+    "mla_causal_4k": Variant(MultiHeadLatent, dataclasses.replace(DEFAULT_SIZE, head_dim=192, value_head_dim=128)),
+    "mla_causal_16k": Variant(MultiHeadLatent, dataclasses.replace(DEFAULT_SIZE, batch=1, seq=16384, head_dim=192,
+                                                                   value_head_dim=128)),
 }
 
 
@@ -453,8 +484,9 @@ def check_variant(variant: Variant, size: Size, device) -> Check:
     torch.manual_seed(0)
     with torch.device(device):
         module = variant.module(size)
-        q, k, v, dout = (torch.randn(size.batch, heads, size.seq, size.head_dim)
-                         for heads in (size.heads, size.kv_heads, size.kv_heads, size.heads))
+        q, k, v, dout = (torch.randn(size.batch, heads, size.seq, dim) for heads, dim in
+                         ((size.heads, size.head_dim), (size.kv_heads, size.head_dim), (size.kv_heads, size.v_dim),
+                          (size.heads, size.v_dim)))
     extra = module.extra_inputs(device)
 
     def run(dtype, compile_model):
@@ -567,12 +599,15 @@ def bench_variant(name: str, size: Size, mode: str, methods_filter, record) -> l
     with torch.device("cuda"):
         module = VARIANTS[name].module(size).to(DTYPE)
     q, k, v, dout = random_inputs(size.batch, size.heads, size.seq, size.head_dim, DTYPE, backward)
+    if size.v_dim != size.head_dim:  # v and the output's gradient at v's head dim
+        v, dout = (x[..., :size.v_dim].detach().clone().normal_() for x in (v, dout))
+        v.requires_grad_(backward)
     if size.group > 1:  # k and v of the kv heads only
         k, v = (x[:, :size.kv_heads].detach().clone().requires_grad_(backward) for x in (k, v))
     extra = module.extra_inputs(q.device)
     learned = list(module.parameters())  # the dense bias: its gradient is part of fwd+bwd
     methods = make_methods(module, q, k, v, extra)
-    prefix = [name, size.batch, size.heads, size.kv_heads, size.seq, size.head_dim, NAMES[DTYPE], mode]
+    prefix = [name, size.batch, size.heads, size.kv_heads, size.seq, size.dims, NAMES[DTYPE], mode]
     times, cells, fused = {}, [], "-"
     for method in METHOD_NAMES:
         fn = methods.get(method)

@@ -176,8 +176,9 @@ def test_bench_variants_module_is_fused_and_matches_eager(name):
     under TRITON_INTERPRET=1): its attention fused, output and gradients (q, k, v, the learned bias) within the 2x
     rule of eager's against fp64. A benchmark row of an unfused variant would time Inductor, not our kernels."""
     variant = VARIANTS[name]
-    # head dim 16 (the default's 128 scaled down), but a variant about its head dim (256) keeps it
-    head_dim = 16 if variant.default.head_dim == DEFAULT_SIZE.head_dim else variant.default.head_dim
+    # head dim 16 (the default's 128 scaled down; MLA's 192 / 128 to 24 / 16), but the variant about head dim 256
+    # keeps it
+    head_dim = {256: 256, 192: 24}.get(variant.default.head_dim, 16)
     result = check_variant(variant, small_size(variant.default, 64, head_dim), "cpu")
     assert result.fused >= 1, "\n".join(result.verdicts)
     if name == "padding_causal_mask_input":  # a mask of unknown values: its tiles classified per call

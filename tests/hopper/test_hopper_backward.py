@@ -118,11 +118,14 @@ def test_the_delta_kernel_zeroes_the_dq_accumulator(dlse):
     assert past.isnan().all()
 
 
-def test_the_backward_takes_every_head_dim_the_forward_does():
-    """``hopper_reasons`` admits common.HEAD_DIMS for both kernels: each needs a config for each."""
+def test_each_kernel_has_a_config_for_every_head_dim_it_takes():
+    """``hopper_reasons`` admits common.FORWARD_HEAD_DIMS for the forward and BACKWARD_HEAD_DIMS for the backward
+    (the forward's too but MLA's 192 / 128, whose backward is the template's): each needs a config for each."""
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
 
-    assert set(hopper_backward._CONFIGS) == set(hopper_forward._CONFIGS) == set(hopper_common.HEAD_DIMS)
+    assert set(hopper_forward._CONFIGS) == {d for d, _ in hopper_common.FORWARD_HEAD_DIMS}
+    assert set(hopper_backward._CONFIGS) == {d for d, _ in hopper_common.BACKWARD_HEAD_DIMS}
+    assert set(hopper_common.FORWARD_HEAD_DIMS) - set(hopper_common.BACKWARD_HEAD_DIMS) == {(192, 128)}
 
 
 def test_a_bias_ring_keeps_one_dq_buffer_at_head_dim_128_and_none_fits_at_64():

@@ -50,8 +50,9 @@ ALIBI = dict(score_program=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfl
     ({"score_program": BIAS_PROGRAM,
       "score_tensors": (ScoreTensor("bias", "bfloat16", (False, True, True, False)),)}, {}, "skip per call"),
     ({"dropout_p": 0.1}, {}, "no dropout"),
-    ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims [64, 128], not 96/96"),
+    ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims 64/64, 128/128, 192/128, not 96/96"),
     ({"head_dim_v": 64}, {}, "not 128/64"),
+    ({"head_dim": 192, "scale": 192 ** -0.5, **ALIBI}, {"head_dim": 192}, "adds no bias at head dims 192/128"),
     ({"causal": CausalMask(window=16)}, {}, "plain diagonal"),
     ({"causal": CausalMask(diagonal=1)}, {}, "plain diagonal"),
     ({"causal": CausalMask()}, {"q_len": 1}, "equal lengths"),
@@ -64,6 +65,17 @@ def test_hopper_reasons(change, qk, reason, monkeypatch):
     assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), **ALIBI), *fake_qk()) == []
     reasons = hopper_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
     assert len(reasons) == 1 and reason in reasons[0], reasons
+
+
+def test_the_forward_takes_mla_head_dims_and_the_backward_does_not(monkeypatch):
+    """DeepSeek-V3's q / k 192 with v 128: the Gluon forward's (its autograd then runs the template's backward), not
+    the Gluon backward's."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    mla = dataclasses.replace(PLAIN, head_dim=192, scale=192 ** -0.5, causal=CausalMask())
+    assert hopper_reasons(mla, *fake_qk(head_dim=192)) == []
+    assert not hopper_common.backward_takes(mla) and hopper_common.backward_takes(PLAIN)
+    reasons = hopper_reasons(mla, *fake_qk(head_dim=192), backward=True)
+    assert len(reasons) == 1 and "backward is tuned for head dims 64/64, 128/128, not 192/128" in reasons[0], reasons
 
 
 def test_hopper_reasons_name_the_gpu(monkeypatch):
@@ -89,7 +101,9 @@ def test_every_config_has_a_register_split_within_an_sm():
         held = 65536 if launch is None else launch * 128 * (consumers + 1)
         assert (consumers * consumer_regs + producer_regs) * 128 <= held, (head_dim, consumers)
         assert ctas * held <= 65536 and consumer_regs % 8 == 0 and producer_regs >= 24, (head_dim, consumers)
-        tiles = (consumers * block_m + 2 * stages * block_n) * head_dim * 2  # q, and k and v's ring, 2-byte
+        head_dim_v = dict(hopper_common.FORWARD_HEAD_DIMS)[head_dim]
+        tiles = ((consumers * block_m + stages * block_n) * head_dim + stages * block_n * head_dim_v) * 2  # q, and
+        # k and v's ring, 2-byte
         assert tiles <= hopper_common.shared_memory_for_tiles(ctas), (head_dim, consumers, ctas)
     assert [hopper_forward.resident_ctas(d, 1) for d in (64, 128)] == [3, 2]  # (what the short configs were timed at)
     assert [hopper_forward.register_split(d, 1) for d in (64, 128)] == [(136, 24), (232, 24)]
@@ -207,18 +221,19 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
 
 @hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dims", [(64, 64), (128, 128), (192, 128)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("length", [1, 17, 97, 1025])
-def test_matches_fp64_with_gradients(length, causal, head_dim, dtype):
+def test_matches_fp64_with_gradients(length, causal, head_dims, dtype):
     group = 2 if causal else 1
-    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
+    head_dim, head_dim_v = head_dims
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim_v,
                          scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group)
     g = torch.Generator(device="cuda").manual_seed(length)
     # q, k, v as a model's projections give them: [Z, N, H, D] viewed as [Z, H, N, D] (strided, no copy)
     q = torch.randn(2, length, 4, head_dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
-    k, v = (torch.randn(2, length, 4 // group, head_dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
-            for _ in range(2))
+    k, v = (torch.randn(2, length, 4 // group, dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
+            for dim in (head_dim, head_dim_v))
     leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
     ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
     out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True)
@@ -235,14 +250,15 @@ def test_matches_fp64_with_gradients(length, causal, head_dim, dtype):
 @hopper
 def test_long_rows_and_unequal_lengths():
     """Many key tiles through the ring (N 4096: 32 tiles, each stage reused), and M != N without a mask; at D64 the
-    three-consumer config (causal: its first warpgroups release the CTA's last tiles unread)."""
-    for D, M, N, causal in ((64, 4096, 4096, True), (128, 4096, 4096, True), (64, 300, 2049, False),
-                            (128, 300, 2049, False)):
-        spec = dataclasses.replace(PLAIN, head_dim=D, head_dim_v=D, scale=D ** -0.5,
+    three-consumer config (causal: its first warpgroups release the CTA's last tiles unread); MLA's 192 / 128."""
+    for D, DV, M, N, causal in ((64, 64, 4096, 4096, True), (128, 128, 4096, 4096, True), (64, 64, 300, 2049, False),
+                                (128, 128, 300, 2049, False), (192, 128, 4096, 4096, True),
+                                (192, 128, 300, 2049, False)):
+        spec = dataclasses.replace(PLAIN, head_dim=D, head_dim_v=DV, scale=D ** -0.5,
                                    causal=CausalMask() if causal else None)
         g = torch.Generator(device="cuda").manual_seed(M)
         q = torch.randn(1, 2, M, D, device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(1, 2, N, D, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+        k, v = (torch.randn(1, 2, N, dim, device="cuda", generator=g, dtype=torch.bfloat16) for dim in (D, DV))
         out = flash_attention_hopper(q, k, v, spec)
         ref, _ = reference_attention(q.double(), k.double(), v.double(), [], spec)
         eager, _ = reference_attention(q, k, v, [], spec)

@@ -13,6 +13,7 @@ from torch import Tensor
 from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import tma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -28,8 +29,12 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in log2 units: exp2(s * scale * LOG2E)
-# The head dims both kernels are tuned for: each has a config for each (forward._CONFIGS, backward._CONFIGS)
-HEAD_DIMS = (64, 128)
+# The (q / k, v) head dims each kernel is tuned for: it has a config for each (forward._CONFIGS, backward._CONFIGS, by
+# q's head dim). The forward also takes DeepSeek-V3's multi-head latent attention, q / k 192 wide and v 128, whose
+# backward is the generated template's (the Gluon backward's dK and dV accumulators, 64 x 192 and 64 x 128 fp32 a
+# warpgroup, leave S and dP no registers: 160 of the 232 a thread, where D128's take 128).
+FORWARD_HEAD_DIMS = ((64, 64), (128, 128), (192, 128))
+BACKWARD_HEAD_DIMS = ((64, 64), (128, 128))
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
@@ -46,9 +51,10 @@ _DS_MIN_HEAD_DIM = 128
 
 
 # ---- which attentions ------------------------------------------------------------------------------------------------
-def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
-    """Why the Gluon kernels (the forward and the backward, tuned for the same head dims) cannot compute the
-    attention (empty: they can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``, possibly fake with symbolic lengths."""
+def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, backward: bool = False) -> list[str]:
+    """Why the Gluon forward (``backward``: the Gluon backward) cannot compute the attention (empty: it can). q
+    ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``, possibly fake with symbolic lengths. Where the forward takes an
+    attention whose backward it does not (:func:`backward_takes`), the op's autograd runs the template's backward."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     reasons = []
@@ -64,13 +70,22 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
                        "kernels would compute them")
     if spec.dropout_p:
         reasons.append("the Gluon kernels have no dropout")
-    if spec.head_dim != spec.head_dim_v or spec.head_dim not in HEAD_DIMS:
-        reasons.append(f"the Gluon kernels are tuned for head dims {sorted(HEAD_DIMS)}, not {spec.head_dim}/"
-                       f"{spec.head_dim_v}")
+    dims = (spec.head_dim, spec.head_dim_v)
+    tuned = BACKWARD_HEAD_DIMS if backward else FORWARD_HEAD_DIMS
+    if dims not in tuned:
+        reasons.append(f"the Gluon {'backward' if backward else 'forward'} is tuned for head dims "
+                       f"{', '.join(f'{d}/{dv}' for d, dv in tuned)}, not {spec.head_dim}/{spec.head_dim_v}")
+    elif spec.score_program and dims not in BACKWARD_HEAD_DIMS:  # (forward._BIAS_TMA_CONFIGS: D64 and D128)
+        reasons.append(f"the Gluon forward adds no bias at head dims {spec.head_dim}/{spec.head_dim_v}")
     if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
                                     or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
     return reasons
+
+
+def backward_takes(spec: AttentionSpec) -> bool:
+    """Whether the Gluon backward computes the gradients of an attention the Gluon forward took (its head dims)."""
+    return (spec.head_dim, spec.head_dim_v) in BACKWARD_HEAD_DIMS
 
 
 def adds_a_bias(spec: AttentionSpec) -> bool:
@@ -82,10 +97,12 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
     return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
-def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others):
+def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others,
+                 backward: bool = False):
     """What ``prepare(spec, q, k, v, bias)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
     launch worked out for the call's sizes -- after its inputs were validated as the template's op validates them
-    (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them.
+    (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them
+    (of the backward where ``backward``).
     It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides, dtype and
     device, the bias's alignment, and ``others``: more tensors' layouts or values ``prepare`` reads): a model calls
     the op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
@@ -96,7 +113,7 @@ def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias:
     if call is None:
         s = ops.parse_spec(spec)
         ops.validate(q, k, v, bias_score_tensors(bias), s)
-        reasons = hopper_reasons(s, q, k)
+        reasons = hopper_reasons(s, q, k, backward)
         if reasons:
             raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
         if len(_checked) >= _CHECKED_SIGNATURES:
@@ -151,10 +168,12 @@ def descriptor_fields(shape: tuple, strides: tuple, rows: int, cols: int, dtype:
     return fields
 
 
-def in_place_fields(t: Tensor, rows: int) -> dict | None:
-    """The fields of a descriptor of ``rows``-row tiles over ``t``'s layout where TMA reads it in place
-    (:func:`reads_in_place`), for :func:`described`; else None."""
-    return descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3], t.dtype) if reads_in_place(t) else None
+def in_place_fields(t: Tensor, rows: int, cols: int | None = None) -> dict | None:
+    """The fields of a descriptor of ``rows`` x ``cols``-tiles (default: every column) over ``t``'s layout where TMA
+    reads it in place (:func:`reads_in_place`), for :func:`described`; else None."""
+    if not reads_in_place(t):
+        return None
+    return descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols, t.dtype)
 
 
 def dense_fields(shape: tuple, rows: int, dtype: torch.dtype) -> dict:
@@ -170,11 +189,12 @@ def with_base(fields: dict, t: Tensor) -> "TensorDescriptor":
     return descriptor
 
 
-def described(t: Tensor, fields: dict | None, rows: int) -> "TensorDescriptor":
-    """A descriptor of ``rows``-row tiles over ``t``, whose layout's fields were prepared (:func:`in_place_fields`:
-    None where TMA cannot read that layout in place); over a copy where TMA cannot read ``t`` where it lies."""
+def described(t: Tensor, fields: dict | None, rows: int, cols: int | None = None) -> "TensorDescriptor":
+    """A descriptor of ``rows`` x ``cols`` tiles (default: every column) over ``t``, whose layout's fields were
+    prepared (:func:`in_place_fields`: None where TMA cannot read that layout in place); over a copy where TMA cannot
+    read ``t`` where it lies."""
     if fields is None or t.data_ptr() % TMA_ALIGN_BYTES:
-        return tma_descriptor(tma_ready(t), rows)
+        return tma_descriptor(tma_ready(t), rows, cols)
     return with_base(fields, t)
 
 
@@ -331,6 +351,16 @@ def log2_units(bias):
     the GPU)."""
     return gl.inline_asm_elementwise("mul.rz.f32 $0, $1, 0f3FB8AA3B;", "=r,r", [bias.to(gl.float32)],
                                      dtype=gl.float32, is_pure=True, pack=1)  # 0f3FB8AA3B: log2(e) in fp32
+
+
+@builtin
+def reinterpret_shared(desc, dtype, shape, layout, _semantic=None):
+    """The shared memory of ``desc`` seen as a tile of another dtype, shape and layout (Gluon's
+    ``shared_memory_descriptor.reinterpret`` in Triton 3.9, ``_reinterpret`` in 3.6: one name for both)."""
+    from triton.language.core import _unwrap_if_constexpr
+
+    return _semantic.memdesc_reinterpret(desc, _unwrap_if_constexpr(dtype), [_unwrap_if_constexpr(n) for n in shape],
+                                         _unwrap_if_constexpr(layout))
 
 
 # ---- shared memory and SMs -------------------------------------------------------------------------------------------

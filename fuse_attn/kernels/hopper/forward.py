@@ -22,8 +22,9 @@ as FlashAttention-3 does:
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
-(:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128;
-causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
+(:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128,
+or q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes, and the backward is the
+template's); causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
 the spec's program adds its one bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated
 template's semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a
 consumer in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
@@ -55,16 +56,20 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
-                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
-                                             ctas_at_once, dense_fields, described, dscore_kv_heads,
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, backward_takes, batch_and_head,
+                                             bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
+                                             checked_call, ctas_at_once, dense_fields, described, dscore_kv_heads,
                                              fills_at_most, in_place_fields, log2_units, parsed_spec,
-                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
+                                             reinterpret_shared, shared_memory_for_tiles, tma_descriptor, tma_load,
+                                             tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
 
-# Per head dim: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a sweep over
-# key tiles, stages and consumers (H100, N 1k-16k). D128: 2 q tiles + 3 k / v stages = 224 of the 227 KiB a CTA may use.
-_CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2)}
+# Per head dim of q and k: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a
+# sweep over key tiles, stages and consumers (H100, N 1k-16k). D128: 2 q tiles + 3 k / v stages = 224 of the 227 KiB a
+# CTA may use. D192 (v 128, MLA; H200, B * N 16k-32k, N 2k-16k, causal and not, against cuDNN): 64-key tiles on three
+# consumers, 3 stages (q 72 + 3 x 40 KiB, 160 registers a consumer thread without spills) ran 1.04-1.09x cuDNN but
+# causal N4096's 0.97x; two consumers 0.91-1.05x (3 or 4 stages), 128-key tiles (2 stages fit) 0.81-0.93x.
+_CONFIGS = {64: (64, 128, 3, 3), 128: (64, 128, 3, 2), 192: (64, 64, 3, 3)}
 # Causal calls over fewer rows than the number: one consumer of 64-key tiles, whose CTAs share an SM
 # (_ONE_CONSUMER_CTAS_AN_SM) and so overlap the prologue and epilogue that short rows leave exposed. The number: where
 # the head dim's config caught up in a sweep over N 1k-4k (H100, H200).
@@ -194,17 +199,29 @@ def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, st
 
 
 @gluon.jit
-def _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j, r0,
-                   bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
+def _scores(q_smem, k_smem, C: gl.constexpr, stage, s_zero, PARTS: gl.constexpr):
+    """Consumer C's q k^T with the k tile of ring stage ``stage``, issued (not waited for): one wgmma a column part of
+    the head dim (PARTS: 192 = 3 x 64, a TMA box being a power of two wide; else the whole head dim), adding up."""
+    s = warpgroup_mma(q_smem.index(C * PARTS), k_smem.index(stage * PARTS).permute((1, 0)), s_zero, use_acc=False,
+                      is_async=True)
+    for part in gl.static_range(1, PARTS):
+        s = warpgroup_mma(q_smem.index(C * PARTS + part), k_smem.index(stage * PARTS + part).permute((1, 0)), s,
+                          is_async=True)
+    return s
+
+
+@gluon.jit
+def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j,
+                   r0, bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                    HAS_BIAS: gl.constexpr, bias_smem, C: gl.constexpr, CONSUMERS: gl.constexpr,
-                   s_layout: gl.constexpr, BIAS_TMA: gl.constexpr):
+                   s_layout: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr):
     """Key tile j (ring position r0 + j): its q k^T and tile j-1's P v in flight together (and the bias tile's loads,
     HAS_BIAS); tile j's softmax while P v runs; then tile j-1's ring stage is released and the output rescaled."""
     r = r0 + j
     stage = r % STAGES
     mbarrier.wait(kv_ready.index(stage), (r // STAGES) & 1)
-    s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+    s = _scores(q_smem, k_smem, C, stage, s_zero, PARTS)
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
     offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -265,9 +282,9 @@ def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.
 @gluon.jit
 def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, r0,
                     phase, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr, CAUSAL: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                    HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, CONSUMERS: gl.constexpr,
-                    BIAS_TMA: gl.constexpr):
+                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
+                    STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem,
+                    CONSUMERS: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
     key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
     and lse. A warpgroup whose rows all lie past M only releases the tiles (at D64, 192 rows a CTA, and N1024 the
@@ -278,7 +295,7 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, HEAD_D, 16])
+                                                       instr_shape=[16, HEAD_DV, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
     col_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
@@ -296,10 +313,9 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         n_full = gl.maximum(N // BLOCK_N, 1)
     mbarrier.wait(q_bars.index(C), phase)
     if start_m < M:
-        q = q_smem.index(C)
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=row_layout)
         l_i = gl.full([BLOCK_M], 0.0, gl.float32, layout=row_layout)
-        acc = gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=o_layout)
+        acc = gl.zeros([BLOCK_M, HEAD_DV], gl.float32, layout=o_layout)
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
         # (a row past M reads the bias of row M - 1: its output is never stored)
         bias_rows = bias_head
@@ -308,23 +324,23 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 
         # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
-        s = warpgroup_mma(q, k_smem.index(r0 % STAGES).permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = _scores(q_smem, k_smem, C, r0 % STAGES, s_zero, PARTS)
         p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
                                                   qk_scale, bias_rows, stride_bn, bias_smem,
                                                   (r0 % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL, HAS_BIAS,
                                                   BIAS_TMA)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         for j in range(1, n_full):
-            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                                 offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N, STAGES,
-                                                 col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS, bias_smem, C,
-                                                 CONSUMERS, s_layout, BIAS_TMA)
+            acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
+                                                 s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
+                                                 STAGES, col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS,
+                                                 bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS)
         # the masked tail
         for j in range(n_full, n_mine):
-            acc, p_op, m_i, l_i = _consumer_tile(q, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero,
-                                                 offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N, STAGES,
-                                                 col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS, bias_smem, C,
-                                                 CONSUMERS, s_layout, BIAS_TMA)
+            acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
+                                                 s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
+                                                 STAGES, col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS,
+                                                 bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS)
         last = (r0 + n_mine - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -336,9 +352,18 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
         if ZERO_EMPTY_ROWS:  # (only a bias can hide a row's every key: HAS_BIAS)
             out = gl.where((gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)) == 0.0)[:, None], 0.0, out)
-        q.store(out.to(o_desc.dtype))  # this warpgroup's q tile, read only by its own finished matmuls
+        # staged in this warpgroup's q tile, read only by its own finished matmuls; where v's head dim is not q's (or
+        # q's comes in parts), the q tiles' bytes seen as output tiles, this warpgroup's the first within its q's
+        o_tile = q_smem.index(C)
+        if HEAD_DV != HEAD_D or PARTS != 1:
+            o_first: gl.constexpr = (C * HEAD_D + HEAD_DV - 1) // HEAD_DV
+            gl.static_assert((o_first + 1) * HEAD_DV <= (C + 1) * HEAD_D, "an output tile within its q tile's bytes")
+            o_tile = reinterpret_shared(q_smem, o_desc.dtype, [CONSUMERS * HEAD_D // HEAD_DV, BLOCK_M, HEAD_DV],
+                                        gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DV],
+                                                                             o_desc.dtype)).index(o_first)
+        o_tile.store(out.to(o_desc.dtype))
         fence_async_shared()
-        tma_store(o_desc, [z, h, start_m, 0], q)  # rows past M are not written
+        tma_store(o_desc, [z, h, start_m, 0], o_tile)  # rows past M are not written
         tma.store_wait(0)
     else:  # every row past M (the last block's spare warpgroups where M is no multiple of its rows): nothing to compute
         _release_tiles(kv_ready, kv_empty, r0, 0, n_tiles, STAGES)
@@ -348,9 +373,9 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N,
               pid_m, second, bh, n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
-              STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr, PERSISTENT: gl.constexpr,
-              BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem,
-              BIAS_TMA: gl.constexpr):
+              HEAD_DV: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr,
+              PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr,
+              ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr):
     """Consumer warpgroup C: the CTA's query block (:func:`_block_of`); paired or persistent, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
     if PAIRED or PERSISTENT:
@@ -360,8 +385,8 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
                                             PERSISTENT, BATCH_INNER)
             _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
                             n_tiles, r0, it & 1, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
-                            stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS,
-                            ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA)
+                            stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS,
+                            ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA, PARTS)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
@@ -369,27 +394,30 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
                                         PERSISTENT, BATCH_INNER)
         _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
                         0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
-                        C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, CONSUMERS,
-                        BIAS_TMA)
+                        C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                        CONSUMERS, BIAS_TMA, PARTS)
 
 
 @gluon.jit
 def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexpr, CONSUMERS: gl.constexpr,
-            MANY_BLOCKS: gl.constexpr):
-    """Every consumer's q tile of the CTA's it-th query block; where a CTA takes MANY_BLOCKS, each once its consumer
-    gave the last one back (a fresh barrier passes a wait on parity 1: block 0's loads do not wait)."""
+            MANY_BLOCKS: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
+    """Every consumer's q tile of the CTA's it-th query block (in PARTS column parts of PART_D); where a CTA takes
+    MANY_BLOCKS, each once its consumer gave the last one back (a fresh barrier passes a wait on parity 1: block 0's
+    loads do not wait)."""
     for c in gl.static_range(CONSUMERS):
         if MANY_BLOCKS:
             mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
-        mbarrier.expect(q_bars.index(c), q_desc.block_type.nbytes)
-        tma_load(q_desc, [z, h, row0 + c * BLOCK_M, 0], q_bars.index(c), q_smem.index(c))
+        mbarrier.expect(q_bars.index(c), PARTS * q_desc.block_type.nbytes)
+        for part in gl.static_range(PARTS):
+            tma_load(q_desc, [z, h, row0 + c * BLOCK_M, part * PART_D], q_bars.index(c),
+                     q_smem.index(c * PARTS + part))
 
 
 @gluon.jit
 def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
                    row0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    CONSUMERS: gl.constexpr, MANY_BLOCKS: gl.constexpr, bias_desc, bias_smem, bz, bh,
-                   BIAS_TMA: gl.constexpr):
+                   BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
     """The it-th query block's n_tiles k / v tiles into the ring (from position r0) as stages come free, and
     (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and head bh; where a CTA takes
     MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those stages come free while the
@@ -401,11 +429,12 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
         mbarrier.wait(kv_empty.index(stage), ((r // STAGES) & 1) ^ 1)
         ready = kv_ready.index(stage)
         if BIAS_TMA:
-            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes
+            mbarrier.expect(ready, PARTS * k_desc.block_type.nbytes + v_desc.block_type.nbytes
                             + CONSUMERS * bias_desc.block_type.nbytes)
         else:
-            mbarrier.expect(ready, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma_load(k_desc, [z, h_kv, j * BLOCK_N, 0], ready, k_smem.index(stage))
+            mbarrier.expect(ready, PARTS * k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        for part in gl.static_range(PARTS):
+            tma_load(k_desc, [z, h_kv, j * BLOCK_N, part * PART_D], ready, k_smem.index(stage * PARTS + part))
         tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
         if BIAS_TMA:  # (rows past M and keys past N read as 0; a consumer with no rows below M never reads its tile)
             for c in gl.static_range(CONSUMERS):
@@ -413,7 +442,7 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
                           bias_smem.index(stage * CONSUMERS + c))
         if MANY_BLOCKS:
             if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
-                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, MANY_BLOCKS)
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, MANY_BLOCKS, PARTS, PART_D)
 
 
 @gluon.jit
@@ -421,7 +450,7 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
               second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
               PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, bias_desc, bias_smem,
-              BIAS_TMA: gl.constexpr):
+              BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
     """The q tiles of every consumer, then the k / v tiles into the ring; paired or persistent, so for each query
     block in turn (the ring runs on). BIAS_TMA: the bias tiles of the bias's batch row and head where it has them
     (else 0)."""
@@ -431,20 +460,20 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
             z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
                                             PERSISTENT, BATCH_INNER)
             if it == 0:
-                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True)
+                _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True, PARTS, PART_D)
             bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                            h // GQA_GROUP, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
-                           bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA)
+                           bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D)
             r0 += n_tiles
     else:
         z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
                                         PERSISTENT, BATCH_INNER)
-        _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False)
+        _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False, PARTS, PART_D)
         bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
         _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                        h // GQA_GROUP, row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
-                       bias_smem, bias_z, bias_h, BIAS_TMA)
+                       bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D)
 
 
 @gluon.jit
@@ -475,9 +504,9 @@ def _warp_specialize(consumer_args, producer_args, CONSUMERS: gl.constexpr, CONS
 @gluon.jit
 def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh,
                      stride_bm, stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
-                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, STAGES: gl.constexpr,
-                     CONSUMERS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr,
-                     PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr,
+                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
+                     PART_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr,
                      BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
@@ -504,11 +533,14 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
         n_blocks = 1
     bh = gl.program_id(1)
 
-    smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], q_desc.dtype)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS, BLOCK_M, HEAD_D], q_layout)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_D], smem_layout)
+    # q and k tiles in PARTS column parts of PART_D each (the whole head dim, or 192's three 64-column TMA boxes)
+    PARTS: gl.constexpr = HEAD_D // PART_D
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, PART_D], q_desc.dtype)
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], q_desc.dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, PART_D], q_desc.dtype)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [CONSUMERS * PARTS, BLOCK_M, PART_D], q_layout)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [STAGES * PARTS, BLOCK_N, PART_D], k_layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [STAGES, BLOCK_N, HEAD_DV], v_layout)
     q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
     kv_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -528,15 +560,21 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
 
     _warp_specialize(
         (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
-         n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-         CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA),
+         n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV,
+         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, PARTS),
         (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second,
          bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, PERSISTENT,
-         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA),
+         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D),
         CONSUMERS, CONSUMER_REGS, PRODUCER_REGS)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
+def head_dim_part(head_dim: int) -> int:
+    """The columns of q's and k's tiles: their head dim where a power of two, else 64 (a TMA box and a tile are a
+    power of two wide; 192 = 3 x 64: a wgmma's K a part, the 128-byte swizzle of a 64-column bf16 row)."""
+    return head_dim if head_dim & (head_dim - 1) == 0 else 64
+
+
 def resident_ctas(head_dim: int, consumers: int) -> int:
     """How many CTAs of a config share an SM: :data:`_ONE_CONSUMER_CTAS_AN_SM` for one consumer, else one."""
     return _ONE_CONSUMER_CTAS_AN_SM[head_dim] if consumers == 1 else 1
@@ -642,20 +680,22 @@ class ForwardCall:
 
     def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None):
         Z, H, M, D = q.shape
-        N = k.shape[2]
+        N, DV = k.shape[2], v.shape[3]
         causal = spec.causal is not None
         bias_view = None if bias is None else bias_tma_view(bias)
         (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
                                    bias_view is not None, q.device, ctas_at_once(q.device))
-        self.out_shape, self.lse_shape = (Z, H, M, D), (Z, H, M)
-        self.rows = (block_m, block_n, block_n)  # the q, k and v descriptors' tile rows
-        self.fields = tuple(in_place_fields(t, rows) for t, rows in zip((q, k, v), self.rows))
+        self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
+        part_d = head_dim_part(D)
+        # the q, k and v descriptors' tiles: q and k's in column parts (their boxes a power of two wide)
+        self.tiles = ((block_m, part_d), (block_n, part_d), (block_n, DV))
+        self.fields = tuple(in_place_fields(t, *tile) for t, tile in zip((q, k, v), self.tiles))
         self.out_fields = dense_fields(self.out_shape, block_m, q.dtype)
         self.bias_tiles = (block_m, block_n) if ring_stages else None
         self.scalars = (H, M, N, spec.scale_for(D) * LOG2E)
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
-        self.flags = (spec.gqa_group, causal, block_m, block_n, D, stages, consumers, consumer_regs, producer_regs,
+        self.flags = (spec.gqa_group, causal, block_m, block_n, D, DV, part_d, stages, consumers, consumer_regs, producer_regs,
                       paired, persistent, bias is not None, batch_rows_innermost(spec),
                       bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty)
                       ring_stages > 0)
@@ -665,8 +705,8 @@ class ForwardCall:
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
-        q_desc, k_desc, v_desc = (described(t, fields, rows) for t, fields, rows in zip((q, k, v), self.fields,
-                                                                                        self.rows))
+        q_desc, k_desc, v_desc = (described(t, fields, *tile) for t, fields, tile in zip((q, k, v), self.fields,
+                                                                                         self.tiles))
         args = (q_desc, k_desc, v_desc, with_base(self.out_fields, out), lse, *self.scalars,
                 lse if bias is None else bias, *self.bias_strides, self.out_shape[0],  # (no bias: lse, never read)
                 # (no bias tiles in the ring: q's descriptor stands in, never read)
@@ -679,7 +719,7 @@ class ForwardCall:
 
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(out [Z, H, M, D], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
+    """``(out [Z, H, M, DV], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
     ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`). Unchecked: the op checks its
     inputs once a signature and keeps the call (:class:`ForwardCall`)."""
     return ForwardCall(spec, q, k, v, bias)(q, k, v, bias)
@@ -728,11 +768,12 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     """The Gluon backward (:mod:`.backward`) on the GPU, the bias's gradient too where
     :func:`.common.dscore_kv_heads` admits it; the generated template's on CPU tensors (the op's forward there is the
-    template's too) and for the other biases that need a gradient. Both take this forward's out and lse as their
-    own."""
+    template's too), at the head dims the Gluon backward is not tuned for (:func:`.common.backward_takes`) and for
+    the other biases that need a gradient. Both take this forward's out and lse as their own."""
     q, k, v, out, lse, _, *bias = ctx.saved_tensors
     bias_grad = any(ctx.needs)
-    if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):
+    if (q.device.type != "cuda" or not backward_takes(ops.parse_spec(ctx.spec))
+            or bias_grad and not dscore_kv_heads(q, k, bias[0])):
         dq, dk, dv, dbias, *_ = ops.autograd_backward(ctx, dout, dlse)
         return dq, dk, dv, None, (dbias[0] if bias else None)
     if dout is None:  # only lse was used

@@ -695,11 +695,11 @@ def assert_same_lists(ours: dict, ref: dict, what=None) -> None:
 @pytest.mark.parametrize("chunk, steps", [(None, None), (2, 1), (2, 2)])
 def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, cols, chunk, steps, monkeypatch):
     """The generated tile-classes kernel (one launch: launch.predicate_block_args) against its plain-PyTorch reference
-    (the granules of the vectors' bounds, a granule a tile's keys, then mask_block_args): the same counts and listed
-    blocks for documents aligned to the tiles or not, unsorted, an id coming back, lengths no tile divides. Besides
-    the launcher's step of tiles and steps a program (a block's tiles all in one program at these lengths), steps of
-    2 tiles, one or two a program: several programs a block where it has 3 tiles or more (16 x 16 tiles: 5), the
-    last to arrive listing it, a last step part past the tiles."""
+    (the granules of the vectors' bounds, a granule a tile's keys and a row granule its rows, then mask_block_args):
+    the same counts and listed blocks for documents aligned to the tiles or not, unsorted, an id coming back, lengths
+    no tile divides. Besides the launcher's step of tiles and steps a program (a block's tiles all in one program at
+    these lengths), steps of 2 tiles, one or two a program: several programs a block where it has 3 tiles or more
+    (16 x 16 tiles: 5), the last to arrive listing it, a last step part past the tiles."""
     if chunk is not None:
         monkeypatch.setattr(launch, "_CLASS_CHUNK", chunk)
         monkeypatch.setattr(launch, "_CLASS_STEPS", steps)
@@ -710,8 +710,8 @@ def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, 
             tensors = documents_tensors(ids)
             M = N = ids.shape[1]
             ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
-            ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols), M, N, rows, cols, key_major,
-                                         tensors[0])
+            ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols, rows), M, N, rows, cols,
+                                         key_major, tensors[0])
             assert_same_lists(ours, ref, (form, ids.shape))
             assert (ours["stride_blist_z"], ours["stride_bcount_z"]) == (ref["stride_blist_z"], ref["stride_bcount_z"])
             assert ours["BlockList"].dtype == ours["BlockCounts"].dtype == torch.int32
@@ -794,7 +794,8 @@ def test_the_tile_classes_kernel_bounds_every_predicate_op_as_its_reference(key_
     M = N = ANY.shape[1]
     rows, cols = 16, 16
     ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
-    ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols), M, N, rows, cols, key_major, tensors[0])
+    ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols, rows), M, N, rows, cols, key_major,
+                                 tensors[0])
     assert_same_lists(ours, ref)
     assert ours["BlockCounts"][..., 0].any()  # (runs too)
     assert proven_skips(ours, keeps, rows, cols, key_major) > 0

@@ -727,22 +727,28 @@ def _int_params(loads: Sequence[int]) -> str:
 def _predicate_function(name: str, doc: str, program: tuple[ScoreNode, ...], tensors: Sequence[ScoreTensor],
                         loads: Sequence[int], hides_where_false: bool, own_key: bool) -> list[str]:
     """A ``@triton.jit`` function of (off_z, rows, [keys,] M, N, the vectors) returning (may_keep, may_hide) of the
-    predicate at query rows ``rows`` (int64, points, 2-D) and -- ``own_key`` False -- the spans of ``keys`` (int64
-    [spans, keys of a span], clamped to N - 1: a span each along the result's second axis), or -- ``own_key`` True --
-    each row's own key (a point)."""
-    body = ["rows_read = tl.minimum(rows, M - 1)  # (rows past M are never read by a class)"]
+    predicate -- ``own_key`` False -- over the spans of ``rows`` (int64 [spans, rows of a span], clamped to M - 1: a
+    span each along the result's first axis) and of ``keys`` (int64 [spans, keys of a span], clamped to N - 1: along
+    its second axis), or -- ``own_key`` True -- at query rows ``rows`` (int64, points, 2-D) and each one's own key (a
+    point)."""
     if own_key:
-        body.append("own = tl.minimum(rows, N - 1)")
+        body = ["rows_read = tl.minimum(rows, M - 1)  # (rows past M are never read by a class)",
+                "own = tl.minimum(rows, N - 1)"]
         leaves = {"q_idx": ("rows", "rows"), "kv_idx": ("own", "own")}
     else:
-        body += ["keys_lo = tl.min(keys, 1)[None, :]", "keys_hi = tl.max(keys, 1)[None, :]"]
-        leaves = {"q_idx": ("rows", "rows"), "kv_idx": ("keys_lo", "keys_hi")}
+        body = ["rows_lo = tl.min(rows, 1)[:, None]", "rows_hi = tl.max(rows, 1)[:, None]",
+                "keys_lo = tl.min(keys, 1)[None, :]", "keys_hi = tl.max(keys, 1)[None, :]"]
+        leaves = {"q_idx": ("rows_lo", "rows_hi"), "kv_idx": ("keys_lo", "keys_hi")}
     for i in loads:
         per_row, per_key = not tensors[i].broadcast[2], not tensors[i].broadcast[3]
         base = f"T{i} + off_z * stride_t{i}_z"
-        if per_row:  # a value per query row
+        if per_row and own_key:  # a value per query row
             body.append(f"t{i} = tl.load({base} + rows_read * stride_t{i}_m).to(tl.int64)")
             leaves[i] = (f"t{i}", f"t{i}")
+        elif per_row:  # its span over each tile's rows
+            body += [f"t{i} = tl.load({base} + rows * stride_t{i}_m).to(tl.int64)",
+                     f"t{i}_lo = tl.min(t{i}, 1)[:, None]", f"t{i}_hi = tl.max(t{i}, 1)[:, None]"]
+            leaves[i] = (f"t{i}_lo", f"t{i}_hi")
         elif per_key and own_key:
             body.append(f"t{i} = tl.load({base} + own * stride_t{i}_n).to(tl.int64)")
             leaves[i] = (f"t{i}", f"t{i}")
@@ -762,7 +768,7 @@ def _predicate_function(name: str, doc: str, program: tuple[ScoreNode, ...], ten
 
 
 _PREDICATE_FUNCTIONS = {  # name: (docstring, own_key): the template's two calls of the predicate's bounds
-    "_tile_bounds": ("(may_keep, may_hide) at query rows ``rows`` and the spans of ``keys``.", False),
+    "_tile_bounds": ("(may_keep, may_hide) over the spans of ``rows`` and of ``keys``.", False),
     "_own_key_bounds": ("(may_keep, may_hide) at query rows ``rows`` and each row's own key.", True),
 }
 

@@ -276,15 +276,17 @@ class _MaskGranules(NamedTuple):
     granule: int
 
 
-def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, granule: int) -> Optional[_MaskGranules]:
+def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, granule: int,
+                  row_granule: int = 1) -> Optional[_MaskGranules]:
     """The granules of ``spec``'s summarized mask (None where it has none or ``FUSE_ATTN_MASK_BLOCKS=0``), computed
     on the device -- traced into the graph under torch.compile, like the key range. (A predicate's are the reference
-    of :func:`predicate_block_args`, which the launchers call instead.)"""
+    of :func:`predicate_block_args`, which the launchers call instead: with ``row_granule`` its tiles' rows, the
+    bounds it proves.)"""
     summarized = plan.mask_blocks(spec) if settings.mask_blocks_enabled() else None
     if summarized is None:
         return None
     if summarized.predicate is not None:
-        return _predicate_granules(spec, summarized, score_tensors, M, N, granule)
+        return _predicate_granules(spec, summarized, score_tensors, M, N, granule, row_granule)
     mask = score_tensors[summarized.tensor][:, 0]  # [Zm, M, N]
     if summarized.hidden == "fill":
         hidden, unchanged = mask <= MASKING_FILL_LIMIT, mask == 0
@@ -300,34 +302,46 @@ def mask_granules(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, gr
 
 
 def _predicate_granules(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
-                        granule: int) -> _MaskGranules:
+                        granule: int, row_granule: int = 1) -> _MaskGranules:
     """The plain-PyTorch reference of :func:`predicate_block_args`' kernel (what the launchers call): the granules of
-    a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each granule's keys
-    (``IntervalOps``; keys past N read as key N - 1, so a granule's bounds are its real keys', and a granule reaching
-    past N is never unchanged). A row keeps a visible key where the predicate keeps its own position
-    as a key (packed documents' tokens see themselves) or a whole granule. No N x N tensor is made: the largest is
+    a predicate of integer vectors (:attr:`plan.MaskBlocks.predicate`), from its bounds over each granule's keys and
+    each ``row_granule`` rows (``IntervalOps``; rows past M read as row M - 1 and keys past N as key N - 1, so a
+    granule's bounds are its real rows' and keys', and a granule reaching past N is never unchanged), given to each
+    of its rows. A row keeps a visible key where the predicate keeps its own position as a key (packed documents'
+    tokens see themselves; each row a point) or a whole granule. No N x N tensor is made: the largest is
     ``[Zm, M, ceil(N / granule)]``."""
     program = subprogram(spec.score_program, summarized.predicate)
     device = score_tensors[0].device
     granules = triton_cdiv(N, granule)
     first = torch.arange(granules, device=device) * granule
     keys = torch.arange(granules * granule, device=device).clamp(max=N - 1).view(granules, granule)
+    row_granules = triton_cdiv(M, row_granule)
+    row_first = torch.arange(row_granules, device=device) * row_granule
+    row_spans = torch.arange(row_granules * row_granule, device=device).clamp(max=M - 1).view(row_granules, row_granule)
     rows = torch.arange(M, device=device)
     own = rows.clamp(max=N - 1)  # each row's own position as a key (a row past the last key has none: excluded)
     per_granule: dict[int, Span] = {}
     on_own_key: dict[int, Span] = {}
     for i in plan.predicate_loads(spec):
         values = score_tensors[i][:, 0].to(torch.int64)  # [Zt, M or 1, N or 1]
-        if spec.score_tensors[i].broadcast[3]:  # one value per row, or one for all
+        if spec.score_tensors[i].broadcast[3] and spec.score_tensors[i].broadcast[2]:  # one for all
             per_granule[i] = on_own_key[i] = Span(values, values)
-            continue
-        read = values[:, 0, keys]  # [Zt, granules, granule]
-        per_granule[i] = Span(read.amin(-1)[:, None], read.amax(-1)[:, None])
-        at_own = values[:, 0, own][..., None]
-        on_own_key[i] = Span(at_own, at_own)
+        elif spec.score_tensors[i].broadcast[3]:  # one value per row
+            read = values[:, row_spans, 0]  # [Zt, row granules, row granule]
+            per_granule[i] = Span(read.amin(-1)[..., None], read.amax(-1)[..., None])
+            on_own_key[i] = Span(values, values)
+        else:
+            read = values[:, 0, keys]  # [Zt, granules, granule]
+            per_granule[i] = Span(read.amin(-1)[:, None], read.amax(-1)[:, None])
+            at_own = values[:, 0, own][..., None]
+            on_own_key[i] = Span(at_own, at_own)
     query = Span(rows[:, None], rows[:, None])
+    row_granule_rows = Span(row_first[:, None], (row_first + row_granule - 1).clamp(max=M - 1)[:, None])
     granule_keys = Span(first, (first + granule - 1).clamp(max=N - 1))
-    bounds = forward(program, IntervalOps({"q_idx": query, "kv_idx": granule_keys}, per_granule, device))[-1]
+    bounds = forward(program, IntervalOps({"q_idx": row_granule_rows, "kv_idx": granule_keys}, per_granule, device))[-1]
+    # each row granule's bounds given to its rows (a bound the rows do not change stays broadcast)
+    bounds = type(bounds)(*(torch.repeat_interleave(t, row_granule, dim=-2)[..., :M, :]
+                            if t.dim() >= 2 and t.shape[-2] > 1 else t for t in bounds))
     at_own_key = forward(program, IntervalOps({"q_idx": query, "kv_idx": Span(own[:, None], own[:, None])},
                                               on_own_key, device))[-1]
     hides_where_false = summarized.hidden == "false"  # ("true": it hides where it is true)
@@ -379,17 +393,16 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
 
-# Tiles of the other axis the tile-classes kernel classifies a step (a 2-D step of ROWS x CHUNK points against CHUNK
-# spans). Its compile time, not a timed sweep, chose 8: for sm90 on a CPU (Triton 3.9, 128 x 128 tiles, query-major)
-# 0.8 s and 4.3k lines of PTX, against 2.2 s and 7.8k lines at 16 (key-major: 0.7 s either way).
+# Tiles of the other axis the tile-classes kernel classifies a step (CHUNK spans of keys, or of rows where KEY_MAJOR,
+# against one), and the steps a program takes. A sweep on an H200 (16 packed documents a row, N 8k and 32k; tiles
+# 128x64, 128x128 query-major and 64x128, 128x64 key-major; CHUNK 8, 16, 32 x steps 2, 4, 8): 8 tiles a step ran
+# fastest in every case (16 and 32: 1.1-2x slower); 2 steps fastest at 8k (11-22 us, 1.4-2.9x faster than 8 steps)
+# and within 16% of 8 steps at 32k (55-178 us). Against the classification of each row as a point (8 tiles, 8
+# steps: 23-48 us at 8k, 66-188 us at 32k), 2.1-3.1x and 1.05-1.5x faster. Warps: as many as give each thread at
+# most 16 of a step's vector values (its CHUNK tiles' keys, or rows where KEY_MAJOR), from the sweep of that
+# classification of points.
 _CLASS_CHUNK = 8
-# Steps a program takes, and its warps. A sweep on an H200 (16 packed documents, N 32k; steps 1-16 x 1, 2, 4 warps;
-# tiles 64x32 to 128x128, both orientations): 8 steps, on as many warps as give each thread at most 16 of a step's
-# vector values (its CHUNK tiles' keys, or rows where KEY_MAJOR), was the fastest or within 6% of it in 7 of the 8
-# cases (key-major 128x128: within 15%), and 1.5-2.9x faster than one step on 4 warps query-major (64x32 tiles: 136
-# against 390 us), 1.05-1.2x key-major. The steps' loads and reductions are latency-bound: smaller programs keep more
-# of them in flight.
-_CLASS_STEPS = 8
+_CLASS_STEPS = 2
 _CLASS_VALUES_PER_THREAD = 16
 _LIST_CHUNK = 256
 
@@ -397,11 +410,11 @@ _LIST_CHUNK = 256
 def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
                          rows: int, cols: int, key_major: bool) -> dict:
     """:func:`mask_block_args` of a predicate of integer vectors (``summarized.predicate``) for tiles of ``rows`` x
-    ``cols``, from one launch of the generated tile-classes kernel (templates/tile_classes.py.tmpl): each query row a
-    point, each tile's keys one span, and a query block's tiles skipped as empty only where each of its rows keeps its
+    ``cols``, from one launch of the generated tile-classes kernel (templates/tile_classes.py.tmpl): each tile's rows
+    one span and its keys another, and a query block's tiles skipped as empty only where each of its rows keeps its
     own key, or (query-major) where the block has a full tile. Its plain-PyTorch reference,
-    ``mask_block_args(_predicate_granules(..., granule=cols), ...)``, gives the same lists wherever every row keeps
-    its own key (packed documents: a token sees itself); where one does not, the reference proves each row visible
+    ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``, gives the same lists wherever
+    every row keeps its own key (packed documents: a token sees itself); where one does not, the reference proves each row visible
     from any whole granule it keeps, this kernel only from a full tile of its block, and only query-major: it leaves
     the other query blocks' hidden tiles partial (read and masked: the same results)."""
     mod = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)

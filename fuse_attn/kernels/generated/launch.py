@@ -411,12 +411,12 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
                          rows: int, cols: int, key_major: bool) -> dict:
     """:func:`mask_block_args` of a predicate of integer vectors (``summarized.predicate``) for tiles of ``rows`` x
     ``cols``, from one launch of the generated tile-classes kernel (templates/tile_classes.py.tmpl): each tile's rows
-    one span and its keys another, and a query block's tiles skipped as empty only where each of its rows keeps its
-    own key, or (query-major) where the block has a full tile. Its plain-PyTorch reference,
+    one span and its keys another, and a query block's tiles skipped as empty only where each of its rows keeps its own
+    key, or (query-major) where the block has a full tile. Its plain-PyTorch reference,
     ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``, gives the same lists wherever
-    every row keeps its own key (packed documents: a token sees itself); where one does not, the reference proves each row visible
-    from any whole granule it keeps, this kernel only from a full tile of its block, and only query-major: it leaves
-    the other query blocks' hidden tiles partial (read and masked: the same results)."""
+    every row keeps its own key (packed documents: a token sees itself); where one does not, the reference proves each
+    row visible from any whole granule it keeps, this kernel only from a full tile of its block, and only query-major:
+    it leaves the other query blocks' hidden tiles partial (read and masked: the same results)."""
     mod = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)
     loads = plan.predicate_loads(spec)
     batched = [i for i in loads if not spec.score_tensors[i].broadcast[0]]  # the vectors of a batch row each

@@ -22,9 +22,9 @@ as FlashAttention-3 does:
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
-(:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128,
-or q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes, and the backward is the
-template's); causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
+(:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128, or
+q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes, the backward is the template's);
+causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
 the spec's program adds its one bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated
 template's semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a
 consumer in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
@@ -506,8 +506,9 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
                      stride_bm, stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                      PART_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
-                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr,
-                     BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr):
+                     CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
+                     PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr,
+                     ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
     # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet); persistent
@@ -560,8 +561,9 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
 
     _warp_specialize(
         (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
-         n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV,
-         STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, PARTS),
+         n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
+         HEAD_DV, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
+         PARTS),
         (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second,
          bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, PERSISTENT,
          BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D),
@@ -695,8 +697,8 @@ class ForwardCall:
         self.bias_tiles = (block_m, block_n) if ring_stages else None
         self.scalars = (H, M, N, spec.scale_for(D) * LOG2E)
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
-        self.flags = (spec.gqa_group, causal, block_m, block_n, D, DV, part_d, stages, consumers, consumer_regs, producer_regs,
-                      paired, persistent, bias is not None, batch_rows_innermost(spec),
+        self.flags = (spec.gqa_group, causal, block_m, block_n, D, DV, part_d, stages, consumers, consumer_regs,
+                      producer_regs, paired, persistent, bias is not None, batch_rows_innermost(spec),
                       bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty)
                       ring_stages > 0)
         self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}

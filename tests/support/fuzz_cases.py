@@ -143,26 +143,27 @@ def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout
 
 # Gluon cases: what the Gluon kernels take (fuse_attn.kernels.hopper.common.hopper_reasons), at lengths that also give
 # several query blocks a head (their CTAs take 128-192 rows) and grids past an H100's / H200's 132 SMs (persistent)
-GLUON_HEAD_DIMS = (64, 128)
+GLUON_HEAD_DIMS = ((64, 64), (128, 128), (192, 128))  # (q / k, v): hopper.common.FORWARD_HEAD_DIMS
 GLUON_LENGTHS = LONG_LENGTHS + (383, 640, 1000, 1025)
 
 
 def gluon_cases(long: bool = False) -> st.SearchStrategy[Case]:
     """Cases the Gluon kernels compute (:func:`gluon_refusals` empty): fp16 / bf16, head dim 64 or 128 for q, k and
-    v, plain scores or ``s + bias`` (any broadcast the kernels take, its gradient or not), causal top-left over equal
-    lengths or not, GQA, q / k / v in any layout; ``long``: the longer lengths too."""
+    v, or MLA's 192 for q and k with 128 for v (no bias: the forward adds one at 64 and 128 only; its backward the
+    template's), plain scores or ``s + bias`` (any broadcast the kernels take, its gradient or not), causal top-left
+    over equal lengths or not, GQA, q / k / v in any layout; ``long``: the longer lengths too."""
     lengths = GLUON_LENGTHS if long else LENGTHS + (128, 129, 257)
 
     @st.composite
     def build(draw) -> Case:
-        D = draw(st.sampled_from(GLUON_HEAD_DIMS))
+        D, DV = draw(st.sampled_from(GLUON_HEAD_DIMS))
         causal = draw(st.sampled_from((None, CausalMask())))
         M = draw(st.sampled_from(lengths))
         N = M if causal is not None else draw(st.sampled_from(lengths))
         bias = draw(st.sampled_from((None, None, (True, False, False, False), (False, False, False, False),
-                                     (True, True, False, False), (False, True, False, False))))
+                                     (True, True, False, False), (False, True, False, False)))) if D == DV else None
         return Case(Z=draw(st.sampled_from((1, 2, 3))), kv_heads=draw(st.sampled_from((1, 2, 3))),
-                    gqa=draw(st.sampled_from((1, 1, 2, 4))), M=M, N=N, D=D, DV=D,
+                    gqa=draw(st.sampled_from((1, 1, 2, 4))), M=M, N=N, D=D, DV=DV,
                     dtype=draw(st.sampled_from(("float16", "bfloat16"))),
                     layouts=draw(st.tuples(*[st.sampled_from(LAYOUTS)] * 3)), scale_op=None, bias=bias,
                     bias_grad=draw(st.booleans()), alibi=False, softcap=None, mask=None, mask_fill=float("-inf"),

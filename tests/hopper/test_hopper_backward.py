@@ -57,6 +57,15 @@ def test_the_op_refuses_what_it_cannot_compute():
         torch.ops.fuse_attn.flash_attention_hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 8), PLAIN.to_json())
 
 
+def test_the_op_refuses_head_dims_only_the_forward_takes():
+    """MLA's q / k 192 with v 128: the Gluon forward's (its autograd runs the template's backward), not this op's."""
+    mla = dataclasses.replace(PLAIN, head_dim=192, scale=192 ** -0.5).to_json()
+    q = torch.randn(1, 2, 8, 192, dtype=torch.bfloat16)
+    v = torch.randn(1, 2, 8, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="backward is tuned for head dims 64/64, 128/128, not 192/128"):
+        torch.ops.fuse_attn.flash_attention_hopper_backward(v, q, q, v, v, torch.zeros(1, 2, 8), mla)
+
+
 def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
     """The kv heads a launch takes where it stores dS for the bias's gradient: all where the bias has every dim (a bf16
     dS buffer is half the template's fp32 one), equal chunks of heads where it is broadcast over the batch (a

@@ -631,11 +631,12 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     must admit it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its
     reasons say why)."""
     if ops.is_empty(q, k):
-        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec)
+        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec, backward=True)
         dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
     call = checked_call("flash_attention_hopper_backward", q, k, v, spec, bias,
-                        lambda s, q, k, v, bias: BackwardCall(s, q, k, v, bias, dout, bias_grad), dout, bias_grad)
+                        lambda s, q, k, v, bias: BackwardCall(s, q, k, v, bias, dout, bias_grad), dout, bias_grad,
+                        backward=True)
     dq, dk, dv, dbias = call(dout, q, k, v, out, lse, dlse, bias)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 

@@ -32,7 +32,7 @@ LOG2E = math.log2(math.e)  # the kernels' softmax runs in log2 units: exp2(s * s
 # The (q / k, v) head dims each kernel is tuned for: it has a config for each (forward._CONFIGS, backward._CONFIGS, by
 # q's head dim). The forward also takes DeepSeek-V3's multi-head latent attention, q / k 192 wide and v 128, whose
 # backward is the generated template's (the Gluon backward's dK and dV accumulators, 64 x 192 and 64 x 128 fp32 a
-# warpgroup, leave S and dP no registers: 160 of the 232 a thread, where D128's take 128).
+# warpgroup, take 160 of the 232 registers a thread, D128's 128: too few are left for S, dP and dQ's tiles).
 FORWARD_HEAD_DIMS = ((64, 64), (128, 128), (192, 128))
 BACKWARD_HEAD_DIMS = ((64, 64), (128, 128))
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}

@@ -83,7 +83,7 @@ def interpreting() -> bool:
 
 def environment_settings() -> list[tuple[str, str]]:
     """Every ``FUSE_ATTN_*`` variable set in this process that may shape the compiled code, sorted: all but
-    ``FUSE_ATTN_CACHE_DIR``, which says where the caches are, not what is compiled, so that processes with
-    directories of their own (a test session, a benchmark's subprocess, a job) share Inductor's and AOTAutograd's
-    entries. (A tuning result read from a directory is no more part of the key than one read from the default.)"""
+    ``FUSE_ATTN_CACHE_DIR``, which says where the caches are, not what is compiled, so that processes each given a
+    directory of their own share Inductor's and AOTAutograd's entries. (A tuning result read from a directory is no
+    more part of the key than one read from the default.)"""
     return sorted((name, value) for name, value in os.environ.items() if name.startswith(PREFIX) and name != CACHE_DIR)

@@ -143,7 +143,6 @@ def cases(long: bool = False, dtypes=("float32", "float16", "bfloat16"), dropout
 
 # Gluon cases: what the Gluon kernels take (fuse_attn.kernels.hopper.common.hopper_reasons), at lengths that also give
 # several query blocks a head (their CTAs take 128-192 rows) and grids past an H100's / H200's 132 SMs (persistent)
-GLUON_HEAD_DIMS = ((64, 64), (128, 128), (192, 128))  # (q / k, v): hopper.common.FORWARD_HEAD_DIMS
 GLUON_LENGTHS = LONG_LENGTHS + (383, 640, 1000, 1025)
 
 
@@ -152,11 +151,13 @@ def gluon_cases(long: bool = False) -> st.SearchStrategy[Case]:
     v, or MLA's 192 for q and k with 128 for v (no bias: the forward adds one at 64 and 128 only; its backward the
     template's), plain scores or ``s + bias`` (any broadcast the kernels take, its gradient or not), causal top-left
     over equal lengths or not, GQA, q / k / v in any layout; ``long``: the longer lengths too."""
+    from fuse_attn.kernels.hopper.common import FORWARD_HEAD_DIMS  # ((q / k, v) head dims; Gluon imported on use)
+
     lengths = GLUON_LENGTHS if long else LENGTHS + (128, 129, 257)
 
     @st.composite
     def build(draw) -> Case:
-        D, DV = draw(st.sampled_from(GLUON_HEAD_DIMS))
+        D, DV = draw(st.sampled_from(FORWARD_HEAD_DIMS))
         causal = draw(st.sampled_from((None, CausalMask())))
         M = draw(st.sampled_from(lengths))
         N = M if causal is not None else draw(st.sampled_from(lengths))

@@ -57,13 +57,15 @@ def test_the_op_refuses_what_it_cannot_compute():
         torch.ops.fuse_attn.flash_attention_hopper_backward(q, q, q, q, q, torch.zeros(1, 2, 8), PLAIN.to_json())
 
 
-def test_the_op_refuses_head_dims_only_the_forward_takes():
-    """MLA's q / k 192 with v 128: the Gluon forward's (its autograd runs the template's backward), not this op's."""
-    mla = dataclasses.replace(PLAIN, head_dim=192, scale=192 ** -0.5).to_json()
+def test_the_op_refuses_a_bias_at_mla_head_dims():
+    """MLA's q / k 192 with v 128: the op computes its plain gradients (in column parts) but adds no bias there."""
+    mla = dataclasses.replace(PLAIN, head_dim=192, scale=192 ** -0.5, score_program=BIAS_PROGRAM,
+                              score_tensors=(ScoreTensor("bias", "bfloat16", (False, False, False, False)),)).to_json()
     q = torch.randn(1, 2, 8, 192, dtype=torch.bfloat16)
     v = torch.randn(1, 2, 8, 128, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="backward is tuned for head dims 64/64, 128/128, not 192/128"):
-        torch.ops.fuse_attn.flash_attention_hopper_backward(v, q, q, v, v, torch.zeros(1, 2, 8), mla)
+    bias = torch.randn(1, 2, 8, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="add no bias at head dims 192/128"):
+        torch.ops.fuse_attn.flash_attention_hopper_backward(v, q, q, v, v, torch.zeros(1, 2, 8), mla, None, bias)
 
 
 def test_the_bias_gradients_ds_chunks_stay_within_the_templates_buffer():
@@ -106,21 +108,23 @@ def test_the_backward_refuses_a_bias_gradient_it_does_not_compute():
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason="runs the kernel in Triton's interpreter")
 @pytest.mark.parametrize("dlse", [False, True])
-def test_the_delta_kernel_zeroes_the_dq_accumulator(dlse):
+@pytest.mark.parametrize("D, DV, part_d", [(16, 16, 16), (48, 32, 16)])
+def test_the_delta_kernel_zeroes_the_dq_accumulator(dlse, D, DV, part_d):
     """The small Triton kernel before the Gluon one (run here in the interpreter): delta = rowsum(dO * O) - dlse, and
-    the fp32 dQ accumulator's rows zeroed for the backward's reduce-adds (it comes from torch.empty), rows past M of
-    the last program untouched; M not a multiple of its rows."""
+    the fp32 dQ accumulator's rows zeroed for the backward's reduce-adds (it comes from torch.empty), in column parts
+    where q's head dim is not v's (MLA's 192 = 3 x 64 beside 128, here 48 = 3 x 16 beside 32), rows past M of the
+    last program untouched; M not a multiple of its rows."""
     from fuse_attn.kernels.hopper import backward
 
-    Z, H, M, D = 2, 3, 70, 16
-    out, dout = torch.randn(Z, H, M, D), torch.randn(Z, H, M, D)
+    Z, H, M = 2, 3, 70
+    out, dout = torch.randn(Z, H, M, DV), torch.randn(Z, H, M, DV)
     lse, dlse_t = torch.randn(Z, H, M), torch.randn(Z, H, M)
     delta = torch.full((Z, H, M), float("nan"))
     buffer = torch.full((Z * H * M * D + D,), float("nan"))  # (a row past the accumulator's: must stay as it was)
     dq_acc, past = buffer[:-D], buffer[-D:]
     grid = (triton.cdiv(M, backward._PRE_ROWS), Z * H)
     backward._delta_kernel[grid](out, dout, dlse_t if dlse else lse, delta, lse, lse, dq_acc, H, M, *out.stride()[:3],
-                                 *dout.stride()[:3], dlse, backward._PRE_ROWS, D, False, False)
+                                 *dout.stride()[:3], dlse, backward._PRE_ROWS, DV, D, part_d, False, False)
     expected = (out.double() * dout.double()).sum(-1) - (dlse_t.double() if dlse else 0)
     torch.testing.assert_close(delta.double(), expected, rtol=1e-5, atol=1e-5)
     assert torch.equal(dq_acc, torch.zeros_like(dq_acc))
@@ -128,13 +132,10 @@ def test_the_delta_kernel_zeroes_the_dq_accumulator(dlse):
 
 
 def test_each_kernel_has_a_config_for_every_head_dim_it_takes():
-    """``hopper_reasons`` admits common.FORWARD_HEAD_DIMS for the forward and BACKWARD_HEAD_DIMS for the backward
-    (the forward's too but MLA's 192 / 128, whose backward is the template's): each needs a config for each."""
+    """``hopper_reasons`` admits common.HEAD_DIMS for both kernels: each needs a config for each."""
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
 
-    assert set(hopper_forward._CONFIGS) == {d for d, _ in hopper_common.FORWARD_HEAD_DIMS}
-    assert set(hopper_backward._CONFIGS) == {d for d, _ in hopper_common.BACKWARD_HEAD_DIMS}
-    assert set(hopper_common.FORWARD_HEAD_DIMS) - set(hopper_common.BACKWARD_HEAD_DIMS) == {(192, 128)}
+    assert set(hopper_forward._CONFIGS) == set(hopper_backward._CONFIGS) == {d for d, _ in hopper_common.HEAD_DIMS}
 
 
 def test_a_bias_ring_keeps_one_dq_buffer_at_head_dim_128_and_none_fits_at_64():
@@ -176,16 +177,17 @@ def _check_gradients(what, q, k, v, spec, dout_of=lambda dout: dout, dlse_weight
 
 
 @hopper
-@pytest.mark.parametrize("head_dim", [64, 128])
-def test_many_query_tiles_per_key_tile(head_dim):
-    """N 4096, causal, GQA 4: each key tile walks up to 4 x 64 query tiles through the ring and both dQ buffers (two
-    key tiles a CTA: few CTAs)."""
-    spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
+@pytest.mark.parametrize("head_dim, head_dim_v", [(64, 64), (128, 128), (192, 128)])
+def test_many_query_tiles_per_key_tile(head_dim, head_dim_v):
+    """N 4096, causal, GQA 4: each key tile walks up to 4 x 64 query tiles through the ring and its dQ buffers (two
+    key tiles a CTA: few CTAs); MLA's dims in column parts."""
+    spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim_v, scale=head_dim ** -0.5,
                          causal=CausalMask(), gqa_group=4)
     g = torch.Generator(device="cuda").manual_seed(head_dim)
     q = torch.randn(1, 8, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
-    k, v = (torch.randn(1, 2, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
-    _check_gradients(f"N4096 D{head_dim}", q, k, v, spec)
+    k = torch.randn(1, 2, 4096, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    v = torch.randn(1, 2, 4096, head_dim_v, device="cuda", generator=g, dtype=torch.bfloat16)
+    _check_gradients(f"N4096 D{head_dim}/{head_dim_v}", q, k, v, spec)
 
 
 @hopper
@@ -204,12 +206,15 @@ def test_a_causal_call_of_many_ctas_takes_one_key_tile_a_cta():
 
 
 @hopper
-def test_unequal_lengths():
+@pytest.mark.parametrize("head_dim, head_dim_v", [(128, 128), (192, 128)])
+def test_unequal_lengths(head_dim, head_dim_v):
+    spec = dataclasses.replace(PLAIN, head_dim=head_dim, head_dim_v=head_dim_v, scale=head_dim ** -0.5)
     for M, N in ((300, 2049), (2049, 300)):
         g = torch.Generator(device="cuda").manual_seed(M)
-        q = torch.randn(2, 2, M, 128, device="cuda", generator=g, dtype=torch.bfloat16)
-        k, v = (torch.randn(2, 2, N, 128, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
-        _check_gradients(f"M{M} N{N}", q, k, v, PLAIN)
+        q = torch.randn(2, 2, M, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+        k = torch.randn(2, 2, N, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+        v = torch.randn(2, 2, N, head_dim_v, device="cuda", generator=g, dtype=torch.bfloat16)
+        _check_gradients(f"M{M} N{N} D{head_dim}/{head_dim_v}", q, k, v, spec)
 
 
 @hopper

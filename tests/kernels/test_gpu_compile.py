@@ -453,10 +453,12 @@ def test_forward_and_backward_kernels_compile_for_the_gpu(name, target):
 
 
 # ---- the Gluon forward and backward of plain attention (fuse_attn/kernels/hopper/): sm90 only ---------------------
-HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's config, both masks, GQA, fp16
+HOPPER_CASES = {  # (head dim, causal, GQA group, dtype, rows): each head dim's config, both masks, GQA, fp16; MLA's
+    # q / k 192 in column parts (v 128: hopper_common.HEAD_DIMS)
     "D64 causal GQA 2": (64, True, 2, torch.bfloat16, 300),
     "D128": (128, False, 1, torch.bfloat16, 300),
     "D128 causal fp16": (128, True, 1, torch.float16, 300),
+    "D192 / 128 causal GQA 2": (192, True, 2, torch.bfloat16, 300),
 }
 # Biases of ``s + bias`` specs: (sizes over Z=2, H=4, M, N="M" -- the case's rows --, dtype, empty_rows): one
 # broadcast over the batch (its CTAs batch rows innermost), one over the heads in fp32 whose empty rows give 0
@@ -486,6 +488,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
 
     head_dim, causal, group, dtype, case_rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
+    head_dim_v = dict(hopper_common.HEAD_DIMS)[head_dim]
     rows = rows or case_rows
     score, bias_tensor = {}, None
     if bias is not None:
@@ -493,10 +496,11 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         score = dict(score_program=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
             ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
         bias_tensor = torch.randn(*(rows if n == "M" else n for n in sizes), dtype=bias_dtype)
-    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim,
+    spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim_v,
                          scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group, **score)
     q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
-    k, v = (torch.randn(2, 4 // group, rows, head_dim, dtype=dtype) for _ in range(2))
+    k = torch.randn(2, 4 // group, rows, head_dim, dtype=dtype)
+    v = torch.randn(2, 4 // group, rows, head_dim_v, dtype=dtype)
     module, launched = {"forward": (hopper_forward, ["_hopper_attn_fwd"]),
                         "backward": (hopper_backward, ["_hopper_attn_bwd", "_delta_kernel", "_nan_dv_kernel",
                                                        "_dq_cast_kernel"])}[direction]
@@ -520,7 +524,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor)
         else:
-            hopper_backward.hopper_backward(q.clone(), q, k, v, q.clone(), torch.randn(2, 4, rows), spec,
+            out = torch.randn(2, 4, rows, head_dim_v, dtype=dtype)
+            hopper_backward.hopper_backward(out, q, k, v, out.clone(), torch.randn(2, 4, rows), spec,
                                             bias=bias_tensor, bias_grad=bias_grad)
     (args, kwargs), *_ = launches[launched[0]]  # the Gluon kernel's launch (each chunk of heads the same kernel)
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments

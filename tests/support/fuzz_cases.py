@@ -148,16 +148,15 @@ GLUON_LENGTHS = LONG_LENGTHS + (383, 640, 1000, 1025)
 
 def gluon_cases(long: bool = False) -> st.SearchStrategy[Case]:
     """Cases the Gluon kernels compute (:func:`gluon_refusals` empty): fp16 / bf16, head dim 64 or 128 for q, k and
-    v, or MLA's 192 for q and k with 128 for v (no bias: the forward adds one at 64 and 128 only; its backward the
-    template's), plain scores or ``s + bias`` (any broadcast the kernels take, its gradient or not), causal top-left
+    v, or MLA's 192 for q and k with 128 for v (no bias: the kernels add one at 64 and 128 only), plain scores or ``s + bias`` (any broadcast the kernels take, its gradient or not), causal top-left
     over equal lengths or not, GQA, q / k / v in any layout; ``long``: the longer lengths too."""
-    from fuse_attn.kernels.hopper.common import FORWARD_HEAD_DIMS  # ((q / k, v) head dims; Gluon imported on use)
+    from fuse_attn.kernels.hopper.common import HEAD_DIMS  # ((q / k, v) head dims; Gluon imported on use)
 
     lengths = GLUON_LENGTHS if long else LENGTHS + (128, 129, 257)
 
     @st.composite
     def build(draw) -> Case:
-        D, DV = draw(st.sampled_from(FORWARD_HEAD_DIMS))
+        D, DV = draw(st.sampled_from(HEAD_DIMS))
         causal = draw(st.sampled_from((None, CausalMask())))
         M = draw(st.sampled_from(lengths))
         N = M if causal is not None else draw(st.sampled_from(lengths))

@@ -6,8 +6,9 @@ The generated template's backward runs two kernels, dQ over key tiles and dK/dV 
 P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
 
 * a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk and
-  a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each); it
-  walks the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and
+  a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each, or
+  of half the columns each where BLOCK_N is 64: MLA's q / k 192 with v 128, whose q, k, dQ and dK tiles come in
+  64-column parts, one wgmma a part); it walks the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and
   dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third partition, one loader warp.
 * per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
   dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
@@ -53,20 +54,24 @@ from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_s
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
                                              bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
-                                             fills_at_most, in_place_fields, log2_units, parsed_spec,
+                                             fills_at_most, head_dim_part, in_place_fields, log2_units, parsed_spec,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
 
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
 _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-# Per head dim: (query rows per tile, keys per CTA, q / dO ring stages). BLOCK_N = 128 keys: dK and dV's rows, 64 a
-# warpgroup (wgmma's M). Shared memory, both head dims: k + v, 2 stages of q + dO, P + dS, 2 fp32 dQ buffers = 224 KiB
-# of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). D64 takes 128 query rows, faster than 64
-# (H100); D128 has no registers for 128 (S and dP would take 128 a thread beside dK and dV's 128). 3 stages with one
-# dQ buffer ran no faster than 2 and 2.
+# Per head dim of q and k: (query rows per tile, keys per CTA, q / dO ring stages, fp32 dQ buffers). D64 and D128:
+# BLOCK_N = 128 keys, dK and dV's rows, 64 a warpgroup (wgmma's M). Shared memory: k + v, 2 stages of q + dO, P + dS,
+# 2 dQ buffers = 224 KiB of the 227 a CTA may use (D128: 64 + 64 + 32 + 64; D64: 32 + 64 + 64 + 64). D64 takes 128
+# query rows, faster than 64 (H100); D128 has no registers for 128 (S and dP would take 128 a thread beside dK and
+# dV's 128). 3 stages with one dQ buffer ran no faster than 2 and 2.
+# D192 (v 128, MLA): 64 keys, the warpgroups splitting dK's and dV's columns (128 keys' dK and dV would take 160 of a
+# thread's 240 registers, leaving too few for S, dP and dQ): 48 + 32 a thread, S and dP 16 each, dQ's three parts
+# 48; shared memory k + v 40 KiB, q + dO 40 a stage, P + dS 16, a dQ buffer 48: 3 stages and one buffer (224 KiB),
+# against 2 stages 4-5% faster unmasked and 1-1.6% slower causal (H200, B * N 16k-32k; 128 keys spill 0.5-1.1 KB).
 # The loads come from a one-warp partition (:func:`_loader`), not from the compute warpgroups: Triton 3.6 puts a
 # CTA-wide barrier before each TMA load that 256 threads issue (five barriers a query tile, three with the loader).
-_CONFIGS = {64: (128, 128, 2), 128: (64, 128, 2)}
+_CONFIGS = {64: (128, 128, 2, 2), 128: (64, 128, 2, 2), 192: (64, 64, 3, 1)}
 _NUM_WARPS = 8  # two warpgroups
 # Causal, a CTA a key tile makes CTAs of very unequal walks (the first key tile's meets every query tile, the last's
 # one), and where they are few the longest of the last heads run on alone at the end. Where one CTA a key tile would
@@ -79,11 +84,11 @@ _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2
 # ---- delta and dq's cast: small Triton kernels -----------------------------------------------------------------------
 @triton.jit
 def _delta_kernel(Out, DO, DLse, Delta, Lse, NanHeads, DQAcc, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sdo_m,
-                  HAS_DLSE: tl.constexpr, ROWS: tl.constexpr, HEAD_D: tl.constexpr, FLAG_NAN_ROWS: tl.constexpr,
-                  ZERO_EMPTY_ROWS: tl.constexpr):
-    """delta[z, h, m] = sum_d dO * O - dlse (fp32), for ROWS rows of one (z, h), and those rows of the fp32 dQ
-    accumulator (contiguous [Z, H, M, HEAD_D]) zeroed for the backward kernel's reduce-adds: one launch and one
-    allocation fewer a call than a separate fill. FLAG_NAN_ROWS: NanHeads[z * H + h] set where one of the rows has an
+                  HAS_DLSE: tl.constexpr, ROWS: tl.constexpr, HEAD_DV: tl.constexpr, HEAD_D: tl.constexpr,
+                  PART_D: tl.constexpr, FLAG_NAN_ROWS: tl.constexpr, ZERO_EMPTY_ROWS: tl.constexpr):
+    """delta[z, h, m] = sum_d dO * O - dlse (fp32; O and dO HEAD_DV wide), for ROWS rows of one (z, h), and those
+    rows of the fp32 dQ accumulator (contiguous [Z, H, M, HEAD_D], zeroed PART_D columns at a time) zeroed for the
+    backward kernel's reduce-adds: one launch and one allocation fewer a call than a separate fill. FLAG_NAN_ROWS: NanHeads[z * H + h] set where one of the rows has an
     lse that is not finite (-inf allowed under ZERO_EMPTY_ROWS): a row that a bias made NaN, whose NaN eager's dV
     carries to every key (:func:`_nan_dv_kernel`)."""
     bh = tl.program_id(1)
@@ -97,7 +102,7 @@ def _delta_kernel(Out, DO, DLse, Delta, Lse, NanHeads, DQAcc, H, M, so_z, so_h, 
             bad = bad & (lse != float("-inf"))
         if tl.max(bad.to(tl.int32), 0) > 0:
             tl.store(NanHeads + bh, 1)
-    offs_d = tl.arange(0, HEAD_D)
+    offs_d = tl.arange(0, HEAD_DV)
     rows = offs_m[:, None] < M
     o = tl.load(Out + z * so_z + h * so_h + offs_m[:, None] * so_m + offs_d[None, :], mask=rows, other=0.0)
     do = tl.load(DO + z * sdo_z + h * sdo_h + offs_m[:, None] * sdo_m + offs_d[None, :], mask=rows, other=0.0)
@@ -105,8 +110,10 @@ def _delta_kernel(Out, DO, DLse, Delta, Lse, NanHeads, DQAcc, H, M, so_z, so_h, 
     if HAS_DLSE:
         delta -= tl.load(DLse + bh * M + offs_m, mask=offs_m < M, other=0.0)
     tl.store(Delta + bh * M + offs_m, delta, mask=offs_m < M)
-    tl.store(DQAcc + (bh.to(tl.int64) * M + offs_m[:, None]) * HEAD_D + offs_d[None, :],
-             tl.zeros([ROWS, HEAD_D], tl.float32), mask=rows)
+    offs_part = tl.arange(0, PART_D)
+    for part in tl.static_range(HEAD_D // PART_D):
+        tl.store(DQAcc + (bh.to(tl.int64) * M + offs_m[:, None]) * HEAD_D + part * PART_D + offs_part[None, :],
+                 tl.zeros([ROWS, PART_D], tl.float32), mask=rows)
 
 
 @triton.jit
@@ -155,17 +162,19 @@ _tma_add = getattr(tma, "async_atomic_add", None) or _tma_add_v36
 # ---- the kernel ------------------------------------------------------------------------------------------------------
 @gluon.jit
 def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_desc, bias_smem, bz, bh, n0,
-               BIAS_TMA: gl.constexpr):
-    """A query tile's q and dO into ring stage ``stage``, and (BIAS_TMA) its bias tile against keys n0 on, of bias
-    batch row bz and head bh (rows past M and keys past N read as 0: those rows' P is 0, those keys' dK / dV rows are
-    never stored)."""
+               BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
+    """A query tile's q (in PARTS column parts of PART_D) and dO into ring stage ``stage``, and (BIAS_TMA) its bias
+    tile against keys n0 on, of bias batch row bz and head bh (rows past M and keys past N read as 0: those rows' P
+    is 0, those keys' dK / dV rows are never stored)."""
     bar = ready.index(stage)
     if BIAS_TMA:
-        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes + bias_desc.block_type.nbytes)
+        mbarrier.expect(bar, PARTS * q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                        + bias_desc.block_type.nbytes)
         tma_load(bias_desc, [bz, bh, m0, n0], bar, bias_smem.index(stage))
     else:
-        mbarrier.expect(bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    tma_load(q_desc, [z, h, m0, 0], bar, q_smem.index(stage))
+        mbarrier.expect(bar, PARTS * q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    for part in gl.static_range(PARTS):
+        tma_load(q_desc, [z, h, m0, part * PART_D], bar, q_smem.index(stage * PARTS + part))
     tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
 
 
@@ -193,13 +202,15 @@ def _biased_row_lse(lse, in_rows, ZERO_EMPTY_ROWS: gl.constexpr):
 def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty, dk, dv, Lse,
                 Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N,
                 qk_scale, offs_n, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                HEAD_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr, dq_layout: gl.constexpr,
+                PARTS: gl.constexpr, PART_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
+                dq_layout: gl.constexpr,
                 MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                 bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
                 DS_OUT: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
-    tiles): its query tile against the key tile; dK and dV accumulate (FIRST: start from this tile's products), dQ is
-    added into global memory from dq_smem by TMA. dK and dV's matmuls stay in flight into the next iteration, which
+    tiles): its query tile against the key tile; dK (a tuple of its PARTS column parts, as q and k come) and dV
+    accumulate (FIRST: start from this tile's products), dQ is added into global memory from dq_smem by TMA, a part
+    at a time. dK and dV's matmuls stay in flight into the next iteration, which
     waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
     (in log2 units as the forward's, :func:`.common.log2_units`), its tile loaded while S and dP are on the
     tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
@@ -211,18 +222,20 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     ring = r0 + it
     stage = ring % STAGES
     mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
-    q = q_smem.index(stage)
     do = do_smem.index(stage)
-    # k, v, P and dS each have one buffer, indexed by a value that is always 0 (ring < 2^30) but changes with the loop:
-    # their wgmma descriptors are then computed where used, not hoisted out of the loop (~48 64-bit descriptors, 96
-    # registers held through it; at D128 ptxas spilled ~500 bytes)
+    # k, v, P and dS each have one buffer (k one a part), indexed by a value that is always 0 (ring < 2^30) but
+    # changes with the loop: their wgmma descriptors are then computed where used, not hoisted out of the loop (~48
+    # 64-bit descriptors, 96 registers held through it; at D128 ptxas spilled ~500 bytes)
     pin = ring >> 30
-    k_smem = k_smem.index(pin)
     v_smem = v_smem.index(pin)
     p_smem = p_smem.index(pin)
     ds_smem = ds_smem.index(pin)
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    s = warpgroup_mma(q, k_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
+    s = warpgroup_mma(q_smem.index(stage * PARTS), k_smem.index(pin).permute((1, 0)), zero, use_acc=False,
+                      is_async=True)
+    for part in gl.static_range(1, PARTS):
+        s = warpgroup_mma(q_smem.index(stage * PARTS + part), k_smem.index(pin + part).permute((1, 0)), s,
+                          is_async=True)
     dp = warpgroup_mma(do, v_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
 
     m0 = mb * BLOCK_M
@@ -247,7 +260,8 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     if FIRST:
         s = warpgroup_mma_wait(1, deps=(s, ))
     else:  # the previous tile's dV and dK, issued before this S, complete with it
-        s, dk, dv = warpgroup_mma_wait(1, deps=(s, dk, dv))
+        waited = warpgroup_mma_wait(1, deps=(s, dv) + dk)
+        s, dv, dk = waited[0], waited[1], waited[2:]
     if HAS_BIAS:
         p = gl.exp2(s * qk_scale + log2_units(bias) - lse[:, None])
     else:
@@ -260,13 +274,13 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     ds = p * (dp - delta[:, None])
     if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
         ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
-    if DS_OUT:  # the previous tile's dS store, issued before its dQ add, has read the shared tile (the issuing thread
-        tma.store_wait(1)  # waits; the barrier holds the others until it has)
+    if DS_OUT:  # the previous tile's dS store, issued before its dQ adds, has read the shared tile (the issuing
+        tma.store_wait(PARTS)  # thread waits; the barrier holds the others until it has)
         _cta_barrier()
     ds_smem.store(ds.to(dtype))
     fence_async_shared()
-    tma.store_wait(DQ_BUFFERS - 1)  # the dQ add issued DQ_BUFFERS tiles ago has read its buffer (only the issuing
-    # thread waits)
+    tma.store_wait((DQ_BUFFERS - 1) * PARTS)  # the dQ adds issued DQ_BUFFERS tiles ago (one a part) have read their
+    # buffers (only the issuing thread waits)
     _cta_barrier()  # P and dS are in shared memory, each warpgroup's half of the keys; every warp is done with the
     # previous tile's stage; this tile's dQ buffer is free
     if DS_OUT:  # (rows past M and keys past N are not written)
@@ -277,17 +291,24 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
             mbarrier.arrive(empty.index((ring - 1) % STAGES))
 
     # dQ first: its add into global memory starts while dV and dK are on the tensor cores
-    dq = warpgroup_mma(ds_smem, k_smem, gl.zeros([BLOCK_M, HEAD_D], gl.float32, layout=dq_layout), use_acc=False,
-                       is_async=True)
+    dq_zero = gl.zeros([BLOCK_M, PART_D], gl.float32, layout=dq_layout)
+    dq = (warpgroup_mma(ds_smem, k_smem.index(pin), dq_zero, use_acc=False, is_async=True), )
+    for part in gl.static_range(1, PARTS):
+        dq = dq + (warpgroup_mma(ds_smem, k_smem.index(pin + part), dq_zero, use_acc=False, is_async=True), )
     dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
-    dk = warpgroup_mma(ds_smem.permute((1, 0)), q, dk, use_acc=not FIRST, is_async=True)
-    dq = warpgroup_mma_wait(2, deps=(dq, ))
-    dq_buf = dq_smem.index(ring % DQ_BUFFERS)
-    dq_buf.store(dq)
+    dk_parts = (warpgroup_mma(ds_smem.permute((1, 0)), q_smem.index(stage * PARTS), dk[0], use_acc=not FIRST,
+                              is_async=True), )
+    for part in gl.static_range(1, PARTS):
+        dk_parts = dk_parts + (warpgroup_mma(ds_smem.permute((1, 0)), q_smem.index(stage * PARTS + part), dk[part],
+                                             use_acc=not FIRST, is_async=True), )
+    dq = warpgroup_mma_wait(1 + PARTS, deps=dq)  # (dV and dK's parts still in flight)
+    for part in gl.static_range(PARTS):
+        dq_smem.index((ring % DQ_BUFFERS) * PARTS + part).store(dq[part] if PARTS > 1 else dq)
     fence_async_shared()
     _cta_barrier()  # all of dQ is in shared memory
-    _tma_add(dq_desc, [z, h, m0, 0], dq_buf)  # rows past M are not written
-    return dk, dv
+    for part in gl.static_range(PARTS):  # rows past M are not written
+        _tma_add(dq_desc, [z, h, m0, part * PART_D], dq_smem.index((ring % DQ_BUFFERS) * PARTS + part))
+    return dk_parts, dv
 
 
 @gluon.jit
@@ -302,13 +323,17 @@ def _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M: gl.constexpr, BLOCK_N: gl.const
 
 
 @gluon.jit
-def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale):
-    """k and v are read no more (the last tile's barrier): dK and dV go out through their tiles."""
-    k_smem.index(0).store((dk * sm_scale).to(dk_desc.dtype))
+def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS: gl.constexpr,
+                 PART_D: gl.constexpr):
+    """k and v are read no more (the last tile's barrier): dK (its PARTS column parts) and dV go out through their
+    tiles."""
+    for part in gl.static_range(PARTS):
+        k_smem.index(part).store((dk[part] * sm_scale).to(dk_desc.dtype))
     v_smem.index(0).store(dv.to(dv_desc.dtype))
     fence_async_shared()
     _cta_barrier()
-    tma_store(dk_desc, [z, h_kv, n0, 0], k_smem.index(0))  # keys past N are not written
+    for part in gl.static_range(PARTS):  # keys past N are not written
+        tma_store(dk_desc, [z, h_kv, n0, part * PART_D], k_smem.index(part))
     tma_store(dv_desc, [z, h_kv, n0, 0], v_smem.index(0))
     tma.store_wait(0)
 
@@ -317,7 +342,8 @@ def _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale
 def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, q_smem,
              do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv, pid, n_n, n_mb,
              n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, CAUSAL: gl.constexpr,
+             PARTS: gl.constexpr, PART_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
+             WARPS: gl.constexpr, CAUSAL: gl.constexpr,
              HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
              DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
@@ -326,16 +352,19 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
     in the tile (H100). Unmasked, the first tile runs before the loop: zero accumulators flowing into the loop make
     ptxas serialize its wgmmas there (C7515); causal, peeling it spills, so the loops start from zeros, which ptxas
     takes there without serializing."""
-    # S / dP [BLOCK_M, BLOCK_N] and dQ [BLOCK_M, HEAD_D]: the warpgroups split the rows (wgmma's M is 64 a
-    # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK / dV [BLOCK_N, HEAD_D]: they split the
-    # keys
+    # S / dP [BLOCK_M, BLOCK_N] and dQ's parts [BLOCK_M, PART_D]: the warpgroups split the rows (wgmma's M is 64 a
+    # warpgroup: 4 warps of 16 rows), and the columns where BLOCK_M is 64; dK's parts [BLOCK_N, PART_D] and dV
+    # [BLOCK_N, HEAD_DV] likewise: they split the keys, and the columns where BLOCK_N is 64
     WARPS_M: gl.constexpr = min(WARPS, BLOCK_M // 16)
+    WARPS_N: gl.constexpr = min(WARPS, BLOCK_N // 16)
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
                                                        instr_shape=[16, BLOCK_N // (WARPS // WARPS_M), 16])
     dq_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_M, WARPS // WARPS_M],
-                                                        instr_shape=[16, HEAD_D // (WARPS // WARPS_M), 16])
-    kv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS, 1],
-                                                        instr_shape=[16, HEAD_D, 16])
+                                                        instr_shape=[16, PART_D // (WARPS // WARPS_M), 16])
+    dk_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_N, WARPS // WARPS_N],
+                                                        instr_shape=[16, PART_D // (WARPS // WARPS_N), 16])
+    dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_N, WARPS // WARPS_N],
+                                                        instr_shape=[16, HEAD_DV // (WARPS // WARPS_N), 16])
 
     if CAUSAL:
         r0 = 0
@@ -343,26 +372,28 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
             n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             # (accumulators in flight from one iteration to the next: the loops carry them as such)
-            dk = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout))
-            dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout))
+            dk = (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), )
+            for part in gl.static_range(1, PARTS):
+                dk = dk + (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), )
+            dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DV], gl.float32, layout=dv_layout))
             mbarrier.wait(kv_bar, t & 1)
             for g in range(GQA_GROUP):
                 for it in range(g * per_head, g * per_head + full_lo - m_lo):  # the tiles across the diagonal
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
-                                         GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, True, False,
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, True, False,
                                          HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
                                          ds_head0, DS_OUT)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
-                                         GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout, dq_layout, False, False,
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, False, False,
                                          HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
                                          ds_head0, DS_OUT)
-            dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
-            _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
+            waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
+            _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
             r0 += GQA_GROUP * per_head
     else:
@@ -370,30 +401,30 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
         # dV are always a wgmma's result
         n0 = pid * BLOCK_N
         offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
-        dk = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
-        dv = gl.zeros([BLOCK_N, HEAD_D], gl.float32, layout=kv_layout)
+        dk = (gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout), ) * PARTS
+        dv = gl.zeros([BLOCK_N, HEAD_DV], gl.float32, layout=dv_layout)
         mbarrier.wait(kv_bar, 0)
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
-                             n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES, s_layout,
-                             dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
+                             n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES,
+                             s_layout, dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
                              ds_desc, n0, ds_head0, DS_OUT)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
-                                 it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D,
-                                 STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                                 it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS,
+                                 PART_D, STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
                                  BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
-        dk, dv = warpgroup_mma_wait(0, deps=(dk, dv))  # the last tile's
-        _store_dk_dv(dk, dv, dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale)
+        waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
+        _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
 
 
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z, h_kv,
             pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
-            BIAS_TMA: gl.constexpr):
-    """One warp: for each of the CTA's key tiles, its k and v (once the previous key tile's dK and dV are stored from
+            BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
+    """One warp: for each of the CTA's key tiles, its k (in PARTS column parts of PART_D, as q) and v (once the previous key tile's dK and dV are stored from
     their buffers), then every query tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head
     where it has them, else 0) into the ring as the compute warpgroups free its stages."""
     r0 = 0
@@ -404,8 +435,9 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             n0, m_lo, per_head = pid * BLOCK_N, 0, n_mb
         if t > 0:
             mbarrier.wait(kv_free, (t - 1) & 1)
-        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma_load(k_desc, [z, h_kv, n0, 0], kv_bar, k_smem.index(0))
+        mbarrier.expect(kv_bar, PARTS * k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        for part in gl.static_range(PARTS):
+            tma_load(k_desc, [z, h_kv, n0, part * PART_D], kv_bar, k_smem.index(part))
         tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
         for it in range(GQA_GROUP * per_head):
             ring = r0 + it
@@ -414,7 +446,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
             bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem,
-                       bias_z, bias_h, n0, BIAS_TMA)
+                       bias_z, bias_h, n0, BIAS_TMA, PARTS, PART_D)
         r0 += GQA_GROUP * per_head
 
 
@@ -422,7 +454,8 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
                      sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
                      GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-                     HEAD_D: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr, PAIRED: gl.constexpr,
+                     HEAD_D: gl.constexpr, PART_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
+                     WARPS: gl.constexpr, PAIRED: gl.constexpr,
                      HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                      BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr):
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
@@ -437,17 +470,21 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     else:
         n_kt = 1
 
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_D], k_desc.dtype)
-    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], q_desc.dtype)
+    # q, k, dQ and dK in PARTS column parts of PART_D (:func:`.common.head_dim_part`): one buffer a part
+    PARTS: gl.constexpr = HEAD_D // PART_D
+    k_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, PART_D], k_desc.dtype)
+    v_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DV], v_desc.dtype)
+    q_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, PART_D], q_desc.dtype)
+    do_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DV], do_desc.dtype)
     p_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], q_desc.dtype)
-    dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_D], gl.float32)
-    k_smem = gl.allocate_shared_memory(k_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
-    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, BLOCK_N, HEAD_D], tile_layout)
-    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
-    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_D], q_layout)
+    dq_smem_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, PART_D], gl.float32)
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, [PARTS, BLOCK_N, PART_D], k_layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, [1, BLOCK_N, HEAD_DV], v_layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [STAGES * PARTS, BLOCK_M, PART_D], q_layout)
+    do_smem = gl.allocate_shared_memory(do_desc.dtype, [STAGES, BLOCK_M, HEAD_DV], do_layout)
     p_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
     ds_smem = gl.allocate_shared_memory(q_desc.dtype, [1, BLOCK_M, BLOCK_N], p_layout)
-    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS, BLOCK_M, HEAD_D], dq_smem_layout)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [DQ_BUFFERS * PARTS, BLOCK_M, PART_D], dq_smem_layout)
     bias_smem = p_smem  # (no BIAS_TMA: a stand-in, never read)
     if BIAS_TMA:  # a bias tile a ring stage, beside its q and dO
         bias_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], bias_desc.dtype)
@@ -465,31 +502,28 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     gl.warp_specialize([
         (_compute, (q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn,
                     q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
-                    pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, HEAD_D, STAGES,
-                    WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
+                    pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D,
+                    HEAD_DV, STAGES, WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
                     kv_head0 * GQA_GROUP, DS_OUT)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
-                   stride_bz, stride_bh, BIAS_TMA)),
+                   stride_bz, stride_bh, BIAS_TMA, PARTS, PART_D)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
     # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
     # D64 causal, in the loop over the diagonal's query tiles, 8 bytes with GQA one key tile a CTA, 80-96 paired)
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
-_DQ_BUFFERS = 2  # (the config comment above: the dQ add of one tile in flight while the next fills the other)
-
-
-def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, head_dim: int, dtype: torch.dtype,
+def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, dq_buffers: int, head_dim: int, dtype: torch.dtype,
                          bias_dtype: torch.dtype) -> int:
-    """The dQ buffers a config keeps with a bias tile in each ring stage: two, or one where only one leaves the
-    room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory), or 0 where
+    """The dQ buffers a config keeps with a bias tile in each ring stage: its ``dq_buffers``, or fewer where only
+    those leave the room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory), or 0 where
     neither fits the shared memory a CTA may use (the compute warpgroups load the bias then)."""
     budget = shared_memory_for_tiles()
     size = dtype.itemsize
     tiles = (2 * block_n * head_dim * size + stages * 2 * block_m * head_dim * size  # k, v; q and dO
              + 2 * block_m * block_n * size + stages * block_m * block_n * bias_dtype.itemsize)  # P, dS; bias
-    fitting = [n for n in range(_DQ_BUFFERS, 0, -1) if tiles + n * block_m * head_dim * 4 <= budget]  # (fp32 dQ)
+    fitting = [n for n in range(dq_buffers, 0, -1) if tiles + n * block_m * head_dim * 4 <= budget]  # (fp32 dQ)
     return fitting[0] if fitting else 0
 
 
@@ -516,45 +550,50 @@ class BackwardCall:
                  dout: Tensor, bias_grad: bool):
         Z, H, M, D = q.shape
         H_kv, N = k.shape[1], k.shape[2]
-        self.shapes = (Z, H, M, D, H_kv, N)
+        DV = v.shape[3]
+        self.shapes = (Z, H, M, D, DV, H_kv, N)
         self.scale, causal, self.gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
         self.chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
         if not self.chunk:
             raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the "
                              "inputs' dtype whose dS chunks fit the template's gradient buffer (dscore_kv_heads)")
-        block_m, block_n, stages = _CONFIGS[D]
+        block_m, block_n, stages, dq_buffers = _CONFIGS[D]
+        part_d = head_dim_part(D)
         self.block_m, self.block_n, self.causal, self.bias_grad = block_m, block_n, causal, bias_grad
         # (no row of plain attention is empty: one kernel for both)
         self.zero_empty_rows = bias is not None and spec.empty_rows == "zero"
         # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
         self.flag_nan_rows = bias is not None and causal
-        self.rows = (block_m, block_n, block_n, block_m)  # the q, k, v and dO descriptors' tile rows
-        self.fields = tuple(in_place_fields(t, rows) for t, rows in zip((q, k, v, dout), self.rows))
-        self.dk_fields = dense_fields((Z, H_kv, N, D), block_n, k.dtype)
-        self.dv_fields = dense_fields((Z, H_kv, N, D), block_n, v.dtype)
-        self.dq_acc_fields = dense_fields((Z, H, M, D), block_m, torch.float32)
+        # the q, k, v and dO descriptors' tiles: q and k's in column parts (their boxes a power of two wide), as dQ's
+        # and dK's
+        self.tiles = ((block_m, part_d), (block_n, part_d), (block_n, DV), (block_m, DV))
+        self.fields = tuple(in_place_fields(t, *tile) for t, tile in zip((q, k, v, dout), self.tiles))
+        self.dk_fields = dense_fields((Z, H_kv, N, D), block_n, k.dtype, part_d)
+        self.dv_fields = dense_fields((Z, H_kv, N, DV), block_n, v.dtype)
+        self.dq_acc_fields = dense_fields((Z, H, M, D), block_m, torch.float32, part_d)
         self.delta_grid = (triton.cdiv(M, _PRE_ROWS), Z * H)
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
         bias_view = None if bias is None else bias_tma_view(bias)
-        self.ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, D, q.dtype,
-                                                                                bias.dtype)
+        self.ring_dq_buffers = 0 if bias_view is None else bias_ring_dq_buffers(block_m, block_n, stages, dq_buffers,
+                                                                                D, q.dtype, bias.dtype)
         n_n = triton.cdiv(N, block_n)  # key tiles
         self.chunks = []  # (first kv head, kv heads, grid, paired) of each launch of the backward kernel
         for kv_head0 in range(0, H_kv, self.chunk):
             kv_heads = min(self.chunk, H_kv - kv_head0)
             paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
             self.chunks.append((kv_head0, kv_heads, (triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads), paired))
-        self.flags = (self.gqa_group, causal, block_m, block_n, D, stages, _NUM_WARPS)
+        self.part_d = part_d
+        self.flags = (self.gqa_group, causal, block_m, block_n, D, part_d, DV, stages, _NUM_WARPS)
         self.bias_flags = (bias is not None, batch_rows_innermost(spec), self.zero_empty_rows,
-                           self.ring_dq_buffers > 0, self.ring_dq_buffers or _DQ_BUFFERS, bias_grad)
+                           self.ring_dq_buffers > 0, self.ring_dq_buffers or dq_buffers, bias_grad)
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 
     def __call__(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
                  bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-        Z, H, M, D, H_kv, N = self.shapes
+        Z, H, M, D, DV, H_kv, N = self.shapes
         device = q.device
-        q_desc, k_desc, v_desc, do_desc = (described(t, fields, rows) for t, fields, rows
-                                           in zip((q, k, v, dout), self.fields, self.rows))
+        q_desc, k_desc, v_desc, do_desc = (described(t, fields, *tile) for t, fields, tile
+                                           in zip((q, k, v, dout), self.fields, self.tiles))
         dout = do_desc.base  # (where TMA could not read it in place, the copy the descriptor reads)
         lse = lse.contiguous()
         out = out if out.stride(-1) == 1 else out.contiguous()  # (the delta kernel reads rows along a unit stride)
@@ -565,10 +604,10 @@ class BackwardCall:
         dq_acc = torch.empty(Z, H, M, D, dtype=torch.float32, device=device)  # (zeroed by the delta kernel)
         _launch_delta.launch_kept(self.specializations, (out, dout, lse_or_dlse), self.delta_grid,
                                   out, dout, lse_or_dlse, delta, lse, nan_heads, dq_acc, H, M, *out.stride()[:3],
-                                  *dout.stride()[:3], dlse is not None, _PRE_ROWS, D, self.flag_nan_rows,
+                                  *dout.stride()[:3], dlse is not None, _PRE_ROWS, DV, D, self.part_d, self.flag_nan_rows,
                                   self.zero_empty_rows)
         dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=device)
-        dv = torch.empty(Z, H_kv, N, D, dtype=v.dtype, device=device)
+        dv = torch.empty(Z, H_kv, N, DV, dtype=v.dtype, device=device)
         descriptors = (q_desc, k_desc, v_desc, do_desc, with_base(self.dk_fields, dk), with_base(self.dv_fields, dv),
                        with_base(self.dq_acc_fields, dq_acc))
         # (no bias tiles in the ring: q's descriptor stands in, never read)
@@ -599,7 +638,7 @@ class BackwardCall:
                     part.copy_(chunk_ds)
         if self.flag_nan_rows:
             _launch_nan_dv((triton.cdiv(N, _PRE_ROWS), Z * H_kv), dv, nan_heads, H, H_kv, N, self.gqa_group, _PRE_ROWS,
-                           D)
+                           DV)
         dq = torch.empty(Z, H, M, D, dtype=q.dtype, device=device)
         _launch_dq_cast.launch_kept(self.specializations, (), (triton.cdiv(dq.numel(), _CAST_BLOCK),), dq_acc, dq,
                                     dq.numel(), self.scale, _CAST_BLOCK)
@@ -631,12 +670,11 @@ def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Te
     must admit it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its
     reasons say why)."""
     if ops.is_empty(q, k):
-        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec, backward=True)
+        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec)
         dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
     call = checked_call("flash_attention_hopper_backward", q, k, v, spec, bias,
-                        lambda s, q, k, v, bias: BackwardCall(s, q, k, v, bias, dout, bias_grad), dout, bias_grad,
-                        backward=True)
+                        lambda s, q, k, v, bias: BackwardCall(s, q, k, v, bias, dout, bias_grad), dout, bias_grad)
     dq, dk, dv, dbias = call(dout, q, k, v, out, lse, dlse, bias)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 

@@ -29,12 +29,12 @@ tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 LOG2E = math.log2(math.e)  # the kernels' softmax runs in log2 units: exp2(s * scale * LOG2E)
-# The (q / k, v) head dims each kernel is tuned for: it has a config for each (forward._CONFIGS, backward._CONFIGS, by
-# q's head dim). The forward also takes DeepSeek-V3's multi-head latent attention, q / k 192 wide and v 128, whose
-# backward is the generated template's (the Gluon backward's dK and dV accumulators, 64 x 192 and 64 x 128 fp32 a
-# warpgroup, take 160 of the 232 registers a thread, D128's 128: too few are left for S, dP and dQ's tiles).
-FORWARD_HEAD_DIMS = ((64, 64), (128, 128), (192, 128))
-BACKWARD_HEAD_DIMS = ((64, 64), (128, 128))
+# The (q / k, v) head dims the kernels are tuned for: each has a config for each (forward._CONFIGS, backward._CONFIGS,
+# by q's head dim), DeepSeek-V3's multi-head latent attention too, q / k 192 wide and v 128, in 64-column parts
+# (:func:`head_dim_part`); a bias only at 64 and 128 (forward._BIAS_TMA_CONFIGS; the backward's bias tiles and dS
+# stores are written for whole-width tiles).
+HEAD_DIMS = ((64, 64), (128, 128), (192, 128))
+BIAS_HEAD_DIMS = ((64, 64), (128, 128))
 _DTYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 _TILE_DTYPES = {**_DTYPES, torch.float32: gl.float32}  # (fp32: the backward's dQ accumulator)
 TMA_ALIGN_BYTES = 16  # a TMA descriptor's base address and every stride but the last: multiples of 16 bytes
@@ -51,10 +51,9 @@ _DS_MIN_HEAD_DIM = 128
 
 
 # ---- which attentions ------------------------------------------------------------------------------------------------
-def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, backward: bool = False) -> list[str]:
-    """Why the Gluon forward (``backward``: the Gluon backward) cannot compute the attention (empty: it can). q
-    ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``, possibly fake with symbolic lengths. Where the forward takes an
-    attention whose backward it does not (:func:`backward_takes`), the op's autograd runs the template's backward."""
+def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
+    """Why the Gluon kernels (forward and backward: they take the same attentions) cannot compute the attention
+    (empty: they can). q ``[Z, H, M, D]``, k ``[Z, H // g, N, D]``, possibly fake with symbolic lengths."""
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     reasons = []
@@ -71,21 +70,22 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, backward: bool = F
     if spec.dropout_p:
         reasons.append("the Gluon kernels have no dropout")
     dims = (spec.head_dim, spec.head_dim_v)
-    tuned = BACKWARD_HEAD_DIMS if backward else FORWARD_HEAD_DIMS
-    if dims not in tuned:
-        reasons.append(f"the Gluon {'backward' if backward else 'forward'} is tuned for head dims "
-                       f"{', '.join(f'{d}/{dv}' for d, dv in tuned)}, not {spec.head_dim}/{spec.head_dim_v}")
-    elif spec.score_program and dims not in BACKWARD_HEAD_DIMS:  # (forward._BIAS_TMA_CONFIGS: D64 and D128)
-        reasons.append(f"the Gluon forward adds no bias at head dims {spec.head_dim}/{spec.head_dim_v}")
+    if dims not in HEAD_DIMS:
+        reasons.append(f"the Gluon kernels are tuned for head dims "
+                       f"{', '.join(f'{d}/{dv}' for d, dv in HEAD_DIMS)}, not {spec.head_dim}/{spec.head_dim_v}")
+    elif spec.score_program and dims not in BIAS_HEAD_DIMS:
+        reasons.append(f"the Gluon kernels add no bias at head dims {spec.head_dim}/{spec.head_dim_v}")
     if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
                                     or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
     return reasons
 
 
-def backward_takes(spec: AttentionSpec) -> bool:
-    """Whether the Gluon backward computes the gradients of an attention the Gluon forward took (its head dims)."""
-    return (spec.head_dim, spec.head_dim_v) in BACKWARD_HEAD_DIMS
+def head_dim_part(head_dim: int) -> int:
+    """The columns of a part of the q, k, dQ and dK tiles: their head dim where a power of two, else 64 (a TMA box and
+    a tile are a power of two wide; 192 = 3 x 64: a wgmma's K a part, the 128-byte swizzle of a 64-column bf16
+    row)."""
+    return head_dim if head_dim & (head_dim - 1) == 0 else 64
 
 
 def adds_a_bias(spec: AttentionSpec) -> bool:
@@ -97,12 +97,11 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
     return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
-def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others,
-                 backward: bool = False):
+def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others):
     """What ``prepare(spec, q, k, v, bias)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
     launch worked out for the call's sizes -- after its inputs were validated as the template's op validates them
-    (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses them
-    (of the backward where ``backward``).
+    (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses
+    them.
     It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides, dtype and
     device, the bias's alignment, and ``others``: more tensors' layouts or values ``prepare`` reads): a model calls
     the op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
@@ -113,7 +112,7 @@ def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias:
     if call is None:
         s = ops.parse_spec(spec)
         ops.validate(q, k, v, bias_score_tensors(bias), s)
-        reasons = hopper_reasons(s, q, k, backward)
+        reasons = hopper_reasons(s, q, k)
         if reasons:
             raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
         if len(_checked) >= _CHECKED_SIGNATURES:
@@ -176,10 +175,11 @@ def in_place_fields(t: Tensor, rows: int, cols: int | None = None) -> dict | Non
     return descriptor_fields(tuple(t.shape), t.stride(), rows, t.shape[3] if cols is None else cols, t.dtype)
 
 
-def dense_fields(shape: tuple, rows: int, dtype: torch.dtype) -> dict:
+def dense_fields(shape: tuple, rows: int, dtype: torch.dtype, cols: int | None = None) -> dict:
     """:func:`descriptor_fields` of a contiguous tensor of ``shape`` (an output or buffer the op allocates), tiles of
-    ``rows`` rows by every column."""
-    return descriptor_fields(shape, tuple(math.prod(shape[d + 1:]) for d in range(len(shape))), rows, shape[-1], dtype)
+    ``rows`` x ``cols`` (default: every column)."""
+    return descriptor_fields(shape, tuple(math.prod(shape[d + 1:]) for d in range(len(shape))), rows,
+                             shape[-1] if cols is None else cols, dtype)
 
 
 def with_base(fields: dict, t: Tensor) -> "TensorDescriptor":

@@ -23,8 +23,7 @@ as FlashAttention-3 does:
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
 (:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128, or
-q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes, the backward is the template's);
-causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
+q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes); causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
 the spec's program adds its one bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated
 template's semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a
 consumer in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
@@ -56,10 +55,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, backward_takes, batch_and_head,
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head,
                                              bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
                                              checked_call, ctas_at_once, dense_fields, described, dscore_kv_heads,
-                                             fills_at_most, in_place_fields, log2_units, parsed_spec,
+                                             fills_at_most, head_dim_part, in_place_fields, log2_units, parsed_spec,
                                              reinterpret_shared, shared_memory_for_tiles, tma_descriptor, tma_load,
                                              tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
@@ -571,12 +570,6 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
 
 
 # ---- launcher --------------------------------------------------------------------------------------------------------
-def head_dim_part(head_dim: int) -> int:
-    """The columns of q's and k's tiles: their head dim where a power of two, else 64 (a TMA box and a tile are a
-    power of two wide; 192 = 3 x 64: a wgmma's K a part, the 128-byte swizzle of a 64-column bf16 row)."""
-    return head_dim if head_dim & (head_dim - 1) == 0 else 64
-
-
 def resident_ctas(head_dim: int, consumers: int) -> int:
     """How many CTAs of a config share an SM: :data:`_ONE_CONSUMER_CTAS_AN_SM` for one consumer, else one."""
     return _ONE_CONSUMER_CTAS_AN_SM[head_dim] if consumers == 1 else 1
@@ -770,12 +763,11 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     """The Gluon backward (:mod:`.backward`) on the GPU, the bias's gradient too where
     :func:`.common.dscore_kv_heads` admits it; the generated template's on CPU tensors (the op's forward there is the
-    template's too), at the head dims the Gluon backward is not tuned for (:func:`.common.backward_takes`) and for
-    the other biases that need a gradient. Both take this forward's out and lse as their own."""
+    template's too) and for the other biases that need a gradient. Both take this forward's out and lse as their
+    own."""
     q, k, v, out, lse, _, *bias = ctx.saved_tensors
     bias_grad = any(ctx.needs)
-    if (q.device.type != "cuda" or not backward_takes(ops.parse_spec(ctx.spec))
-            or bias_grad and not dscore_kv_heads(q, k, bias[0])):
+    if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):
         dq, dk, dv, dbias, *_ = ops.autograd_backward(ctx, dout, dlse)
         return dq, dk, dv, None, (dbias[0] if bias else None)
     if dout is None:  # only lse was used

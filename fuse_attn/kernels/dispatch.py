@@ -304,7 +304,7 @@ class _CandidateSteps:
         self.q, self.k, self.v = (random_like(t).requires_grad_(training) for t in (q, k, v))
         self.score_tensors = [random_like(t).requires_grad_(training and needs and t.is_floating_point())
                               for t, needs in zip(score_tensors, score_grads)]
-        self.dout = torch.randn(self.q.shape, dtype=q.dtype, device=self.q.device)
+        self.dout = torch.randn(self.q.shape[:3] + self.v.shape[3:], dtype=q.dtype, device=self.q.device)  # (out's)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
 
     def _step(self, name: str) -> Callable[[], None]:

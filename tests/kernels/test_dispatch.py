@@ -602,6 +602,18 @@ def test_the_timed_steps_take_the_bias_and_its_gradient(bias_grad, monkeypatch):
     assert grads == [3 + bias_grad] * 2
 
 
+def test_a_trained_step_where_v_is_narrower_than_q_takes_the_outputs_gradient(monkeypatch):
+    """MLA's v head dim below q's (here 32 / 16): the timed step's gradient of the output is v's width, so every
+    candidate's trained step runs (on CPU tensors: each op's CPU path, without recording)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    spec = AttentionSpec(dtype="float32", head_dim=32, head_dim_v=16, scale=32 ** -0.5, causal=CausalMask())
+    q, k = (torch.randn(1, 2, 17, 32) for _ in range(2))
+    steps = dispatch._CandidateSteps(spec, q, k, torch.randn(1, 2, 17, 16), True)
+    for name in (TRITON, GLUON):
+        steps._step(name)()
+    assert steps.dout.shape == (1, 2, 17, 16)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm90 GPU (H100 / H200)")
 def test_the_implementation_choice_compiles_every_candidates_kernels_before_timing_any(tmp_path, monkeypatch, caplog):

@@ -1,6 +1,6 @@
-"""(Run by tests/e2e/test_distributed.py under torchrun, 2 CPU processes, gloo.) Context parallelism
-(fuse_attn/context_parallel.py): the sequence sharded over the ranks, each rank's output rows and the gradients
-(summed over the ranks) equal to the unsharded attention's.
+"""(Run by tests/e2e/test_distributed.py under torchrun, 2 CPU processes, gloo, through distributed_examples.py.)
+Context parallelism (fuse_attn/context_parallel.py): the sequence sharded over the ranks, each rank's output rows and
+the gradients (summed over the ranks) equal to the unsharded attention's.
 
 * The op: ring_attention against flash_attention on the whole sequence -- plain, causal (load-balanced and
   contiguous shards), a sliding window across the shards' boundaries, ALiBi written with q_idx / kv_idx and learned
@@ -243,8 +243,10 @@ def check_uneven_sequence(load_balance: bool, cp_group) -> bool:
     return ok
 
 
-def main() -> int:
-    dist.init_process_group("gloo")
+def main(argv=None) -> int:
+    owns_group = not dist.is_initialized()  # (tests/e2e/distributed_examples.py makes it for several runs)
+    if owns_group:
+        dist.init_process_group("gloo")
     cp_group = dist.new_group(list(range(dist.get_world_size())))  # not the default group: the group is carried
     results = [check_op(case, load_balance, cp_group)
                for case, load_balance in [("plain", True), ("causal", True), ("causal", False), ("window", True),
@@ -255,7 +257,8 @@ def main() -> int:
     results += [check_llama(ContextParallel(), attention) for attention in ("eager", "sdpa")]
     results += [check_uneven_sequence(load_balance, cp_group) for load_balance in (True, False)]
     results.append(check_uneven_shards(ContextParallel(load_balance=False)))
-    dist.destroy_process_group()
+    if owns_group:
+        dist.destroy_process_group()
     return 0 if all(results) else 1
 
 

@@ -1,9 +1,10 @@
-"""(Run by tests/e2e/test_distributed.py under torchrun, 2 CPU processes, gloo.) Several runs of the distributed examples in
-one torchrun: each argument is one run, the example's name and its command line
-("train_distributed --device cpu --engine ddp --model gpt2 --steps 4"). The process group is made once and each
-example's ``main`` runs in it (the examples keep a group they did not make); each run starts from Dynamo's reset
-caches, as the example resets them for each of its variants. Rank 0 prints a line ``=== run i: <argument>`` before
-each run and ``=== run i exit <status>`` after it; exits 1 if any run failed.
+"""(Run by tests/e2e/test_distributed.py under torchrun, 2 CPU processes, gloo.) Several runs in one torchrun: each
+argument is one run, a distributed example's name and its command line
+("train_distributed --device cpu --engine ddp --model gpt2 --steps 4"), or a dotted module of these tests
+("tests.e2e.distributed_context_parallel"). The process group is made once and each run's ``main(argv)`` runs in it
+(the examples and these modules keep a group they did not make); each run starts from Dynamo's reset caches, as the
+example resets them for each of its variants. Rank 0 prints a line ``=== run i: <argument>`` before each run and
+``=== run i exit <status>`` after it; exits 1 if any run failed.
 
 One torchrun instead of one per run: each torchrun pays the start of three interpreters (the launcher and two ranks),
 the imports of torch, transformers and fuse_attn, and gloo's rendezvous, and each process its first compile's
@@ -30,7 +31,7 @@ def main(runs: list) -> int:
         if rank == 0:
             print(f"=== run {i}: {run}", flush=True)
         torch._dynamo.reset()
-        status = importlib.import_module(f"examples.{name}").main(argv)
+        status = importlib.import_module(name if "." in name else f"examples.{name}").main(argv)
         dist.barrier()
         if rank == 0:
             print(f"=== run {i} exit {status}", flush=True)

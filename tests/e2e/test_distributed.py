@@ -57,16 +57,20 @@ def test_fused_op_on_dtensors_sharded_on_heads_or_batch(tmp_path):
     assert "FAILED" not in run.stdout, run.stdout
 
 
-def test_context_parallel_on_two_cpu_processes(tmp_path):
+def test_context_parallel_and_its_example_on_two_cpu_processes(tmp_path):
+    """tests/e2e/distributed_context_parallel.py's cases, then examples/train_context_parallel.py's training, in one
+    torchrun (tests/e2e/distributed_examples.py), each run's output checked on its own."""
     # The ring's pairs each get their own spec (so their own kernels): the interpreter would compile a dozen kernels
     # per case; the op runs its blockwise path here (the lse gradient of every path: test_kernels.py).
-    run = torchrun(ROOT / "tests" / "e2e" / "distributed_context_parallel.py", cache=tmp_path, interpret="0")
-    lines = [line for line in run.stdout.splitlines() if line.startswith(("op ", "compiled ", "llama ", "uneven "))]
-    assert len(lines) == 16 and not any("FAILED" in line for line in lines), run.stdout
-
-
-def test_train_context_parallel_example_on_two_cpu_processes(tmp_path):
-    run = torchrun(ROOT / "examples" / "train_context_parallel.py", "--device", "cpu", "--steps", "3", cache=tmp_path,
-                   interpret="0")
-    assert "context parallel over 2 cpu processes" in run.stdout and "FAILED" not in run.stdout, run.stdout
-    assert "attentions fused as rings: 2 of 2" in run.stdout and "loss distance" in run.stdout, run.stdout
+    runs = ["tests.e2e.distributed_context_parallel", "train_context_parallel --device cpu --steps 3"]
+    run = torchrun(ROOT / "tests" / "e2e" / "distributed_examples.py", *runs, cache=tmp_path, interpret="0")
+    sections = run.stdout.split("=== run ")[1:]
+    assert len(sections) == 2 * len(runs), run.stdout
+    for i, argument in enumerate(runs):
+        assert sections[2 * i].partition("\n")[0] == f"{i}: {argument}", run.stdout
+        assert sections[2 * i + 1].startswith(f"{i} exit 0"), run.stdout
+    cases, example = sections[0], sections[2]
+    lines = [line for line in cases.splitlines() if line.startswith(("op ", "compiled ", "llama ", "uneven "))]
+    assert len(lines) == 16 and not any("FAILED" in line for line in lines), cases
+    assert "context parallel over 2 cpu processes" in example and "FAILED" not in example, example
+    assert "attentions fused as rings: 2 of 2" in example and "loss distance" in example, example

@@ -424,16 +424,22 @@ class SinksWindow(VariantAttention):
 class MultiHeadLatent(VariantAttention):
     """DeepSeek-V3's eager attention after its latent up-projections (multi-head latent attention, MLA): each head's
     query and key 192 wide, the model's join of a 128-wide part without rotary embedding and a 64-wide rotary part
-    (the key's shared by the heads), the value 128 wide; scale 192 ** -0.5; causal."""
+    (the key's shared by the heads), the value 128 wide; scale 192 ** -0.5; causal, or (``causal`` False) every key
+    seen, as an encoder's or a prefill over a cache would."""
+
+    def __init__(self, size: Size, causal: bool = True):
+        super().__init__(size)
+        self.causal = causal
 
     def forward(self, q, k, v):
-        return attend(causal_masked(q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5), v)
+        scores = q @ k.transpose(-2, -1) * q.shape[-1] ** -0.5
+        return attend(causal_masked(scores) if self.causal else scores, v)
 
     def flex_mods(self, device, extra):
-        return None, causal_mask_mod
+        return None, causal_mask_mod if self.causal else None
 
     def sdpa_arguments(self, device, extra):
-        return {"is_causal": True}
+        return {"is_causal": self.causal}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -465,6 +471,8 @@ VARIANTS = {
     "mla_causal_4k": Variant(MultiHeadLatent, dataclasses.replace(DEFAULT_SIZE, head_dim=192, value_head_dim=128)),
     "mla_causal_16k": Variant(MultiHeadLatent, dataclasses.replace(DEFAULT_SIZE, batch=1, seq=16384, head_dim=192,
                                                                    value_head_dim=128)),
+    "mla_4k": Variant(lambda size: MultiHeadLatent(size, causal=False),
+                      dataclasses.replace(DEFAULT_SIZE, head_dim=192, value_head_dim=128)),
 }
 
 

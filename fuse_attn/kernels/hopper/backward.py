@@ -302,8 +302,10 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         dk_parts = dk_parts + (warpgroup_mma(ds_smem.permute((1, 0)), q_smem.index(stage * PARTS + part), dk[part],
                                              use_acc=not FIRST, is_async=True), )
     dq = warpgroup_mma_wait(1 + PARTS, deps=dq)  # (dV and dK's parts still in flight)
+    if PARTS == 1:  # (a wait on one dependency gives it back bare)
+        dq = (dq, )
     for part in gl.static_range(PARTS):
-        dq_smem.index((ring % DQ_BUFFERS) * PARTS + part).store(dq[part] if PARTS > 1 else dq)
+        dq_smem.index((ring % DQ_BUFFERS) * PARTS + part).store(dq[part])
     fence_async_shared()
     _cta_barrier()  # all of dQ is in shared memory
     for part in gl.static_range(PARTS):  # rows past M are not written

@@ -5,11 +5,12 @@
 The generated template's backward runs two kernels, dQ over key tiles and dK/dV over query tiles, each recomputing
 P and dP: 7 matmuls per (query tile, key tile) pair. This one runs FlashAttention-2/3's single pass, 5 matmuls:
 
-* a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk and
-  a short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each, or
-  of half the columns each where BLOCK_N is 64: MLA's q / k 192 with v 128, whose q, k, dQ and dK tiles come in
-  64-column parts, one wgmma a part); it walks the query tiles of every query head of the kv head's GQA group (one k / v load serves the whole group), q and
-  dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third partition, one loader warp.
+* a CTA owns ``BLOCK_N`` keys of one kv head (causal calls of few CTAs: two such key tiles in turn, a long walk and a
+  short one) and keeps their dK and dV accumulators in registers (two warpgroups of ``BLOCK_N / 2`` rows each, or of
+  half the columns each where BLOCK_N is 64: MLA's q / k 192 with v 128, whose q, k, dQ and dK tiles come in 64-column
+  parts, one wgmma a part); it walks the query tiles of every query head of the kv head's GQA group (one k / v load
+  serves the whole group), q and dO tiles brought by TMA into a ring of ``STAGES`` stages ahead of use by a third
+  partition, one loader warp.
 * per query tile: S = Q K^T and dP = dO V^T, P = exp2(S * scale - lse) from the forward's lse and
   dS = P (dP - delta), both to shared memory; then dQ = dS K, dV += P^T dO and dK += dS^T Q (the transposes are views
   of the shared tiles).
@@ -86,11 +87,11 @@ _PRE_ROWS = 64  # rows of delta per program of the small kernels (any power of 2
 def _delta_kernel(Out, DO, DLse, Delta, Lse, NanHeads, DQAcc, H, M, so_z, so_h, so_m, sdo_z, sdo_h, sdo_m,
                   HAS_DLSE: tl.constexpr, ROWS: tl.constexpr, HEAD_DV: tl.constexpr, HEAD_D: tl.constexpr,
                   PART_D: tl.constexpr, FLAG_NAN_ROWS: tl.constexpr, ZERO_EMPTY_ROWS: tl.constexpr):
-    """delta[z, h, m] = sum_d dO * O - dlse (fp32; O and dO HEAD_DV wide), for ROWS rows of one (z, h), and those
-    rows of the fp32 dQ accumulator (contiguous [Z, H, M, HEAD_D], zeroed PART_D columns at a time) zeroed for the
-    backward kernel's reduce-adds: one launch and one allocation fewer a call than a separate fill. FLAG_NAN_ROWS: NanHeads[z * H + h] set where one of the rows has an
-    lse that is not finite (-inf allowed under ZERO_EMPTY_ROWS): a row that a bias made NaN, whose NaN eager's dV
-    carries to every key (:func:`_nan_dv_kernel`)."""
+    """delta[z, h, m] = sum_d dO * O - dlse (fp32; O and dO HEAD_DV wide), for ROWS rows of one (z, h), and those rows
+    of the fp32 dQ accumulator (contiguous [Z, H, M, HEAD_D], zeroed PART_D columns at a time) zeroed for the backward
+    kernel's reduce-adds: one launch and one allocation fewer a call than a separate fill. FLAG_NAN_ROWS: NanHeads[z *
+    H + h] set where one of the rows has an lse that is not finite (-inf allowed under ZERO_EMPTY_ROWS): a row that a
+    bias made NaN, whose NaN eager's dV carries to every key (:func:`_nan_dv_kernel`)."""
     bh = tl.program_id(1)
     z = bh // H
     h = bh % H
@@ -209,14 +210,14 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 DS_OUT: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK (a tuple of its PARTS column parts, as q and k come) and dV
-    accumulate (FIRST: start from this tile's products), dQ is added into global memory from dq_smem by TMA, a part
-    at a time. dK and dV's matmuls stay in flight into the next iteration, which
-    waits for them with its S and then gives their ring stage back to the loader. HAS_BIAS: the scores plus the bias
-    (in log2 units as the forward's, :func:`.common.log2_units`), its tile loaded while S and dP are on the
-    tensor cores: from the ring stage (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes
-    out through DQ_BUFFERS shared buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the
-    gradient of the scores, as the bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query
-    head h - ds_head0 and keys n0 on."""
+    accumulate (FIRST: start from this tile's products), dQ is added into global memory from dq_smem by TMA, a part at
+    a time. dK and dV's matmuls stay in flight into the next iteration, which waits for them with its S and then gives
+    their ring stage back to the loader. HAS_BIAS: the scores plus the bias (in log2 units as the forward's,
+    :func:`.common.log2_units`), its tile loaded while S and dP are on the tensor cores: from the ring stage
+    (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes out through DQ_BUFFERS shared
+    buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the gradient of the scores, as the
+    bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query head h - ds_head0 and keys n0
+    on."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
     ring = r0 + it
@@ -384,16 +385,16 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
-                                         GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, True, False,
-                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                         ds_head0, DS_OUT)
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
+                                         True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
+                                         ds_desc, n0, ds_head0, DS_OUT)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
-                                         GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, False, False,
-                                         HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                         ds_head0, DS_OUT)
+                                         GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
+                                         False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
+                                         ds_desc, n0, ds_head0, DS_OUT)
             waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
             _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -409,14 +410,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES,
-                             s_layout, dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
-                             ds_desc, n0, ds_head0, DS_OUT)
+                             s_layout, dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
+                             DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS,
-                                 PART_D, STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                                 BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                                 PART_D, STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS,
+                                 bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
 
@@ -426,9 +427,10 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
             BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
-    """One warp: for each of the CTA's key tiles, its k (in PARTS column parts of PART_D, as q) and v (once the previous key tile's dK and dV are stored from
-    their buffers), then every query tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head
-    where it has them, else 0) into the ring as the compute warpgroups free its stages."""
+    """One warp: for each of the CTA's key tiles, its k (in PARTS column parts of PART_D, as q) and v (once the
+    previous key tile's dK and dV are stored from their buffers), then every query tile's q and dO (and BIAS_TMA, its
+    bias tile: of the bias's batch row and head where it has them, else 0) into the ring as the compute warpgroups
+    free its stages."""
     r0 = 0
     for t in range(n_kt):
         if CAUSAL:
@@ -519,8 +521,8 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
 def bias_ring_dq_buffers(block_m: int, block_n: int, stages: int, dq_buffers: int, head_dim: int, dtype: torch.dtype,
                          bias_dtype: torch.dtype) -> int:
     """The dQ buffers a config keeps with a bias tile in each ring stage: its ``dq_buffers``, or fewer where only
-    those leave the room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory), or 0 where
-    neither fits the shared memory a CTA may use (the compute warpgroups load the bias then)."""
+    those leave the room (the kernel then waits for a tile's dQ add before the next tile's dQ goes to shared memory),
+    or 0 where neither fits the shared memory a CTA may use (the compute warpgroups load the bias then)."""
     budget = shared_memory_for_tiles()
     size = dtype.itemsize
     tiles = (2 * block_n * head_dim * size + stages * 2 * block_m * head_dim * size  # k, v; q and dO
@@ -606,8 +608,8 @@ class BackwardCall:
         dq_acc = torch.empty(Z, H, M, D, dtype=torch.float32, device=device)  # (zeroed by the delta kernel)
         _launch_delta.launch_kept(self.specializations, (out, dout, lse_or_dlse), self.delta_grid,
                                   out, dout, lse_or_dlse, delta, lse, nan_heads, dq_acc, H, M, *out.stride()[:3],
-                                  *dout.stride()[:3], dlse is not None, _PRE_ROWS, DV, D, self.part_d, self.flag_nan_rows,
-                                  self.zero_empty_rows)
+                                  *dout.stride()[:3], dlse is not None, _PRE_ROWS, DV, D, self.part_d,
+                                  self.flag_nan_rows, self.zero_empty_rows)
         dk = torch.empty(Z, H_kv, N, D, dtype=k.dtype, device=device)
         dv = torch.empty(Z, H_kv, N, DV, dtype=v.dtype, device=device)
         descriptors = (q_desc, k_desc, v_desc, do_desc, with_base(self.dk_fields, dk), with_base(self.dv_fields, dv),

@@ -23,15 +23,16 @@ as FlashAttention-3 does:
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
 (:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128, or
-q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes); causal only top-left with equal lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where
-the spec's program adds its one bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated
-template's semantics for rows the bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a
-consumer in every ring stage (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them
-(:data:`_BIAS_TMA_CONFIGS`, :func:`bias_ring_stages`); else each consumer loads its rows of the tile from global memory
-into registers beside S. Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32,
-natural log). The op's autograd formula is the Gluon backward (:mod:`.backward`, its own op) on the GPU and the
-template's backward on CPU tensors. The reference is the template's own:
-:func:`fuse_attn.kernels.reference.reference_attention`; the tests compare both against it.
+q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes); causal only top-left with equal
+lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where the spec's program adds its one
+bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated template's semantics for rows the
+bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a consumer in every ring stage
+(``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them (:data:`_BIAS_TMA_CONFIGS`,
+:func:`bias_ring_stages`); else each consumer loads its rows of the tile from global memory into registers beside S.
+Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's
+autograd formula is the Gluon backward (:mod:`.backward`, its own op) on the GPU and the template's backward on CPU
+tensors. The reference is the template's own: :func:`fuse_attn.kernels.reference.reference_attention`; the tests
+compare both against it.
 
 It is one candidate of the compile-time choice (:mod:`fuse_attn.kernels.dispatch`, name ``gluon``), timed against
 the generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code

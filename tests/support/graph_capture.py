@@ -83,8 +83,8 @@ def compiled_code(step):
     The FX graph and AOTAutograd caches are off for the call: an entry stored under other patches of the test session
     (a lowering or launch function a test replaces leaves the graph, so the key, as it was) would otherwise be served
     in place of this process's lowering. The compiled C++ kernels stay in Inductor's cache: an entry there is keyed by
-    the kernel's source and compile command, so it is the same kernel whoever built it (a fresh cache would compile each of
-    T5's ~30 small C++ kernels again, ~1.4 s each on a CPU)."""
+    the kernel's source and compile command, so it is the same kernel whoever built it (a fresh cache would compile
+    each of T5's ~30 small C++ kernels again, ~1.4 s each on a CPU)."""
     from torch._inductor.utils import run_and_get_code
 
     with torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False), \

@@ -56,7 +56,8 @@ from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, b
                                              bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
                                              fills_at_most, head_dim_part, in_place_fields, log2_units, parsed_spec,
-                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_store, with_base)
+                                             scores_over_parts, shared_memory_for_tiles, tma_descriptor, tma_load,
+                                             tma_load_parts, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
 
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -174,8 +175,7 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_de
         tma_load(bias_desc, [bz, bh, m0, n0], bar, bias_smem.index(stage))
     else:
         mbarrier.expect(bar, PARTS * q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-    for part in gl.static_range(PARTS):
-        tma_load(q_desc, [z, h, m0, part * PART_D], bar, q_smem.index(stage * PARTS + part))
+    tma_load_parts(q_desc, z, h, m0, bar, q_smem, stage * PARTS, PARTS, PART_D)
     tma_load(do_desc, [z, h, m0, 0], bar, do_smem.index(stage))
 
 
@@ -232,11 +232,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     p_smem = p_smem.index(pin)
     ds_smem = ds_smem.index(pin)
     zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=s_layout)
-    s = warpgroup_mma(q_smem.index(stage * PARTS), k_smem.index(pin).permute((1, 0)), zero, use_acc=False,
-                      is_async=True)
-    for part in gl.static_range(1, PARTS):
-        s = warpgroup_mma(q_smem.index(stage * PARTS + part), k_smem.index(pin + part).permute((1, 0)), s,
-                          is_async=True)
+    s = scores_over_parts(q_smem, stage * PARTS, k_smem, pin, zero, PARTS)
     dp = warpgroup_mma(do, v_smem.permute((1, 0)), zero, use_acc=False, is_async=True)
 
     m0 = mb * BLOCK_M
@@ -375,9 +371,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
             n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             # (accumulators in flight from one iteration to the next: the loops carry them as such)
-            dk = (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), )
-            for part in gl.static_range(1, PARTS):
-                dk = dk + (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), )
+            dk = (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), ) * PARTS
             dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DV], gl.float32, layout=dv_layout))
             mbarrier.wait(kv_bar, t & 1)
             for g in range(GQA_GROUP):
@@ -440,8 +434,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
         if t > 0:
             mbarrier.wait(kv_free, (t - 1) & 1)
         mbarrier.expect(kv_bar, PARTS * k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        for part in gl.static_range(PARTS):
-            tma_load(k_desc, [z, h_kv, n0, part * PART_D], kv_bar, k_smem.index(part))
+        tma_load_parts(k_desc, z, h_kv, n0, kv_bar, k_smem, 0, PARTS, PART_D)
         tma_load(v_desc, [z, h_kv, n0, 0], kv_bar, v_smem.index(0))
         for it in range(GQA_GROUP * per_head):
             ring = r0 + it

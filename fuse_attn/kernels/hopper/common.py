@@ -14,7 +14,7 @@ from triton import knobs
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language._core import builtin
-from triton.experimental.gluon.language.nvidia.hopper import tma
+from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fuse_attn.kernels import compile_workers, ops, plan
@@ -342,6 +342,25 @@ def bias_tma_head(z, h, stride_bz, stride_bh):
     """The (batch row, head) coordinates in the bias's TMA view (:func:`bias_tma_view`) of batch row z and head h: 0
     along a dim the bias is broadcast over (size 1 there)."""
     return gl.where(stride_bz == 0, 0, z), gl.where(stride_bh == 0, 0, h)
+
+
+@gluon.jit
+def tma_load_parts(desc, z, h, row0, bar, smem, first, PARTS: gl.constexpr, PART_D: gl.constexpr):
+    """The tile of ``desc`` at rows row0 on of (z, h) in PARTS column parts of PART_D (:func:`head_dim_part`), into
+    buffers first .. first + PARTS - 1 of ``smem``, completing on ``bar``."""
+    for part in gl.static_range(PARTS):
+        tma_load(desc, [z, h, row0, part * PART_D], bar, smem.index(first + part))
+
+
+@gluon.jit
+def scores_over_parts(q_smem, q_first, k_smem, k_first, s_zero, PARTS: gl.constexpr):
+    """q k^T of the q tile in buffers q_first on and the k tile in buffers k_first on, issued (not waited for): one
+    wgmma a column part of the head dim (:func:`head_dim_part`), adding up."""
+    s = warpgroup_mma(q_smem.index(q_first), k_smem.index(k_first).permute((1, 0)), s_zero, use_acc=False,
+                      is_async=True)
+    for part in gl.static_range(1, PARTS):
+        s = warpgroup_mma(q_smem.index(q_first + part), k_smem.index(k_first + part).permute((1, 0)), s, is_async=True)
+    return s
 
 
 @gluon.jit

@@ -60,8 +60,8 @@ from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, b
                                              bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
                                              checked_call, ctas_at_once, dense_fields, described, dscore_kv_heads,
                                              fills_at_most, head_dim_part, in_place_fields, log2_units, parsed_spec,
-                                             reinterpret_shared, shared_memory_for_tiles, tma_descriptor, tma_load,
-                                             tma_store, with_base)
+                                             reinterpret_shared, scores_over_parts, shared_memory_for_tiles,
+                                             tma_descriptor, tma_load, tma_load_parts, tma_store, with_base)
 from fuse_attn.spec import AttentionSpec
 
 # Per head dim of q and k: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a
@@ -199,18 +199,6 @@ def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, st
 
 
 @gluon.jit
-def _scores(q_smem, k_smem, C: gl.constexpr, stage, s_zero, PARTS: gl.constexpr):
-    """Consumer C's q k^T with the k tile of ring stage ``stage``, issued (not waited for): one wgmma a column part of
-    the head dim (PARTS: 192 = 3 x 64, a TMA box being a power of two wide; else the whole head dim), adding up."""
-    s = warpgroup_mma(q_smem.index(C * PARTS), k_smem.index(stage * PARTS).permute((1, 0)), s_zero, use_acc=False,
-                      is_async=True)
-    for part in gl.static_range(1, PARTS):
-        s = warpgroup_mma(q_smem.index(C * PARTS + part), k_smem.index(stage * PARTS + part).permute((1, 0)), s,
-                          is_async=True)
-    return s
-
-
-@gluon.jit
 def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i, s_zero, offs_m, N, qk_scale, j,
                    r0, bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
@@ -221,7 +209,7 @@ def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l
     r = r0 + j
     stage = r % STAGES
     mbarrier.wait(kv_ready.index(stage), (r // STAGES) & 1)
-    s = _scores(q_smem, k_smem, C, stage, s_zero, PARTS)
+    s = scores_over_parts(q_smem, C * PARTS, k_smem, stage * PARTS, s_zero, PARTS)  # (consumer C's q)
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
     offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
@@ -324,7 +312,7 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 
         # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
-        s = _scores(q_smem, k_smem, C, r0 % STAGES, s_zero, PARTS)
+        s = scores_over_parts(q_smem, C * PARTS, k_smem, (r0 % STAGES) * PARTS, s_zero, PARTS)
         p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
                                                   qk_scale, bias_rows, stride_bn, bias_smem,
                                                   (r0 % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL, HAS_BIAS,
@@ -408,9 +396,7 @@ def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexp
         if MANY_BLOCKS:
             mbarrier.wait(q_free.index(c), (it & 1) ^ 1)
         mbarrier.expect(q_bars.index(c), PARTS * q_desc.block_type.nbytes)
-        for part in gl.static_range(PARTS):
-            tma_load(q_desc, [z, h, row0 + c * BLOCK_M, part * PART_D], q_bars.index(c),
-                     q_smem.index(c * PARTS + part))
+        tma_load_parts(q_desc, z, h, row0 + c * BLOCK_M, q_bars.index(c), q_smem, c * PARTS, PARTS, PART_D)
 
 
 @gluon.jit
@@ -433,8 +419,7 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
                             + CONSUMERS * bias_desc.block_type.nbytes)
         else:
             mbarrier.expect(ready, PARTS * k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        for part in gl.static_range(PARTS):
-            tma_load(k_desc, [z, h_kv, j * BLOCK_N, part * PART_D], ready, k_smem.index(stage * PARTS + part))
+        tma_load_parts(k_desc, z, h_kv, j * BLOCK_N, ready, k_smem, stage * PARTS, PARTS, PART_D)
         tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
         if BIAS_TMA:  # (rows past M and keys past N read as 0; a consumer with no rows below M never reads its tile)
             for c in gl.static_range(CONSUMERS):

@@ -26,6 +26,17 @@ def torchrun(script: Path, *arguments: str, cache: Path, interpret: str = "1") -
     return run
 
 
+def run_outputs(run: subprocess.CompletedProcess, runs: list) -> list:
+    """Each run's output of one torchrun of tests/e2e/distributed_examples.py over ``runs``, after checking that each
+    ran under its header and exited 0."""
+    sections = run.stdout.split("=== run ")[1:]
+    assert len(sections) == 2 * len(runs), run.stdout
+    for i, argument in enumerate(runs):
+        assert sections[2 * i].partition("\n")[0] == f"{i}: {argument}", run.stdout
+        assert sections[2 * i + 1].startswith(f"{i} exit 0"), run.stdout
+    return sections[::2]
+
+
 ENGINES = [("ddp", "gpt2"), ("fsdp2", "llama"), ("tp", "llama")]
 
 
@@ -35,11 +46,7 @@ def test_train_distributed_on_two_cpu_processes(tmp_path):
     runs = [f"train_distributed --device cpu --engine {engine} --model {model} --steps 4"
             + (" --profile" if engine == "fsdp2" else "") for engine, model in ENGINES]
     run = torchrun(ROOT / "tests" / "e2e" / "distributed_examples.py", *runs, cache=tmp_path)
-    sections = run.stdout.split("=== run ")[1:]
-    assert len(sections) == 2 * len(ENGINES), run.stdout
-    for i, (engine, model) in enumerate(ENGINES):
-        header, out, footer = sections[2 * i].partition("\n")[0], sections[2 * i], sections[2 * i + 1]
-        assert header == f"{i}: {runs[i]}" and footer.startswith(f"{i} exit 0"), run.stdout
+    for (engine, model), out in zip(ENGINES, run_outputs(run, runs)):
         assert f"{model}, {engine} on 2 cpu processes" in out, out
         assert "not fused: 0" in out and "FAILED" not in out, out
         assert "loss vs eager: fuse_attn" in out, out
@@ -64,12 +71,7 @@ def test_context_parallel_and_its_example_on_two_cpu_processes(tmp_path):
     # per case; the op runs its blockwise path here (the lse gradient of every path: test_kernels.py).
     runs = ["tests.e2e.distributed_context_parallel", "train_context_parallel --device cpu --steps 3"]
     run = torchrun(ROOT / "tests" / "e2e" / "distributed_examples.py", *runs, cache=tmp_path, interpret="0")
-    sections = run.stdout.split("=== run ")[1:]
-    assert len(sections) == 2 * len(runs), run.stdout
-    for i, argument in enumerate(runs):
-        assert sections[2 * i].partition("\n")[0] == f"{i}: {argument}", run.stdout
-        assert sections[2 * i + 1].startswith(f"{i} exit 0"), run.stdout
-    cases, example = sections[0], sections[2]
+    cases, example = run_outputs(run, runs)
     lines = [line for line in cases.splitlines() if line.startswith(("op ", "compiled ", "llama ", "uneven "))]
     assert len(lines) == 16 and not any("FAILED" in line for line in lines), cases
     assert "context parallel over 2 cpu processes" in example and "FAILED" not in example, example

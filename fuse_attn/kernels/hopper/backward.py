@@ -204,7 +204,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N,
                 qk_scale, offs_n, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                 PARTS: gl.constexpr, PART_D: gl.constexpr, STAGES: gl.constexpr, s_layout: gl.constexpr,
-                dq_layout: gl.constexpr,
+                dq_layout: gl.constexpr, dk_layout: gl.constexpr,
                 MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                 bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
                 DS_OUT: gl.constexpr):
@@ -288,15 +288,22 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
             mbarrier.arrive(empty.index((ring - 1) % STAGES))
 
     # dQ first: its add into global memory starts while dV and dK are on the tensor cores
+    ds_a = ds_smem
+    ds_t_a = ds_smem.permute((1, 0))
+    # With head-dim parts, dS and dS^T are the A of PARTS wgmmas each: read into registers once instead of from
+    # shared memory by every wgmma (2 x (PARTS - 1) fewer tile reads; 4-7% faster backward at 192 / 128, H200 sweep)
+    if PARTS > 1:
+        ds_a = ds_smem.load(gl.DotOperandLayout(0, dq_layout, 2))
+        ds_t_a = ds_smem.permute((1, 0)).load(gl.DotOperandLayout(0, dk_layout, 2))
     dq_zero = gl.zeros([BLOCK_M, PART_D], gl.float32, layout=dq_layout)
-    dq = (warpgroup_mma(ds_smem, k_smem.index(pin), dq_zero, use_acc=False, is_async=True), )
+    dq = (warpgroup_mma(ds_a, k_smem.index(pin), dq_zero, use_acc=False, is_async=True), )
     for part in gl.static_range(1, PARTS):
-        dq = dq + (warpgroup_mma(ds_smem, k_smem.index(pin + part), dq_zero, use_acc=False, is_async=True), )
+        dq = dq + (warpgroup_mma(ds_a, k_smem.index(pin + part), dq_zero, use_acc=False, is_async=True), )
     dv = warpgroup_mma(p_smem.permute((1, 0)), do, dv, use_acc=not FIRST, is_async=True)
-    dk_parts = (warpgroup_mma(ds_smem.permute((1, 0)), q_smem.index(stage * PARTS), dk[0], use_acc=not FIRST,
+    dk_parts = (warpgroup_mma(ds_t_a, q_smem.index(stage * PARTS), dk[0], use_acc=not FIRST,
                               is_async=True), )
     for part in gl.static_range(1, PARTS):
-        dk_parts = dk_parts + (warpgroup_mma(ds_smem.permute((1, 0)), q_smem.index(stage * PARTS + part), dk[part],
+        dk_parts = dk_parts + (warpgroup_mma(ds_t_a, q_smem.index(stage * PARTS + part), dk[part],
                                              use_acc=not FIRST, is_async=True), )
     dq = warpgroup_mma_wait(1 + PARTS, deps=dq)  # (dV and dK's parts still in flight)
     if PARTS == 1:  # (a wait on one dependency gives it back bare)
@@ -380,15 +387,15 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
-                                         True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
-                                         ds_desc, n0, ds_head0, DS_OUT)
+                                         dk_layout, True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
+                                         DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
-                                         False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS,
-                                         ds_desc, n0, ds_head0, DS_OUT)
+                                         dk_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
+                                         DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
             waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
             _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -404,14 +411,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready, empty,
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES,
-                             s_layout, dq_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
-                             DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                             s_layout, dq_layout, dk_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                             BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS,
-                                 PART_D, STAGES, s_layout, dq_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS,
-                                 bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                                 PART_D, STAGES, s_layout, dq_layout, dk_layout, False, False, HAS_BIAS,
+                                 ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
 

@@ -134,8 +134,10 @@ def _model_row(r):
 
 def _plain_row(r):
     name = "causal" if r["causal"] == "1" else "unmasked"
-    shape = f"B{r['B']} H{r['H']} N{r['N']} D{r['D']}"
-    return case_name("plain_attention", name, r["mode"], shape), r["implementation"], r["gpu_ms"], "", r["ratio"], r
+    kv_heads = f" Hkv{r['H_kv']}" if r.get("H_kv", r["H"]) != r["H"] else ""
+    shape = f"B{r['B']} H{r['H']}{kv_heads} N{r['N']} D{r['D']}"
+    return (case_name("plain_attention", name, r["mode"], shape), r["implementation"], r["gpu_ms"], r.get("tflops", ""),
+            r["ratio"], r)
 
 
 def _host_overhead_rows(r):

@@ -285,6 +285,23 @@ def test_bench_csv_turns_host_overhead_and_candidate_rows_into_results_rows(tmp_
         ("bench_candidates/gpt2-small/fwd/B8 H12 Hkv12 N1024 D64 causal", "triton untuned", "0.06541", "H200")]
 
 
+def test_bench_csv_turns_plain_attention_rows_into_results_rows(tmp_path):
+    """benchmarks/plain_attention.py's CSV: a results row an implementation, GPU ms and TF/s, the kv heads in the case
+    where they differ from the query heads (GQA)."""
+    from tools.bench_csv import results_rows
+
+    plain = tmp_path / "plain_attention.csv"
+    plain.write_text("B,H,H_kv,N,D,causal,mode,implementation,config,gpu_ms,wall_ms,tflops,ratio,gpu,torch,triton,date\n"
+                     '2,64,8,8192,128,1,fwd,fuse_attn,"(64, 128, 3, 2)",3.7441,3.70,587.2,1.040,H200,2.11,3.6,2026-11-30\n'
+                     "2,64,8,8192,128,1,fwd,cudnn,,3.8934,3.85,564.7,,H200,2.11,3.6,2026-11-30\n"
+                     '4,16,16,4096,64,0,fwd+bwd,fuse_attn,"(128, 64, 2, 2)",1.5,1.6,320.0,1.026,H200,2.11,3.6,2026-11-30\n')
+    rows = results_rows(str(plain), "abc1234")
+    assert [(r["case"], r["implementation"], r["ms"], r["tflops"], r["ratio"]) for r in rows] == [
+        ("plain_attention/causal/fwd/B2 H64 Hkv8 N8192 D128", "fuse_attn", "3.7441", "587.2", "1.040"),
+        ("plain_attention/causal/fwd/B2 H64 Hkv8 N8192 D128", "cudnn", "3.8934", "564.7", ""),
+        ("plain_attention/unmasked/fwd+bwd/B4 H16 N4096 D64", "fuse_attn", "1.5", "320.0", "1.026")]
+
+
 def test_bench_csv_turns_compile_times_into_results_rows(tmp_path):
     """bench_models --compile-time's CSV: a results row a variant and cache state, the first two steps in ms."""
     from tools.bench_csv import results_rows

@@ -213,13 +213,14 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
         for seed, state in zip(seeds, states):
             module.load_state_dict(state)
             module.zero_grad(set_to_none=True)
-            with torch.set_grad_enabled(train), collect_reports() as reports:
-                out = first_tensor(call(**{k: cast(v) for k, v in inputs.items()}))
+            with collect_reports() as reports:  # (the backward's graph is compiled at its first call)
+                with torch.set_grad_enabled(train):
+                    out = first_tensor(call(**{k: cast(v) for k, v in inputs.items()}))
+                if train:
+                    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1 + seed), dtype=torch.float64)
+                    (out * grad.to(out.device, out.dtype)).sum().backward()
             if module is model:
                 seed_verdicts.append([v for r in reports for v in r.verdicts])
-            if train:
-                grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1 + seed), dtype=torch.float64)
-                (out * grad.to(out.device, out.dtype)).sum().backward()
             results.append((out.detach(), {n: p.grad for n, p in module.named_parameters()}))
         return results
 

@@ -41,14 +41,25 @@ def tables(stdout):
     return [[dict(zip(cells(b[0]), cells(line))) for line in b[2:]] for b in blocks]
 
 
-def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
+def run_tool(name, argv, monkeypatch, capsys):
+    """``tools/<name>.py`` with ``argv``, called in this process (a process of its own would first spend ~10 s importing
+    torch, transformers and the package, which this one holds): its exit status and what it printed. TRITON_INTERPRET=0:
+    the fused op takes its plain-PyTorch CPU path (the interpreter would be far slower; the op reads it at run time);
+    PYTHONPATH: the repository root, for the processes the tool starts itself. The environment is restored after."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
+    capsys.readouterr()
+    with mock.patch.dict(os.environ):
+        status = importlib.import_module(f"tools.{name}").main(argv)
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess([name, *argv], status, captured.out, captured.err)
+
+
+def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
-    # TRITON_INTERPRET=0: the fused op takes its plain-PyTorch CPU path (the interpreter would be far slower)
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gpt2", "bert-padded", "mistral-window", "t5", "phi3", "--modes", "infer", "--variants",
-               "fuse_attn", "sdpa+fuse_attn", "--out", str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gpt2", "bert-padded", "mistral-window",
+                                     "t5", "phi3", "--modes", "infer", "--variants", "fuse_attn", "sdpa+fuse_attn",
+                                     "--out", str(tmp_path)], monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table_rows(done.stdout)
     assert [(row["model"], row["mode"]) for row in rows] == [("gpt2", "infer"), ("bert-padded", "infer"),
@@ -57,7 +68,7 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
     # bert-padded: its padding mask, built in the graph from the attention mask input, fused too; mistral-window:
     # the sliding-window mask the model builds for SDPA; t5: three attentions a layer (the encoder's, and the
     # decoder's self- and cross-attention), the self-attentions with the position bias; phi3: Phi-3's layers (head
-    # dim 96 at full size), in this process rather than one of its own (a process's start is ~10 s of the test)
+    # dim 96 at full size), in this run rather than one of its own
     per_layer = {"t5": 3}
     for row in rows:
         expected = per_layer.get(row["model"], 1) * int(row["layers"])
@@ -66,15 +77,13 @@ def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path):
     assert (tmp_path / "bench_models.csv").read_text().count("\n") == 11  # header and the ten cells
 
 
-def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path):
+def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path, monkeypatch, capsys):
     """--compile-mode reduce-overhead: the model compiled in that mode (a CPU's Inductor skips the CUDA graphs), its
     training steps each a new step of CUDA graph trees, the CSV's variant named with the mode; every layer fused."""
     pytest.importorskip("transformers")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gpt2", "--modes", "train", "--variants", "sdpa+fuse_attn", "--compile-mode",
-               "reduce-overhead", "--out", str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gpt2", "--modes", "train", "--variants",
+                                     "sdpa+fuse_attn", "--compile-mode", "reduce-overhead", "--out", str(tmp_path)],
+                    monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = table_rows(done.stdout)
     assert int(row["sdpa fused"]) == int(row["layers"]) > 0 and "sdpa+fuse_attn@reduce-overhead tok/s" in row, row
@@ -83,15 +92,13 @@ def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path):
     assert cell["variant"] == "sdpa+fuse_attn@reduce-overhead" and float(cell["tokens_per_s"]) > 0, cell
 
 
-def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_path(tmp_path):
+def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_path(tmp_path, monkeypatch, capsys):
     """--compile-time: the first two training steps of each variant in fresh processes, cold caches and then warm
     (the caches the cold process left); the ratio of fuse_attn's time to Inductor's on the same attention path."""
     pytest.importorskip("transformers")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gpt2", "--compile-time", "--variants", "sdpa+fuse_attn", "sdpa+inductor", "--out",
-               str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    # (the measured processes are the tool's own: this one only starts them)
+    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gpt2", "--compile-time", "--variants",
+                                     "sdpa+fuse_attn", "sdpa+inductor", "--out", str(tmp_path)], monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     with open(tmp_path / "bench_models_compile_time.csv", newline="") as f:
         cells = list(csv.DictReader(f))
@@ -117,18 +124,17 @@ def test_bench_models_compile_time_cold_and_warm_against_inductor_on_the_same_pa
         assert abs(float(row["sdpa+fuse_attn / sdpa+inductor"].rstrip("x")) - ratio) <= 0.01, (row, ratio)
 
 
-def test_profile_model_step_tiny_on_cpu():
+def test_profile_model_step_tiny_on_cpu(monkeypatch, capsys):
     """tools/profile_model_step.py: a row per variant, in the order given (a variant may repeat), with its host time
     and Dynamo's graphs; the CPU operators' table names each variant's column."""
     pytest.importorskip("transformers")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
     # --mode infer: what is checked here (the rows, their order, the tables' columns) is the tool's own and the same in
     # either mode; a training step (bench_models' make_step, run in train mode by the compile-mode and compile-time
     # tests above) adds its backward's compile to each of the three processes
-    command = [sys.executable, os.path.join(ROOT, "tools", "profile_model_step.py"), "--device", "cpu", "--tiny",
-               "--model", "gpt2", "--mode", "infer", "--variants", "sdpa+fuse_attn", "fuse_attn", "sdpa+fuse_attn",
-               "--top", "5"]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    # (each variant is profiled in a process the tool starts: this one only starts them)
+    done = run_tool("profile_model_step", ["--device", "cpu", "--tiny", "--model", "gpt2", "--mode", "infer",
+                                           "--variants", "sdpa+fuse_attn", "fuse_attn", "sdpa+fuse_attn", "--top", "5"],
+                    monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     summary, operators = tables(done.stdout)
     assert [row["variant"] for row in summary] == ["sdpa+fuse_attn", "fuse_attn", "sdpa+fuse_attn"], done.stdout
@@ -136,27 +142,23 @@ def test_profile_model_step_tiny_on_cpu():
     assert list(operators[0])[1:] == ["1: sdpa+fuse_attn", "2: fuse_attn", "3: sdpa+fuse_attn"] and len(operators) == 5
 
 
-def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path):
+def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path, monkeypatch, capsys):
     # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only, so a
-    # process of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's process)
+    # run of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's run)
     pytest.importorskip("transformers")
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, os.path.join(ROOT, "tools", "bench_models.py"), "--device", "cpu", "--tiny",
-               "--models", "gemma2", "--modes", "infer", "--variants", "fuse_attn", "--out", str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gemma2", "--modes", "infer",
+                                     "--variants", "fuse_attn", "--out", str(tmp_path)], monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     (row,) = table_rows(done.stdout)
     assert row["model"] == "gemma2" and int(row["fused"]) == int(row["layers"]) > 0, done.stdout
 
 
-def test_bench_decode_tiny_on_cpu(tmp_path):
+def test_bench_decode_tiny_on_cpu(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     # The op part (our op and the SDPA backends a CPU runs) and generate with fuse_attn (every attention fused,
     # no graph compiled while timing); plain-PyTorch CPU path as above.
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    command = [sys.executable, os.path.join(ROOT, "tools", "bench_decode.py"), "--device", "cpu", "--tiny",
-               "--variants", "fuse_attn", "--out", str(tmp_path)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    done = run_tool("bench_decode", ["--device", "cpu", "--tiny", "--variants", "fuse_attn", "--out", str(tmp_path)],
+                    monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     op_csv = (tmp_path / "bench_decode_op.csv").read_text().splitlines()
     assert op_csv[0].startswith("B,H,H_kv,D,N,kernel") and any(",fuse_attn,op dispatch," in line for line in op_csv)

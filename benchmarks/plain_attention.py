@@ -9,8 +9,7 @@ included). B * N = --batch-tokens, bf16, random normal inputs.
                                                        [--batch-tokens 16384]
 
 Rows are appended to OUTDIR/plain_attention.csv (one per implementation; our row's ``ratio`` is cuDNN's GPU time /
-ours; ``tflops`` counts 4 * B * H * N^2 * D flops a forward, halved when causal, and 2.5x that a backward, the
-convention of FlashAttention's and cuDNN's published figures) with the GPU's name, the torch and triton versions and
+ours; ``tflops`` counts :func:`tools.bench_csv.attention_flops`) with the GPU's name, the torch and triton versions and
 the date; ``tools/bench_csv.py`` appends them to benchmarks/results.csv. Needs an sm90 GPU (H100, H200).
 """
 
@@ -30,17 +29,11 @@ from triton.testing import do_bench, do_bench_cudagraph
 if __package__ in (None, ""):  # run as a script: the repository root holds fuse_attn and tools
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from fuse_attn.spec import AttentionSpec, CausalMask  # noqa: E402
-from tools.bench_csv import appending  # noqa: E402
+from tools.bench_csv import appending, attention_flops  # noqa: E402
 
 COLUMNS = ["B", "H", "H_kv", "N", "D", "causal", "mode", "implementation", "config", "gpu_ms", "wall_ms", "tflops",
            "ratio", "gpu", "torch", "triton", "date"]
 
-
-def tflops(B, H, N, D, causal, mode, ms):
-    """TF/s of one call: 4 B H N^2 D flops a forward (two N x N x D matmuls), half of them when causal, and 2.5x the
-    forward's a backward (five matmuls against two)."""
-    flops = 4 * B * H * N * N * D / (2 if causal else 1)
-    return flops * (3.5 if mode == "fwd+bwd" else 1) / ms / 1e9
 
 
 def times(fn, q, k, v, dout):
@@ -107,7 +100,8 @@ def main(argv=None):
                     for mode in ("fwd", "fwd+bwd"):
                         (g, gw), (c, cw) = mine[mode], theirs[mode]
                         shape = [B, H, H_kv, N, D, int(causal), mode]
-                        rate = [tflops(B, H, N, D, causal, mode, ms) for ms in (g, c)]
+                        flops = attention_flops(B, H, N, D, causal, mode == "fwd+bwd")
+                        rate = [flops / ms / 1e9 for ms in (g, c)]
                         record(shape + ["fuse_attn", config, f"{g:.4f}", f"{gw:.4f}", f"{rate[0]:.1f}",
                                         f"{c / g:.3f}"])
                         record(shape + ["cudnn", "", f"{c:.4f}", f"{cw:.4f}", f"{rate[1]:.1f}", ""])

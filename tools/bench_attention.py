@@ -45,7 +45,7 @@ from fuse_attn.kernels import flash_attention, reference_attention  # noqa: E402
 from fuse_attn.kernels import tuning  # noqa: E402
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor  # noqa: E402
-from tools.bench_csv import appending  # noqa: E402
+from tools.bench_csv import appending, attention_flops  # noqa: E402
 
 DEFAULT_SHAPES = [(8, 16, 1024, 64), (4, 16, 4096, 64), (4, 16, 4096, 128), (1, 16, 16384, 128)]
 # --lengths defaults: 16 heads as in DEFAULT_SHAPES, B*N = 16384 tokens as in its N=4096 and N=16384 rows
@@ -340,7 +340,7 @@ def speed(shapes, methods_filter, record, mods=("none",), dtype=torch.bfloat16):
                 q, k, v = (torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen).requires_grad_(backward)
                            for _ in range(3))
                 dout = torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=gen)
-                flops = 4 * B * H * N * N * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+                flops = attention_flops(B, H, N, D, causal, backward)
                 row = [f"{B},{H},{N},{D}", ("causal" if causal else "full") + ("" if mod == "none" else f"+{mod}"), mode,
                        NAMES[dtype]]
                 for name in METHOD_NAMES:

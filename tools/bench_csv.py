@@ -86,6 +86,13 @@ def run_info(commit: str | None = None) -> dict[str, str]:
             "torch": torch.__version__, "triton": triton_version}
 
 
+def attention_flops(B: int, H: int, N: int, D: int, causal: bool, backward: bool) -> float:
+    """The flops the results' ``tflops`` column counts for one call: 4 B H N^2 D a forward (two N x N x D matmuls),
+    half of them when causal, and 3.5x that a forward+backward (the backward's five matmuls against two): the
+    convention of FlashAttention's and cuDNN's published figures."""
+    return 4 * B * H * N * N * D * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)
+
+
 def case_name(tool: str, name: str, mode: str, shape: str) -> str:
     """A results row's ``case``: ``tool/name/mode/shape``, e.g. ``bench_variants/softcap_causal/fwd/B4 H16 Hkv16 N4096
     D128`` -- the tool that measured it (so how it was timed), what ran, fwd / fwd+bwd / train / infer, the sizes

@@ -111,10 +111,16 @@ def deepseek_mla():
 
 def llama_packed():
     """Packed documents as the padding-free collator gives them: position ids restarting at 0 (three documents of 4, 3
-    and 2 tokens a row), no attention mask; the mask transformers derives from them is evaluated in the kernels."""
+    and 2 tokens a row), no attention mask; the mask transformers derives from them is evaluated in the kernels. No
+    cache: with one, transformers ignores the documents and masks causally only."""
     positions = torch.cat([torch.arange(n) for n in (4, 3, 2)])[None].expand(2, SEQ)
-    return (T.LlamaForCausalLM, decoder(T.LlamaConfig, num_key_value_heads=2), dict(input_ids=ids(), position_ids=positions),
-            LAYERS)
+    config = decoder(T.LlamaConfig, num_key_value_heads=2, use_cache=False)
+    return T.LlamaForCausalLM, config, dict(input_ids=ids(), position_ids=positions), LAYERS
+
+
+# the models whose attention masks come from integer vectors (document ids from the position ids), evaluated in the
+# kernels: each fused attention reads only such vectors, no N x N mask
+VECTOR_MASKS = {"llama-packed-documents"}
 
 
 MODELS = {
@@ -231,6 +237,9 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
         ours = run_seeds(model, torch.compile(model, backend="fuse_attn"), same)
     verdicts = seed_verdicts[0]
     assert sum(v.fused for v in verdicts) == attention_layers, "\n".join(v.line() for v in verdicts)
+    if name in VECTOR_MASKS:
+        for v in verdicts:
+            assert v.spec.score_tensors and {t.role for t in v.spec.score_tensors} == {"int"}, v.line()
     # Later seeds may compile a frame again (an MoE layer's routing takes another path with other weights): each
     # softmax then has the first step's verdict
     fused_sources = {v.source for v in verdicts if v.fused}

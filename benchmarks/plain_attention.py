@@ -35,7 +35,6 @@ COLUMNS = ["B", "H", "H_kv", "N", "D", "causal", "mode", "implementation", "conf
            "ratio", "gpu", "torch", "triton", "date"]
 
 
-
 def times(fn, q, k, v, dout):
     """{mode: (GPU ms of a CUDA-graph replay, wall ms of an eager call)} of the forward and forward+backward."""
     out = {}

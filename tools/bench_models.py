@@ -9,7 +9,11 @@ is one learned ``[1, H, N, N]`` tensor shared by the batch; input ids also as de
 and ``phi3`` (Phi-3-mini's layers, 4 of them: 32 heads of 96, a head dim the kernels take in two column parts);
 ``llama-packed``: the ``llama`` decoder on packed documents, as Hugging Face's padding-free collator feeds them --
 each row of N tokens holds 16 documents, told apart by position ids that restart at 0, no attention mask (the same
-tokens run as separate sequences: ``--models llama --lengths N/16 --batch-tokens B*N``).
+tokens run as separate sequences: ``--models llama --lengths N/16 --batch-tokens B*N``); ``deepseek-mla``
+(DeepSeek-V2-Lite's multi-head latent attention, 4 dense layers: 16 heads, q/k head dim 192, v head dim 128) and
+``gpt-oss`` (gpt-oss-20b's layers, 4 of them: 64 heads of 64 on 8 kv heads, learned sinks, sliding-window and full
+layers alternating, a small MoE; eager attention only in transformers, so its comparisons are ``inductor`` and
+``flex+inductor``).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -122,7 +126,7 @@ RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse
           ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor"),
           ("fuse_attn", "flex+inductor"), ("sdpa+fuse_attn", "flex+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3",
-               "llama-packed"]
+               "llama-packed", "deepseek-mla", "gpt-oss"]
 # documents in each row of "llama-packed" (issue 59's case: 16 documents in a row of 32k tokens)
 PACKED_DOCUMENTS = 16
 MODES = ["train", "infer"]
@@ -206,6 +210,41 @@ def model_and_config(name, attention, tiny, length):
         config = T.Phi3Config(**size, max_position_embeddings=length, attention_dropout=0.0, resid_pdrop=0.0,
                               embd_pdrop=0.0, use_cache=False, pad_token_id=0)
         model_cls = T.Phi3ForCausalLM
+    elif name == "deepseek-mla":
+        # DeepSeek-V2-Lite's multi-head latent attention (deepseek-ai/DeepSeek-V2-Lite's config.json: width 2048, 16
+        # heads, kv_lora_rank 512, no q_lora_rank, qk_nope_head_dim 128 + qk_rope_head_dim 64 = a q/k head dim of
+        # 192, v_head_dim 128, MLP 10944) in transformers' DeepSeek-V3 classes, 4 of its 27 layers. All layers dense
+        # (first_k_dense_replace = the layers): the MoE layers' routing would break the graph and time the experts,
+        # not the attention. A 32k vocabulary (its 102400 would make the step mostly the output layer); RoPE without
+        # its YaRN scaling (the attention's shapes are the same). Tiny: q/k head dim 12, v head dim 8.
+        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, kv_lora_rank=16, qk_nope_head_dim=8,
+                     qk_rope_head_dim=4, v_head_dim=8, num_hidden_layers=2, vocab_size=64) if tiny else
+                dict(hidden_size=2048, intermediate_size=10944, num_attention_heads=16, kv_lora_rank=512,
+                     qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, num_hidden_layers=4, vocab_size=32000))
+        config = T.DeepseekV3Config(**size, num_key_value_heads=size["num_attention_heads"], q_lora_rank=None,
+                                    first_k_dense_replace=size["num_hidden_layers"], max_position_embeddings=length,
+                                    attention_dropout=0.0, use_cache=False)
+        model_cls = T.DeepseekV3ForCausalLM
+    elif name == "gpt-oss":
+        # gpt-oss-20b's attention (openai/gpt-oss-20b's config.json: width 2880, 64 heads of 64 on 8 kv heads, a
+        # learned sink per head, sliding-window (128) and full layers alternating, YaRN RoPE: the config's defaults
+        # and its max_position_embeddings, which sizes no tensor) with 4 of its 24 layers and a 32k vocabulary (its
+        # 201088 would make the step mostly the output layer). Its MoE kept but smaller (4 experts of 2880, 2 a token,
+        # against its 32 and 4) to fit a training step at N=4096, with transformers' default experts implementation
+        # (grouped_mm: one grouped matmul, which torch.compile traces; "eager" loops over the experts hit, shapes
+        # that depend on the data). transformers gives gpt-oss no SDPA attention (eager, flex, flash).
+        # Tiny: a window of 8 so that N=32 is cut by it, and "batched_mm" experts (a bmm over each token's gathered
+        # expert weights; no data-dependent shapes either, cheap at these widths): under torch.compile grouped_mm
+        # takes bf16 only, and for fp32 (the CPU's) transformers falls back to a custom op whose backward reads the
+        # experts' offsets (.tolist()), which AOTAutograd cannot trace: a graph break in every layer, under Inductor
+        # too. At full size batched_mm would copy a 2880x5760 weight per token.
+        size = (dict(hidden_size=32, intermediate_size=32, head_dim=8, num_attention_heads=4, num_key_value_heads=2,
+                     num_hidden_layers=2, sliding_window=8, vocab_size=64) if tiny else
+                dict(hidden_size=2880, intermediate_size=2880, head_dim=64, num_attention_heads=64,
+                     num_key_value_heads=8, num_hidden_layers=4, sliding_window=128, vocab_size=32000))
+        config = T.GptOssConfig(**size, num_local_experts=4, num_experts_per_tok=2, attention_dropout=0.0,
+                                use_cache=False, experts_implementation="batched_mm" if tiny else "grouped_mm")
+        model_cls = T.GptOssForCausalLM
     elif name == "gpt2":
         size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=1024, n_head=16, n_layer=4)
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,

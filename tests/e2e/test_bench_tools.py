@@ -58,23 +58,25 @@ def run_tool(name, argv, monkeypatch, capsys):
 def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gpt2", "bert-padded", "mistral-window",
-                                     "t5", "phi3", "--modes", "infer", "--variants", "fuse_attn", "sdpa+fuse_attn",
-                                     "--out", str(tmp_path)], monkeypatch, capsys)
+                                     "t5", "phi3", "deepseek-mla", "--modes", "infer", "--variants", "fuse_attn",
+                                     "sdpa+fuse_attn", "--out", str(tmp_path)], monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table_rows(done.stdout)
     assert [(row["model"], row["mode"]) for row in rows] == [("gpt2", "infer"), ("bert-padded", "infer"),
                                                                 ("mistral-window", "infer"), ("t5", "infer"),
-                                                                ("phi3", "infer")], done.stdout
+                                                                ("phi3", "infer"), ("deepseek-mla", "infer")], \
+        done.stdout
     # bert-padded: its padding mask, built in the graph from the attention mask input, fused too; mistral-window:
     # the sliding-window mask the model builds for SDPA; t5: three attentions a layer (the encoder's, and the
     # decoder's self- and cross-attention), the self-attentions with the position bias; phi3: Phi-3's layers (head
-    # dim 96 at full size), in this run rather than one of its own
+    # dim 96 at full size), in this run rather than one of its own; deepseek-mla: latent attention, the q/k head dim
+    # (nope + rope parts) not the v head dim
     per_layer = {"t5": 3}
     for row in rows:
         expected = per_layer.get(row["model"], 1) * int(row["layers"])
         assert int(row["fused"]) == int(row["sdpa fused"]) == expected > 0, done.stdout
         assert float(row["fuse_attn tok/s"].replace(",", "")) > 0 and float(row["sdpa+fuse_attn tok/s"].replace(",", "")) > 0
-    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 11  # header and the ten cells
+    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 13  # header and the twelve cells
 
 
 def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path, monkeypatch, capsys):
@@ -144,13 +146,16 @@ def test_profile_model_step_tiny_on_cpu(monkeypatch, capsys):
 
 def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path, monkeypatch, capsys):
     # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only, so a
-    # run of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's run)
+    # run of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's run); nor has
+    # gpt-oss (learned sinks, sliding and full layers), in the same run
     pytest.importorskip("transformers")
-    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gemma2", "--modes", "infer",
+    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gemma2", "gpt-oss", "--modes", "infer",
                                      "--variants", "fuse_attn", "--out", str(tmp_path)], monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
-    (row,) = table_rows(done.stdout)
-    assert row["model"] == "gemma2" and int(row["fused"]) == int(row["layers"]) > 0, done.stdout
+    rows = table_rows(done.stdout)
+    assert [row["model"] for row in rows] == ["gemma2", "gpt-oss"], done.stdout
+    for row in rows:
+        assert int(row["fused"]) == int(row["layers"]) > 0, done.stdout
 
 
 def test_bench_decode_tiny_on_cpu(tmp_path, monkeypatch, capsys):

@@ -117,17 +117,21 @@ def test_sinks_match_fp64_with_gradients(form, M, N, D, dtype):
             "eager": (module_in := copy.deepcopy(module).to(dtype), module_in, dtype),
             "ref": (ref_module := copy.deepcopy(module).double(), ref_module, torch.float64)}
     errors = {"ours": {}, "eager": {}}
-    with fuse_attn.collect_reports() as reports:
+    # One forward a run, then GRAD_DRAWS backwards through it (retain_graph): the draws differ only in the output's
+    # gradient weights, and the forward is deterministic, so its output is the same in every draw and each draw's
+    # gradients are those of a forward of its own; in the interpreter a forward costs about half a backward.
+    # (AOTAutograd's donated buffers, a memory reuse, refuse a retained graph: off for this compile.)
+    with fuse_attn.collect_reports() as reports, torch._functorch.config.patch(donated_buffer=False):
+        forwards = {}
+        for name, (call, parameters, run_dtype) in runs.items():
+            x = [t.to(run_dtype, copy=True).requires_grad_() for t in inputs]
+            forwards[name] = (x, parameters.sinks, call(*x))
         for draw in range(GRAD_DRAWS):
             results = {}
-            for name, (call, parameters, run_dtype) in runs.items():
-                parameters.zero_grad(set_to_none=True)
-                x = [t.to(run_dtype, copy=True).requires_grad_() for t in inputs]
-                out = call(*x)
+            for name, (x, sinks, out) in forwards.items():
                 weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1 + draw), dtype=torch.float64)
-                (out * weights.to(run_dtype)).sum().backward()
-                results[name] = {"output": out.detach(), "q": x[0].grad, "k": x[1].grad, "v": x[2].grad,
-                                 "sinks": parameters.sinks.grad}
+                grads = torch.autograd.grad(out, [*x, sinks], weights.to(out.dtype), retain_graph=True)
+                results[name] = {"output": out.detach(), **dict(zip(("q", "k", "v", "sinks"), grads))}
             for name in errors:
                 for what, value in results[name].items():
                     errors[name][what] = errors[name].get(what, 0.0) + max_error(value, results["ref"][what]) / GRAD_DRAWS

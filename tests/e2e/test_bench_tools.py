@@ -146,9 +146,10 @@ def test_profile_model_step_tiny_on_cpu(monkeypatch, capsys):
 
 
 def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path, monkeypatch, capsys):
-    # Gemma-2 (softcapped scores, sliding and global layers) has no SDPA attention in transformers: eager only, so a
-    # run of its own (Phi-3, which has both, runs in test_bench_models_tiny_on_cpu_fuses_every_layer's run); nor has
-    # gpt-oss (learned sinks, sliding and full layers), in the same run
+    # Gemma-2 (softcapped scores, sliding and global layers) runs on eager attention only (bench_models refuses its
+    # sdpa path, which ignores the softcap), so a run of its own (Phi-3, which has both, runs in
+    # test_bench_models_tiny_on_cpu_fuses_every_layer's run); gpt-oss (learned sinks, sliding and full layers), which
+    # transformers gives no sdpa path, in the same run
     pytest.importorskip("transformers")
     done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gemma2", "gpt-oss", "--modes", "infer",
                                      "--variants", "fuse_attn", "--out", str(tmp_path)], monkeypatch, capsys)

@@ -205,9 +205,11 @@ def test_model_fuses_every_attention_and_matches_eager(name, attention, train, d
         torch.manual_seed(seed)
         return model_cls(config).to(device, dtype).state_dict()
 
+    # transformers has no SDPA path for Bloom or gpt-oss (a ValueError); Gemma-2's runs, but without the score
+    # softcap, which its sdpa path ignores: on that path the zoo tests its sliding window and GQA, on eager its softcap
     try:
         states = [weights(seed) for seed in seeds]
-    except ValueError as e:  # transformers has no SDPA path for this family (Gemma-2, Bloom)
+    except ValueError as e:
         pytest.skip(f"{name} has no {attention} attention in transformers {T.__version__}: {e}")
     torch.manual_seed(0)
     model = model_cls(config).train(train).to(device, dtype)

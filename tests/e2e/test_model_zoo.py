@@ -12,7 +12,7 @@ import torch
 from fuse_attn.kernels import plan
 import fuse_attn
 from fuse_attn.report import collect_reports
-from tests.support.compiled_modules import INTERPRETER_SESSION
+from tests.support.compiled_modules import INTERPRETER_SESSION, packed_position_ids
 from tests.support.numerics import FLOOR, max_error  # FLOOR: the 2x rule's absolute floors
 
 transformers = pytest.importorskip("transformers")
@@ -117,7 +117,7 @@ def llama_packed():
     """Packed documents as the padding-free collator gives them: position ids restarting at 0 (three documents of 4, 3
     and 2 tokens a row), no attention mask; the mask transformers derives from them is evaluated in the kernels. No
     cache: with one, transformers ignores the documents and masks causally only."""
-    positions = torch.cat([torch.arange(n) for n in (4, 3, 2)])[None].expand(2, SEQ)
+    positions = packed_position_ids((4, 3, 2), 2)
     config = decoder(T.LlamaConfig, num_key_value_heads=2, use_cache=False)
     return T.LlamaForCausalLM, config, dict(input_ids=ids(), position_ids=positions), LAYERS
 

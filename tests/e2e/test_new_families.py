@@ -16,6 +16,7 @@ import transformers as T
 
 import fuse_attn
 from fuse_attn import backend
+from tests.support.compiled_modules import packed_position_ids
 
 HIDDEN, HEADS, LAYERS, VOCAB, SEQ = 32, 4, 2, 64, 9
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -53,7 +54,7 @@ FAMILIES = {
     "llama-packed-documents": lambda: (T.LlamaForCausalLM, decoder(T.LlamaConfig, num_key_value_heads=2)),
 }
 # the position ids of the families run on packed documents: three documents (4, 3 and 2 tokens) in each row
-PACKED_POSITIONS = {"llama-packed-documents": torch.cat([torch.arange(n) for n in (4, 3, 2)])[None].expand(2, SEQ)}
+PACKED_POSITIONS = {"llama-packed-documents": packed_position_ids((4, 3, 2), 2)}
 # transformers gives gpt-oss no sdpa path (its sinks): ValueError at the model's construction
 NO_SDPA = {"gpt-oss"}
 

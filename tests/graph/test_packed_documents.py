@@ -16,7 +16,7 @@ import torch
 from expecttest import TestCase
 
 from fuse_attn.report import collect_reports
-from tests.support.compiled_modules import INTERPRETER_SESSION, compile_and_compare
+from tests.support.compiled_modules import INTERPRETER_SESSION, compile_and_compare, packed_position_ids
 from tests.support.graph_capture import fused_graph, rewrite_reports
 from tests.support.numerics import check_close
 
@@ -28,11 +28,6 @@ POSITIONS_COMPARED = tuple(int(x) for x in transformers.__version__.split(".")[:
 
 DOCUMENTS = (10, 8, 6)  # lengths of the documents packed into one row of 24 tokens
 LENGTH = sum(DOCUMENTS)
-
-
-def packed_positions(batch=1, documents=DOCUMENTS):
-    """Position ids restarting at 0 at each document, [batch, sum(documents)]."""
-    return torch.cat([torch.arange(n) for n in documents])[None].expand(batch, -1)
 
 
 def llama(attention):
@@ -57,7 +52,7 @@ class TestHuggingFacePackedDocuments(TestCase):
     def check_vectors_only(self, attention, batch):
         model = llama(attention).eval()
         ids = torch.randint(0, 128, (batch, LENGTH), generator=torch.Generator().manual_seed(0))
-        reports = rewrite_reports(lambda i, p: llama_logits(model, i, p), ids, packed_positions(batch))
+        reports = rewrite_reports(lambda i, p: llama_logits(model, i, p), ids, packed_position_ids(DOCUMENTS, batch))
         verdicts = [v for r in reports for v in r.verdicts]
         assert len(verdicts) == 2 and all(v.fused for v in verdicts), "\n".join(v.line() for v in verdicts)
         for verdict in verdicts:
@@ -91,7 +86,7 @@ def test_llama_packed_training_step_matches_eager(attention, monkeypatch):
     model = llama(attention)
     ref_model, eager_model = copy.deepcopy(model).double(), copy.deepcopy(model)
     ids = torch.randint(0, 128, (2, LENGTH), generator=torch.Generator().manual_seed(0))
-    positions = packed_positions(2)
+    positions = packed_position_ids(DOCUMENTS, 2)
     grad = torch.randn(2, LENGTH, 128, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 
     def step(module):
@@ -139,7 +134,7 @@ class DocumentAttention(torch.nn.Module):
 
 class TestHandWritten(TestCase):
     def test_document_ids_from_position_ids(self):
-        text = fused_graph(DocumentAttention(from_positions=True), *qkv(length=6), packed_positions(2, (2, 4)))
+        text = fused_graph(DocumentAttention(from_positions=True), *qkv(length=6), packed_position_ids((2, 4), 2))
         self.assertExpectedInline(text, """\
     def forward(self, arg0_1: "f32[2, 2, 6, 8]", arg1_1: "i64[2, 6]", arg2_1: "f32[2, 2, 6, 8]", arg3_1: "f32[2, 2, 6, 8]"):
         eq: "b8[2, 6]" = torch.ops.aten.eq.Scalar(arg1_1, 0)

@@ -1,7 +1,8 @@
 """Small modules compiled with the ``fuse_attn`` backend, checked against the module run eagerly in the working
 dtype and in fp64 (:func:`compile_and_compare`, the 2x rule of ``numerics.py``); where they run
-(:func:`compiled_kernels_or_blockwise`, given the ``target`` fixture of tests/conftest.py); and :class:`CausalTril`,
-the textbook causal attention several test modules compile."""
+(:func:`compiled_kernels_or_blockwise`, given the ``target`` fixture of tests/conftest.py); :class:`CausalTril`,
+the textbook causal attention several test modules compile; and :func:`packed_position_ids`, the position ids of
+packed documents that the Hugging Face models under test take."""
 
 from __future__ import annotations
 
@@ -75,3 +76,9 @@ def compiled_kernels_or_blockwise(target) -> tuple[str, torch.dtype]:
     if device == "cpu" and os.environ["TRITON_INTERPRET"] == "1":
         pytest.skip("tests the compile, not the kernels: the blockwise CPU path and the GPU cover it")
     return device, dtype
+
+
+def packed_position_ids(documents, batch=1):
+    """Position ids of documents packed into one row, as the padding-free collator gives them: restarting at 0 at each
+    document (``documents`` holds their lengths), the row repeated ``batch`` times: [batch, sum(documents)]."""
+    return torch.cat([torch.arange(n) for n in documents])[None].expand(batch, -1)

@@ -221,9 +221,10 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
     if choice.is_sdpa:
         out = dispatch.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
-    if choice.name == dispatch.GLUON:  # (plain, or s + bias with the bias its one score tensor; no dropout)
-        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(),
-                     *tensors[:1])
+    if choice.name == dispatch.GLUON:  # (plain, s + bias, or the plain scores masked by a predicate of integer vectors)
+        bias, vectors = dispatch.gluon_score_operands(match.spec, tensors)
+        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(), bias,
+                     vectors)
     else:
         fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
                      match.spec.to_json())

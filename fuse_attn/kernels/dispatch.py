@@ -198,6 +198,14 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
     return reasons
 
 
+def gluon_score_operands(spec: AttentionSpec, score_tensors: Sequence) -> tuple:
+    """``(bias, vectors)``, the Gluon forward's score operands for a spec it takes (:func:`gluon_reasons` empty):
+    the integer vectors of a predicate's mask where every score tensor is one, else the one added bias (or none)."""
+    if score_tensors and all(t.role == "int" for t in spec.score_tensors):
+        return None, list(score_tensors)
+    return (score_tensors[0] if score_tensors else None), None
+
+
 def _triton_version() -> str:
     import triton
 
@@ -259,9 +267,10 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
     if GLUON in candidates and _CUDA_GRAPHS and _step_flops(spec, q, k, training) < GLUON_MIN_STEP_FLOPS[training]:
         kernel_id += " cuda_graphs=1"  # (the Gluon kernels a candidate only because no launcher runs on a replay)
     if GLUON in candidates and score_tensors:  # (the Gluon kernels' two paths for a bias: by TMA, or loaded)
-        from fuse_attn.kernels.hopper.common import bias_layout_by_tma
+        from fuse_attn.kernels.hopper.common import adds_a_bias, bias_layout_by_tma
 
-        kernel_id += f" bias_tma={int(bias_layout_by_tma(score_tensors[0]))}"
+        if adds_a_bias(spec):
+            kernel_id += f" bias_tma={int(bias_layout_by_tma(score_tensors[0]))}"
     key = tuning.tuning_key("impl_train" if training else "impl_fwd", q.device, kernel_id, q.dtype, size_hint(D),
                             size_hint(v.shape[3]), size_hint(M), size_hint(k.shape[2]))
     timed = "forward+backward" if training else "forward"
@@ -311,11 +320,11 @@ class _CandidateSteps:
         def forward():
             if name == TRITON:
                 return ops.flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors)
-            if name == GLUON:  # (a score tensor here: an s + bias spec's bias, hopper.common.adds_a_bias)
+            if name == GLUON:
                 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 
-                return flash_attention_hopper(self.q, self.k, self.v, self.spec,
-                                              bias=self.score_tensors[0] if self.score_tensors else None)
+                bias, vectors = gluon_score_operands(self.spec, self.score_tensors)
+                return flash_attention_hopper(self.q, self.k, self.v, self.spec, bias=bias, vectors=vectors or ())
             return sdpa_attention(_run, name, self.q, self.k, self.v, self.spec, self.training)
 
         def step():

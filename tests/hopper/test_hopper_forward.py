@@ -44,7 +44,7 @@ ALIBI = dict(score_program=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfl
 
 @pytest.mark.parametrize("change, qk, reason", [
     ({"dtype": "float32"}, {"dtype": torch.float32}, "fp16/bf16"),
-    ({"score_program": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention or add one bias"),
+    ({"score_program": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention, add one bias"),
     ({"score_program": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
       "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
     ({"score_program": BIAS_PROGRAM,

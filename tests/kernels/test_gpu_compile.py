@@ -477,14 +477,16 @@ FORWARD_ONLY_CASES = {
 
 
 def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None,
-                   rows: int | None = None, bias_grad: bool = False):
+                   rows: int | None = None, bias_grad: bool = False, packed: bool = False):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
     captured and not compiled.) ``sms``: the SMs the launcher sees (CPU tensors have none), which decides whether a
     CTA takes two key tiles (the causal backward) or two query blocks (the forward). ``bias``: a key of
     :data:`BIAS_CASES`, the spec then ``s + bias``. ``rows``: a length other than the case's. ``bias_grad``: the backward
-    with the bias's gradient (its dS tiles stored)."""
+    with the bias's gradient (its dS tiles stored). ``packed``: the spec masked as :func:`_packed_documents_spec`'s,
+    its four integer vectors, no causal mask but the predicate's (the tile lists, which the tile-classes kernel's own
+    test compiles, stand-ins of zeros)."""
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
 
     head_dim, causal, group, dtype, case_rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
@@ -496,8 +498,13 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         score = dict(score_program=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
             ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
         bias_tensor = torch.randn(*(rows if n == "M" else n for n in sizes), dtype=bias_dtype)
+    if packed:
+        score = _packed_documents_spec()
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim_v,
-                         scale=head_dim ** -0.5, causal=CausalMask() if causal else None, gqa_group=group, **score)
+                         scale=head_dim ** -0.5, causal=CausalMask() if causal and not packed else None,
+                         gqa_group=group, **score)
+    vectors = [torch.zeros(2, 1, *((rows, 1) if t.broadcast[3] else (1, rows)), dtype=getattr(torch, t.dtype))
+               for t in spec.score_tensors] if packed else ()
     q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
     k = torch.randn(2, 4 // group, rows, head_dim, dtype=dtype)
     v = torch.randn(2, 4 // group, rows, head_dim_v, dtype=dtype)
@@ -521,12 +528,19 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
             monkeypatch.setattr(launcher, "kernel", Recorded(kernel_name))
         if sms is not None:
             monkeypatch.setattr(hopper_common, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
+
+        def zero_lists(spec, summarized, vectors, M, N, rows, cols, key_major):
+            outer, inner = (-(-N // cols), -(-M // rows))[::1 if key_major else -1]
+            return dict(BlockList=torch.zeros(2, outer, inner, dtype=torch.int32), stride_blist_z=outer * inner,
+                        BlockCounts=torch.zeros(2, outer, 2, dtype=torch.int32), stride_bcount_z=outer * 2)
+
+        monkeypatch.setattr(module, "predicate_block_args", zero_lists)
         if direction == "forward":
-            hopper_forward.hopper_forward(q, k, v, spec, bias_tensor)
+            hopper_forward.hopper_forward(q, k, v, spec, bias_tensor, vectors)
         else:
             out = torch.randn(2, 4, rows, head_dim_v, dtype=dtype)
             hopper_backward.hopper_backward(out, q, k, v, out.clone(), torch.randn(2, 4, rows), spec,
-                                            bias=bias_tensor, bias_grad=bias_grad)
+                                            bias=bias_tensor, bias_grad=bias_grad, vectors=vectors)
     (args, kwargs), *_ = launches[launched[0]]  # the Gluon kernel's launch (each chunk of heads the same kernel)
     bound = dict(zip(kernel.arg_names, args))  # the tile config is the launch's own constexpr arguments
     cfg = tuning.KernelConfig(bound["BLOCK_M"], bound["BLOCK_N"], kwargs["num_warps"], bound["STAGES"])
@@ -546,7 +560,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         paired += f", persistent: {bound['PERSISTENT']}"
     print(f"{name}: {compiled.metadata.shared} bytes of shared memory{paired}, bias: {bound['HAS_BIAS']}, batch "
           f"rows innermost: {bound['BATCH_INNER']}, bias tiles by TMA: {bound.get('BIAS_TMA', False)}, dS stored: "
-          f"{bound.get('DS_OUT', False)}")
+          f"{bound.get('DS_OUT', False)}, listed tiles: {bound['MASK_BLOCKS']}")
     return compiled
 
 
@@ -641,6 +655,15 @@ def test_the_gluon_backward_with_paired_key_tiles_compiles_for_hopper(name):
     """Causal on an H100's 132 SMs, these few CTAs take two key tiles each (hopper_backward._PAIR_UP_TO_WAVES)."""
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, 'backward', sms=132)")
     assert "bytes of shared memory, key tiles paired: True" in stdout, stdout
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("name", ["D64 causal GQA 2", "D128"])
+def test_the_gluon_kernels_of_packed_documents_compile_for_hopper(direction, name):
+    """A predicate's mask (packed documents, four vectors of two int dtypes): the kernels visit the listed tiles and
+    call the generated program in the partial ones (``MASK_BLOCKS``), GQA, at D64 the forward's two-consumer config."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, packed=True)")
+    assert "listed tiles: True" in stdout and "bias: False" in stdout, stdout
 
 
 def test_the_gluon_backwards_own_tma_add_compiles_as_tritons():

@@ -40,6 +40,8 @@ admits it (the forward's autograd runs the template's backward for the others); 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -50,14 +52,15 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
-from fuse_attn.kernels import ops
-from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
+from fuse_attn.kernels import ops, plan
+from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, predicate_block_args
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
-                                             bias_score_tensors, bias_tma_head, bias_tma_view, checked_call,
+                                             bias_tma_head, bias_tma_view, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
-                                             fills_at_most, head_dim_part, in_place_fields, log2_units, parsed_spec,
-                                             scores_over_parts, shared_memory_for_tiles, tma_descriptor, tma_load,
-                                             tma_load_parts, tma_store, with_base)
+                                             fills_at_most, head_dim_part, in_place_fields, log2_units,
+                                             op_score_tensors, parsed_spec, score_program_functions, scores_over_parts, shared_memory_for_tiles,
+                                             tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
+                                             with_base)
 from fuse_attn.spec import AttentionSpec
 
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -180,20 +183,34 @@ def _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, m0, stage, bias_de
 
 
 @gluon.jit
-def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr):
+def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr, qlist, MASK_BLOCKS: gl.constexpr):
     """Iteration it's query head and tile: the group's heads one after the other, each over its query tiles from
-    m_lo (every key tile's CTA in the same order: staggering them so that their dQ adds meet less was no faster)."""
+    m_lo (every key tile's CTA in the same order: staggering them so that their dQ adds meet less was no faster), or
+    (MASK_BLOCKS) over those the tile-classes kernel listed for the key tile (``qlist``)."""
+    if MASK_BLOCKS:
+        return h_kv * GQA_GROUP + it // per_head, gl.load(qlist + it % per_head)
     return h_kv * GQA_GROUP + it // per_head, m_lo + it % per_head
 
 
 @gluon.jit
+def _listed_query_tiles(block_lists, z, pid, M, BLOCK_M: gl.constexpr):
+    """Key tile pid's row of the tile-classes kernel's key-major lists (``block_lists``: lists, counts and their batch
+    strides), its first run of full query tiles and its query tiles to visit (the run, then the rest, masked)."""
+    lists, counts, stride_lists_z, stride_counts_z = block_lists
+    qlist = lists + z * stride_lists_z + pid * gl.cdiv(M, BLOCK_M)
+    n_run = gl.load(counts + z * stride_counts_z + pid * 2)
+    return qlist, n_run, n_run + gl.load(counts + z * stride_counts_z + pid * 2 + 1)
+
+
+@gluon.jit
 def _biased_row_lse(lse, in_rows, ZERO_EMPTY_ROWS: gl.constexpr):
-    """The lse of rows whose scores a bias changed (log2 units), as the generated template's ``_lse_to_log2`` takes
-    it: a row of M whose lse is not finite (it saw only -inf, or a NaN / +inf score) gets NaN, so that its P is NaN
-    everywhere as in eager's backward; under ZERO_EMPTY_ROWS a row that saw only -inf gets +inf instead (P = 0).
-    Rows past M keep their +inf."""
+    """The lse (natural log, as stored) of rows whose scores a bias or a predicate's program changed, in log2 units
+    as the generated template's ``_lse_to_log2`` takes it: a finite lse stays finite (a row a finite fill hid wholly
+    has one near -FLT_MAX / log2(e), whose product with log2(e) can round past -FLT_MAX); a row of M whose lse is not
+    finite (it saw only -inf, or a NaN / +inf score) gets NaN, so that its P is NaN everywhere as in eager's backward;
+    under ZERO_EMPTY_ROWS a row that saw only -inf gets +inf instead (P = 0). Rows past M keep their +inf."""
     bad = in_rows & ((gl.abs(lse) == float("inf")) | (lse != lse))
-    out = gl.where(bad, float("nan"), lse)
+    out = gl.where(bad, float("nan"), gl.maximum(lse * 1.4426950408889634, -3.4028234663852886e38))
     if ZERO_EMPTY_ROWS:
         out = gl.where(in_rows & (lse == float("-inf")), float("inf"), out)
     return out
@@ -207,7 +224,8 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 dq_layout: gl.constexpr, dk_layout: gl.constexpr,
                 MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                 bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
-                DS_OUT: gl.constexpr):
+                DS_OUT: gl.constexpr, qlist, vectors, MASK_BLOCKS: gl.constexpr, PROGRAM_GRAD: gl.constexpr,
+                PROGRAM: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK (a tuple of its PARTS column parts, as q and k come) and dV
     accumulate (FIRST: start from this tile's products), dQ is added into global memory from dq_smem by TMA, a part at
@@ -217,9 +235,10 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     (BIAS_TMA: the loader brought it with q and dO) or from global memory. dQ goes out through DQ_BUFFERS shared
     buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the gradient of the scores, as the
     bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query head h - ds_head0 and keys n0
-    on."""
+    on. MASK_BLOCKS: the query tiles listed for the key tile (``qlist``), MASK the partial ones: the scores through the
+    spec's program of the integer ``vectors`` (``PROGRAM``, generated) and dS back through it (``PROGRAM_GRAD``)."""
     dtype: gl.constexpr = q_desc.dtype
-    h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+    h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP, qlist, MASK_BLOCKS)
     ring = r0 + it
     stage = ring % STAGES
     mbarrier.wait(ready.index(stage), (ring // STAGES) & 1)
@@ -239,10 +258,13 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     offs_m = m0 + gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, s_layout))
     rows = (z * H + h) * M + offs_m
     # a row past M: lse +inf, so P = 0 (its q and dO read as zeros too)
-    lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf")) * 1.4426950408889634  # log2(e): to log2 units
+    lse = gl.load(Lse + rows, mask=offs_m < M, other=float("inf"))
     delta = gl.load(Delta + rows, mask=offs_m < M, other=0.0)
-    if HAS_BIAS:
+    if HAS_BIAS or MASK_BLOCKS:
         lse = _biased_row_lse(lse, offs_m < M, ZERO_EMPTY_ROWS)
+    else:
+        lse = lse * 1.4426950408889634  # log2(e): to log2 units
+    if HAS_BIAS:
         # rows past M read row M - 1's bias (0 by TMA) and keys past N read 0: their P never reaches a stored result
         # (those rows' lse is +inf; those keys' k and v read as zeros, so their dQ terms are 0, and their dK / dV rows
         # are not stored). (Keys clamped to N - 1 instead of masked: every address computed apart; ptxas, D128
@@ -261,14 +283,23 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         s, dv, dk = waited[0], waited[1], waited[2:]
     if HAS_BIAS:
         p = gl.exp2(s * qk_scale + log2_units(bias) - lse[:, None])
+    elif MASK_BLOCKS and MASK:  # (keys past N: P = 0)
+        s = s * qk_scale
+        p = gl.exp2(PROGRAM(s, z, h, offs_m, offs_n, M, N, vectors) - lse[:, None])
+        # a row a finite fill hid wholly (every tile of it is listed, so it saw every key at the fill): its lse is
+        # the fill's, log2(N) being below the fill's ulp, so P = 1 above; eager's row is uniform, P = 1 / N
+        p = gl.where((lse < -0.5 * 3.4028234663852886e38)[:, None], p / N, p)
+        p = gl.where((offs_n < N)[None, :], p, 0.0)
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])
-    if MASK:  # causal: key n is seen by rows m >= n
+    if MASK and not MASK_BLOCKS:  # causal: key n is seen by rows m >= n
         seen = offs_m[:, None] >= offs_n[None, :]
         p = gl.where(seen, p, 0.0)
     p_smem.store(p.to(dtype))
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds = p * (dp - delta[:, None])
+    if MASK_BLOCKS and MASK:  # dS of the scores, from the program's result's
+        ds = PROGRAM_GRAD(s, ds, z, h, offs_m, offs_n, M, N, vectors)
     if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
         ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
     if DS_OUT:  # the previous tile's dS store, issued before its dQ adds, has read the shared tile (the issuing
@@ -351,9 +382,11 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              PARTS: gl.constexpr, PART_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
              WARPS: gl.constexpr, CAUSAL: gl.constexpr,
              HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
-             DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr):
+             DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr, block_lists, vectors,
+             MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
-    tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS.
+    tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS; MASK_BLOCKS, key tile
+    pid's listed query tiles (:func:`_listed_query_tiles`), the first run of full ones plain, the rest masked.
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S), faster than waiting
     in the tile (H100). Unmasked, the first tile runs before the loop: zero accumulators flowing into the loop make
     ptxas serialize its wgmmas there (C7515); causal, peeling it spills, so the loops start from zeros, which ptxas
@@ -372,7 +405,32 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
     dv_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[WARPS_N, WARPS // WARPS_N],
                                                         instr_shape=[16, HEAD_DV // (WARPS // WARPS_N), 16])
 
-    if CAUSAL:
+    qlist = block_lists[0]  # (MASK_BLOCKS: the key tile's row of the lists)
+    if MASK_BLOCKS:  # as causal, the loops start from zero accumulators (whether the first tile is masked is not known)
+        qlist, n_run, per_head = _listed_query_tiles(block_lists, z, pid, M, BLOCK_M)
+        n0 = pid * BLOCK_N
+        offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
+        dk = (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), ) * PARTS
+        dv = warpgroup_mma_init(gl.zeros([BLOCK_N, HEAD_DV], gl.float32, layout=dv_layout))
+        mbarrier.wait(kv_bar, 0)
+        for g in range(GQA_GROUP):
+            for it in range(g * per_head, g * per_head + n_run):  # the first run of full tiles
+                dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                     ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
+                                     stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
+                                     BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, False,
+                                     False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM)
+            for it in range(g * per_head + n_run, (g + 1) * per_head):
+                dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
+                                     ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
+                                     stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
+                                     BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, True,
+                                     False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM)
+        waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
+        _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
+    elif CAUSAL:
         r0 = 0
         for t in range(n_kt):
             n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
@@ -388,14 +446,16 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
                                          dk_layout, True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
-                                         DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                                         DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
+                                         PROGRAM_GRAD, PROGRAM)
                 for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
                                          dk_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
-                                         DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                                         DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
+                                         PROGRAM_GRAD, PROGRAM)
             waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
             _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -412,13 +472,15 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                              dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv, 0, 0, 0,
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES,
                              s_layout, dq_layout, dk_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                             BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                             BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
+                             PROGRAM_GRAD, PROGRAM)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS,
                                  PART_D, STAGES, s_layout, dq_layout, dk_layout, False, False, HAS_BIAS,
-                                 ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT)
+                                 ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist,
+                                 vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
 
@@ -427,14 +489,19 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
 def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z, h_kv,
             pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
-            BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
-    """One warp: for each of the CTA's key tiles, its k (in PARTS column parts of PART_D, as q) and v (once the
+            BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, M, block_lists,
+            MASK_BLOCKS: gl.constexpr):
+    """One warp: for each of the CTA's key tiles (MASK_BLOCKS: its listed query tiles), its k (in PARTS column parts of PART_D, as q) and v (once the
     previous key tile's dK and dV are stored from their buffers), then every query tile's q and dO (and BIAS_TMA, its
     bias tile: of the bias's batch row and head where it has them, else 0) into the ring as the compute warpgroups
     free its stages."""
     r0 = 0
+    qlist = block_lists[0]
     for t in range(n_kt):
-        if CAUSAL:
+        if MASK_BLOCKS:
+            qlist, _, per_head = _listed_query_tiles(block_lists, z, pid, M, BLOCK_M)
+            n0, m_lo = pid * BLOCK_N, 0
+        elif CAUSAL:
             n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
         else:
             n0, m_lo, per_head = pid * BLOCK_N, 0, n_mb
@@ -447,7 +514,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             ring = r0 + it
             stage = ring % STAGES
             mbarrier.wait(empty.index(stage), ((ring // STAGES) & 1) ^ 1)  # (a fresh barrier passes parity 1)
-            h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP)
+            h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP, qlist, MASK_BLOCKS)
             bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_q_do(q_desc, do_desc, q_smem, do_smem, ready, z, h, mb * BLOCK_M, stage, bias_desc, bias_smem,
                        bias_z, bias_h, n0, BIAS_TMA, PARTS, PART_D)
@@ -457,13 +524,24 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
                      sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
+                     BlockList, BlockCounts, stride_blist_z, stride_bcount_z, V0, stride_v0_z, stride_v0_h,
+                     stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m, stride_v1_n, V2, stride_v2_z,
+                     stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h, stride_v3_m, stride_v3_n,
                      GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                      HEAD_D: gl.constexpr, PART_D: gl.constexpr, HEAD_DV: gl.constexpr, STAGES: gl.constexpr,
                      WARPS: gl.constexpr, PAIRED: gl.constexpr,
                      HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
-                     BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr):
+                     BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr, MASK_BLOCKS: gl.constexpr,
+                     PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr):
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
-    launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads)."""
+    launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads). MASK_BLOCKS:
+    the tile-classes kernel's key-major lists and counts (launch.predicate_block_args), and the integer vectors (V0-V3,
+    the spec's score tensors in order; slots past them unread) that PROGRAM and PROGRAM_GRAD read."""
+    gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PAIRED or HAS_BIAS)), "listed tiles: one key tile a CTA")
+    block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
+    vectors = (V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
+               stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
+               stride_v3_m, stride_v3_n)
     pid = gl.program_id(0)
     z, h_kv = batch_and_head(gl.program_id(1), Z, H_KV, BATCH_INNER)
     h_kv += kv_head0
@@ -508,10 +586,10 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                     q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
                     pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D,
                     HEAD_DV, STAGES, WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
-                    kv_head0 * GQA_GROUP, DS_OUT)),
+                    kv_head0 * GQA_GROUP, DS_OUT, block_lists, vectors, MASK_BLOCKS, PROGRAM, PROGRAM_GRAD)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
-                   stride_bz, stride_bh, BIAS_TMA, PARTS, PART_D)),
+                   stride_bz, stride_bh, BIAS_TMA, PARTS, PART_D, M, block_lists, MASK_BLOCKS)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
     # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
     # D64 causal, in the loop over the diagonal's query tiles, 8 bytes with GQA one key tile a CTA, 80-96 paired)
@@ -551,7 +629,7 @@ class BackwardCall:
     signature it meets (:func:`.common.checked_call`), as the forward keeps its :class:`.forward.ForwardCall`."""
 
     def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
-                 dout: Tensor, bias_grad: bool):
+                 dout: Tensor, bias_grad: bool, vectors: Sequence[Tensor] = ()):
         Z, H, M, D = q.shape
         H_kv, N = k.shape[1], k.shape[2]
         DV = v.shape[3]
@@ -565,7 +643,11 @@ class BackwardCall:
         part_d = head_dim_part(D)
         self.block_m, self.block_n, self.causal, self.bias_grad = block_m, block_n, causal, bias_grad
         # (no row of plain attention is empty: one kernel for both)
-        self.zero_empty_rows = bias is not None and spec.empty_rows == "zero"
+        self.zero_empty_rows = (bias is not None or bool(vectors)) and spec.empty_rows == "zero"
+        # a predicate's mask (MASK_BLOCKS): each call lists every key tile's query tiles
+        self.spec = spec
+        self.mask_blocks = plan.mask_blocks(spec) if vectors else None
+        programs = score_program_functions(spec) if vectors else (None, None)
         # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
         self.flag_nan_rows = bias is not None and causal
         # the q, k, v and dO descriptors' tiles: q and k's in column parts (their boxes a power of two wide), as dQ's
@@ -589,11 +671,12 @@ class BackwardCall:
         self.part_d = part_d
         self.flags = (self.gqa_group, causal, block_m, block_n, D, part_d, DV, stages, _NUM_WARPS)
         self.bias_flags = (bias is not None, batch_rows_innermost(spec), self.zero_empty_rows,
-                           self.ring_dq_buffers > 0, self.ring_dq_buffers or dq_buffers, bias_grad)
+                           self.ring_dq_buffers > 0, self.ring_dq_buffers or dq_buffers, bias_grad, bool(vectors),
+                           *programs)
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 
     def __call__(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
-                 bias: Tensor | None) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                 bias: Tensor | None, vectors: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         Z, H, M, D, DV, H_kv, N = self.shapes
         device = q.device
         q_desc, k_desc, v_desc, do_desc = (described(t, fields, *tile) for t, fields, tile
@@ -626,11 +709,18 @@ class BackwardCall:
             ds_desc = tma_descriptor(ds, self.block_m, self.block_n)
             dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
         bias_or_lse = lse if bias is None else bias  # (no bias: lse stands in for it)
+        lists, counts, stride_lists_z, stride_counts_z = lse, lse, 0, 0  # (no mask blocks: lse stands in, not read)
+        if self.mask_blocks is not None:
+            listed = predicate_block_args(self.spec, self.mask_blocks, vectors, M, N, self.block_m, self.block_n,
+                                          key_major=True)
+            lists, counts = listed["BlockList"], listed["BlockCounts"]
+            stride_lists_z, stride_counts_z = listed["stride_blist_z"], listed["stride_bcount_z"]
         for kv_head0, kv_heads, grid, paired in self.chunks:
-            _launch_backward.launch_kept(self.specializations, (lse, bias_or_lse), grid,
+            _launch_backward.launch_kept(self.specializations, (lse, bias_or_lse, *vectors), grid,
                                          *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale,
-                                         bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, *self.flags,
-                                         paired, *self.bias_flags, num_warps=_NUM_WARPS)
+                                         bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, lists,
+                                         counts, stride_lists_z, stride_counts_z, *vector_slots(vectors, lse),
+                                         *self.flags, paired, *self.bias_flags, num_warps=_NUM_WARPS)
             if self.bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
                 heads = slice(kv_head0 * self.gqa_group, (kv_head0 + kv_heads) * self.gqa_group)
                 chunk_ds = ds[:, :heads.stop - heads.start]
@@ -650,36 +740,40 @@ class BackwardCall:
 
 
 def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, spec: AttentionSpec,
-                    dlse: Tensor | None = None, bias: Tensor | None = None,
-                    bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+                    dlse: Tensor | None = None, bias: Tensor | None = None, bias_grad: bool = False,
+                    vectors: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     """``(dq, dk, dv, dbias)`` of a spec :func:`.common.hopper_reasons` accepts on an sm90 GPU, from the
     forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the spec's score
     tensor where it adds one. ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast
     dims, a launch for each chunk of :func:`.common.dscore_kv_heads` kv heads (a ValueError where it admits none).
+    ``vectors``: the spec's score tensors where a predicate of them masks (:func:`.common.masks_by_a_predicate`).
     Unchecked: the op checks its inputs once a signature and keeps the call (:class:`BackwardCall`)."""
-    return BackwardCall(spec, q, k, v, bias, dout, bias_grad)(dout, q, k, v, out, lse, dlse, bias)
+    return BackwardCall(spec, q, k, v, bias, dout, bias_grad, vectors)(dout, q, k, v, out, lse, dlse, bias, vectors)
 
 
 # ---- the op (on common.LIBRARY: see there why not a custom_op) -------------------------------------------------------
 LIBRARY.define("flash_attention_hopper_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, "
-               "str spec, Tensor? dlse=None, Tensor? bias=None, bool bias_grad=False) "
+               "str spec, Tensor? dlse=None, Tensor? bias=None, bool bias_grad=False, Tensor[]? vectors=None) "
                "-> (Tensor, Tensor, Tensor, Tensor)")
 
 
 def flash_attention_hopper_backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                                        spec: str, dlse: Tensor | None = None, bias: Tensor | None = None,
-                                       bias_grad: bool = False) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                                       bias_grad: bool = False,
+                                       vectors: Sequence[Tensor] | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dbias)`` of ``fuse_attn::flash_attention_hopper``'s output (and lse, ``dlse``), ``bias`` its
-    score tensor where the spec adds one; dbias its gradient where ``bias_grad`` (:func:`.common.dscore_kv_heads`
-    must admit it), else an empty tensor. Opaque to torch.compile, as the forward. On CPU tensors it refuses (its
-    reasons say why)."""
+    score tensor where the spec adds one, ``vectors`` its score tensors where a predicate of them masks; dbias the
+    bias's gradient where ``bias_grad`` (:func:`.common.dscore_kv_heads` must admit it), else an empty tensor. Opaque
+    to torch.compile, as the forward. On CPU tensors it refuses (its reasons say why)."""
+    vectors = vectors or ()
     if ops.is_empty(q, k):
-        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec)
+        checked_call("flash_attention_hopper_backward", q, k, v, spec, bias, parsed_spec, vectors=vectors)
         dq, dk, dv, dbias = ops.empty_backward(q, k, v, [bias] if bias_grad else [], [bias_grad])
         return dq, dk, dv, dbias[0] if bias_grad else q.new_empty(0)
     call = checked_call("flash_attention_hopper_backward", q, k, v, spec, bias,
-                        lambda s, q, k, v, bias: BackwardCall(s, q, k, v, bias, dout, bias_grad), dout, bias_grad)
-    dq, dk, dv, dbias = call(dout, q, k, v, out, lse, dlse, bias)
+                        lambda s, q, k, v, bias, vectors: BackwardCall(s, q, k, v, bias, dout, bias_grad, vectors),
+                        dout, bias_grad, vectors=vectors)
+    dq, dk, dv, dbias = call(dout, q, k, v, out, lse, dlse, bias, vectors)
     return dq, dk, dv, q.new_empty(0) if dbias is None else dbias
 
 
@@ -688,7 +782,7 @@ for _device in ("CPU", "CUDA"):
 
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper_backward")
-def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None, bias_grad=False):
-    ops.validate(q, k, v, bias_score_tensors(bias), ops.parse_spec(spec))
+def _(dout, q, k, v, out, lse, spec, dlse=None, bias=None, bias_grad=False, vectors=None):
+    ops.validate(q, k, v, op_score_tensors(bias, vectors or ()), ops.parse_spec(spec))
     return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
             bias.new_empty(bias.shape) if bias_grad else q.new_empty(0))

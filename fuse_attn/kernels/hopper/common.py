@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Sequence
 
 import torch
 from torch import Tensor
@@ -18,6 +19,7 @@ from triton.experimental.gluon.language.nvidia.hopper import tma, warpgroup_mma
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fuse_attn.kernels import compile_workers, ops, plan
+from fuse_attn.kernels.generated import codegen
 from fuse_attn.kernels.generated.decode import sm_count
 from fuse_attn.kernels.generated.launch import broadcast_strides
 from fuse_attn.kernels.plan import size_hint
@@ -61,10 +63,10 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_program and not adds_a_bias(spec):
-        reasons.append("the Gluon kernels compute plain attention or add one bias tensor (no other score program, no "
-                       "mask tensor)")
-    elif spec.score_program and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
+    if spec.score_program and not adds_a_bias(spec) and not masks_by_a_predicate(spec):
+        reasons.append("the Gluon kernels compute plain attention, add one bias tensor or mask the plain scores by a "
+                       f"predicate of at most {MAX_VECTORS} integer vectors (no other score program, no mask tensor)")
+    elif adds_a_bias(spec) and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
         reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
                        "kernels would compute them")
     if spec.dropout_p:
@@ -88,6 +90,37 @@ def head_dim_part(head_dim: int) -> int:
     return head_dim if head_dim & (head_dim - 1) == 0 else 64
 
 
+# The integer vectors a predicate may read in the Gluon kernels (their slots V0-V3): Hugging Face's packed documents
+# read two (document ids per query and per key) or four (and the position ids, which transformers compares from 5.24)
+MAX_VECTORS = 4
+
+
+def masks_by_a_predicate(spec: AttentionSpec) -> bool:
+    """Whether the spec's score program masks the plain score by a predicate of integer vectors
+    (:func:`fuse_attn.kernels.plan.mask_blocks`: packed documents), its score tensors those vectors, at most
+    :data:`MAX_VECTORS`: the Gluon kernels then visit the tiles the tile-classes kernel lists per call
+    (``MASK_BLOCKS``) and evaluate the program, generated (codegen's ``gluon_score_program``), in the partial ones."""
+    summarized = plan.mask_blocks(spec)
+    return (summarized is not None and summarized.predicate is not None
+            and spec.score_program[summarized.unmasked].op == "score" and len(spec.score_tensors) <= MAX_VECTORS
+            and all(t.role == "int" for t in spec.score_tensors))
+
+
+def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
+    """The kernels' V0-V3 arguments: each integer vector's pointer and (z, h, m, n) strides (0 where broadcast), in
+    the spec's order; ``stand_in`` with zero strides in the slots past them (never read)."""
+    slots = []
+    for i in range(MAX_VECTORS):
+        slots += [vectors[i], *broadcast_strides(vectors[i])] if i < len(vectors) else [stand_in, 0, 0, 0, 0]
+    return tuple(slots)
+
+
+def score_program_functions(spec: AttentionSpec):
+    """The generated Gluon ``(program, program_grad)`` of a spec :func:`masks_by_a_predicate` accepts."""
+    mod = codegen.load_module(spec, codegen.GLUON_SCORE_PROGRAM_TEMPLATE_NAME)
+    return mod.program, mod.program_grad
+
+
 def adds_a_bias(spec: AttentionSpec) -> bool:
     """Whether the spec's score program is ``s + bias``: the scaled score plus its one score tensor, a float bias of
     any broadcast, which the Gluon kernels load in each tile (``HAS_BIAS``)."""
@@ -97,27 +130,29 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
     return nodes[-1].op == "add" and sorted(nodes[a].op for a in nodes[-1].args) == ["load", "score"]
 
 
-def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others):
-    """What ``prepare(spec, q, k, v, bias)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
+def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others,
+                 vectors: Sequence[Tensor] = ()):
+    """What ``prepare(spec, q, k, v, bias, vectors)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
     launch worked out for the call's sizes -- after its inputs were validated as the template's op validates them
     (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses
     them.
     It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides, dtype and
-    device, the bias's alignment, and ``others``: more tensors' layouts or values ``prepare`` reads): a model calls
+    device, the bias's alignment, the integer vectors' layouts, and ``others``: more tensors' layouts or values
+    ``prepare`` reads): a model calls
     the op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
     signature = (op_name, spec, _layout(q), _layout(k), _layout(v),
                  None if bias is None else (*_layout(bias), bias.data_ptr() % TMA_ALIGN_BYTES == 0),
-                 *(_layout(x) if isinstance(x, Tensor) else x for x in others))
+                 tuple(_layout(t) for t in vectors), *(_layout(x) if isinstance(x, Tensor) else x for x in others))
     call = _checked.get(signature)
     if call is None:
         s = ops.parse_spec(spec)
-        ops.validate(q, k, v, bias_score_tensors(bias), s)
+        ops.validate(q, k, v, op_score_tensors(bias, vectors), s)
         reasons = hopper_reasons(s, q, k)
         if reasons:
             raise ValueError(f"fuse_attn::{op_name} cannot run {plan.describe(s)}: {'; '.join(reasons)}")
         if len(_checked) >= _CHECKED_SIGNATURES:
             _checked.clear()
-        call = _checked[signature] = prepare(s, q, k, v, bias)
+        call = _checked[signature] = prepare(s, q, k, v, bias, vectors)
     return call
 
 
@@ -438,6 +473,7 @@ def dscore_kv_heads(q: Tensor, k: Tensor, bias: Tensor) -> int:
 LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
 
 
-def bias_score_tensors(bias: Tensor | None) -> list[Tensor]:
-    """The op's bias as the template op's list of score tensors."""
-    return [] if bias is None else [bias]
+def op_score_tensors(bias: Tensor | None, vectors: Sequence[Tensor] = ()) -> list[Tensor]:
+    """The op's bias, or its integer vectors (:func:`masks_by_a_predicate`), as the template op's list of score
+    tensors."""
+    return [bias] if bias is not None else list(vectors)

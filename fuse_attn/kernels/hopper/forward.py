@@ -45,6 +45,7 @@ forward (the interpreter or the blockwise path), so its wiring is testable witho
 from __future__ import annotations
 
 import functools
+from typing import Sequence
 
 import torch
 import triton
@@ -54,14 +55,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from fuse_attn.kernels import ops
-from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head,
-                                             bias_of_head, bias_score_tensors, bias_tma_head, bias_tma_view,
-                                             checked_call, ctas_at_once, dense_fields, described, dscore_kv_heads,
-                                             fills_at_most, head_dim_part, in_place_fields, log2_units, parsed_spec,
-                                             reinterpret_shared, scores_over_parts, shared_memory_for_tiles,
-                                             tma_descriptor, tma_load, tma_load_parts, tma_store, with_base)
+from fuse_attn.kernels import ops, plan
+from fuse_attn.kernels.generated.launch import (batch_rows_innermost, broadcast_strides, empty_outputs,
+                                                predicate_block_args)
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+                                             bias_tma_head, bias_tma_view, checked_call, ctas_at_once, dense_fields,
+                                             described, dscore_kv_heads, fills_at_most, head_dim_part,
+                                             in_place_fields, log2_units, op_score_tensors, parsed_spec,
+                                             reinterpret_shared, score_program_functions, scores_over_parts,
+                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_load_parts,
+                                             tma_store, vector_slots, with_base)
 from fuse_attn.spec import AttentionSpec
 
 # Per head dim of q and k: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a
@@ -77,6 +80,9 @@ _SHORT_CAUSAL_CONFIGS = {64: (4096, (64, 64, 3, 1)), 128: (1664, (64, 64, 3, 1))
 # A bias that TMA reads rides in the k / v ring (BIAS_TMA): 64-key tiles keep 4 stages beside it (an fp32 bias 3:
 # bias_ring_stages) where 128-key tiles keep 2 and spill at D64 (ptxas); the fastest with a bias (H100, N4096).
 _BIAS_TMA_CONFIGS = {64: (64, 64, 4, 3), 128: (64, 64, 4, 2)}
+# A predicate's listed tiles (MASK_BLOCKS): a CTA's rows are the tile-classes kernel's query blocks, a power of two
+# (its tl.arange): two consumers, D128's config at D64 too.
+_MASK_BLOCKS_CONFIGS = {64: (64, 128, 3, 2), 128: (64, 128, 3, 2)}
 # setmaxnreg budgets a thread, (consumer, producer), by consumer warpgroups: within the 512 a thread of each of 128
 # lanes (2 x 232 + 40, 3 x 160 + 32: FlashAttention-3's split for three), what each kernel holds without spills
 # (ptxas, sm90a; D128's spill at 160, so D128 keeps two consumers). One consumer: register_split.
@@ -105,9 +111,13 @@ _PERSISTENT_BELOW_KEYS = 4096
 _MIN_BIAS_RING_STAGES = 2
 
 
-def forward_config(head_dim: int, causal: bool, rows: int, bias_by_tma: bool = False) -> tuple[int, int, int, int]:
+def forward_config(head_dim: int, causal: bool, rows: int, bias_by_tma: bool = False,
+                   mask_blocks: bool = False) -> tuple[int, int, int, int]:
     """The tile config of :data:`_CONFIGS` (or :data:`_SHORT_CAUSAL_CONFIGS`, or :data:`_BIAS_TMA_CONFIGS` where
-    ``bias_by_tma``: a bias TMA can read) for a call."""
+    ``bias_by_tma``: a bias TMA can read, or :data:`_MASK_BLOCKS_CONFIGS` for a predicate's listed tiles) for a
+    call."""
+    if mask_blocks:
+        return _MASK_BLOCKS_CONFIGS[head_dim]
     if causal and head_dim in _SHORT_CAUSAL_CONFIGS:
         below, config = _SHORT_CAUSAL_CONFIGS[head_dim]
         if rows < below:
@@ -137,6 +147,44 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, 
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _program_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vectors, MASK: gl.constexpr,
+                          PROGRAM: gl.constexpr):
+    """:func:`_softmax_tile` of a tile the tile-classes kernel listed (MASK_BLOCKS): MASK, a partial tile, the scores
+    through the spec's program (``PROGRAM``, generated: the mask's predicate of the integer ``vectors`` evaluated here;
+    keys past N -inf); else a full one, the plain scores. The program can hide every key a row has seen so far: the
+    exponents are then taken against 0, as :func:`_biased_softmax_tile`'s."""
+    s = s * qk_scale
+    if MASK:
+        s = gl.where(offs_n[None, :] < N, PROGRAM(s, z, h, offs_m, offs_n, M, N, vectors), float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _key_tile(blist, j, MASK_BLOCKS: gl.constexpr):
+    """The key tile of a query block's j-th visit: its j-th listed (MASK_BLOCKS: ``blist``, the block's row of the
+    tile-classes kernel's lists), else tile j."""
+    if MASK_BLOCKS:
+        return gl.load(blist + j)
+    return j
+
+
+@gluon.jit
+def _listed_tiles(block_lists, z, row0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The query block of rows ``row0``'s row of the tile-classes kernel's lists (``block_lists``: lists, counts and
+    their batch strides), its first run of full tiles and its tiles to visit (the run, then the rest, masked)."""
+    lists, counts, stride_lists_z, stride_counts_z = block_lists
+    block = row0 // ROWS
+    blist = lists + z * stride_lists_z + block * gl.cdiv(N, BLOCK_N)
+    n_run = gl.load(counts + z * stride_counts_z + block * 2)
+    return blist, n_run, n_run + gl.load(counts + z * stride_counts_z + block * 2 + 1)
 
 
 @gluon.jit
@@ -185,10 +233,16 @@ def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
 @gluon.jit
 def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem, slot,
                          s_layout: gl.constexpr, PENDING: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
-                         HAS_BIAS: gl.constexpr, BIAS_TMA: gl.constexpr):
+                         HAS_BIAS: gl.constexpr, BIAS_TMA: gl.constexpr, M, z, h, vectors, MASK_BLOCKS: gl.constexpr,
+                         PROGRAM: gl.constexpr):
     """A tile's S waited for (PENDING wgmmas left in flight) and its online softmax (:func:`_softmax_tile`), or with
-    HAS_BIAS its bias tile read before the wait (:func:`_bias_tile`, :func:`_biased_softmax_tile`)."""
-    if HAS_BIAS:
+    HAS_BIAS its bias tile read before the wait (:func:`_bias_tile`, :func:`_biased_softmax_tile`), or with
+    MASK_BLOCKS through the spec's program where MASK (:func:`_program_softmax_tile`)."""
+    if MASK_BLOCKS:
+        s = warpgroup_mma_wait(PENDING, deps=(s, ))
+        p, m_i, l_i, alpha = _program_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vectors, MASK,
+                                                   PROGRAM)
+    elif HAS_BIAS:
         bias = _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layout, MASK, CAUSAL, BIAS_TMA)
         s = warpgroup_mma_wait(PENDING, deps=(s, ))
         p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
@@ -203,19 +257,22 @@ def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l
                    r0, bias_rows, stride_bn, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, col_layout: gl.constexpr,
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                    HAS_BIAS: gl.constexpr, bias_smem, C: gl.constexpr, CONSUMERS: gl.constexpr,
-                   s_layout: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr):
-    """Key tile j (ring position r0 + j): its q k^T and tile j-1's P v in flight together (and the bias tile's loads,
-    HAS_BIAS); tile j's softmax while P v runs; then tile j-1's ring stage is released and the output rescaled."""
+                   s_layout: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, M, z, h, vectors, blist,
+                   MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr):
+    """The block's j-th key tile (ring position r0 + j; MASK_BLOCKS: its j-th listed, :func:`_key_tile`): its q k^T
+    and the last tile's P v in flight together (and the bias tile's loads, HAS_BIAS); this tile's softmax while P v
+    runs; then the last tile's ring stage is released and the output rescaled."""
     r = r0 + j
     stage = r % STAGES
     mbarrier.wait(kv_ready.index(stage), (r // STAGES) & 1)
     s = scores_over_parts(q_smem, C * PARTS, k_smem, stage * PARTS, s_zero, PARTS)  # (consumer C's q)
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    offs_n = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+    offs_n = _key_tile(blist, j, MASK_BLOCKS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
     p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem,
                                               stage * CONSUMERS + C, s_layout, 1, MASK, CAUSAL, HAS_BIAS,
-                                              BIAS_TMA)  # (P v stays in flight)
+                                              BIAS_TMA, M, z, h, vectors, MASK_BLOCKS,
+                                              PROGRAM)  # (P v stays in flight)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -234,8 +291,9 @@ def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr)
 
 @gluon.jit
 def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-              PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr):
-    """The CTA's it-th query block: its (batch row, head), first row and key tiles. PERSISTENT: unmasked, block
+              PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, block_lists, MASK_BLOCKS: gl.constexpr):
+    """The CTA's it-th query block: its (batch row, head), first row and key tiles to visit (MASK_BLOCKS: those the
+    tile-classes kernel listed, :func:`_listed_tiles`). PERSISTENT: unmasked, block
     pid_m + it x (the grid's CTAs) of every head's blocks, a head's blocks in a row; causal, block it % 2 of item
     pid_m + (it // 2) x (the grid's CTAs) of :func:`causal_items` (blocks - 1 - p and p of a head, the longer first,
     and where the blocks a head are odd the middle blocks of two heads: items of equal work). Else block
@@ -260,7 +318,9 @@ def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.
     else:
         z, h = batch_and_head(bh, Z, H, BATCH_INNER)
         row0 = (pid_m + it * (second - pid_m)) * ROWS  # it is 0 or 1
-    if CAUSAL:
+    if MASK_BLOCKS:
+        _, _, n_tiles = _listed_tiles(block_lists, z, row0, N, ROWS, BLOCK_N)
+    elif CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N)
     else:
         n_tiles = gl.cdiv(N, BLOCK_N)
@@ -272,14 +332,18 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
                     phase, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr, CAUSAL: gl.constexpr,
                     BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                     STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem,
-                    CONSUMERS: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr):
+                    CONSUMERS: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, block_lists, vectors,
+                    MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
     key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
     and lse. A warpgroup whose rows all lie past M only releases the tiles (at D64, 192 rows a CTA, and N1024 the
     last CTA of each head has one warpgroup's rows).
     HAS_BIAS: the scores plus the bias at ``bias_head`` (this head's ``[M, N]`` by strides, 0 where broadcast), or
     (BIAS_TMA) its tiles in ``bias_smem``, slot ``stage * CONSUMERS + C``; a row whose every score is -inf gets out
-    NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's."""
+    NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's.
+    MASK_BLOCKS: the key tiles the tile-classes kernel listed for the block (``block_lists``), its first run of full
+    ones plain, the rest through the spec's program of the integer ``vectors`` (``PROGRAM``); every row's the same
+    tiles (a row a program hides wholly gets the same as under a bias)."""
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -293,7 +357,12 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
     # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal, this
     # warpgroup's rows see only tiles [0, n_mine) of the block's n_tiles (with three consumers the first one's rows
     # end a key tile before the block's last)
-    if CAUSAL:
+    blist = block_lists[0]  # (MASK_BLOCKS: the block's row of the lists)
+    if MASK_BLOCKS:
+        blist, n_run, _ = _listed_tiles(block_lists, z, row0, N, CONSUMERS * BLOCK_M, BLOCK_N)
+        n_mine = n_tiles
+        n_full = gl.maximum(n_run, 1)
+    elif CAUSAL:
         n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
         n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
     else:
@@ -313,22 +382,24 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
         mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
         s = scores_over_parts(q_smem, C * PARTS, k_smem, (r0 % STAGES) * PARTS, s_zero, PARTS)
-        p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, gl.arange(0, BLOCK_N, layout=col_layout), N,
-                                                  qk_scale, bias_rows, stride_bn, bias_smem,
-                                                  (r0 % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL, HAS_BIAS,
-                                                  BIAS_TMA)
+        offs_n = _key_tile(blist, 0, MASK_BLOCKS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+        p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn,
+                                                  bias_smem, (r0 % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL,
+                                                  HAS_BIAS, BIAS_TMA, M, z, h, vectors, MASK_BLOCKS, PROGRAM)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         for j in range(1, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
                                                  s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
                                                  STAGES, col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS,
-                                                 bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS)
-        # the masked tail
+                                                 bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M, z, h, vectors,
+                                                 blist, MASK_BLOCKS, PROGRAM)
+        # the masked tail (MASK_BLOCKS: the listed tiles after the first run of full ones)
         for j in range(n_full, n_mine):
             acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
                                                  s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
                                                  STAGES, col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS,
-                                                 bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS)
+                                                 bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M, z, h, vectors,
+                                                 blist, MASK_BLOCKS, PROGRAM)
         last = (r0 + n_mine - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -338,7 +409,7 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         lse = (m_i + gl.log2(l_i)) / 1.4426950408889634  # log2(e): back to natural log, as the template stores it
         gl.store(Lse + (z * H + h) * M + offs_m, lse, mask=offs_m < M)
         out = acc / gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))[:, None]
-        if ZERO_EMPTY_ROWS:  # (only a bias can hide a row's every key: HAS_BIAS)
+        if ZERO_EMPTY_ROWS:  # (only a bias or a program can hide a row's every key: HAS_BIAS, MASK_BLOCKS)
             out = gl.where((gl.convert_layout(l_i, gl.SliceLayout(1, o_layout)) == 0.0)[:, None], 0.0, out)
         # staged in this warpgroup's q tile, read only by its own finished matmuls; where v's head dim is not q's (or
         # q's comes in parts), the q tiles' bytes seen as output tiles, this warpgroup's the first within its q's
@@ -363,27 +434,29 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
               CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
               HEAD_DV: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr,
               PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr,
-              ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr):
+              ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, block_lists,
+              vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr):
     """Consumer warpgroup C: the CTA's query block (:func:`_block_of`); paired or persistent, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
     if PAIRED or PERSISTENT:
         r0 = 0  # the ring position of the block's key tile 0
         for it in range(n_blocks):
             z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                            PERSISTENT, BATCH_INNER)
+                                            PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
             _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
                             n_tiles, r0, it & 1, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
                             stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS,
-                            ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA, PARTS)
+                            ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS,
+                            PROGRAM)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
         z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                        PERSISTENT, BATCH_INNER)
+                                        PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
         _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
                         0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
                         C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                        CONSUMERS, BIAS_TMA, PARTS)
+                        CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM)
 
 
 @gluon.jit
@@ -403,12 +476,17 @@ def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexp
 def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
                    row0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    CONSUMERS: gl.constexpr, MANY_BLOCKS: gl.constexpr, bias_desc, bias_smem, bz, bh,
-                   BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
-    """The it-th query block's n_tiles k / v tiles into the ring (from position r0) as stages come free, and
+                   BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, N, block_lists,
+                   MASK_BLOCKS: gl.constexpr):
+    """The it-th query block's n_tiles k / v tiles (MASK_BLOCKS: those listed, :func:`_key_tile`) into the ring (from position r0) as stages come free, and
     (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and head bh; where a CTA takes
     MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those stages come free while the
     consumers finish the last block, its q buffers only after the consumers' output stores have read them)."""
+    blist = block_lists[0]
+    if MASK_BLOCKS:
+        blist, _, _ = _listed_tiles(block_lists, z, row0, N, CONSUMERS * BLOCK_M, BLOCK_N)
     for j in range(n_tiles):
+        key0 = _key_tile(blist, j, MASK_BLOCKS) * BLOCK_N
         r = r0 + j
         stage = r % STAGES
         # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
@@ -419,8 +497,8 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
                             + CONSUMERS * bias_desc.block_type.nbytes)
         else:
             mbarrier.expect(ready, PARTS * k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        tma_load_parts(k_desc, z, h_kv, j * BLOCK_N, ready, k_smem, stage * PARTS, PARTS, PART_D)
-        tma_load(v_desc, [z, h_kv, j * BLOCK_N, 0], ready, v_smem.index(stage))
+        tma_load_parts(k_desc, z, h_kv, key0, ready, k_smem, stage * PARTS, PARTS, PART_D)
+        tma_load(v_desc, [z, h_kv, key0, 0], ready, v_smem.index(stage))
         if BIAS_TMA:  # (rows past M and keys past N read as 0; a consumer with no rows below M never reads its tile)
             for c in gl.static_range(CONSUMERS):
                 tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, j * BLOCK_N], ready,
@@ -435,7 +513,8 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
               second, bh, n_blocks, stride_bz, stride_bh, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
               PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, bias_desc, bias_smem,
-              BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr):
+              BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, block_lists,
+              MASK_BLOCKS: gl.constexpr):
     """The q tiles of every consumer, then the k / v tiles into the ring; paired or persistent, so for each query
     block in turn (the ring runs on). BIAS_TMA: the bias tiles of the bias's batch row and head where it has them
     (else 0)."""
@@ -443,22 +522,22 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
         r0 = 0
         for it in range(n_blocks):
             z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                            PERSISTENT, BATCH_INNER)
+                                            PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
             if it == 0:
                 _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True, PARTS, PART_D)
             bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                            h // GQA_GROUP, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
-                           bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D)
+                           bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D, N, block_lists, MASK_BLOCKS)
             r0 += n_tiles
     else:
         z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                        PERSISTENT, BATCH_INNER)
+                                        PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
         _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False, PARTS, PART_D)
         bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
         _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
                        h // GQA_GROUP, row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
-                       bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D)
+                       bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D, N, block_lists, MASK_BLOCKS)
 
 
 @gluon.jit
@@ -488,13 +567,24 @@ def _warp_specialize(consumer_args, producer_args, CONSUMERS: gl.constexpr, CONS
 
 @gluon.jit
 def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh,
-                     stride_bm, stride_bn, Z, bias_desc, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
+                     stride_bm, stride_bn, Z, bias_desc, BlockList, BlockCounts, stride_blist_z, stride_bcount_z,
+                     V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
+                     stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
+                     stride_v3_m, stride_v3_n, GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr,
                      BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
                      PART_D: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
                      PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr,
-                     ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr):
+                     ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr, MASK_BLOCKS: gl.constexpr,
+                     PROGRAM: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
+    gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PERSISTENT or HAS_BIAS)), "listed tiles: one block a CTA")
+    # MASK_BLOCKS: the tile-classes kernel's lists and counts (launch.predicate_block_args), and the integer vectors
+    # (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM reads
+    block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
+    vectors = (V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
+               stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
+               stride_v3_m, stride_v3_n)
     # The CTA's query block, the longest first where causal; paired (causal, :func:`pairs_query_blocks`), blocks
     # blocks - 1 - pid and pid, a long row band and a short one (the middle one alone where they meet); persistent
     # (:func:`runs_persistent`), every grid-th block, causal every grid-th item of two, from pid (:func:`_block_of`)
@@ -548,10 +638,10 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
         (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
          n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
          HEAD_DV, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
-         PARTS),
+         PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM),
         (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second,
          bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, PERSISTENT,
-         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D),
+         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D, block_lists, MASK_BLOCKS),
         CONSUMERS, CONSUMER_REGS, PRODUCER_REGS)
 
 
@@ -627,18 +717,21 @@ def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blo
 
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(Z: int, H: int, M: int, N: int, D: int, causal: bool, dtype: torch.dtype,
-                 bias_dtype: torch.dtype | None, bias_by_tma: bool, device: torch.device, ctas: int | None) -> tuple:
+                 bias_dtype: torch.dtype | None, bias_by_tma: bool, device: torch.device, ctas: int | None,
+                 mask_blocks: bool = False) -> tuple:
     """``(block_m, block_n, stages, consumers, ring_stages, grid, paired, persistent, consumer_regs, producer_regs,
     registers)`` of a call: what the launch rules decide from the sizes and the device's SMs (``ctas``: the CTAs they
-    hold at once, :func:`.common.ctas_at_once`), once a shape, as the host time of a call should be the kernel's."""
-    block_m, block_n, stages, consumers = forward_config(D, causal, M, bias_by_tma)
+    hold at once, :func:`.common.ctas_at_once`), once a shape, as the host time of a call should be the kernel's.
+    ``mask_blocks``: the listed tiles of a predicate's mask (``MASK_BLOCKS``), one query block a CTA."""
+    block_m, block_n, stages, consumers = forward_config(D, causal, M, bias_by_tma, mask_blocks)
     ring_stages = 0 if not bias_by_tma else bias_ring_stages(block_m, block_n, stages, consumers, D, dtype, bias_dtype)
     if ring_stages:  # the bias tiles come by TMA with k and v
         stages = ring_stages
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
     paired = pairs_query_blocks(causal, blocks, Z * H, D, consumers, device)
     ctas_an_sm = resident_ctas(D, consumers)
-    persistent = runs_persistent(causal, bias_dtype is not None, consumers, M, blocks, Z * H, N, D, device)
+    persistent = not mask_blocks and runs_persistent(causal, bias_dtype is not None, consumers, M, blocks, Z * H, N, D,
+                                                     device)
     if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
         items = causal_items(blocks, Z * H) if causal else blocks * Z * H
         grid = (min(items, ctas_at_once(device, ctas_an_sm)), 1)  # (never paired: runs_persistent asks that)
@@ -659,14 +752,19 @@ class ForwardCall:
     keeps one for each signature it meets (:func:`.common.checked_call`): in a compiled model's step each attention
     calls it with the same signature again."""
 
-    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None):
+    def __init__(self, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                 vectors: Sequence[Tensor] = ()):
         Z, H, M, D = q.shape
         N, DV = k.shape[2], v.shape[3]
         causal = spec.causal is not None
         bias_view = None if bias is None else bias_tma_view(bias)
         (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
-                                   bias_view is not None, q.device, ctas_at_once(q.device))
+                                   bias_view is not None, q.device, ctas_at_once(q.device), bool(vectors))
+        # a predicate's mask (MASK_BLOCKS): each call lists the tiles of every query block of the CTA's rows
+        self.spec, self.block_rows, self.block_n = spec, consumers * block_m, block_n
+        self.mask_blocks = plan.mask_blocks(spec) if vectors else None
+        program = score_program_functions(spec)[0] if vectors else None
         self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
         part_d = head_dim_part(D)
         # the q, k and v descriptors' tiles: q and k's in column parts (their boxes a power of two wide)
@@ -678,63 +776,76 @@ class ForwardCall:
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
         self.flags = (spec.gqa_group, causal, block_m, block_n, D, DV, part_d, stages, consumers, consumer_regs,
                       producer_regs, paired, persistent, bias is not None, batch_rows_innermost(spec),
-                      bias is not None and spec.empty_rows == "zero",  # (no row of plain attention is empty)
-                      ring_stages > 0)
+                      (bias is not None or bool(vectors)) and spec.empty_rows == "zero",  # (no plain row is empty)
+                      ring_stages > 0, bool(vectors), program)
         self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None,
+                 vectors: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
+        lists, counts, stride_lists_z, stride_counts_z = lse, lse, 0, 0  # (no mask blocks: lse stands in, not read)
+        if self.mask_blocks is not None:
+            listed = predicate_block_args(self.spec, self.mask_blocks, vectors, q.shape[2], k.shape[2],
+                                          self.block_rows, self.block_n, key_major=False)
+            lists, counts = listed["BlockList"], listed["BlockCounts"]
+            stride_lists_z, stride_counts_z = listed["stride_blist_z"], listed["stride_bcount_z"]
         q_desc, k_desc, v_desc = (described(t, fields, *tile) for t, fields, tile in zip((q, k, v), self.fields,
                                                                                          self.tiles))
         args = (q_desc, k_desc, v_desc, with_base(self.out_fields, out), lse, *self.scalars,
                 lse if bias is None else bias, *self.bias_strides, self.out_shape[0],  # (no bias: lse, never read)
                 # (no bias tiles in the ring: q's descriptor stands in, never read)
                 q_desc if self.bias_tiles is None else tma_descriptor(bias_tma_view(bias), *self.bias_tiles),
-                *self.flags)
-        # (no pointer whose alignment may change: lse is new, the bias's alignment is part of the signature)
-        _launch_forward.launch_kept(self.specializations, (), self.grid, *args, **self.options)
+                lists, counts, stride_lists_z, stride_counts_z, *vector_slots(vectors, lse), *self.flags)
+        # (pointers whose alignment may change: the vectors; lse and the lists are new, the bias's alignment is part
+        # of the signature)
+        _launch_forward.launch_kept(self.specializations, tuple(vectors), self.grid, *args, **self.options)
         return out, lse
 
 
-def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec,
-                   bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, bias: Tensor | None = None,
+                   vectors: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, DV], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
-    ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`). Unchecked: the op checks its
-    inputs once a signature and keeps the call (:class:`ForwardCall`)."""
-    return ForwardCall(spec, q, k, v, bias)(q, k, v, bias)
+    ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`), ``vectors`` its score tensors
+    where a predicate of them masks (:func:`.common.masks_by_a_predicate`). Unchecked: the op checks its inputs once
+    a signature and keeps the call (:class:`ForwardCall`)."""
+    return ForwardCall(spec, q, k, v, bias, vectors)(q, k, v, bias, vectors)
 
 
 # ---- the op and its autograd (on common.LIBRARY) ---------------------------------------------------------------------
-LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None) -> (Tensor, Tensor)")
+LIBRARY.define("flash_attention_hopper(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None, "
+               "Tensor[]? vectors=None) -> (Tensor, Tensor)")
 
 
-def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str,
-                              bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for the spec (plain, or ``s + bias`` with ``bias``
-    its score tensor). Opaque to torch.compile."""
+def flash_attention_hopper_op(q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None = None,
+                              vectors: Sequence[Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """``(out, lse)`` as ``fuse_attn::flash_attention`` gives them for the spec (plain, ``s + bias`` with ``bias``
+    its score tensor, or the plain scores masked by a predicate of the integer ``vectors``, its score tensors).
+    Opaque to torch.compile."""
+    vectors = vectors or ()
     if q.device.type != "cuda":  # (tests without a GPU) the generated forward: interpreter or blockwise
-        return ops.forward_op(q, k, v, bias_score_tensors(bias), None, spec, cpu_op=True)
+        return ops.forward_op(q, k, v, op_score_tensors(bias, vectors), None, spec, cpu_op=True)
     if ops.is_empty(q, k):
-        checked_call("flash_attention_hopper", q, k, v, spec, bias, parsed_spec)
+        checked_call("flash_attention_hopper", q, k, v, spec, bias, parsed_spec, vectors=vectors)
         return ops.empty_forward(q, v)
-    return checked_call("flash_attention_hopper", q, k, v, spec, bias, ForwardCall)(q, k, v, bias)
+    return checked_call("flash_attention_hopper", q, k, v, spec, bias, ForwardCall, vectors=vectors)(q, k, v, bias,
+                                                                                                   vectors)
 
 
 # The same forward without an autograd formula, for graphs whose autograd is done: Inductor's post-grad pass
 # (fuse_attn.backend.PostGradPass) calls it where AOTAutograd left the op. The op's formula, Python, would run on every
 # call of a compiled step only to find nothing to record.
-LIBRARY.define("flash_attention_hopper_no_autograd(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None) "
-               "-> (Tensor, Tensor)")
+LIBRARY.define("flash_attention_hopper_no_autograd(Tensor q, Tensor k, Tensor v, str spec, Tensor? bias=None, "
+               "Tensor[]? vectors=None) -> (Tensor, Tensor)")
 for _device in ("CPU", "CUDA"):
     LIBRARY.impl("flash_attention_hopper", flash_attention_hopper_op, _device)
     LIBRARY.impl("flash_attention_hopper_no_autograd", flash_attention_hopper_op, _device)
 
 
 @torch.library.register_fake("fuse_attn::flash_attention_hopper")
-def _(q, k, v, spec, bias=None):
-    ops.validate(q, k, v, bias_score_tensors(bias), ops.parse_spec(spec))
+def _(q, k, v, spec, bias=None, vectors=None):
+    ops.validate(q, k, v, op_score_tensors(bias, vectors or ()), ops.parse_spec(spec))
     return empty_outputs(q, v)
 
 
@@ -742,8 +853,11 @@ torch.library.register_fake("fuse_attn::flash_attention_hopper_no_autograd")(_)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, spec, *bias = inputs  # (a bias: the template op's one score tensor)
-    ops.autograd_setup_context(ctx, (q, k, v, bias_score_tensors(bias[0] if bias else None), None, spec), output)
+    q, k, v, spec, *rest = inputs  # (a bias, or the integer vectors: the template op's score tensors)
+    bias, vectors = (*rest, None, None)[:2]
+    vectors = vectors or ()
+    ctx.vectors = len(vectors)
+    ops.autograd_setup_context(ctx, (q, k, v, op_score_tensors(bias, vectors), None, spec), output)
 
 
 def _backward(ctx, dout, dlse):
@@ -751,25 +865,30 @@ def _backward(ctx, dout, dlse):
     :func:`.common.dscore_kv_heads` admits it; the generated template's on CPU tensors (the op's forward there is the
     template's too) and for the other biases that need a gradient. Both take this forward's out and lse as their
     own."""
-    q, k, v, out, lse, _, *bias = ctx.saved_tensors
+    q, k, v, out, lse, _, *score_tensors = ctx.saved_tensors
+    bias = [] if ctx.vectors else score_tensors
     bias_grad = any(ctx.needs)
+    vector_grads = [None] * ctx.vectors if ctx.vectors else None  # (integer vectors have none)
+    # a gradient for each argument the op's call passed (the dispatcher leaves out trailing ones at their defaults)
+    inputs = len(ctx.needs_input_grad)
     if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):
         dq, dk, dv, dbias, *_ = ops.autograd_backward(ctx, dout, dlse)
-        return dq, dk, dv, None, (dbias[0] if bias else None)
+        return (dq, dk, dv, None, (dbias[0] if bias else None), vector_grads)[:inputs]
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
-    dq, dk, dv, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(dout, q, k, v, out, lse, ctx.spec, dlse,
-                                                                            bias[0] if bias else None, bias_grad)
-    return dq, dk, dv, None, dbias if bias_grad else None
+    dq, dk, dv, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(
+        dout, q, k, v, out, lse, ctx.spec, dlse, bias[0] if bias else None, bias_grad,
+        score_tensors if ctx.vectors else None)
+    return (dq, dk, dv, None, dbias if bias_grad else None, vector_grads)[:inputs]
 
 
 torch.library.register_autograd("fuse_attn::flash_attention_hopper", _backward, setup_context=_setup_context)
 
 
 def flash_attention_hopper(q: Tensor, k: Tensor, v: Tensor, spec, return_lse: bool = False,
-                           bias: Tensor | None = None):
+                           bias: Tensor | None = None, vectors: Sequence[Tensor] = ()):
     """The op without torch.compile (differentiable); ``spec`` an :class:`AttentionSpec` or its JSON, ``bias`` its
-    score tensor where its program adds one."""
+    score tensor where its program adds one, ``vectors`` its score tensors where a predicate of them masks."""
     text = spec.to_json() if isinstance(spec, AttentionSpec) else spec
-    out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, v, text, bias)
+    out, lse = torch.ops.fuse_attn.flash_attention_hopper(q, k, v, text, bias, list(vectors) or None)
     return (out, lse) if return_lse else out

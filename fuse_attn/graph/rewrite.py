@@ -223,8 +223,8 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
         return _restored_output(match, emit, out), choice
     if choice.name == dispatch.GLUON:  # (plain, s + bias, or the plain scores masked by a predicate of integer vectors)
         bias, vectors = dispatch.gluon_score_operands(match.spec, tensors)
-        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(), bias,
-                     vectors)
+        operands = (bias, vectors) if vectors else () if bias is None else (bias, )  # (the op's defaults left out)
+        fused = emit(torch.ops.fuse_attn.flash_attention_hopper.default, q4, k4, v4, match.spec.to_json(), *operands)
     else:
         fused = emit(torch.ops.fuse_attn.flash_attention.default, q4, k4, v4, tensors, _dropout_seed(match, emit, q4),
                      match.spec.to_json())

@@ -57,8 +57,9 @@ from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_s
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
                                              bias_tma_head, bias_tma_view, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
-                                             fills_at_most, head_dim_part, in_place_fields, log2_units,
-                                             op_score_tensors, parsed_spec, score_program_functions, scores_over_parts, shared_memory_for_tiles,
+                                             fills_at_most, head_dim_part, in_place_fields, listed_tiles, log2_units,
+                                             op_score_tensors, parsed_spec, score_program_functions,
+                                             scores_over_parts, shared_memory_for_tiles,
                                              tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
                                              with_base)
 from fuse_attn.spec import AttentionSpec
@@ -192,14 +193,6 @@ def _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP: gl.constexpr, qlist, MASK_BLOC
     return h_kv * GQA_GROUP + it // per_head, m_lo + it % per_head
 
 
-@gluon.jit
-def _listed_query_tiles(block_lists, z, pid, M, BLOCK_M: gl.constexpr):
-    """Key tile pid's row of the tile-classes kernel's key-major lists (``block_lists``: lists, counts and their batch
-    strides), its first run of full query tiles and its query tiles to visit (the run, then the rest, masked)."""
-    lists, counts, stride_lists_z, stride_counts_z = block_lists
-    qlist = lists + z * stride_lists_z + pid * gl.cdiv(M, BLOCK_M)
-    n_run = gl.load(counts + z * stride_counts_z + pid * 2)
-    return qlist, n_run, n_run + gl.load(counts + z * stride_counts_z + pid * 2 + 1)
 
 
 @gluon.jit
@@ -386,7 +379,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
     tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS; MASK_BLOCKS, key tile
-    pid's listed query tiles (:func:`_listed_query_tiles`), the first run of full ones plain, the rest masked.
+    pid's listed query tiles (:func:`.common.listed_tiles`), the first run of full ones plain, the rest masked.
     dK and dV's matmuls stay in flight from one query tile into the next (waited for with its S), faster than waiting
     in the tile (H100). Unmasked, the first tile runs before the loop: zero accumulators flowing into the loop make
     ptxas serialize its wgmmas there (C7515); causal, peeling it spills, so the loops start from zeros, which ptxas
@@ -407,7 +400,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
 
     qlist = block_lists[0]  # (MASK_BLOCKS: the key tile's row of the lists)
     if MASK_BLOCKS:  # as causal, the loops start from zero accumulators (whether the first tile is masked is not known)
-        qlist, n_run, per_head = _listed_query_tiles(block_lists, z, pid, M, BLOCK_M)
+        qlist, n_run, per_head = listed_tiles(block_lists, z, pid, gl.cdiv(M, BLOCK_M))
         n0 = pid * BLOCK_N
         offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
         dk = (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), ) * PARTS
@@ -491,15 +484,15 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
             BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, M, block_lists,
             MASK_BLOCKS: gl.constexpr):
-    """One warp: for each of the CTA's key tiles (MASK_BLOCKS: its listed query tiles), its k (in PARTS column parts of PART_D, as q) and v (once the
-    previous key tile's dK and dV are stored from their buffers), then every query tile's q and dO (and BIAS_TMA, its
-    bias tile: of the bias's batch row and head where it has them, else 0) into the ring as the compute warpgroups
-    free its stages."""
+    """One warp: for each of the CTA's key tiles (MASK_BLOCKS: its listed query tiles), its k (in PARTS column parts of
+    PART_D, as q) and v (once the previous key tile's dK and dV are stored from their buffers), then every query
+    tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head where it has them, else 0) into
+    the ring as the compute warpgroups free its stages."""
     r0 = 0
     qlist = block_lists[0]
     for t in range(n_kt):
         if MASK_BLOCKS:
-            qlist, _, per_head = _listed_query_tiles(block_lists, z, pid, M, BLOCK_M)
+            qlist, _, per_head = listed_tiles(block_lists, z, pid, gl.cdiv(M, BLOCK_M))
             n0, m_lo = pid * BLOCK_N, 0
         elif CAUSAL:
             n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)

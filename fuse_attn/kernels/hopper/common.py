@@ -121,6 +121,18 @@ def score_program_functions(spec: AttentionSpec):
     return mod.program, mod.program_grad
 
 
+@gluon.jit
+def listed_tiles(block_lists, z, outer, inner_blocks):
+    """Outer block ``outer``'s row of the tile-classes kernel's lists (``launch.predicate_block_args``;
+    ``block_lists``: the lists, the counts and their batch strides; a query block's key tiles for the forward, a key
+    tile's query tiles for the backward, ``inner_blocks`` a row): the row's address, its first run of full tiles, and
+    the tiles to visit (the run, then the rest, masked)."""
+    lists, counts, stride_lists_z, stride_counts_z = block_lists
+    row = lists + z * stride_lists_z + outer * inner_blocks
+    n_run = gl.load(counts + z * stride_counts_z + outer * 2)
+    return row, n_run, n_run + gl.load(counts + z * stride_counts_z + outer * 2 + 1)
+
+
 def adds_a_bias(spec: AttentionSpec) -> bool:
     """Whether the spec's score program is ``s + bias``: the scaled score plus its one score tensor, a float bias of
     any broadcast, which the Gluon kernels load in each tile (``HAS_BIAS``)."""
@@ -132,14 +144,13 @@ def adds_a_bias(spec: AttentionSpec) -> bool:
 
 def checked_call(op_name: str, q: Tensor, k: Tensor, v: Tensor, spec: str, bias: Tensor | None, prepare, *others,
                  vectors: Sequence[Tensor] = ()):
-    """What ``prepare(spec, q, k, v, bias, vectors)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`, or a
-    launch worked out for the call's sizes -- after its inputs were validated as the template's op validates them
-    (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons` refuses
-    them.
-    It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides, dtype and
-    device, the bias's alignment, the integer vectors' layouts, and ``others``: more tensors' layouts or values
-    ``prepare`` reads): a model calls
-    the op with the same few signatures on every step, and the checks cost 10-14 us of the host's time a call."""
+    """What ``prepare(spec, q, k, v, bias, vectors)`` makes of a Gluon op's call -- the parsed :class:`AttentionSpec`,
+    or a launch worked out for the call's sizes -- after its inputs were validated as the template's op validates
+    them (shapes, dtypes, devices); a ValueError naming ``fuse_attn::<op_name>`` where :func:`hopper_reasons`
+    refuses them. It is remembered with what the checks and ``prepare`` read (the spec, each input's shape, strides,
+    dtype and device, the bias's alignment, the integer vectors' layouts, and ``others``: more tensors' layouts or
+    values ``prepare`` reads): a model calls the op with the same few signatures on every step, and the checks cost
+    10-14 us of the host's time a call."""
     signature = (op_name, spec, _layout(q), _layout(k), _layout(v),
                  None if bias is None else (*_layout(bias), bias.data_ptr() % TMA_ALIGN_BYTES == 0),
                  tuple(_layout(t) for t in vectors), *(_layout(x) if isinstance(x, Tensor) else x for x in others))

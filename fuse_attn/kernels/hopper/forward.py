@@ -61,7 +61,7 @@ from fuse_attn.kernels.generated.launch import (batch_rows_innermost, broadcast_
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
                                              bias_tma_head, bias_tma_view, checked_call, ctas_at_once, dense_fields,
                                              described, dscore_kv_heads, fills_at_most, head_dim_part,
-                                             in_place_fields, log2_units, op_score_tensors, parsed_spec,
+                                             in_place_fields, listed_tiles, log2_units, op_score_tensors, parsed_spec,
                                              reinterpret_shared, score_program_functions, scores_over_parts,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_load_parts,
                                              tma_store, vector_slots, with_base)
@@ -177,17 +177,6 @@ def _key_tile(blist, j, MASK_BLOCKS: gl.constexpr):
 
 
 @gluon.jit
-def _listed_tiles(block_lists, z, row0, N, ROWS: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The query block of rows ``row0``'s row of the tile-classes kernel's lists (``block_lists``: lists, counts and
-    their batch strides), its first run of full tiles and its tiles to visit (the run, then the rest, masked)."""
-    lists, counts, stride_lists_z, stride_counts_z = block_lists
-    block = row0 // ROWS
-    blist = lists + z * stride_lists_z + block * gl.cdiv(N, BLOCK_N)
-    n_run = gl.load(counts + z * stride_counts_z + block * 2)
-    return blist, n_run, n_run + gl.load(counts + z * stride_counts_z + block * 2 + 1)
-
-
-@gluon.jit
 def _load_bias(bias_rows, offs_m, offs_n, N, stride_bn, MASK: gl.constexpr, CAUSAL: gl.constexpr):
     """The bias tile of rows ``bias_rows`` (pointers to each row's key 0) and keys offs_n, as stored. MASK: the tile
     holds keys past N or (CAUSAL) past the diagonal of rows offs_m; those read as -inf, which masks them (the load's
@@ -293,7 +282,7 @@ def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr)
 def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
               PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, block_lists, MASK_BLOCKS: gl.constexpr):
     """The CTA's it-th query block: its (batch row, head), first row and key tiles to visit (MASK_BLOCKS: those the
-    tile-classes kernel listed, :func:`_listed_tiles`). PERSISTENT: unmasked, block
+    tile-classes kernel listed, :func:`.common.listed_tiles`). PERSISTENT: unmasked, block
     pid_m + it x (the grid's CTAs) of every head's blocks, a head's blocks in a row; causal, block it % 2 of item
     pid_m + (it // 2) x (the grid's CTAs) of :func:`causal_items` (blocks - 1 - p and p of a head, the longer first,
     and where the blocks a head are odd the middle blocks of two heads: items of equal work). Else block
@@ -319,7 +308,7 @@ def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.
         z, h = batch_and_head(bh, Z, H, BATCH_INNER)
         row0 = (pid_m + it * (second - pid_m)) * ROWS  # it is 0 or 1
     if MASK_BLOCKS:
-        _, _, n_tiles = _listed_tiles(block_lists, z, row0, N, ROWS, BLOCK_N)
+        _, _, n_tiles = listed_tiles(block_lists, z, row0 // ROWS, gl.cdiv(N, BLOCK_N))
     elif CAUSAL:
         n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N)
     else:
@@ -359,7 +348,8 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
     # end a key tile before the block's last)
     blist = block_lists[0]  # (MASK_BLOCKS: the block's row of the lists)
     if MASK_BLOCKS:
-        blist, n_run, _ = _listed_tiles(block_lists, z, row0, N, CONSUMERS * BLOCK_M, BLOCK_N)
+        blist, n_run, _ = listed_tiles(block_lists, z, row0 // (CONSUMERS * BLOCK_M),
+                                         gl.cdiv(N, BLOCK_N))
         n_mine = n_tiles
         n_full = gl.maximum(n_run, 1)
     elif CAUSAL:
@@ -478,13 +468,15 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
                    CONSUMERS: gl.constexpr, MANY_BLOCKS: gl.constexpr, bias_desc, bias_smem, bz, bh,
                    BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, N, block_lists,
                    MASK_BLOCKS: gl.constexpr):
-    """The it-th query block's n_tiles k / v tiles (MASK_BLOCKS: those listed, :func:`_key_tile`) into the ring (from position r0) as stages come free, and
-    (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and head bh; where a CTA takes
-    MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those stages come free while the
-    consumers finish the last block, its q buffers only after the consumers' output stores have read them)."""
+    """The it-th query block's n_tiles k / v tiles (MASK_BLOCKS: those listed, :func:`_key_tile`) into the ring (from
+    position r0) as stages come free, and (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and
+    head bh; where a CTA takes MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those
+    stages come free while the consumers finish the last block, its q buffers only after the consumers' output
+    stores have read them)."""
     blist = block_lists[0]
     if MASK_BLOCKS:
-        blist, _, _ = _listed_tiles(block_lists, z, row0, N, CONSUMERS * BLOCK_M, BLOCK_N)
+        blist, _, _ = listed_tiles(block_lists, z, row0 // (CONSUMERS * BLOCK_M),
+                                         gl.cdiv(N, BLOCK_N))
     for j in range(n_tiles):
         key0 = _key_tile(blist, j, MASK_BLOCKS) * BLOCK_N
         r = r0 + j

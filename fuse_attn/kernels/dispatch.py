@@ -280,8 +280,12 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
         try:
             with RealInputs():
                 steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads, template_untuned=True)
-                chosen = tuning.tune(key, [tuning.Implementation(n) for n in candidates], steps.replay,
-                                     compile_only=steps.compile_only, revisit=steps.tune_the_template_where_it_can_win)
+                try:
+                    chosen = tuning.tune(key, [tuning.Implementation(n) for n in candidates], steps.replay,
+                                         compile_only=steps.compile_only,
+                                         revisit=steps.tune_the_template_where_it_can_win)
+                finally:
+                    steps.release_graphs()
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
                         plan.describe(spec), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")
@@ -342,6 +346,11 @@ class _CandidateSteps:
             with self._configs_of(candidate):
                 graph = self.graphs[candidate.name] = _record(self._step(candidate.name))
         graph.replay()
+
+    def release_graphs(self) -> None:
+        """Destroy the recorded graphs (and release their memory pools) now, while compiling, rather than whenever
+        Python lets go of these steps, which can be in the middle of the user's own CUDA graph capture."""
+        self.graphs.clear()
 
     def compile_only(self, candidate: tuning.Implementation) -> None:
         """Compile the Triton and Gluon kernels of the candidate's step, launching none: the tuner then compiles

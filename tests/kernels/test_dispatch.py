@@ -99,6 +99,9 @@ class NoSteps:
     def tune_the_template_where_it_can_win(self, timed):
         return []
 
+    def release_graphs(self):
+        pass
+
 
 @pytest.fixture
 def gpu(tmp_path, monkeypatch):
@@ -648,3 +651,24 @@ def test_the_implementation_choice_compiles_every_candidates_kernels_before_timi
     assert batches and batches[0][0] == ["impl_train"], batches
     assert binaries() == batches[0][1] > 0  # (every kernel the recorded steps launched was in the batch)
     assert "compiled 2 candidates for impl_train" in caplog.text
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_timing_graphs_are_destroyed_as_the_choice_is_made(gpu, monkeypatch, fails):
+    """Each candidate's recorded graph goes as the choice is made (also where the timing failed), not whenever Python
+    lets go of the steps (which can be inside a user's own CUDA graph capture)."""
+    released = []
+
+    class Steps(NoSteps):
+        def replay(self, candidate):
+            if fails:
+                raise RuntimeError("a candidate failed")
+
+        def release_graphs(self):
+            released.append(self)
+
+    gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    monkeypatch.setattr(dispatch, "_CandidateSteps", Steps)
+    _, verdicts = rewritten(causal_attention, MHA, training=True)
+    assert len(released) == 1
+    assert ("timing the candidates failed" in verdicts) == fails

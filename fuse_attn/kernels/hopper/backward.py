@@ -280,10 +280,14 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         p = gl.exp2(s * qk_scale + log2_units(bias) - lse[:, None])
     elif MASK_BLOCKS and MASK:  # (keys past N: P = 0)
         s = s * qk_scale
-        p = gl.exp2(PROGRAM(s, z, h, offs_m, offs_n, M, N, vectors) - lse[:, None])
-        # a row a finite fill hid wholly (every tile of it is listed, so it saw every key at the fill): its lse is
-        # the fill's, log2(N) being below the fill's ulp, so P = 1 above; eager's row is uniform, P = 1 / N
-        p = gl.where((lse < -0.5 * 3.4028234663852886e38)[:, None], p / N, p)
+        value = PROGRAM(s, z, h, offs_m, offs_n, M, N, vectors)
+        # a row a finite fill hid wholly (every tile of it is listed, so it saw every key at the fill): eager's row
+        # is uniform, P = 1 / N. Its lse is the fill's (log2(N) is below the fill's ulp, 2^104), and the round trip
+        # through the stored natural log can move it by an ulp, so exp2(value - lse) would give 0 or inf: P is set.
+        # (A key the program took to -inf on such a row gets 0 and the rest 1 / N: eager's P where every key of the
+        # row has the one fill, as transformers' masks give.)
+        hidden = (lse < -0.5 * 3.4028234663852886e38)[:, None]
+        p = gl.where(hidden, gl.where(value > float("-inf"), 1.0 / N, 0.0), gl.exp2(value - lse[:, None]))
         p = gl.where((offs_n < N)[None, :], p, 0.0)
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])

@@ -36,7 +36,7 @@ from torch import Tensor
 from fuse_attn import settings
 from fuse_attn.kernels import compile_workers, ops, plan, tuning
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels.generated.launch import RealInputs, random_like
+from fuse_attn.kernels.generated.launch import RealInputs, random_like, tuning_generator
 from fuse_attn.kernels.plan import size_hint
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -317,13 +317,17 @@ class _CandidateSteps:
         self.q, self.k, self.v = (random_like(t).requires_grad_(training) for t in (q, k, v))
         self.score_tensors = [random_like(t).requires_grad_(training and needs and t.is_floating_point())
                               for t, needs in zip(score_tensors, score_grads)]
-        self.dout = torch.randn(self.q.shape[:3] + self.v.shape[3:], dtype=q.dtype, device=self.q.device)  # (out's)
+        self.dout = torch.randn(self.q.shape[:3] + self.v.shape[3:], dtype=q.dtype, device=self.q.device,
+                                generator=tuning_generator(self.q.device))  # (out's)
+        # dropout's keep-mask from a seed of the tuner's stream, not one drawn from the user's on each step
+        self.dropout_seed = (random_like(torch.empty((), dtype=torch.int64, device=self.q.device))
+                             if spec.dropout_p else None)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
 
     def _step(self, name: str) -> Callable[[], None]:
         def forward():
             if name == TRITON:
-                return ops.flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors)
+                return ops.flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors, self.dropout_seed)
             if name == GLUON:
                 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 

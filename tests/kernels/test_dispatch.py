@@ -672,3 +672,17 @@ def test_the_timing_graphs_are_destroyed_as_the_choice_is_made(gpu, monkeypatch,
     _, verdicts = rewritten(causal_attention, MHA, training=True)
     assert len(released) == 1
     assert ("timing the candidates failed" in verdicts) == fails
+
+
+def test_the_timing_inputs_leave_the_users_random_stream_alone():
+    """The candidate steps' inputs, dO and dropout's seed come from the tuner's own generator, and a step run with
+    dropout draws nothing: the user's stream (their dropout masks, their initial weights) is where it was whether
+    or not a choice was timed. Shown failing with the steps' dO drawn from torch's default generator."""
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, dropout_p=0.25)
+    q, k, v = (torch.empty(1, 2, 17, 16) for _ in range(3))
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    steps = CANDIDATE_STEPS(spec, q, k, v, training=True)
+    steps._step(TRITON)()
+    steps._step(TRITON)()
+    assert torch.equal(torch.get_rng_state(), before)

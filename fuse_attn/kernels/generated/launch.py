@@ -509,13 +509,30 @@ def random_like(t: Optional[Tensor], lengths: Optional[dict] = None) -> Optional
 
 
 def _random_values(count: int, t: Tensor) -> Tensor:
+    g = tuning_generator(t.device)
     if t.dtype == torch.bool:
-        return torch.rand(count, device=t.device) < 0.9
+        return torch.rand(count, device=t.device, generator=g) < 0.9
     if t.dtype == torch.int64:
-        return torch.randint(2**62, (count,), dtype=torch.int64, device=t.device)
+        return torch.randint(2**62, (count,), dtype=torch.int64, device=t.device, generator=g)
     if not t.dtype.is_floating_point:  # an "int" score tensor: the kernels' work does not depend on its values
-        return torch.randint(torch.iinfo(t.dtype).max, (count,), dtype=t.dtype, device=t.device)
-    return torch.randn(count, dtype=t.dtype, device=t.device)
+        return torch.randint(torch.iinfo(t.dtype).max, (count,), dtype=t.dtype, device=t.device, generator=g)
+    return torch.randn(count, dtype=t.dtype, device=t.device, generator=g)
+
+
+_TUNING_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def tuning_generator(device) -> torch.Generator:
+    """The random stream of the tuner's inputs on ``device``, its own: drawing them from torch's default generator
+    would move the user's stream, so that a model's dropout masks and initial weights after its first compile
+    would depend on whether the tuning cache was warm. Seeded alike in every process."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    g = _TUNING_GENERATORS.get(device)
+    if g is None:
+        g = _TUNING_GENERATORS[device] = torch.Generator(device=device).manual_seed(0)
+    return g
 
 
 def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:

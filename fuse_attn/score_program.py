@@ -25,7 +25,8 @@ BINARY_OPS = (
 TERNARY_OPS = ("where",)  # where(cond, a, b)
 SCORE_OP_ARITY = {**{op: 0 for op in LEAF_OPS}, **{op: 1 for op in UNARY_OPS}, **{op: 2 for op in BINARY_OPS},
                   **{op: 3 for op in TERNARY_OPS}}
-COMPARISON_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+ORDER_COMPARISONS = ("lt", "le", "gt", "ge")
+COMPARISON_OPS = ORDER_COMPARISONS + ("eq", "ne")
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==",
           "ne": "!=", "logical_and": "&", "logical_or": "|"}
 

@@ -35,8 +35,9 @@ from torch import Tensor
 
 from fuse_attn import settings
 from fuse_attn.kernels import compile_workers, ops, plan, tuning
+from fuse_attn.score_program import ORDER_COMPARISONS, subprogram
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels.generated.launch import RealInputs, random_like, tuning_generator
+from fuse_attn.kernels.generated.launch import RealInputs, causal_tuning_mask, random_like, tuning_generator
 from fuse_attn.kernels.plan import size_hint
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -315,8 +316,11 @@ class _CandidateSteps:
         score_grads = _score_grads(score_tensors, score_grads)
         self.spec, self.training, self.template_untuned = spec, training, template_untuned
         self.q, self.k, self.v = (random_like(t).requires_grad_(training) for t in (q, k, v))
-        self.score_tensors = [random_like(t).requires_grad_(training and needs and t.is_floating_point())
-                              for t, needs in zip(score_tensors, score_grads)]
+        self.score_tensors = [random_like(t) for t in score_tensors]
+        causal_tuning_mask(spec, self.score_tensors)
+        _documents_of_the_choice(spec, self.score_tensors)
+        for t, needs in zip(self.score_tensors, score_grads):
+            t.requires_grad_(training and needs and t.is_floating_point())
         self.dout = torch.randn(self.q.shape[:3] + self.v.shape[3:], dtype=q.dtype, device=self.q.device,
                                 generator=tuning_generator(self.q.device))  # (out's)
         # dropout's keep-mask from a seed of the tuner's stream, not one drawn from the user's on each step
@@ -387,6 +391,42 @@ class _CandidateSteps:
         self.template_untuned = False
         self.graphs.pop(TRITON, None)  # (recorded again, tuned, when next replayed)
         return [next(cand for _, cand in timed if cand.name == TRITON)]
+
+
+# The document length the implementation choice assumes for a predicate of integer vectors (the real ids are not
+# known while compiling): the middle of the 512 and 2048 tokens of tools/bench_variants.py's packed_documents_8k and
+# _32k. On random ids every tile is partial (the whole N x N computed), a mask no packed batch has; the configs of the
+# generated kernels stay timed on random ids (on documents, their 8k forward ran 10-17% slower on an H200).
+CHOICE_DOCUMENT_TOKENS = 1024
+
+
+def _documents_of_the_choice(spec: AttentionSpec, score_tensors: list) -> None:
+    """Give the choice's random copies of a predicate's integer vectors the values of documents of
+    :data:`CHOICE_DOCUMENT_TOKENS` tokens, so that the candidates are timed on the empty, full and partial tiles such a
+    mask has. Each vector read per query row or per key column holds, along its tokens, the document's index
+    (``index // tokens``: packed documents' ids), or -- a vector the predicate orders (``<=``, ``<``, ...) -- the
+    position in the document (``index % tokens``: position ids); vectors read once stay random."""
+    summarized = plan.mask_blocks(spec)
+    if summarized is None or summarized.predicate is None:
+        return
+    nodes = subprogram(spec.score_program, summarized.predicate)
+    ordered = {nodes[arg].value for node in nodes if node.op in ORDER_COMPARISONS for arg in node.args
+               if nodes[arg].op == "load"}
+    for loaded in plan.predicate_loads(spec):
+        t, broadcast = score_tensors[loaded], spec.score_tensors[loaded].broadcast
+        if broadcast[2] == broadcast[3]:
+            continue
+        tokens = 2 if broadcast[3] else 3  # (read per query row: broadcast over the keys)
+        shape = [1] * t.dim()
+        shape[tokens] = t.shape[tokens]
+        token = torch.arange(t.shape[tokens], device=t.device)
+        values = (token % CHOICE_DOCUMENT_TOKENS if loaded in ordered
+                  else token.div(CHOICE_DOCUMENT_TOKENS, rounding_mode="floor"))
+        stored = t
+        for dim, stride in enumerate(t.stride()):  # write each stored element once (broadcast dims have stride 0)
+            if stride == 0:
+                stored = stored.narrow(dim, 0, 1)
+        stored.copy_(values.to(t.dtype).view(shape).expand(stored.shape))
 
 
 # Steps run before recording: the first tunes the generated kernels' launch configs and compiles them (or builds

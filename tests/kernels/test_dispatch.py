@@ -27,6 +27,7 @@ from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreNode, ScoreTensor
 from tests.support.fuzz_cases import BIAS_PROGRAM, record_templates_backward
 from tests.support.graph_capture import graph_text
+from tests.kernels.test_mask_blocks import causal_fill, documents_spec, documents_tensors, mask_case
 
 
 def causal_attention(q, k, v):
@@ -686,3 +687,29 @@ def test_the_timing_inputs_leave_the_users_random_stream_alone():
     steps._step(TRITON)()
     steps._step(TRITON)()
     assert torch.equal(torch.get_rng_state(), before)
+
+
+@pytest.mark.parametrize("form", ["eager", "sdpa"])
+def test_the_choice_times_a_predicate_on_documents(form):
+    """Random vectors leave every tile of a predicate partial (the whole N x N computed), which ranks the
+    implementations as no packed batch would: the choice's copies hold documents of CHOICE_DOCUMENT_TOKENS tokens --
+    ids where the predicate compares them for equality, positions in the document where it orders them."""
+    spec = documents_spec(form)
+    n = 2 * dispatch.CHOICE_DOCUMENT_TOKENS + 17  # (two documents and the start of a third)
+    q, k, v = (torch.empty(2, 2, n, 16) for _ in range(3))
+    tokens = torch.arange(n).expand(2, n)
+    steps = CANDIDATE_STEPS(spec, q, k, v, False, documents_tensors(tokens))
+    ids, positions = tokens // dispatch.CHOICE_DOCUMENT_TOKENS, tokens % dispatch.CHOICE_DOCUMENT_TOKENS
+    pos_k, pos_q, ids_q, ids_k = steps.score_tensors
+    assert torch.equal(pos_k[:, 0, 0, :], positions) and torch.equal(pos_q[:, 0, :, 0], positions)
+    assert torch.equal(ids_q[:, 0, :, 0], ids) and torch.equal(ids_k[:, 0, 0, :], ids)
+
+
+def test_the_choice_times_a_summarized_mask_causal():
+    """A mask tensor whose tiles are classified per call is timed causal (as the launch configs are), not random."""
+    spec, mask = mask_case(causal_fill(6, 9))[4], torch.zeros(1, 1, 6, 9)
+    q, k, v = (torch.empty(1, 2, n, 16) for n in (6, 9, 9))
+    steps = CANDIDATE_STEPS(spec, q, k, v, False, [mask])
+    visible = torch.arange(9)[None, :] <= torch.arange(6)[:, None] + 3
+    assert torch.equal(steps.score_tensors[0][0, 0], torch.where(visible, 0.0, torch.finfo(torch.float32).min))
+

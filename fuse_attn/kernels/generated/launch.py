@@ -535,7 +535,7 @@ def tuning_generator(device) -> torch.Generator:
     return g
 
 
-def _causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
+def causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
     """Overwrite the tuner's random copy of a summarized mask (:func:`fuse_attn.kernels.plan.mask_blocks`) with a
     causal one (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
     partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
@@ -777,7 +777,7 @@ def _forward_binder(mod, q, k, v, score_tensors, spec, dropout_seed, lengths):
     """The forward's ``bind`` (:func:`choose_kernel_config`)."""
     def bind():
         rq, rk, rv, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
-        _causal_tuning_mask(spec, rs)
+        causal_tuning_mask(spec, rs)
         out, lse = empty_outputs(rq, rv)
         real, key_range = common_kernel_args(rq, rk, rv, spec), key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
         mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse, predicate_kernel=False)
@@ -955,7 +955,7 @@ def _backward_inputs(q, k, v, dout, score_tensors, spec, needs_grad, dropout_see
     """Random inputs of the backward's kernels (after ``_launch_backward``'s ``mod`` and ``cfgs``), out and lse from
     ``run_forward(q, k, v, score_tensors, dropout_seed)`` on them, or, with none, left empty (for compiles only)."""
     rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
-    _causal_tuning_mask(spec, rs)
+    causal_tuning_mask(spec, rs)
     out, lse = empty_outputs(rq, rv) if run_forward is None else run_forward(rq, rk, rv, rs, seed)
     bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
     return (common_kernel_args(rq, rk, rv, spec), rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta)

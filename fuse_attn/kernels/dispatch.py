@@ -5,7 +5,10 @@ of SDPA's kernels (cuDNN, flash).
 on random inputs of its (hinted) sizes, strides and dtype -- the forward alone in inference, forward and backward
 when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton templates.
 Each candidate's step is recorded once as a CUDA graph and its replay is timed, so only GPU time counts (the host
-cost of calling our op outside a compiled graph is not the compiled graph's). The choice persists per GPU and shape
+cost of calling our op outside a compiled graph is not the compiled graph's) -- but for the Gluon kernels, whose op
+runs its Python launcher in the compiled graph too: their step is timed as called, back to back, so a step whose
+host work outlasts its kernels counts the host's time (on a replayed CUDA graph, no launcher runs: the replay is
+timed). The choice persists per GPU and shape
 with the launch configs (:mod:`.tuning`, key kinds ``impl_fwd`` / ``impl_train``); the attention's verdict line
 names it (:meth:`ImplementationChoice.text`). ``explain()``, which matches without compiling, makes no choice.
 
@@ -150,9 +153,12 @@ def _run(target, *args, **kwargs):
 # wall time for 42 us of GPU work over four runs on that host (the template's kernels launched from Inductor's code:
 # 51-56 us for 51-54). A forward of 2^34 FLOPs takes the GPU about twice that, which hides it. A training step of
 # about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes the GPU 0.51 ms for both (H100), which hides the backward's.
-# The choice times GPU time only, where a smaller step would look faster than it runs. Where the compiled graph
-# replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon kernels are
-# offered at every size.
+# Below these the Gluon kernels are not even timed. Above, their step is timed as called (host time counts where it
+# outlasts the GPU's: :meth:`_CandidateSteps.replay`): a predicate's mask adds the tile-classes kernel's launch and
+# the lists' allocations to each call, and its empty tiles cut the GPU work far below the FLOPs counted here (16
+# packed documents at N 8192, B1 H16 D128, 2^40.8 FLOPs counted: a forward+backward of 0.48 ms of GPU time took
+# 2.2 ms a call, H200). Where the compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no
+# launcher runs on a replay, and the Gluon kernels are offered at every size.
 GLUON_MIN_STEP_FLOPS = {False: 2**34, True: 2**37}  # by training
 # Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
 # mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.
@@ -349,6 +355,12 @@ class _CandidateSteps:
         return step
 
     def replay(self, candidate: tuning.Implementation) -> None:
+        """One step of the candidate: its recorded graph replayed (GPU time only), or -- the Gluon kernels, unless the
+        compiled graph replays as a CUDA graph -- the step as called, whose Python launchers run in the compiled graph
+        too."""
+        if candidate.name == GLUON and not _CUDA_GRAPHS:
+            self._step(GLUON)()
+            return
         graph = self.graphs.get(candidate.name)
         if graph is None:
             with self._configs_of(candidate):

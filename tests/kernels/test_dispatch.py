@@ -713,3 +713,27 @@ def test_the_choice_times_a_summarized_mask_causal():
     visible = torch.arange(9)[None, :] <= torch.arange(6)[:, None] + 3
     assert torch.equal(steps.score_tensors[0][0, 0], torch.where(visible, 0.0, torch.finfo(torch.float32).min))
 
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_the_gluon_step_is_timed_as_called_unless_the_graph_replays(cuda_graphs, monkeypatch):
+    """The Gluon op's Python launcher runs on every call of a compiled step (not on a CUDA graph's replay): its step
+    is timed as called, so host time counts where it outlasts the kernels; the others' recorded graphs replay (on CPU
+    tensors: the op's CPU path, recording stood in for)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(dispatch, "_CUDA_GRAPHS", cuda_graphs)
+    recorded = []
+
+    class Graph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(dispatch, "_record", lambda step: recorded.append(step) or Graph())
+    spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25)
+    steps = CANDIDATE_STEPS(spec, *(torch.empty(1, 2, 17, 16) for _ in range(3)), training=True)
+    calls = []
+    monkeypatch.setattr(torch.autograd, "grad", lambda out, inputs, dout: calls.append(out.shape))
+    for _ in range(2):
+        steps.replay(tuning.Implementation(GLUON))
+        steps.replay(tuning.Implementation(TRITON))
+    assert len(recorded) == (2 if cuda_graphs else 1)  # each recorded once; Gluon's not at all without CUDA graphs
+    assert calls == ([] if cuda_graphs else [(1, 2, 17, 16)] * 2)

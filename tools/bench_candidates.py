@@ -2,7 +2,7 @@
 the Gluon forward (sm90; "failed" elsewhere) and SDPA's cuDNN and flash kernels, and the generated kernels untuned
 (their first working launch configs) -- per shape, forward and
 forward+backward, timed as the tuner times them (``fuse_attn.kernels.dispatch``: each step recorded as a CUDA
-graph, the replay timed, median), and the one it keeps.
+graph, the replay timed, median; the Gluon kernels' step timed as called), and the one it keeps.
 
     PYTHONPATH=. python3 tools/bench_candidates.py [--out OUTDIR]
 

@@ -578,9 +578,15 @@ def without_grad(fn):
 
 
 def kernels_ms(fn, q, k, v, dout, backward, learned=()) -> float | None:
-    """GPU ms of one call's kernels alone (a CUDA graph of it replayed), or None where the call cannot be captured."""
+    """GPU ms of one call's kernels alone (a CUDA graph of it replayed), or None where the call cannot be captured.
+    The call takes fresh leaves (views of q, k and v): a leaf's AccumulateGrad node made on the default stream by an
+    earlier call and kept alive by that call's autograd graph would make the captured backward wait on the default
+    stream, which breaks the capture ("operation would make the legacy stream depend on a capturing blocking
+    stream") and every CUDA call of the process after it."""
+    leaves = [t.detach().requires_grad_(t.requires_grad) for t in (q, k, v)]
+
     def step():
-        out = fn(q, k, v)
+        out = fn(*leaves)
         if backward:
             out.backward(dout)
 

@@ -8,9 +8,9 @@ Each candidate's step is recorded once as a CUDA graph and its replay is timed, 
 cost of calling our op outside a compiled graph is not the compiled graph's) -- but for the Gluon kernels, whose op
 runs its Python launcher in the compiled graph too: their step is timed as called, back to back, so a step whose
 host work outlasts its kernels counts the host's time (on a replayed CUDA graph, no launcher runs: the replay is
-timed). The choice persists per GPU and shape
-with the launch configs (:mod:`.tuning`, key kinds ``impl_fwd`` / ``impl_train``); the attention's verdict line
-names it (:meth:`ImplementationChoice.text`). ``explain()``, which matches without compiling, makes no choice.
+timed). The choice persists per GPU and shape with the launch configs (:mod:`.tuning`, key kinds ``impl_fwd`` /
+``impl_train``); the attention's verdict line names it (:meth:`ImplementationChoice.text`). ``explain()``, which
+matches without compiling, makes no choice.
 
 Candidates: ``triton``, the generated kernels -- every spec, and the fallback of every attention the others cannot
 compute; ``gluon``, :mod:`.hopper.forward`'s forward of plain attention or of one added bias (``s + bias``) on sm90

@@ -40,7 +40,8 @@ from fuse_attn import settings
 from fuse_attn.kernels import compile_workers, ops, plan, tuning
 from fuse_attn.score_program import ORDER_COMPARISONS, subprogram
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels.generated.launch import RealInputs, causal_tuning_mask, random_like, tuning_generator
+from fuse_attn.kernels.generated.launch import (RealInputs, causal_tuning_mask, random_like, tuning_generator,
+                                                write_stored)
 from fuse_attn.kernels.plan import size_hint
 
 log = logging.getLogger("fuse_attn.kernels")
@@ -434,11 +435,7 @@ def _documents_of_the_choice(spec: AttentionSpec, score_tensors: list) -> None:
         token = torch.arange(t.shape[tokens], device=t.device)
         values = (token % CHOICE_DOCUMENT_TOKENS if loaded in ordered
                   else token.div(CHOICE_DOCUMENT_TOKENS, rounding_mode="floor"))
-        stored = t
-        for dim, stride in enumerate(t.stride()):  # write each stored element once (broadcast dims have stride 0)
-            if stride == 0:
-                stored = stored.narrow(dim, 0, 1)
-        stored.copy_(values.to(t.dtype).view(shape).expand(stored.shape))
+        write_stored(t, values.to(t.dtype).view(shape))
 
 
 # Steps run before recording: the first tunes the generated kernels' launch configs and compiles them (or builds

@@ -550,11 +550,18 @@ def causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
         pattern = torch.zeros(M, N, dtype=t.dtype, device=t.device).masked_fill(~keep, torch.finfo(t.dtype).min)
     else:
         pattern = keep if summarized.hidden == "false" else ~keep
+    write_stored(t, pattern)
+
+
+def write_stored(t: Tensor, values: Tensor) -> None:
+    """Write ``values`` (broadcastable to ``t``, of size 1 along its stride-0 dims) into a tuning tensor ``t``:
+    each stored element once, through the first index of each broadcast dim (copying into the broadcast view itself
+    would write one element many times, which torch refuses)."""
     stored = t
-    for dim, stride in enumerate(t.stride()):  # write each stored element once (broadcast dims have stride 0)
+    for dim, stride in enumerate(t.stride()):
         if stride == 0:
             stored = stored.narrow(dim, 0, 1)
-    stored.copy_(pattern.expand(stored.shape))
+    stored.copy_(values.expand(stored.shape))
 
 
 class RealInputs:

@@ -26,6 +26,7 @@ class SoftmaxVerdict:
     spec: Optional[AttentionSpec] = None
     source: Optional[str] = None  # the user's code line, when known
     runs: Optional[str] = None  # which implementation a fused attention runs, where candidates were timed
+    implementation: Optional[str] = None  # that implementation's name (dispatch's candidate names), once compiled
     # whether a softmax left unfused is an attention's: False where its weights meet no matrix product (a classifier's
     # probabilities), None where that was not examined
     attention: Optional[bool] = None

@@ -25,10 +25,10 @@ in eager PyTorch as models do (``q @ k.transpose(-2, -1) * scale``, the variant'
 
 Methods: ``fuse_attn`` (``torch.compile(module, backend="fuse_attn")``, the generated kernels only:
 ``FUSE_ATTN_CANDIDATES=triton``, or our kernels with the Gluon ones on Hopper where the caller sets
-``FUSE_ATTN_CANDIDATES=triton,gluon``; the row says how many attentions were fused), ``flex`` (compiled
-``flex_attention``: block mask built once, the variant's score program as a score_mod, ``enable_gqa``),
-``sdpa_mask`` (``scaled_dot_product_attention`` with the mask a Hugging Face "sdpa" model passes, materialized
-once, or ``is_causal``), ``cudnn`` (the same SDPA call under SDPA's cuDNN backend, where it needs no mask; with
+``FUSE_ATTN_CANDIDATES=triton,gluon``; the row says how many attentions were fused and what runs them), ``flex``
+(compiled ``flex_attention``: block mask built once, the variant's score program as a score_mod, ``enable_gqa``),
+``sdpa_mask`` (``scaled_dot_product_attention`` with the mask a Hugging Face "sdpa" model passes, materialized once,
+or ``is_causal``), ``cudnn`` (the same SDPA call under SDPA's cuDNN backend, where it needs no mask; with
 ``enable_gqa`` where this torch's cuDNN path takes it, else kv heads expanded in the call) and ``torch_compile``
 (Inductor's default on the same module); a cell is "-" where the method cannot state the variant.
 For each, forward (under ``torch.no_grad()``) and forward+backward (gradients of q, k, v and the learned bias):
@@ -622,7 +622,7 @@ def bench_variant(name: str, size: Size, mode: str, methods_filter, record) -> l
     learned = list(module.parameters())  # the dense bias: its gradient is part of fwd+bwd
     methods = make_methods(module, q, k, v, extra)
     prefix = [name, size.batch, size.heads, size.kv_heads, size.seq, size.dims, NAMES[DTYPE], mode]
-    times, cells, fused = {}, [], "-"
+    times, cells, fused, implementations = {}, [], "-", set()
     for method in METHOD_NAMES:
         fn = methods.get(method)
         if fn is None or methods_filter and method not in methods_filter:
@@ -635,6 +635,7 @@ def bench_variant(name: str, size: Size, mode: str, methods_filter, record) -> l
             gpu_ms = kernels_ms(call, q, k, v, dout, backward, learned)
             if method == "fuse_attn":
                 fused = sum(len(report.fused) for report in reports)
+                implementations = {v.implementation for report in reports for v in report.fused if v.implementation}
                 for report in reports:  # what the kernel computes (and loads), or why a softmax was left alone
                     for verdict in report.verdicts:
                         print(f"  {name} {mode}: {verdict.line()}", flush=True)
@@ -657,7 +658,8 @@ def bench_variant(name: str, size: Size, mode: str, methods_filter, record) -> l
     fastest = min(peers, key=peers.get) if peers else None
     fastest_cell = f"{fastest} {peers[fastest]:.3f} ms" if fastest else "-"
     speedup = f"{peers[fastest] / times['fuse_attn']:.2f}x" if fastest and "fuse_attn" in times else "-"
-    fused_cell = f"{fused} NOT FUSED" if fused == 0 else str(fused)
+    # (which of our implementations the fused attentions run: the generated kernels, Gluon's, ...)
+    fused_cell = f"{fused} NOT FUSED" if fused == 0 else f"{fused} ({', '.join(sorted(implementations))})"
     row = [name, str(size), mode, fused_cell, *cells, fastest_cell, speedup]
     print(row, flush=True)
     if fused == 0:

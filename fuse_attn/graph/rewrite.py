@@ -341,6 +341,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
                 sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
                                        runs=choice.text() if choice is not None else None,
+                                       implementation=choice.name if choice is not None else None,
                                        sink=match.sink_column is not None))
     for key, made in shared_inputs.items():
         if not made.users:  # (made for a match that then failed)

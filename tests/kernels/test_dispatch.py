@@ -55,14 +55,19 @@ def biased(q, k, v, bias):  # a precomputed bias (ALiBi's [1, H, N, N] buffer) a
 def rewritten(fn, shapes, *, dtype=torch.bfloat16, training=False, needing_grad=(), integers=None):
     """``fn`` traced on fake tensors and rewritten: (graph text, verdict lines). ``needing_grad``: the indices of the
     inputs that require a gradient; ``integers``: {index: high} of int64 inputs in [0, high)."""
+    report = rewrite_report(fn, shapes, dtype=dtype, training=training, needing_grad=needing_grad, integers=integers)
+    return graph_text(report), "\n".join(v.line() for v in report.verdicts)
+
+
+def rewrite_report(fn, shapes, *, dtype=torch.bfloat16, training=False, needing_grad=(), integers=None):
+    """The rewrite's report of ``fn`` (:func:`rewritten`'s arguments)."""
     integers = integers or {}
     inputs = [torch.randint(0, integers[i], s) if i in integers else torch.randn(s, dtype=dtype)
               for i, s in enumerate(shapes)]
     traced = make_fx(fn, pre_dispatch=True, tracing_mode="fake")(*inputs)
     placeholders = [n for n in traced.graph.nodes if n.op == "placeholder"]
     ctx = MatchContext(constant_inputs={}, gm=traced, inputs_needing_grad=frozenset(placeholders[i] for i in needing_grad))
-    report = rewrite_attention(traced, ctx, capture=True, training=training)
-    return graph_text(report), "\n".join(v.line() for v in report.verdicts)
+    return rewrite_attention(traced, ctx, capture=True, training=training)
 
 
 MHA = [(2, 4, 128, 64)] * 3
@@ -737,3 +742,14 @@ def test_the_gluon_step_is_timed_as_called_unless_the_graph_replays(cuda_graphs,
         steps.replay(tuning.Implementation(TRITON))
     assert len(recorded) == (2 if cuda_graphs else 1)  # each recorded once; Gluon's not at all without CUDA graphs
     assert calls == ([] if cuda_graphs else [(1, 2, 17, 16)] * 2)
+
+
+@pytest.mark.parametrize("allowed, runs", [(None, SDPA_CUDNN), ("triton", TRITON)])
+def test_each_fused_verdict_names_the_implementation_it_runs(allowed, runs, gpu, monkeypatch):
+    """The verdict names what the fused attention runs -- the chosen candidate, or the generated kernels where they
+    were the only one -- so a benchmark's row can say it (tools/bench_variants.py)."""
+    gpu({TRITON: 0.30, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.25})
+    if allowed:
+        monkeypatch.setenv(settings.CANDIDATES, allowed)
+    (verdict,) = rewrite_report(causal_attention, MHA, training=True).verdicts
+    assert verdict.fused and verdict.implementation == runs

@@ -363,9 +363,10 @@ def measure(name, variant, mode, length, batch, args):
     for report in reports:
         for verdict in report.not_fused:
             print(f"  {name} {variant} {mode}: {verdict.line()}", flush=True)
-    runs = collections.Counter(v.runs.split(":")[0] for r in reports for v in r.fused if v.runs)
+    runs = collections.Counter(v.implementation for r in reports for v in r.fused if v.runs)
     if runs:  # which implementation the fused attentions run, where candidates were timed
-        print(f"  {name} {variant} {mode}: " + ", ".join(f"{n} attention(s) {what}" for what, n in runs.items()), flush=True)
+        print(f"  {name} {variant} {mode}: " + ", ".join(f"{n} attention(s) runs {what}" for what, n in runs.items()),
+              flush=True)
     if args.device == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

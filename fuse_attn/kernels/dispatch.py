@@ -155,7 +155,7 @@ def _run(target, *args, **kwargs):
 # 51-56 us for 51-54). A forward of 2^34 FLOPs takes the GPU about twice that, which hides it. A training step of
 # about 2^37 FLOPs (B16 H16 N1024 D64, causal) takes the GPU 0.51 ms for both (H100), which hides the backward's.
 # Below these the Gluon kernels are not even timed. Above, their step is timed as called (host time counts where it
-# outlasts the GPU's: :meth:`_CandidateSteps.replay`): a predicate's mask adds the tile-classes kernel's launch and
+# outlasts the GPU's: :meth:`_CandidateSteps.replay`): a predicate's mask adds the tile-classes kernels' launches and
 # the lists' allocations to each call, and its empty tiles cut the GPU work far below the FLOPs counted here (16
 # packed documents at N 8192, B1 H16 D128, 2^40.8 FLOPs counted: a forward+backward of 0.48 ms of GPU time took
 # 2.2 ms a call, H200). Where the compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no

@@ -194,11 +194,12 @@ def compile_spec(name: str, target: str) -> None:
     summarized = plan.mask_blocks(spec)
     if summarized is not None:  # the block-list code paths are the ones compiled
         assert all(args["MASK_BLOCKS"] for kernel, args, _ in launches if "MASK_BLOCKS" in args)
-    if summarized is not None and summarized.predicate is not None:  # its tiles classified by the generated kernel
-        assert any(kernel.fn.__name__ == "_tile_classes" for kernel, _, _ in launches)
+    if summarized is not None and summarized.predicate is not None:  # its tiles classified by the generated kernels
+        assert {"_tile_summaries", "_tile_classes"} <= {kernel.fn.__name__ for kernel, _, _ in launches}
     for kernel, args, launched in launches:
         # the attention kernels with the tuner's extreme candidates; the tile classes with the config they launch with
-        configs = [launched] if kernel.fn.__name__ == "_tile_classes" else _configs(kernel.fn.__name__, spec, smem)
+        tile_classes = kernel.fn.__name__ in ("_tile_summaries", "_tile_classes")
+        configs = [launched] if tile_classes else _configs(kernel.fn.__name__, spec, smem)
         for cfg in configs:
             bound = dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
             for part in _launch_parts(cfg):
@@ -234,6 +235,8 @@ def _written(kernel: str, args: dict) -> set:
         return {"Out", "Lse"}
     if kernel == "_tile_classes":
         return {"Lists", "Counts", "Classes", "Arrivals"}
+    if kernel == "_tile_summaries":  # SeesKey and the summaries S<i>
+        return {"SeesKey"} | {name for name in args if re.fullmatch(r"S\d+", name)}
     if kernel == "_attn_bwd_dq":
         return {"DQ", "Delta", "LseFlags"} | ({"RowMax", "RowScale"} if args["EXACT_DELTA"] else set()) | dt
     return ({"DK"} if args["COMPUTE_DK"] else set()) | ({"DVout"} if args["COMPUTE_DV"] else set()) | dt
@@ -272,7 +275,7 @@ def analyzed_writes(name: str) -> None:
 
 
 def trace_tile_classes() -> None:
-    """(In the subprocess.) The tile-classes kernel's launches traced as the op's body is under torch.compile on a GPU
+    """(In the subprocess.) The tile-classes kernels' launches traced as the op's body is under torch.compile on a GPU
     (make_fx on meta tensors of symbolic lengths, wrap_triton recording each launch): one graph for every length, its
     grids and outputs sized by the lengths' symbols."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -291,12 +294,13 @@ def trace_tile_classes() -> None:
     graph = make_fx(lists, tracing_mode="symbolic")(*(t.to("meta") for t in documents_tensors(ALIGNED)))
     for node in graph.graph.nodes:
         if node.target is torch.ops.higher_order.triton_kernel_wrapper_mutation:
-            print("launch grid", node.kwargs["grid"], "KEY_MAJOR", node.kwargs["kwargs"]["KEY_MAJOR"])
+            print("launch grid", node.kwargs["grid"], "KEY_MAJOR", node.kwargs["kwargs"].get("KEY_MAJOR"))
 
 
 def compile_tile_classes() -> None:
-    """(In the subprocess.) The tile-classes kernel of a predicate reaching every op (test_mask_blocks.every_op_spec),
-    both orientations, compiled for sm90 with the launch's own arguments and config."""
+    """(In the subprocess.) The tile-classes kernels (summaries, classes) of a predicate reaching every op
+    (test_mask_blocks.every_op_spec), both orientations, compiled for sm90 with the launch's own arguments and
+    config."""
     from tests.kernels.test_mask_blocks import ANY, documents_tensors, every_op_spec
 
     spec = every_op_spec()
@@ -307,18 +311,18 @@ def compile_tile_classes() -> None:
     for kernel, args, cfg in launches:
         compiled = _compile(kernel, args, cfg, TARGETS["sm90"][0])
         assert compiled.asm["cubin"]
-        print(f"KEY_MAJOR {args['KEY_MAJOR']}: {compiled.metadata.shared} bytes of shared memory")
+        print(f"{kernel.fn.__name__} KEY_MAJOR {args.get('KEY_MAJOR')}: {compiled.metadata.shared} bytes of shared memory")
 
 
 def test_the_tile_classes_kernel_of_every_predicate_op_compiles_for_the_gpu():
     stdout = _in_subprocess("t.compile_tile_classes()")
-    assert stdout.count("bytes of shared memory") == 2, stdout
+    assert stdout.count("bytes of shared memory") == 4, stdout
 
 
 def test_the_tile_classes_kernel_traces_with_symbolic_lengths():
     stdout = _in_subprocess("t.trace_tile_classes()")
     launches = [line for line in stdout.splitlines() if line.startswith("launch grid")]
-    assert len(launches) == 2 and all("floordiv" in line for line in launches), stdout
+    assert len(launches) == 4 and all("floordiv" in line for line in launches), stdout  # summaries, classes: twice
 
 
 # Specs whose kernels store to more than the outputs: a bias gradient (by the dK/dV kernel, or the dQ kernel with the

@@ -394,24 +394,40 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
 
 
 # Tiles of the other axis the tile-classes kernel classifies a step (CHUNK spans of keys, or of rows where KEY_MAJOR,
-# against one), and the steps a program takes. A sweep on an H200 (16 packed documents a row, N 8k and 32k; tiles
-# 128x64, 128x128 query-major and 64x128, 128x64 key-major; CHUNK 8, 16, 32 x steps 2, 4, 8): 8 tiles a step ran
-# fastest in every case (16 and 32: 1.1-2x slower); 2 steps fastest at 8k (11-22 us, 1.4-2.9x faster than 8 steps)
-# and within 16% of 8 steps at 32k (55-178 us). Against the classification of each row as a point (8 tiles, 8
-# steps: 23-48 us at 8k, 66-188 us at 32k), 2.1-3.1x and 1.05-1.5x faster. Warps: as many as give each thread at
-# most 16 of a step's vector values (its CHUNK tiles' keys, or rows where KEY_MAJOR), from the sweep of that
-# classification of points.
-_CLASS_CHUNK = 8
-_CLASS_STEPS = 2
-_CLASS_VALUES_PER_THREAD = 16
+# against one), the steps a program takes, its warps, and the blocks of rows and of keys a program of the summaries
+# takes. A sweep on an H200 (16 packed documents a row, N 8k and 32k; tiles 128x64, 128x128 query-major and 64x128,
+# 128x64 key-major; the two launches' GPU time in a CUDA graph; CHUNK 8, 32 x steps 1, 2, 4 x 1, 4 warps, then
+# summaries of 1, 4, 16 blocks a program): 32 tiles, 4 steps, one warp and one block ran fastest or within 10% of it
+# in every case, 12.8-14.5 us at 8k and 15.2-18.0 us at 32k (4 blocks: 16-19 and 18-22; 16 blocks: 21-24 and 24-28),
+# where the classification that read every row and key of each tile took 15.2-36.1 and 59.8-185.7 us.
+_CLASS_CHUNK = 32
+_CLASS_STEPS = 4
+_CLASS_WARPS = 1
+_SUMMARY_VALUES_PER_THREAD = 16  # the summaries' warps: as many as give each thread at most this many of a vector's values
 _LIST_CHUNK = 256
+_SUMMARY_BLOCKS = 1
+
+
+def _summary_kwargs(spec: AttentionSpec, loads: Sequence[int], batch: int, rows_blocks: int, cols_blocks: int,
+                    device) -> dict:
+    """The tile-classes kernels' block summaries (``S<i>``, ``stride_s<i>_z``) of the predicate's vectors along rows
+    or keys: int64 [batch, 2 * blocks], each block's min then max. (One allocation each: views of one buffer would
+    alias outputs of the traced launch, which Inductor then copies around it.)"""
+    kwargs = {}
+    for i in loads:
+        broadcast = spec.score_tensors[i].broadcast
+        if not (broadcast[2] and broadcast[3]):
+            blocks = rows_blocks if not broadcast[2] else cols_blocks
+            kwargs[f"S{i}"] = torch.empty((batch, 2 * blocks), dtype=torch.int64, device=device)
+            kwargs[f"stride_s{i}_z"] = 2 * blocks
+    return kwargs
 
 
 def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
                          rows: int, cols: int, key_major: bool) -> dict:
     """:func:`mask_block_args` of a predicate of integer vectors (``summarized.predicate``) for tiles of ``rows`` x
-    ``cols``, from one launch of the generated tile-classes kernel (templates/tile_classes.py.tmpl): each tile's rows
-    one span and its keys another, and a query block's tiles skipped as empty only where each of its rows keeps its own
+    ``cols``, from the generated tile-classes kernels (templates/tile_classes.py.tmpl: the vectors' block summaries,
+    then the tiles, two launches): each tile's rows one span and its keys another, and a query block's tiles skipped as empty only where each of its rows keeps its own
     key, or (query-major) where the block has a full tile. Its plain-PyTorch reference,
     ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``, gives the same lists wherever
     every row keeps its own key (packed documents: a token sees itself); where one does not, the reference proves each
@@ -428,14 +444,19 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     counts = torch.empty((batch, outer, 2), dtype=torch.int32, device=device)
     classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
     arrivals = torch.zeros((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
-    args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, stride_lists_z=lists.stride(0),
-                stride_counts_z=counts.stride(0), M=M, N=N, STEPS=_CLASS_STEPS, ROWS=rows, COLS=cols,
-                CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major,
-                **score_kwargs(score_tensors, only=loads))
-    warps = max(1, _CLASS_CHUNK * (rows if key_major else cols) // (32 * _CLASS_VALUES_PER_THREAD))
-    # (a config is what names the kernel's copy when Inductor traces it)
+    sees_key = torch.empty((batch, rows_blocks), dtype=torch.int8, device=device)  # (the kernels' scratch)
+    vectors = dict(M=M, N=N, ROWS=rows, COLS=cols, **score_kwargs(score_tensors, only=loads),
+                   **_summary_kwargs(spec, loads, batch, rows_blocks, cols_blocks, device))
+    # (a config is what names a kernel's copy when Inductor traces it)
+    config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
+        32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
+    launch(mod._tile_summaries, (triton_cdiv(max(rows_blocks, cols_blocks), _SUMMARY_BLOCKS), batch),
+           dict(SeesKey=sees_key, stride_see_z=sees_key.stride(0), BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
+    args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, SeesKey=sees_key,
+                stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0), stride_see_z=sees_key.stride(0),
+                STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major, **vectors)
     launch(mod._tile_classes, (outer, batch, triton_cdiv(inner, _CLASS_CHUNK * _CLASS_STEPS)), args,
-           tuning.KernelConfig(rows, cols, num_warps=warps, num_stages=1))
+           tuning.KernelConfig(rows, cols, num_warps=_CLASS_WARPS, num_stages=1))
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 

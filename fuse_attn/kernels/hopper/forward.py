@@ -31,7 +31,7 @@ bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, 
 :func:`bias_ring_stages`); else each consumer loads its rows of the tile from global memory into registers beside S.
 Or the plain scores masked by a predicate of integer vectors, the op's ``vectors``
 (:func:`.common.masks_by_a_predicate`: packed documents): each CTA visits the key tiles the tile-classes kernel lists for its query block (``MASK_BLOCKS``,
-one launch a call), the first run of full ones plain, the rest through the spec's program, generated as a Gluon
+two launches a call), the first run of full ones plain, the rest through the spec's program, generated as a Gluon
 function (codegen's ``gluon_score_program``) and passed as a constexpr argument.
 Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's
 autograd formula is the Gluon backward (:mod:`.backward`, its own op) on the GPU and the template's backward on CPU

@@ -450,7 +450,7 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     # (a config is what names a kernel's copy when Inductor traces it)
     config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
         32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
-    launch(mod._tile_summaries, (triton_cdiv(max(rows_blocks, cols_blocks), _SUMMARY_BLOCKS), batch),
+    launch(mod._tile_summaries, (triton_cdiv(torch.sym_max(rows_blocks, cols_blocks), _SUMMARY_BLOCKS), batch),
            dict(SeesKey=sees_key, stride_see_z=sees_key.stride(0), BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
     args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, SeesKey=sees_key,
                 stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0), stride_see_z=sees_key.stride(0),

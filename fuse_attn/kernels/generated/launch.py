@@ -443,7 +443,7 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     lists = torch.empty((batch, outer, inner), dtype=torch.int32, device=device)
     counts = torch.empty((batch, outer, 2), dtype=torch.int32, device=device)
     classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
-    arrivals = torch.zeros((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
+    arrivals = torch.empty((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
     sees_key = torch.empty((batch, rows_blocks), dtype=torch.int8, device=device)  # (the kernels' scratch)
     vectors = dict(M=M, N=N, ROWS=rows, COLS=cols, **score_kwargs(score_tensors, only=loads),
                    **_summary_kwargs(spec, loads, batch, rows_blocks, cols_blocks, device))
@@ -451,7 +451,8 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
         32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
     launch(mod._tile_summaries, (triton_cdiv(torch.sym_max(rows_blocks, cols_blocks), _SUMMARY_BLOCKS), batch),
-           dict(SeesKey=sees_key, stride_see_z=sees_key.stride(0), BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
+           dict(SeesKey=sees_key, Arrivals=arrivals, stride_see_z=sees_key.stride(0), outer_blocks=outer,
+                BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
     args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, SeesKey=sees_key,
                 stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0), stride_see_z=sees_key.stride(0),
                 STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major, **vectors)

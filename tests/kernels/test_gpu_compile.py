@@ -235,8 +235,8 @@ def _written(kernel: str, args: dict) -> set:
         return {"Out", "Lse"}
     if kernel == "_tile_classes":
         return {"Lists", "Counts", "Classes", "Arrivals"}
-    if kernel == "_tile_summaries":  # SeesKey, the summaries S<i>, and the classification's Arrivals zeroed
-        return {"SeesKey", "Arrivals"} | {name for name in args if re.fullmatch(r"S\d+", name)}
+    if kernel == "_tile_summaries":  # the vectors' summaries and SeesKey, and the classification's Arrivals zeroed
+        return {"Summaries", "Arrivals"}
     if kernel == "_attn_bwd_dq":
         return {"DQ", "Delta", "LseFlags"} | ({"RowMax", "RowScale"} if args["EXACT_DELTA"] else set()) | dt
     return ({"DK"} if args["COMPUTE_DK"] else set()) | ({"DVout"} if args["COMPUTE_DV"] else set()) | dt

@@ -733,23 +733,30 @@ def _along(tensor: ScoreTensor) -> Optional[str]:
     return "m" if not tensor.broadcast[2] else "n" if not tensor.broadcast[3] else None
 
 
-def _summary_params(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> str:
-    """The tile-classes kernels' parameters for the block summaries of the vectors that run along rows or keys
-    (``S<i>``: int64 [Zm, 2 * blocks], each block's min then max; ``stride_s<i>_z``), as ``launch.summary_kwargs``
-    names them."""
-    return "".join(f"S{i}, stride_s{i}_z, " for i in loads if _along(tensors[i]))
+def _summary_slots(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> dict[int, int]:
+    """The slot of each vector along rows or keys in the tile-classes kernels' ``Summaries`` (int64 [Zm, slots,
+    width]: each block's min then max, ``launch.predicate_block_args`` allocates it); the last slot is SeesKey's."""
+    return {i: slot for slot, i in enumerate(i for i in loads if _along(tensors[i]))}
+
+
+def tile_summary_slots(spec: AttentionSpec) -> int:
+    """The slots of the tile-classes kernels' ``Summaries`` for ``spec``'s predicate: its vectors along rows or keys,
+    and SeesKey."""
+    return len(_summary_slots(spec.score_tensors, plan.predicate_loads(spec))) + 1
 
 
 def _bound_args(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> str:
     """``_tile_bounds``' vector arguments in the classification: a vector along rows or keys as its block summaries
     (indexed by the spans' cells along its axis), one value a batch row as it is."""
+    slots = _summary_slots(tensors, loads)
     args = []
     for i in loads:
         along = _along(tensors[i])
         if along is None:
             args.append(f"T{i}, stride_t{i}_z, stride_t{i}_h, stride_t{i}_m, stride_t{i}_n, ")
         else:
-            args.append(f"S{i}, stride_s{i}_z, 0, {int(along == 'm')}, {int(along == 'n')}, ")
+            args.append(f"Summaries + {slots[i]} * stride_summaries_slot, stride_summaries_z, 0, {int(along == 'm')}, "
+                        f"{int(along == 'n')}, ")
     return "".join(args)
 
 
@@ -800,22 +807,20 @@ def _predicate_function(name: str, doc: str, program: tuple[ScoreNode, ...], ten
 
 def _summaries_function(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> list[str]:
     """``_store_summaries``: each vector along rows (keys) summarized over the blocks ``row_blocks`` of ROWS rows
-    (``key_blocks`` of COLS keys): its min and max there, stored at cells 2b and 2b + 1 of its summary. Indices past
-    the last row (key) read the last one, as the classification's spans do."""
+    (``key_blocks`` of COLS keys): its min and max there, stored at cells 2b and 2b + 1 of its slot of Summaries.
+    Indices past the last row (key) read the last one, as the classification's spans do."""
     lines = ["@triton.jit",
              f"def _store_summaries(off_z, row_blocks, key_blocks, M, N, {_int_params(loads)}"
-             f"{_summary_params(tensors, loads)}ROWS: tl.constexpr, COLS: tl.constexpr):",
-             '    """Each vector\'s min and max over each of the blocks (of rows or keys) in its summary."""',
+             "Summaries, stride_summaries_z, stride_summaries_slot, ROWS: tl.constexpr, COLS: tl.constexpr):",
+             '    """Each vector\'s min and max over each of the blocks (of rows or keys) in its slot of Summaries."""',
              "    rows = tl.minimum(row_blocks[:, None].to(tl.int64) * ROWS + tl.arange(0, ROWS)[None, :], M - 1)",
              "    keys = tl.minimum(key_blocks[:, None].to(tl.int64) * COLS + tl.arange(0, COLS)[None, :], N - 1)",
              "    rows_ok = row_blocks < tl.cdiv(M, ROWS)",
              "    keys_ok = key_blocks < tl.cdiv(N, COLS)"]
-    for i in loads:
+    for i, slot in _summary_slots(tensors, loads).items():
         along = _along(tensors[i])
-        if along is None:
-            continue
         blocks, at, ok = ("row_blocks", "rows", "rows_ok") if along == "m" else ("key_blocks", "keys", "keys_ok")
-        cell = f"S{i} + off_z * stride_s{i}_z + 2 * {blocks}"
+        cell = f"Summaries + off_z * stride_summaries_z + {slot} * stride_summaries_slot + 2 * {blocks}"
         lines += [f"    t{i} = tl.load(T{i} + off_z * stride_t{i}_z + {at} * stride_t{i}_{along}).to(tl.int64)",
                   f"    tl.store({cell}, tl.min(t{i}, 1), mask={ok})",
                   f"    tl.store({cell} + 1, tl.max(t{i}, 1), mask={ok})"]
@@ -841,10 +846,9 @@ def generate_tile_classes_source(spec: AttentionSpec) -> str:
             name, doc, program, key.score_tensors, loads, summarized.hidden == "false", own_key)
     functions += [""] * 2 + _summaries_function(key.score_tensors, loads)
     params = _int_params(loads)
-    summaries = _summary_params(key.score_tensors, loads)
     inline = {"SPEC_DIGEST": key.digest, "SPEC_DESCRIPTION": plan.describe(key), "INT_PARAMS": params,
-              "INT_ARGS": params, "SUMMARY_PARAMS": summaries, "SUMMARY_ARGS": summaries,
-              "BOUND_ARGS": _bound_args(key.score_tensors, loads)}
+              "INT_ARGS": params, "BOUND_ARGS": _bound_args(key.score_tensors, loads),
+              "SEES_KEY_SLOT": str(len(_summary_slots(key.score_tensors, loads)))}
     template = (TEMPLATE_DIR / TILE_CLASSES_TEMPLATE_NAME).read_text()
     return _fill(template, {"PREDICATE_FUNCTIONS": functions}, inline, TILE_CLASSES_TEMPLATE_NAME)
 

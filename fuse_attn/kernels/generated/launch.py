@@ -403,36 +403,23 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
 _CLASS_CHUNK = 32
 _CLASS_STEPS = 4
 _CLASS_WARPS = 1
-_SUMMARY_VALUES_PER_THREAD = 16  # the summaries' warps: as many as give each thread at most this many of a vector's values
+# the summaries' warps: as many as give each thread at most this many of a block's values of a vector
+_SUMMARY_VALUES_PER_THREAD = 16
 _LIST_CHUNK = 256
 _SUMMARY_BLOCKS = 1
-
-
-def _summary_kwargs(spec: AttentionSpec, loads: Sequence[int], batch: int, rows_blocks: int, cols_blocks: int,
-                    device) -> dict:
-    """The tile-classes kernels' block summaries (``S<i>``, ``stride_s<i>_z``) of the predicate's vectors along rows
-    or keys: int64 [batch, 2 * blocks], each block's min then max. (One allocation each: views of one buffer would
-    alias outputs of the traced launch, which Inductor then copies around it.)"""
-    kwargs = {}
-    for i in loads:
-        broadcast = spec.score_tensors[i].broadcast
-        if not (broadcast[2] and broadcast[3]):
-            blocks = rows_blocks if not broadcast[2] else cols_blocks
-            kwargs[f"S{i}"] = torch.empty((batch, 2 * blocks), dtype=torch.int64, device=device)
-            kwargs[f"stride_s{i}_z"] = 2 * blocks
-    return kwargs
 
 
 def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
                          rows: int, cols: int, key_major: bool) -> dict:
     """:func:`mask_block_args` of a predicate of integer vectors (``summarized.predicate``) for tiles of ``rows`` x
     ``cols``, from the generated tile-classes kernels (templates/tile_classes.py.tmpl: the vectors' block summaries,
-    then the tiles, two launches): each tile's rows one span and its keys another, and a query block's tiles skipped as empty only where each of its rows keeps its own
-    key, or (query-major) where the block has a full tile. Its plain-PyTorch reference,
-    ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``, gives the same lists wherever
-    every row keeps its own key (packed documents: a token sees itself); where one does not, the reference proves each
-    row visible from any whole granule it keeps, this kernel only from a full tile of its block, and only query-major:
-    it leaves the other query blocks' hidden tiles partial (read and masked: the same results)."""
+    then the tiles, two launches): each tile's rows one span and its keys another, and a query block's tiles skipped
+    as empty only where each of its rows keeps its own key, or (query-major) where the block has a full tile. Its
+    plain-PyTorch reference, ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``,
+    gives the same lists wherever every row keeps its own key (packed documents: a token sees itself); where one
+    does not, the reference proves each row visible from any whole granule it keeps, this kernel only from a full
+    tile of its block, and only query-major: it leaves the other query blocks' hidden tiles partial (read and
+    masked: the same results)."""
     mod = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)
     loads = plan.predicate_loads(spec)
     batched = [i for i in loads if not spec.score_tensors[i].broadcast[0]]  # the vectors of a batch row each
@@ -444,18 +431,19 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     counts = torch.empty((batch, outer, 2), dtype=torch.int32, device=device)
     classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
     arrivals = torch.empty((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
-    sees_key = torch.empty((batch, rows_blocks), dtype=torch.int8, device=device)  # (the kernels' scratch)
-    vectors = dict(M=M, N=N, ROWS=rows, COLS=cols, **score_kwargs(score_tensors, only=loads),
-                   **_summary_kwargs(spec, loads, batch, rows_blocks, cols_blocks, device))
+    # (the kernels' scratch too: a slot per vector along rows or keys, and one of the query blocks' SeesKey)
+    summaries = torch.empty((batch, codegen.tile_summary_slots(spec), 2 * torch.sym_max(rows_blocks, cols_blocks)),
+                            dtype=torch.int64, device=device)
+    vectors = dict(M=M, N=N, ROWS=rows, COLS=cols, Summaries=summaries, stride_summaries_z=summaries.stride(0),
+                   stride_summaries_slot=summaries.stride(1), **score_kwargs(score_tensors, only=loads))
     # (a config is what names a kernel's copy when Inductor traces it)
     config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
         32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
     launch(mod._tile_summaries, (triton_cdiv(torch.sym_max(rows_blocks, cols_blocks), _SUMMARY_BLOCKS), batch),
-           dict(SeesKey=sees_key, Arrivals=arrivals, stride_see_z=sees_key.stride(0), outer_blocks=outer,
-                BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
-    args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, SeesKey=sees_key,
-                stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0), stride_see_z=sees_key.stride(0),
-                STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major, **vectors)
+           dict(Arrivals=arrivals, outer_blocks=outer, BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
+    args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, stride_lists_z=lists.stride(0),
+                stride_counts_z=counts.stride(0), STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK,
+                KEY_MAJOR=key_major, **vectors)
     launch(mod._tile_classes, (outer, batch, triton_cdiv(inner, _CLASS_CHUNK * _CLASS_STEPS)), args,
            tuning.KernelConfig(rows, cols, num_warps=_CLASS_WARPS, num_stages=1))
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,

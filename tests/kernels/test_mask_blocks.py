@@ -694,7 +694,7 @@ def assert_same_lists(ours: dict, ref: dict, what=None) -> None:
 @pytest.mark.parametrize("rows, cols", [(16, 16), (32, 16), (16, 64)])
 @pytest.mark.parametrize("chunk, steps", [(None, None), (2, 1), (2, 2)])
 def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, cols, chunk, steps, monkeypatch):
-    """The generated tile-classes kernel (one launch: launch.predicate_block_args) against its plain-PyTorch reference
+    """The generated tile-classes kernels (launch.predicate_block_args) against their plain-PyTorch reference
     (the granules of the vectors' bounds, a granule a tile's keys and a row granule its rows, then mask_block_args):
     the same counts and listed blocks for documents aligned to the tiles or not, unsorted, an id coming back, lengths
     no tile divides. Besides the launcher's step of tiles and steps a program (a block's tiles all in one program at
@@ -715,6 +715,21 @@ def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, 
             assert_same_lists(ours, ref, (form, ids.shape))
             assert (ours["stride_blist_z"], ours["stride_bcount_z"]) == (ref["stride_blist_z"], ref["stride_bcount_z"])
             assert ours["BlockList"].dtype == ours["BlockCounts"].dtype == torch.int32
+
+
+@pytest.mark.parametrize("key_major", [False, True])
+@pytest.mark.parametrize("M, N", [(77, 40), (40, 77)])
+def test_the_tile_classes_kernels_list_what_the_reference_does_for_query_and_key_lengths_apart(key_major, M, N):
+    """More query blocks than key blocks and fewer (the summaries' launch covers the larger count, its SeesKey the
+    query blocks): the same lists as the reference, 16 x 16 tiles (5 and 3 blocks), documents of any length."""
+    spec = documents_spec("eager")
+    summarized = plan.mask_blocks(spec)
+    pos_k, pos_q, ids_q, ids_k = documents_tensors(ANY)
+    tensors = [pos_k[..., :N], pos_q[..., :M, :], ids_q[..., :M, :], ids_k[..., :N]]
+    ours = launch.predicate_block_args(spec, summarized, tensors, M, N, 16, 16, key_major)
+    ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, 16, 16), M, N, 16, 16, key_major,
+                                 tensors[0])
+    assert_same_lists(ours, ref, (M, N, key_major))
 
 
 def proven_skips(args: dict, keeps: torch.Tensor, rows: int, cols: int, key_major: bool) -> int:

@@ -426,10 +426,10 @@ def _documents_of_the_choice(spec: AttentionSpec, score_tensors: list) -> None:
     ordered = {nodes[arg].value for node in nodes if node.op in ORDER_COMPARISONS for arg in node.args
                if nodes[arg].op == "load"}
     for loaded in plan.predicate_loads(spec):
-        t, broadcast = score_tensors[loaded], spec.score_tensors[loaded].broadcast
-        if broadcast[2] == broadcast[3]:
+        t, axis = score_tensors[loaded], plan.vector_axis(spec.score_tensors[loaded])
+        if axis is None:
             continue
-        tokens = 2 if broadcast[3] else 3  # (read per query row: broadcast over the keys)
+        tokens = 2 if axis == "m" else 3
         shape = [1] * t.dim()
         shape[tokens] = t.shape[tokens]
         token = torch.arange(t.shape[tokens], device=t.device)

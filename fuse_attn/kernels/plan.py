@@ -326,6 +326,12 @@ def _is_predicate(program: tuple[ScoreNode, ...], index: int, tensors) -> bool:
     return all(node.op in PREDICATE_OPS or node.op in ("const", "load", "q_idx", "kv_idx") for node in nodes)
 
 
+def vector_axis(tensor) -> Optional[str]:
+    """The axis along which a predicate's integer vector (a :class:`ScoreTensor` of :func:`predicate_loads`, never
+    along both) holds its values: "m" (a value per query row), "n" (per key), or None (one value a batch row)."""
+    return "m" if not tensor.broadcast[2] else "n" if not tensor.broadcast[3] else None
+
+
 # memoized: the launchers read it for every launch of a predicate's tile classes (launch.predicate_block_args)
 @functools.lru_cache(maxsize=1024)
 def predicate_loads(spec: AttentionSpec) -> tuple[int, ...]:

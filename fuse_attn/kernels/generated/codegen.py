@@ -727,16 +727,10 @@ def _int_params(loads: Sequence[int]) -> str:
     return "".join(f"T{i}, stride_t{i}_z, stride_t{i}_h, stride_t{i}_m, stride_t{i}_n, " for i in loads)
 
 
-def _along(tensor: ScoreTensor) -> Optional[str]:
-    """The axis a predicate's vector runs along: "m" (a value per query row), "n" (per key), or None (one value a
-    batch row)."""
-    return "m" if not tensor.broadcast[2] else "n" if not tensor.broadcast[3] else None
-
-
 def _summary_slots(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> dict[int, int]:
     """The slot of each vector along rows or keys in the tile-classes kernels' ``Summaries`` (int64 [Zm, slots,
     width]: each block's min then max, ``launch.predicate_block_args`` allocates it); the last slot is SeesKey's."""
-    return {i: slot for slot, i in enumerate(i for i in loads if _along(tensors[i]))}
+    return {i: slot for slot, i in enumerate(i for i in loads if plan.vector_axis(tensors[i]))}
 
 
 def tile_summary_slots(spec: AttentionSpec) -> int:
@@ -751,7 +745,7 @@ def _bound_args(tensors: Sequence[ScoreTensor], loads: Sequence[int]) -> str:
     slots = _summary_slots(tensors, loads)
     args = []
     for i in loads:
-        along = _along(tensors[i])
+        along = plan.vector_axis(tensors[i])
         if along is None:
             args.append(f"T{i}, stride_t{i}_z, stride_t{i}_h, stride_t{i}_m, stride_t{i}_n, ")
         else:
@@ -778,7 +772,7 @@ def _predicate_function(name: str, doc: str, program: tuple[ScoreNode, ...], ten
                 "keys_lo = tl.min(keys, 1)[None, :]", "keys_hi = tl.max(keys, 1)[None, :]"]
         leaves = {"q_idx": ("rows_lo", "rows_hi"), "kv_idx": ("keys_lo", "keys_hi")}
     for i in loads:
-        along = _along(tensors[i])
+        along = plan.vector_axis(tensors[i])
         base = f"T{i} + off_z * stride_t{i}_z"
         if along == "m" and own_key:  # a value per query row
             body.append(f"t{i} = tl.load({base} + rows_read * stride_t{i}_m).to(tl.int64)")
@@ -818,7 +812,7 @@ def _summaries_function(tensors: Sequence[ScoreTensor], loads: Sequence[int]) ->
              "    rows_ok = row_blocks < tl.cdiv(M, ROWS)",
              "    keys_ok = key_blocks < tl.cdiv(N, COLS)"]
     for i, slot in _summary_slots(tensors, loads).items():
-        along = _along(tensors[i])
+        along = plan.vector_axis(tensors[i])
         blocks, at, ok = ("row_blocks", "rows", "rows_ok") if along == "m" else ("key_blocks", "keys", "keys_ok")
         cell = f"Summaries + off_z * stride_summaries_z + {slot} * stride_summaries_slot + 2 * {blocks}"
         lines += [f"    t{i} = tl.load(T{i} + off_z * stride_t{i}_z + {at} * stride_t{i}_{along}).to(tl.int64)",

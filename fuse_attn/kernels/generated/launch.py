@@ -432,14 +432,14 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
     arrivals = torch.empty((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
     # (the kernels' scratch too: a slot per vector along rows or keys, and one of the query blocks' SeesKey)
-    summaries = torch.empty((batch, codegen.tile_summary_slots(spec), 2 * torch.sym_max(rows_blocks, cols_blocks)),
-                            dtype=torch.int64, device=device)
+    blocks = torch.sym_max(rows_blocks, cols_blocks)  # (of either axis: the summaries' width and programs)
+    summaries = torch.empty((batch, codegen.tile_summary_slots(spec), 2 * blocks), dtype=torch.int64, device=device)
     vectors = dict(M=M, N=N, ROWS=rows, COLS=cols, Summaries=summaries, stride_summaries_z=summaries.stride(0),
                    stride_summaries_slot=summaries.stride(1), **score_kwargs(score_tensors, only=loads))
     # (a config is what names a kernel's copy when Inductor traces it)
     config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
         32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
-    launch(mod._tile_summaries, (triton_cdiv(torch.sym_max(rows_blocks, cols_blocks), _SUMMARY_BLOCKS), batch),
+    launch(mod._tile_summaries, (triton_cdiv(blocks, _SUMMARY_BLOCKS), batch),
            dict(Arrivals=arrivals, outer_blocks=outer, BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
     args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, stride_lists_z=lists.stride(0),
                 stride_counts_z=counts.stride(0), STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK,

@@ -148,8 +148,8 @@ def _run(target, *args, **kwargs):
 
 # The Gluon kernels are offered only for steps whose GPU work hides most of their host cost, by whether the step
 # trains. Their ops' Python launchers (an op Inductor calls, TMA descriptors, the compiled kernels' positional run:
-# common.PositionalLaunch, forward.ForwardCall) take 40-50 us a forward call of B8 H16 N1024 D64 on an H200 host
-# (cuDNN's 23-25 us), and 135-220 us a backward call (cuDNN's 69-92 us); in a compiled graph of 12 chained causal
+# positional_launch.PositionalLaunch, forward.ForwardCall) take 40-50 us a forward call of B8 H16 N1024 D64 on an H200
+# host (cuDNN's 23-25 us), and 135-220 us a backward call (cuDNN's 69-92 us); in a compiled graph of 12 chained causal
 # forwards (B8 H12 N1024 D64, 1.3e10 FLOPs each: tools/bench_host_overhead.py --chain 12) a forward took 47-94 us of
 # wall time for 42 us of GPU work over four runs on that host (the template's kernels launched from Inductor's code:
 # 51-56 us for 51-54). A forward of 2^34 FLOPs takes the GPU about twice that, which hides it. A training step of
@@ -157,9 +157,9 @@ def _run(target, *args, **kwargs):
 # Below these the Gluon kernels are not even timed. Above, their step is timed as called (host time counts where it
 # outlasts the GPU's: :meth:`_CandidateSteps.replay`): a predicate's mask adds the tile-classes kernels' launches and
 # the lists' allocations to each call, and its empty tiles cut the GPU work far below the FLOPs counted here (16
-# packed documents at N 8192, B1 H16 D128, 2^40.8 FLOPs counted: a forward+backward of 0.48 ms of GPU time took
-# 2.2 ms a call, H200). Where the compiled graph replays as a CUDA graph (:func:`replayed_as_cuda_graphs`) no
-# launcher runs on a replay, and the Gluon kernels are offered at every size.
+# packed documents at N 8192, B1 H16 D128, 2^40.8 FLOPs counted: a forward+backward of 0.50 ms of GPU time took
+# 1.35 ms a call, a forward 0.16 ms for 0.15, H200). Where the compiled graph replays as a CUDA graph
+# (:func:`replayed_as_cuda_graphs`) no launcher runs on a replay, and the Gluon kernels are offered at every size.
 GLUON_MIN_STEP_FLOPS = {False: 2**34, True: 2**37}  # by training
 # Whether the graph being rewritten replays as a CUDA graph (Inductor's ``triton.cudagraphs``, which
 # mode="reduce-overhead" and "max-autotune" turn on): set by the backend around its rewrite.

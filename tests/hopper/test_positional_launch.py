@@ -1,8 +1,9 @@
-"""The Gluon ops' launcher (fuse_attn/kernels/hopper/common.py: PositionalLaunch, tma_descriptor): after the first
-call of a specialization, a call is the compiled kernel's positional ``run``; whatever Triton specializes a kernel on
-(a constexpr's value, an int's class, a tensor's dtype or alignment, a descriptor's block, the options, the device)
-takes Triton's own launch again. A fake kernel stands in for Triton's (no GPU needed); the GPU tests run the real
-kernels through it (test_hopper_forward.py, test_hopper_backward.py)."""
+"""The launcher of the Gluon ops and of the generated kernels launched eagerly (fuse_attn/kernels/positional_launch.py:
+PositionalLaunch; the descriptors: hopper/common.py tma_descriptor): after the first call of a specialization, a call
+is the compiled kernel's positional ``run``; whatever Triton specializes a kernel on (a constexpr's value, an int's
+class, a tensor's dtype or alignment, a descriptor's block, the options, the device) takes Triton's own launch again.
+A fake kernel stands in for Triton's (no GPU needed); the GPU tests run the real kernels through it
+(test_hopper_forward.py, test_hopper_backward.py, test_hopper_packed_documents.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import types
 import pytest
 import torch
 
+from fuse_attn.kernels import positional_launch
 from fuse_attn.kernels.hopper import common
-from fuse_attn.kernels.hopper.common import PositionalLaunch, tma_descriptor
+from fuse_attn.kernels.hopper.common import tma_descriptor
+from fuse_attn.kernels.positional_launch import PositionalLaunch
 
 
 class FakeCompiled:
@@ -114,7 +117,7 @@ def test_options_and_the_device_are_part_of_the_key(gpu, monkeypatch):
 def test_with_launch_hooks_or_before_cuda_is_initialized_every_call_takes_tritons_launch(gpu, monkeypatch):
     kernel = FakeKernel()
     launch = PositionalLaunch(kernel)
-    hooks = common.knobs.runtime.launch_enter_hook  # (a chain of hooks, empty by default)
+    hooks = positional_launch.knobs.runtime.launch_enter_hook  # (a chain of hooks, empty by default)
     hooks.add(print)
     try:
         launch((1,), *args())
@@ -126,6 +129,23 @@ def test_with_launch_hooks_or_before_cuda_is_initialized_every_call_takes_triton
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     launch((1,), *args())
     assert len(kernel.jit) == 4 and len(kernel.runs) == 1
+
+
+def test_a_generated_kernel_launched_eagerly_runs_positionally_from_its_second_call(gpu):
+    """generated.launch.launch, outside a trace (the Gluon ops' tile classes): the kernel's arguments by name, in its
+    parameters' order, through one PositionalLaunch a kernel."""
+    from fuse_attn.kernels import tuning
+    from fuse_attn.kernels.generated import launch
+
+    kernel = FakeKernel()
+    kernel.arg_names = ["desc", "ptr", "n", "scale", "flag", "BLOCK"]
+    first, second = (dict(zip(reversed(kernel.arg_names), reversed(a))) for a in (args(), args()))
+    config = tuning.KernelConfig(64, 64, num_warps=1, num_stages=1)
+    launch.launch(kernel, (3, 2), first, config)
+    launch.launch(kernel, (3, 2), second, config)
+    assert [(grid, options) for grid, _, options in kernel.jit] == [((3, 2), {"num_warps": 1, "num_stages": 1})]
+    (run,) = kernel.runs
+    assert run[:3] == (3, 2, 1) and run[9:] == tuple(second[name] for name in kernel.arg_names)
 
 
 def test_a_descriptor_reads_the_tensor_it_is_given_with_the_layout_validated_once():

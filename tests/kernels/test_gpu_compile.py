@@ -492,6 +492,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     its four integer vectors, no causal mask but the predicate's (the tile lists, which the tile-classes kernel's own
     test compiles, stand-ins of zeros)."""
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
+    from fuse_attn.kernels.positional_launch import PositionalLaunch
 
     head_dim, causal, group, dtype, case_rows = {**HOPPER_CASES, **FORWARD_ONLY_CASES}[name]
     head_dim_v = dict(hopper_common.HEAD_DIMS)[head_dim]
@@ -528,17 +529,18 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     with pytest.MonkeyPatch.context() as monkeypatch:
         for kernel_name in launched:  # (each launched through its module's PositionalLaunch)
             launcher, = (obj for obj in vars(module).values()
-                         if isinstance(obj, hopper_common.PositionalLaunch) and obj.kernel is getattr(module, kernel_name))
+                         if isinstance(obj, PositionalLaunch) and obj.kernel is getattr(module, kernel_name))
             monkeypatch.setattr(launcher, "kernel", Recorded(kernel_name))
         if sms is not None:
             monkeypatch.setattr(hopper_common, "sm_count", lambda device: sms)  # (both rules: fills_at_most)
 
-        def zero_lists(spec, summarized, vectors, M, N, rows, cols, key_major):
-            outer, inner = (-(-N // cols), -(-M // rows))[::1 if key_major else -1]
-            return dict(BlockList=torch.zeros(2, outer, inner, dtype=torch.int32), stride_blist_z=outer * inner,
-                        BlockCounts=torch.zeros(2, outer, 2, dtype=torch.int32), stride_bcount_z=outer * 2)
+        def zero_lists(tile_classes, vectors):
+            lists, counts = (torch.zeros(shape, dtype=torch.int32) for shape in (tile_classes.lists_shape,
+                                                                                 tile_classes.counts_shape))
+            return dict(BlockList=lists, stride_blist_z=lists.stride(0), BlockCounts=counts,
+                        stride_bcount_z=counts.stride(0))
 
-        monkeypatch.setattr(module, "predicate_block_args", zero_lists)
+        monkeypatch.setattr(launch.TileClasses, "__call__", zero_lists)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor, vectors)
         else:

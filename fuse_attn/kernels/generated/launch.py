@@ -37,6 +37,7 @@ from fuse_attn.score_program import MASKING_FILL_LIMIT, subprogram
 from fuse_attn.spec import AttentionSpec
 from fuse_attn.kernels import compile_workers, tuning
 from fuse_attn.kernels.generated import access_analysis, codegen
+from fuse_attn.kernels.positional_launch import PositionalLaunch
 
 log = logging.getLogger("fuse_attn.kernels")
 
@@ -124,7 +125,19 @@ def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] =
     elif _tracing():
         torch.library.wrap_triton(access_analysis.remember(_kernel_of_config(kernel, cfg)))[grid](**args, **options)
     else:
-        kernel[grid](*[args[name] for name in kernel.arg_names], **options)
+        _positional(kernel)(grid, *[args[name] for name in kernel.arg_names], **options)
+
+
+# Each kernel launched eagerly, with its launcher: a kernel launched again with a specialization it ran runs its
+# compiled kernel positionally (the Gluon ops' classification of a packed-documents mask makes two launches a call).
+_POSITIONAL: dict = {}
+
+
+def _positional(kernel) -> PositionalLaunch:
+    launcher = _POSITIONAL.get(id(kernel))
+    if launcher is None:  # (the launcher holds the kernel: its id names no other while it is here)
+        launcher = _POSITIONAL[id(kernel)] = PositionalLaunch(kernel)
+    return launcher
 
 
 # ---- arguments -------------------------------------------------------------------------------------------------------
@@ -420,34 +433,57 @@ def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score
     does not, the reference proves each row visible from any whole granule it keeps, this kernel only from a full
     tile of its block, and only query-major: it leaves the other query blocks' hidden tiles partial (read and
     masked: the same results)."""
-    mod = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)
-    loads = plan.predicate_loads(spec)
-    batched = [i for i in loads if not spec.score_tensors[i].broadcast[0]]  # the vectors of a batch row each
-    batch = score_tensors[batched[0]].shape[0] if batched else 1
-    rows_blocks, cols_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
-    outer, inner = (cols_blocks, rows_blocks) if key_major else (rows_blocks, cols_blocks)
-    device = score_tensors[loads[0]].device
-    lists = torch.empty((batch, outer, inner), dtype=torch.int32, device=device)
-    counts = torch.empty((batch, outer, 2), dtype=torch.int32, device=device)
-    classes = torch.empty((batch, outer, inner), dtype=torch.int8, device=device)  # (the kernel's scratch)
-    arrivals = torch.empty((batch, outer), dtype=torch.int32, device=device)  # (its scratch too)
-    # (the kernels' scratch too: a slot per vector along rows or keys, and one of the query blocks' SeesKey)
-    blocks = torch.sym_max(rows_blocks, cols_blocks)  # (of either axis: the summaries' width and programs)
-    summaries = torch.empty((batch, codegen.tile_summary_slots(spec), 2 * blocks), dtype=torch.int64, device=device)
-    vectors = dict(M=M, N=N, ROWS=rows, COLS=cols, Summaries=summaries, stride_summaries_z=summaries.stride(0),
-                   stride_summaries_slot=summaries.stride(1), **score_kwargs(score_tensors, only=loads))
-    # (a config is what names a kernel's copy when Inductor traces it)
-    config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
-        32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
-    launch(mod._tile_summaries, (triton_cdiv(blocks, _SUMMARY_BLOCKS), batch),
-           dict(Arrivals=arrivals, outer_blocks=outer, BLOCKS=_SUMMARY_BLOCKS, **vectors), config)
-    args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, stride_lists_z=lists.stride(0),
-                stride_counts_z=counts.stride(0), STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK, LIST_CHUNK=_LIST_CHUNK,
-                KEY_MAJOR=key_major, **vectors)
-    launch(mod._tile_classes, (outer, batch, triton_cdiv(inner, _CLASS_CHUNK * _CLASS_STEPS)), args,
-           tuning.KernelConfig(rows, cols, num_warps=_CLASS_WARPS, num_stages=1))
-    return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
-                stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
+    return TileClasses(spec, score_tensors, M, N, rows, cols, key_major)(score_tensors)
+
+
+class TileClasses:
+    """:func:`predicate_block_args` of one call signature -- a spec, its vectors' shapes, strides and dtypes, the
+    lengths, the tile and its order -- with what every call repeats worked out once: the generated module, the
+    grids, the sizes, the launch configs. A call allocates the lists and the kernels' scratch and makes the two
+    launches (eagerly, each a compiled kernel's positional run once its specialization ran: :func:`launch`). The Gluon
+    ops keep one in the call of each signature they meet (:class:`.hopper.forward.ForwardCall`,
+    :class:`.hopper.backward.BackwardCall`)."""
+
+    def __init__(self, spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, rows: int, cols: int,
+                 key_major: bool):
+        self.module = codegen.load_module(spec, codegen.TILE_CLASSES_TEMPLATE_NAME)
+        self.loads = plan.predicate_loads(spec)
+        batched = [i for i in self.loads if not spec.score_tensors[i].broadcast[0]]  # the vectors of a batch row each
+        self.batched = bool(batched)
+        batch = score_tensors[batched[0]].shape[0] if batched else 1
+        rows_blocks, cols_blocks = triton_cdiv(M, rows), triton_cdiv(N, cols)
+        outer, inner = (cols_blocks, rows_blocks) if key_major else (rows_blocks, cols_blocks)
+        self.lists_shape, self.counts_shape = (batch, outer, inner), (batch, outer, 2)
+        self.arrivals_shape = (batch, outer)
+        blocks = torch.sym_max(rows_blocks, cols_blocks)  # (of either axis: the summaries' width and programs)
+        # (the kernels' scratch too: a slot per vector along rows or keys, and one of the query blocks' SeesKey)
+        self.summaries_shape = (batch, codegen.tile_summary_slots(spec), 2 * blocks)
+        self.sizes = dict(M=M, N=N, ROWS=rows, COLS=cols)
+        self.summaries_grid = (triton_cdiv(blocks, _SUMMARY_BLOCKS), batch)
+        self.classes_grid = (outer, batch, triton_cdiv(inner, _CLASS_CHUNK * _CLASS_STEPS))
+        self.constants = dict(outer_blocks=outer, BLOCKS=_SUMMARY_BLOCKS, STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK,
+                              LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major)
+        # (a config is what names a kernel's copy when Inductor traces it)
+        self.summaries_config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
+            32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
+        self.classes_config = tuning.KernelConfig(rows, cols, num_warps=_CLASS_WARPS, num_stages=1)
+
+    def __call__(self, score_tensors: Sequence[Tensor]) -> dict:
+        device = score_tensors[self.loads[0]].device
+        lists = torch.empty(self.lists_shape, dtype=torch.int32, device=device)
+        counts = torch.empty(self.counts_shape, dtype=torch.int32, device=device)
+        classes = torch.empty(self.lists_shape, dtype=torch.int8, device=device)  # (the kernels' scratch)
+        arrivals = torch.empty(self.arrivals_shape, dtype=torch.int32, device=device)  # (their scratch too)
+        summaries = torch.empty(self.summaries_shape, dtype=torch.int64, device=device)
+        args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, Summaries=summaries,
+                    stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0),
+                    stride_summaries_z=summaries.stride(0), stride_summaries_slot=summaries.stride(1), **self.sizes,
+                    **self.constants, **score_kwargs(score_tensors, only=self.loads))
+        for kernel, grid, config in ((self.module._tile_summaries, self.summaries_grid, self.summaries_config),
+                                     (self.module._tile_classes, self.classes_grid, self.classes_config)):
+            launch(kernel, grid, {name: args[name] for name in kernel.arg_names}, config)
+        return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if self.batched else 0,
+                    stride_bcount_z=counts.stride(0) if self.batched else 0, MASK_BLOCKS=True)
 
 
 class _MaskBlocks:

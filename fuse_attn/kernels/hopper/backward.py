@@ -54,9 +54,9 @@ from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
-from fuse_attn.kernels import ops, plan
-from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, predicate_block_args
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+from fuse_attn.kernels import ops
+from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head,
                                              bias_tma_head, bias_tma_view, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
                                              fills_at_most, head_dim_part, in_place_fields, listed_tiles, log2_units,
@@ -64,6 +64,7 @@ from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, b
                                              scores_over_parts, shared_memory_for_tiles,
                                              tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
                                              with_base)
+from fuse_attn.kernels.positional_launch import PositionalLaunch
 from fuse_attn.spec import AttentionSpec
 
 # A barrier of the partition's threads: gl.barrier in Triton 3.9, gl.thread_barrier in 3.6 (the GPU machine's)
@@ -644,8 +645,7 @@ class BackwardCall:
         # (no row of plain attention is empty: one kernel for both)
         self.zero_empty_rows = (bias is not None or bool(vectors)) and spec.empty_rows == "zero"
         # a predicate's mask (MASK_BLOCKS): each call lists every key tile's query tiles
-        self.spec = spec
-        self.mask_blocks = plan.mask_blocks(spec) if vectors else None
+        self.tile_classes = TileClasses(spec, vectors, M, N, block_m, block_n, key_major=True) if vectors else None
         programs = score_program_functions(spec) if vectors else (None, None)
         # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
         self.flag_nan_rows = bias is not None and causal
@@ -709,9 +709,8 @@ class BackwardCall:
             dbias = torch.empty(bias.shape, dtype=bias.dtype, device=bias.device)
         bias_or_lse = lse if bias is None else bias  # (no bias: lse stands in for it)
         lists, counts, stride_lists_z, stride_counts_z = lse, lse, 0, 0  # (no mask blocks: lse stands in, not read)
-        if self.mask_blocks is not None:
-            listed = predicate_block_args(self.spec, self.mask_blocks, vectors, M, N, self.block_m, self.block_n,
-                                          key_major=True)
+        if self.tile_classes is not None:
+            listed = self.tile_classes(vectors)
             lists, counts = listed["BlockList"], listed["BlockCounts"]
             stride_lists_z, stride_counts_z = listed["stride_blist_z"], listed["stride_bcount_z"]
         for kv_head0, kv_heads, grid, paired in self.chunks:

@@ -42,8 +42,8 @@ It is one candidate of the compile-time choice (:mod:`fuse_attn.kernels.dispatch
 the generated template (and SDPA's kernels where allowed). Inductor cannot launch Gluon kernels from its output code
 (torch 2.11-2.13: user kernels must be ``triton.jit`` and their descriptors Triton's), so this op is opaque to it: a
 library op whose Python launcher runs on every call, launching the compiled kernel positionally
-(:class:`.common.PositionalLaunch`; its host cost: docs/performance.md). On CPU tensors it runs the generated
-forward (the interpreter or the blockwise path), so its wiring is testable without a GPU.
+(:class:`..positional_launch.PositionalLaunch`; its host cost: docs/performance.md). On CPU tensors it runs the
+generated forward (the interpreter or the blockwise path), so its wiring is testable without a GPU.
 """
 
 from __future__ import annotations
@@ -59,16 +59,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                              warpgroup_mma_wait)
 
-from fuse_attn.kernels import ops, plan
-from fuse_attn.kernels.generated.launch import (batch_rows_innermost, broadcast_strides, empty_outputs,
-                                                predicate_block_args)
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, PositionalLaunch, batch_and_head, bias_of_head,
+from fuse_attn.kernels import ops
+from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides, empty_outputs
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head,
                                              bias_tma_head, bias_tma_view, checked_call, ctas_at_once, dense_fields,
                                              described, dscore_kv_heads, fills_at_most, head_dim_part,
                                              in_place_fields, listed_tiles, log2_units, op_score_tensors, parsed_spec,
                                              reinterpret_shared, score_program_functions, scores_over_parts,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_load_parts,
                                              tma_store, vector_slots, with_base)
+from fuse_attn.kernels.positional_launch import PositionalLaunch
 from fuse_attn.spec import AttentionSpec
 
 # Per head dim of q and k: (rows per consumer warpgroup, key tile, ring stages, consumer warpgroups), the fastest of a
@@ -758,8 +758,8 @@ class ForwardCall:
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
                                    bias_view is not None, q.device, ctas_at_once(q.device), bool(vectors))
         # a predicate's mask (MASK_BLOCKS): each call lists the tiles of every query block of the CTA's rows
-        self.spec, self.block_rows, self.block_n = spec, consumers * block_m, block_n
-        self.mask_blocks = plan.mask_blocks(spec) if vectors else None
+        self.tile_classes = (TileClasses(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
+                             if vectors else None)
         program = score_program_functions(spec)[0] if vectors else None
         self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
         part_d = head_dim_part(D)
@@ -782,9 +782,8 @@ class ForwardCall:
         out = torch.empty(self.out_shape, dtype=q.dtype, device=q.device)
         lse = torch.empty(self.lse_shape, dtype=torch.float32, device=q.device)
         lists, counts, stride_lists_z, stride_counts_z = lse, lse, 0, 0  # (no mask blocks: lse stands in, not read)
-        if self.mask_blocks is not None:
-            listed = predicate_block_args(self.spec, self.mask_blocks, vectors, q.shape[2], k.shape[2],
-                                          self.block_rows, self.block_n, key_major=False)
+        if self.tile_classes is not None:
+            listed = self.tile_classes(vectors)
             lists, counts = listed["BlockList"], listed["BlockCounts"]
             stride_lists_z, stride_counts_z = listed["stride_blist_z"], listed["stride_bcount_z"]
         q_desc, k_desc, v_desc = (described(t, fields, *tile) for t, fields, tile in zip((q, k, v), self.fields,

@@ -6,9 +6,9 @@ on random inputs of its (hinted) sizes, strides and dtype -- the forward alone i
 when the graph is trained -- and keeps the fastest, as ``max-autotune`` chooses between ATen and Triton templates.
 Each candidate's step is recorded once as a CUDA graph and its replay is timed, so only GPU time counts (the host
 cost of calling our op outside a compiled graph is not the compiled graph's) -- but for the Gluon kernels, whose op
-runs its Python launcher in the compiled graph too: their step is timed as called, back to back -- the ops the
-compiled graph calls, without autograd's engine (:meth:`_CandidateSteps._gluon_step`) -- so a step whose host work
-outlasts its kernels counts the host's time (on a replayed CUDA graph, no launcher runs: the replay is timed). The choice persists per GPU and shape with the launch configs (:mod:`.tuning`, key kinds ``impl_fwd`` /
+runs its Python launcher in the compiled graph too: their step is timed as called, back to back, so a step whose
+host work outlasts its kernels counts the host's time (on a replayed CUDA graph, no launcher runs: the replay is
+timed). The choice persists per GPU and shape with the launch configs (:mod:`.tuning`, key kinds ``impl_fwd`` /
 ``impl_train``); the attention's verdict line names it (:meth:`ImplementationChoice.text`). ``explain()``, which
 matches without compiling, makes no choice.
 
@@ -336,11 +336,6 @@ class _CandidateSteps:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
 
     def _step(self, name: str) -> Callable[[], None]:
-        if name == GLUON:
-            gluon = self._gluon_step()
-            if gluon is not None:
-                return gluon
-
         def forward():
             if name == TRITON:
                 return ops.flash_attention(self.q, self.k, self.v, self.spec, self.score_tensors, self.dropout_seed)
@@ -357,30 +352,6 @@ class _CandidateSteps:
                 if self.training:
                     inputs = [self.q, self.k, self.v] + [t for t in self.score_tensors if t.requires_grad]
                     torch.autograd.grad(out, inputs, self.dout)
-
-        return step
-
-    def _gluon_step(self) -> Optional[Callable[[], None]]:
-        """The Gluon kernels' step as a compiled graph calls their ops: the forward's twin without an autograd formula
-        (``backend.PostGradPass``), then the backward op; not through autograd's engine and the forward op's formula,
-        whose host time a compiled graph does not pay a call (AOTAutograd's own, which it pays, is every candidate's).
-        None where the op's formula would not call the Gluon backward (CPU tensors, whose op runs the template's
-        paths; a bias gradient it leaves to the template's backward: :func:`.hopper.common.dscore_kv_heads`): that
-        step runs through autograd."""
-        from fuse_attn.kernels.hopper.common import dscore_kv_heads
-
-        bias, vectors = gluon_score_operands(self.spec, self.score_tensors)
-        bias_grad = self.training and bias is not None and bias.requires_grad
-        if self.q.device.type != "cuda" or bias_grad and not dscore_kv_heads(self.q, self.k, bias):
-            return None
-        spec, ops_ = self.spec.to_json(), torch.ops.fuse_attn
-
-        def step():
-            with torch.no_grad():
-                out, lse = ops_.flash_attention_hopper_no_autograd(self.q, self.k, self.v, spec, bias, vectors)
-                if self.training:
-                    ops_.flash_attention_hopper_backward(self.dout, self.q, self.k, self.v, out, lse, spec, None, bias,
-                                                         bias_grad, vectors)
 
         return step
 

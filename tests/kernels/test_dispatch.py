@@ -625,29 +625,6 @@ def test_a_trained_step_where_v_is_narrower_than_q_takes_the_outputs_gradient(mo
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm90 GPU (H100 / H200)")
-@pytest.mark.parametrize("training", [False, True])
-def test_the_gluon_step_calls_the_ops_a_compiled_graph_calls(training, monkeypatch):
-    """The Gluon kernels' timed step (as called: their host time counts) calls what a compiled graph calls -- the
-    forward's twin without an autograd formula, then the backward op with the step's dO -- and never autograd."""
-    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask())
-    q, k, v = (torch.randn(1, 2, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    steps = dispatch._CandidateSteps(spec, q, k, v, training)
-    called = []
-    for name in ("flash_attention_hopper", "flash_attention_hopper_no_autograd", "flash_attention_hopper_backward"):
-        op = getattr(torch.ops.fuse_attn, name)
-        monkeypatch.setattr(torch.ops.fuse_attn, name,
-                            lambda *args, op=op, name=name: called.append((name, args)) or op(*args))
-    monkeypatch.setattr(torch.autograd, "grad", lambda *args, **kwargs: pytest.fail("autograd ran"))
-    steps._step(GLUON)()
-    assert [name for name, _ in called] == ["flash_attention_hopper_no_autograd"] + (
-        ["flash_attention_hopper_backward"] if training else [])
-    if training:
-        dout, bq, bk, bv = called[1][1][:4]
-        assert dout is steps.dout and (bq, bk, bv) == (steps.q, steps.k, steps.v)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                    reason="needs an sm90 GPU (H100 / H200)")
 def test_the_implementation_choice_compiles_every_candidates_kernels_before_timing_any(tmp_path, monkeypatch, caplog):
     """A trained choice among the template (untuned) and the Gluon kernels: both candidates' kernels compile in one
     batch before either step is timed, and recording the steps compiles nothing more."""

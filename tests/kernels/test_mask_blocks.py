@@ -732,6 +732,21 @@ def test_the_tile_classes_kernels_list_what_the_reference_does_for_query_and_key
     assert_same_lists(ours, ref, (M, N, key_major))
 
 
+@pytest.mark.parametrize("key_major", [False, True])
+def test_a_prepared_tile_classification_lists_each_calls_own_documents(key_major):
+    """launch.TileClasses, prepared once for a signature as the Gluon ops keep it: each call classifies the vectors it
+    is given, into lists of its own (a call's lists stay as they were after the next call)."""
+    spec = documents_spec("eager")
+    prepared = launch.TileClasses(spec, documents_tensors(ALIGNED), 80, 80, 16, 32, key_major)
+    calls = [(ids, prepared(documents_tensors(ids))) for ids in (ALIGNED, ANY, ALIGNED)]
+    for ids, ours in calls:
+        tensors = documents_tensors(ids)
+        ref = launch.mask_block_args(launch.mask_granules(spec, tensors, 80, 80, 32, 16), 80, 80, 16, 32, key_major,
+                                     tensors[0])
+        assert_same_lists(ours, ref, (ids[0, :8].tolist(), key_major))
+    assert calls[0][1]["BlockList"] is not calls[2][1]["BlockList"]
+
+
 def proven_skips(args: dict, keeps: torch.Tensor, rows: int, cols: int, key_major: bool) -> int:
     """Hold block lists to the mask written out (``keeps``, [Z, M, N]): each unlisted tile hides every entry and each
     row of its query block sees a key; each tile of the first run keeps every entry and the run is consecutive.

@@ -115,9 +115,11 @@ def _kernel_of_config(kernel, cfg: Optional[tuning.KernelConfig]):
 
 
 def launch(kernel, grid: tuple, args: dict, cfg: Optional[tuning.KernelConfig] = None, warmup: bool = False) -> None:
-    """Run ``kernel`` on ``grid`` with ``args`` (every parameter, constexprs included) and cfg's warps and stages;
-    ``warmup``: compile it only (the tuner compiles candidates concurrently before timing them), as every launch
-    inside :func:`compile_workers.compile_launches_only`."""
+    """Run ``kernel`` on ``grid`` with ``args`` (every parameter, constexprs included) and cfg's warps and stages:
+    recorded for Inductor while traced (``wrap_triton``), else launched through the kernel's
+    :class:`PositionalLaunch` (a specialization it ran before: its compiled kernel's positional run). ``warmup``:
+    compile it only (the tuner compiles candidates concurrently before timing them), as every launch inside
+    :func:`compile_workers.compile_launches_only`."""
     options = {} if cfg is None else dict(num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if warmup or compile_workers.launches_compile_only():
         if not compile_workers.collect(kernel, grid, args, options):

@@ -446,9 +446,11 @@ def _looks_up_a_few_row_table(gm: fx.GraphModule) -> bool:
 
 
 def _any_attention_candidate(nodes) -> bool:
-    """Whether a softmax is among Dynamo's ``nodes``. Dynamo keeps some functions whole
-    (``F.multi_head_attention_forward``), so a call named after attention counts too."""
-    return any(_is_softmax_call(node) or (node.op == "call_function" and "attention" in str(node.target).lower())
+    """Whether a softmax is among Dynamo's ``nodes``, or a ``logsumexp`` (a softmax spelled ``exp(s - logsumexp(s))``:
+    :mod:`fuse_attn.graph.logsumexp_forms`). Dynamo keeps some functions whole (``F.multi_head_attention_forward``),
+    so a call named after attention counts too."""
+    return any(_is_softmax_call(node) or (node.op in ("call_function", "call_method") and "logsumexp" in str(
+        node.target).lower()) or (node.op == "call_function" and "attention" in str(node.target).lower())
                for node in nodes)
 
 

@@ -20,12 +20,15 @@ from tests.support.graph_capture import fused_graph, unfused_verdicts
 
 class SinkAttention(nn.Module):
     """gpt-oss's eager attention on [B, H, N, D] inputs: scaled scores, an optional causal window (as a float mask
-    added to the scores), the sink column, the row max subtracted, softmax, the column dropped, ``@ v``."""
+    added to the scores), the sink column, the row max subtracted, softmax, the column dropped, ``@ v``. ``spelling``
+    "logsumexp": the weights ``exp(s - logsumexp(cat([s, sink])))``; "logaddexp": ``exp(s - logaddexp(logsumexp(s),
+    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.logsumexp_forms)."""
 
-    def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False):
+    def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False,
+                 spelling: str = "softmax"):
         super().__init__()
         self.sinks = nn.Parameter(torch.randn(heads, generator=torch.Generator().manual_seed(7)))
-        self.causal, self.window, self.amax = causal, window, amax
+        self.causal, self.window, self.amax, self.spelling = causal, window, amax, spelling
 
     def forward(self, q, k, v):
         w = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
@@ -34,8 +37,13 @@ class SinkAttention(nn.Module):
             i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
             keep = (j <= i) if self.window is None else (j <= i) & (j > i - self.window)
             w = w + torch.where(keep, 0.0, float("-inf"))
+        if self.spelling == "logaddexp":
+            p = torch.exp(w - torch.logaddexp(torch.logsumexp(w, -1, keepdim=True), self.sinks.reshape(1, -1, 1, 1)))
+            return torch.matmul(p.to(v.dtype), v)
         sinks = self.sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
         c = torch.cat([w, sinks], dim=-1)
+        if self.spelling == "logsumexp":
+            return torch.matmul(torch.exp(w - torch.logsumexp(c, -1, keepdim=True)).to(v.dtype), v)
         c = c - (c.amax(dim=-1, keepdim=True) if self.amax else c.max(dim=-1, keepdim=True).values)
         p = F.softmax(c, dim=-1, dtype=c.dtype)[..., :-1]
         return torch.matmul(p.to(v.dtype), v)
@@ -104,12 +112,15 @@ GRAD_DRAWS = 4
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("form, M, N, D", [("causal", 1, 1, 16), ("causal", 17, 17, 16), ("causal", 97, 97, 80),
                                             ("plain", 17, 17, 16), ("window", 17, 17, 16), ("amax", 17, 17, 16),
-                                            ("plain", 1, 300, 16)])  # (the last: one query, a long key range)
+                                            ("plain", 1, 300, 16),  # (one query, a long key range)
+                                            ("logsumexp", 17, 17, 16), ("logaddexp", 97, 97, 80),
+                                            ("logaddexp causal", 17, 17, 16)])
 def test_sinks_match_fp64_with_gradients(form, M, N, D, dtype):
     """Output and the gradients of q, k, v and the sinks against fp64: our mean error over GRAD_DRAWS draws <= 2x
-    eager's in the same dtype + the floor."""
-    module = SinkAttention(3, causal=form in ("causal", "window"), window=4 if form == "window" else None,
-                           amax=form == "amax")
+    eager's in the same dtype + the floor. The sink spelled with logsumexp too."""
+    module = SinkAttention(3, causal=form in ("causal", "window", "logaddexp causal"),
+                           window=4 if form == "window" else None, amax=form == "amax",
+                           spelling=form.split()[0] if form.startswith("log") else "softmax")
     inputs = qkv(M=M, N=N, D=D)
     torch._dynamo.reset()
     compiled_module = copy.deepcopy(module).to(dtype)

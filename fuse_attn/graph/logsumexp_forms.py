@@ -25,7 +25,8 @@ import torch
 import torch.fx as fx
 
 from fuse_attn.graph.matching import weights_meet_a_product
-from fuse_attn.graph.nodes import CONTRACTION_OPS, aten, erase_dead_nodes, same_shape, target_of, val
+from fuse_attn.graph.nodes import (CONTRACTION_OPS, aten, erase_dead_nodes, logsumexp_over_keys, same_shape,
+                                  target_of, val)
 
 
 @dataclass
@@ -59,15 +60,8 @@ def _query_operand(scores: fx.Node, budget: int = 32) -> Optional[fx.Node]:
 
 
 def _logsumexp_input(node) -> Optional[fx.Node]:
-    """``y`` where ``node`` is ``logsumexp(y, [-1], keepdim=True)`` (the last dim, kept) used once, else None."""
-    if not isinstance(node, fx.Node) or target_of(node) != aten.logsumexp.default or len(node.users) != 1:
-        return None
-    y, dims = node.args[0], node.args[1]
-    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
-    rank = val(y).dim() if isinstance(y, fx.Node) and val(y) is not None else None
-    if rank is None or not keepdim or len(dims) != 1 or dims[0] % rank != rank - 1:
-        return None
-    return y
+    """``y`` where ``node`` is ``logsumexp(y, [-1], keepdim=True)`` used once, else None."""
+    return logsumexp_over_keys(node) if isinstance(node, fx.Node) and len(node.users) == 1 else None
 
 
 def _column(node, like) -> bool:

@@ -15,7 +15,9 @@ Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head
 Attention sinks (gpt-oss): the scores joined to one more column of logits (``cat([s, sink], -1)``), optionally
 shifted by their row max (a no-op for the softmax), the softmax taken and the column dropped (``p[..., :-1]``). The
 column stays outside the spec: the weights over the keys are the plain softmax's times ``sigmoid(lse - sink)`` (the
-sink's share of the denominator), which the rewrite applies to the fused op's output with its lse.
+sink's share of the denominator), which the rewrite applies to the fused op's output with its lse. The softmax
+input's ``logsumexp`` over the keys, read besides the softmax (FlexAttention's form of a sink: ``(softmax(s) @ v) *
+sigmoid(logsumexp(s) - sink)``), is served by the fused op's lse too.
 
 Whatever cannot be proven equivalent raises :class:`NotFused` with the reason; the caller records it.
 The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an ``AttentionSpec``.
@@ -43,6 +45,7 @@ from fuse_attn.graph.nodes import (
     aten,
     cast_dtype,
     is_static,
+    logsumexp_over_keys,
     op_name,
     runtime_scalar,
     same_shape,
@@ -97,6 +100,8 @@ class AttentionMatch:
     matched_nodes: list[fx.Node]
     # attention sinks: the extra logit column [*qk_batch, M, 1] joined to the scores (see the module docstring)
     sink_column: Optional[fx.Node] = None
+    # the scores' logsumexp over the keys, read besides the softmax (the module docstring): served by the op's lse
+    scores_logsumexp: Optional[fx.Node] = None
 
 
 @dataclass
@@ -369,13 +374,22 @@ def attention_sink(softmax: fx.Node) -> Optional[AttentionSink]:
     return AttentionSink(scores, column, c, sliced, [c, *nodes])
 
 
+def _logsumexp_beside(softmax: fx.Node) -> Optional[fx.Node]:
+    """The softmax input's ``logsumexp`` over the keys (kept) where it is the input's one other reader, else None."""
+    x = softmax.args[0]
+    others = [u for u in x.users if u is not softmax] if isinstance(x, fx.Node) else []
+    return others[0] if len(others) == 1 and logsumexp_over_keys(others[0]) is x else None
+
+
 def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     if not softmax_dim_is_last(softmax):
         raise NotFused("the softmax is not over the last dim", softmax)
     evaluate = ConstantEvaluator(ctx)
     sink = attention_sink(softmax)
+    scores_logsumexp = None
     if sink is None:
-        qk, path, path_nodes = walk_score_path(softmax, _is_qk_product)
+        scores_logsumexp = _logsumexp_beside(softmax)
+        qk, path, path_nodes = walk_score_path(softmax, _is_qk_product, also_read_by=scores_logsumexp)
         pv, weight_chain, dropout_p = _walk_to_pv(softmax)
     else:
         # (a column computed from the scores makes them used twice, which the walk refuses)
@@ -494,6 +508,7 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
         spec=spec,
         matched_nodes=[qk, *path_nodes, *weight_chain, pv],
         sink_column=sink.column if sink is not None else None,
+        scores_logsumexp=scores_logsumexp,
     )
 
 

@@ -217,7 +217,7 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
         return _ring_call(match, emit, q4, k4, v4, tensors, context_parallel)
     choice = dispatch.choose_implementation(match.spec, val(q4), val(k4), val(v4), training, [val(t) for t in tensors],
                                             [use.node in needing_grad for use in match.tensors],
-                                            lse_used=match.sink_column is not None)
+                                            lse_used=match.sink_column is not None or match.scores_logsumexp is not None)
     if choice.is_sdpa:
         out = dispatch.sdpa_attention(emit, choice.name, q4, k4, v4, match.spec, training)
         return _restored_output(match, emit, out), choice
@@ -231,7 +231,34 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
     out = emit(operator.getitem, fused, 0)
     if match.sink_column is not None:
         out = _sink_share_applied(match, emit, out, emit(operator.getitem, fused, 1))
+    if match.scores_logsumexp is not None:
+        _logsumexp_served(match, emit, emit(operator.getitem, fused, 1))
     return _restored_output(match, emit, out), choice
+
+
+def _logsumexp_served(match: AttentionMatch, emit: _Emitter, lse: fx.Node) -> None:
+    """The graph's logsumexp of the scores over the keys (``match.scores_logsumexp``, ``[*b, M, 1]``) read from the op's
+    lse ``[Z, H, M]`` (fp32) instead, in its shape and dtype; the scores then have no reader but the fused op."""
+    node = match.scores_logsumexp
+    shape = tuple(val(node).shape)
+    served = emit.from_4d(emit(aten.unsqueeze.default, lse, -1), match.batch, list(shape[-2:]))
+    served = emit(aten._to_copy.default, emit.rebatch(served, match.batch, shape[:-2], "the scores' logsumexp"),
+                  dtype=val(node).dtype)
+    node.replace_all_uses_with(served)
+    node.graph.erase_node(node)
+    # what read the logsumexp before the attention's output (FlexAttention's form computes the sink's share first) now
+    # reads the op's lse: moved after it, in their order, with whatever reads them there
+    position = {n: i for i, n in enumerate(served.graph.nodes)}
+    earlier, pending = set(), list(served.users)
+    while pending:
+        user = pending.pop()
+        if user not in earlier and position[user] < position[served]:
+            earlier.add(user)
+            pending.extend(user.users)
+    after = served
+    for user in sorted(earlier, key=position.__getitem__):
+        after.append(user)
+        after = user
 
 
 def _sink_share_applied(match: AttentionMatch, emit: _Emitter, out: fx.Node, lse: fx.Node) -> fx.Node:

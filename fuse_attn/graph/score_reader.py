@@ -254,9 +254,11 @@ class PathOp:
 
 
 def walk_score_path(softmax: fx.Node, is_product, scores: Optional[fx.Node] = None,
-                    consumer: Optional[fx.Node] = None) -> tuple[fx.Node, list[PathOp], list[fx.Node]]:
+                    consumer: Optional[fx.Node] = None,
+                    also_read_by: Optional[fx.Node] = None) -> tuple[fx.Node, list[PathOp], list[fx.Node]]:
     """From the softmax input (or ``scores``, read by ``consumer``: the scores joined to a sink column) back to the
-    product. Returns (product, path ops in forward order, path nodes)."""
+    product. ``also_read_by``: a node that reads the softmax input besides the softmax (its logsumexp, which the
+    fused op's lse serves). Returns (product, path ops in forward order, path nodes)."""
     ops: list[PathOp] = []
     path_nodes: list[fx.Node] = []
     node = softmax.args[0] if scores is None else scores
@@ -264,7 +266,7 @@ def walk_score_path(softmax: fx.Node, is_product, scores: Optional[fx.Node] = No
     while True:
         if not isinstance(node, fx.Node):
             raise NotFused("the softmax input is not a tensor node", softmax)
-        if len(node.users) != 1:
+        if len([u for u in node.users if u is not also_read_by or path_nodes]) != 1:
             others = ", ".join(u.name for u in node.users if u is not consumer)
             raise NotFused(f"the scores {node.name} are also used by {others}", node)
         if node.op != "call_function":

@@ -22,7 +22,8 @@ class SinkAttention(nn.Module):
     """gpt-oss's eager attention on [B, H, N, D] inputs: scaled scores, an optional causal window (as a float mask
     added to the scores), the sink column, the row max subtracted, softmax, the column dropped, ``@ v``. ``spelling``
     "logsumexp": the weights ``exp(s - logsumexp(cat([s, sink])))``; "logaddexp": ``exp(s - logaddexp(logsumexp(s),
-    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.logsumexp_forms)."""
+    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.logsumexp_forms); "flex": FlexAttention's form, the
+    output ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``."""
 
     def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False,
                  spelling: str = "softmax"):
@@ -37,6 +38,9 @@ class SinkAttention(nn.Module):
             i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
             keep = (j <= i) if self.window is None else (j <= i) & (j > i - self.window)
             w = w + torch.where(keep, 0.0, float("-inf"))
+        if self.spelling == "flex":
+            share = torch.sigmoid(torch.logsumexp(w, -1, keepdim=True) - self.sinks.reshape(1, -1, 1, 1))
+            return torch.matmul(F.softmax(w, dim=-1).to(v.dtype), v) * share.to(v.dtype)
         if self.spelling == "logaddexp":
             p = torch.exp(w - torch.logaddexp(torch.logsumexp(w, -1, keepdim=True), self.sinks.reshape(1, -1, 1, 1)))
             return torch.matmul(p.to(v.dtype), v)
@@ -114,13 +118,14 @@ GRAD_DRAWS = 4
                                             ("plain", 17, 17, 16), ("window", 17, 17, 16), ("amax", 17, 17, 16),
                                             ("plain", 1, 300, 16),  # (one query, a long key range)
                                             ("logsumexp", 17, 17, 16), ("logaddexp", 97, 97, 80),
-                                            ("logaddexp causal", 17, 17, 16)])
+                                            ("logaddexp causal", 17, 17, 16), ("flex", 17, 17, 16),
+                                            ("flex causal", 97, 97, 80)])
 def test_sinks_match_fp64_with_gradients(form, M, N, D, dtype):
     """Output and the gradients of q, k, v and the sinks against fp64: our mean error over GRAD_DRAWS draws <= 2x
     eager's in the same dtype + the floor. The sink spelled with logsumexp too."""
-    module = SinkAttention(3, causal=form in ("causal", "window", "logaddexp causal"),
+    module = SinkAttention(3, causal=form in ("causal", "window", "logaddexp causal", "flex causal"),
                            window=4 if form == "window" else None, amax=form == "amax",
-                           spelling=form.split()[0] if form.startswith("log") else "softmax")
+                           spelling=form.split()[0] if form.split()[0] in ("logsumexp", "logaddexp", "flex") else "softmax")
     inputs = qkv(M=M, N=N, D=D)
     torch._dynamo.reset()
     compiled_module = copy.deepcopy(module).to(dtype)

@@ -1,6 +1,7 @@
 """Softmaxes spelled with logsumexp (fuse_attn/graph/logsumexp_forms.py): ``exp(s - logsumexp(s))`` fused as the
-softmax, a sink joined by ``logsumexp(cat([s, sink]))`` or ``logaddexp(logsumexp(s), sink)`` as gpt-oss's sink
-(numerics and gradients: tests/graph/test_attention_sinks.py), and the forms left as they are."""
+softmax, a sink joined by ``logsumexp(cat([s, sink]))`` or ``logaddexp(logsumexp(s), sink)`` as gpt-oss's sink, the
+scores' logsumexp read besides their softmax (FlexAttention's sink: ``out * sigmoid(lse - sink)``) served by the fused
+op's lse (numerics and gradients: tests/graph/test_attention_sinks.py), and the forms left as they are."""
 
 from __future__ import annotations
 
@@ -52,6 +53,32 @@ class TestFused(TestCase):
     def test_a_sink_joined_by_cat_then_logsumexp(self):
         module = SinkAttention(3, causal=True, spelling="logsumexp")
         self.assertExpectedInline(fused_specs(module, *qkv()), """float32 D=8 M=5 N=5 scale=0.353553 causal(top_left, diagonal=0) empty rows 0 + sink (output x sigmoid(lse - sink))""")
+
+
+class TestLogsumexpBesideTheSoftmax(TestCase):
+    """The softmax input's logsumexp over the keys, read besides the softmax, served by the fused op's lse."""
+
+    def test_flexattentions_form_of_a_sink(self):
+        self.assertExpectedInline(fused_graph(SinkAttention(3, spelling="flex"), *qkv()), """\
+    def forward(self, arg0_1: "f32[2, 3, 5, 8]", arg1_1: "f32[2, 3, 5, 8]", arg2_1: "f32[3]", arg3_1: "f32[2, 3, 5, 8]"):
+        reshape: "f32[1, 3, 1, 1]" = torch.ops.aten.reshape.default(arg2_1, [1, -1, 1, 1])
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(arg1_1, arg0_1, arg3_1, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        getitem_1: "f32[2, 3, 5]" = flash_attention_default[1]
+        unsqueeze_default: "f32[2, 3, 5, 1]" = torch.ops.aten.unsqueeze.default(getitem_1, -1)
+        _to_copy_default: "f32[2, 3, 5, 1]" = torch.ops.aten._to_copy.default(unsqueeze_default, dtype = torch.float32)
+        sub: "f32[2, 3, 5, 1]" = torch.ops.aten.sub.Tensor(_to_copy_default, reshape)
+        sigmoid: "f32[2, 3, 5, 1]" = torch.ops.aten.sigmoid.default(sub)
+        to_1: "f32[2, 3, 5, 1]" = torch.ops.aten.to.dtype(sigmoid, torch.float32)
+        mul_1: "f32[2, 3, 5, 8]" = torch.ops.aten.mul.Tensor(getitem, to_1)
+        return (mul_1,)""")
+
+    def test_over_another_dim_it_is_one_more_reader_of_the_scores(self):
+        def fn(q, k, v):
+            s = q @ k.transpose(-1, -2)
+            return torch.softmax(s, -1) @ v, torch.logsumexp(s, -2, keepdim=True)
+
+        self.assertExpectedInline(unfused_verdicts(fn, *qkv()), """not fused softmax: the scores matmul are also used by logsumexp""")
 
 
 class TestLeftAlone(TestCase):

@@ -32,13 +32,16 @@ class SoftmaxVerdict:
     attention: Optional[bool] = None
     # an attention sink: its logit column's share applied to the fused op's output (fuse_attn.graph.matching)
     sink: bool = False
+    # the graph reads the scores' logsumexp besides the softmax: the fused op's lse serves it
+    logsumexp_read: bool = False
 
     @property
     def description(self) -> Optional[str]:
         """A fused attention's spec and what the kernels plan for it (:func:`fuse_attn.kernels.plan.describe`)."""
         if self.spec is None:
             return None
-        return plan.describe(self.spec) + (" + sink (output x sigmoid(lse - sink))" if self.sink else "")
+        return (plan.describe(self.spec) + (" + sink (output x sigmoid(lse - sink))" if self.sink else "")
+                + (" + the scores' logsumexp (the op's lse)" if self.logsumexp_read else ""))
 
     def line(self) -> str:
         where = f" ({self.source})" if self.source else ""

@@ -372,7 +372,8 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
                                        runs=choice.text() if choice is not None else None,
                                        implementation=choice.name if choice is not None else None,
-                                       sink=match.sink_column is not None))
+                                       sink=match.sink_column is not None,
+                                       logsumexp_read=match.scores_logsumexp is not None))
     for key, made in shared_inputs.items():
         if not made.users:  # (made for a match that then failed)
             graph.erase_node(made)

@@ -195,13 +195,15 @@ def test_a_row_with_every_key_masked_puts_its_weight_on_the_sink():
         torch.testing.assert_close(ours_grad, eager_grad, atol=1e-5, rtol=1e-5)
 
 
-def test_explain_says_what_the_compile_does():
+@pytest.mark.parametrize("spelling", ["softmax", "logaddexp", "flex"])
+def test_explain_says_what_the_compile_does(spelling):
     q, k, v = qkv()
-    module = SinkAttention(3, causal=True)
+    module = SinkAttention(3, causal=True, spelling=spelling)
     text = str(fuse_attn.explain(module, q, k, v))
     torch._dynamo.reset()
     with fuse_attn.collect_reports() as reports:
         torch.compile(module, backend="fuse_attn")(q, k, v)
     compiled = [v.line() for r in reports for v in r.verdicts]
-    assert len(compiled) == 1 and compiled[0].startswith("fused ") and "+ sink" in compiled[0], compiled
+    shares = "+ the scores' logsumexp" if spelling == "flex" else "+ sink"
+    assert len(compiled) == 1 and compiled[0].startswith("fused ") and shares in compiled[0], compiled
     assert "1 attention(s) fused, 0 softmax(es) not fused" in text and compiled[0] in text, text

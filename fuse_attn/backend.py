@@ -446,12 +446,16 @@ def _looks_up_a_few_row_table(gm: fx.GraphModule) -> bool:
 
 
 def _any_attention_candidate(nodes) -> bool:
-    """Whether a softmax is among Dynamo's ``nodes``, or a ``logsumexp`` (a softmax spelled ``exp(s - logsumexp(s))``:
-    :mod:`fuse_attn.graph.logsumexp_forms`). Dynamo keeps some functions whole (``F.multi_head_attention_forward``),
+    """Whether a softmax is among Dynamo's ``nodes``, or one spelled out (an ``exp`` and a ``sum`` or ``logsumexp``:
+    :mod:`fuse_attn.graph.softmax_spellings`). Dynamo keeps some functions whole (``F.multi_head_attention_forward``),
     so a call named after attention counts too."""
-    return any(_is_softmax_call(node) or (node.op in ("call_function", "call_method") and "logsumexp" in str(
-        node.target).lower()) or (node.op == "call_function" and "attention" in str(node.target).lower())
-               for node in nodes)
+    nodes = list(nodes)
+    if any(_is_softmax_call(node) or (node.op == "call_function" and "attention" in str(node.target).lower())
+           for node in nodes):
+        return True
+    called = {node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
+              for node in nodes if node.op in ("call_function", "call_method")}
+    return "exp" in called and bool(called & {"sum", "logsumexp"})
 
 
 class _KeepAutogradFunctions(fx.Interpreter):

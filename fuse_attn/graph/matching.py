@@ -313,7 +313,7 @@ def _fold_kv_heads(k_operand: Operand, b: fx.Node, v: fx.Node, batch: tuple, qk_
     return 1, None, None
 
 
-def _row_max_shift(x: fx.Node) -> Optional[tuple[fx.Node, list[fx.Node]]]:
+def row_max_shift(x: fx.Node) -> Optional[tuple[fx.Node, list[fx.Node]]]:
     """``(c, nodes)`` when ``x`` is ``c - max(c, -1, keepdim=True)`` (``.max(...).values`` or ``amax``) and nothing
     else reads ``c`` or its max: a shift the softmax does not see."""
     if target_of(x) != aten.sub.Tensor or len(x.args) < 2 or x.kwargs.get("alpha", 1) != 1:
@@ -348,7 +348,7 @@ def attention_sink(softmax: fx.Node) -> Optional[AttentionSink]:
     x = softmax.args[0]
     if not isinstance(x, fx.Node):
         return None
-    shift = _row_max_shift(x)
+    shift = row_max_shift(x)
     c, nodes = shift if shift is not None else (x, [])
     if target_of(c) != aten.cat.default or val(c) is None:
         return None

@@ -18,7 +18,7 @@ import torch.fx as fx
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 
-from fuse_attn.graph import logsumexp_forms, sdpa_calls
+from fuse_attn.graph import softmax_spellings, sdpa_calls
 from fuse_attn.graph.context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
 from fuse_attn.graph.matching import AttentionMatch, find_softmaxes, match_attention, weights_meet_a_product
 from fuse_attn.graph.nodes import (MatchContext, NotFused, aten, erase_dead_nodes, is_static, nodes_needing_grad,
@@ -332,9 +332,9 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     shared_inputs: dict[tuple, fx.Node] = {}  # made once for every match (_Emitter.shared_inputs)
     # which values autograd differentiates: the choice times a score tensor's gradient where it has one
     needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
-    # softmaxes spelled exp(s - logsumexp(...)) become the softmax the matcher reads (fuse_attn.graph.logsumexp_forms)
-    for form in logsumexp_forms.find(graph):
-        logsumexp_forms.as_softmax(form, _Emitter(graph, form.exp, fake_mode), graph)
+    # softmaxes spelled out (exp / sum, exp(s - logsumexp)) become the softmax the matcher reads (fuse_attn.graph.softmax_spellings)
+    for form in softmax_spellings.find(graph):
+        softmax_spellings.as_softmax(form, _Emitter(graph, form.weights, fake_mode), graph)
     # SDPA calls are matched through their expansion (fuse_attn.graph.sdpa_calls); each verdict is the call's
     expansions: dict[fx.Node, sdpa_calls.Expansion] = {}
     for call in sdpa_calls.find_calls(graph):

@@ -22,7 +22,7 @@ class SinkAttention(nn.Module):
     """gpt-oss's eager attention on [B, H, N, D] inputs: scaled scores, an optional causal window (as a float mask
     added to the scores), the sink column, the row max subtracted, softmax, the column dropped, ``@ v``. ``spelling``
     "logsumexp": the weights ``exp(s - logsumexp(cat([s, sink])))``; "logaddexp": ``exp(s - logaddexp(logsumexp(s),
-    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.logsumexp_forms); "flex": FlexAttention's form, the
+    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.softmax_spellings); "flex": FlexAttention's form, the
     output ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``."""
 
     def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False,

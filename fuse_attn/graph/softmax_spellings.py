@@ -1,19 +1,21 @@
-"""Softmaxes spelled with ``logsumexp``, rewritten into the softmax the matcher reads before it runs.
+"""Softmaxes spelled out, rewritten into the softmax the matcher reads before it runs. In the pre-autograd ATen graph,
+over the last dim (reductions kept as ``[..., M, 1]``):
 
-In the pre-autograd ATen graph these are ``exp(s - L)`` over the last dim, ``L`` kept as ``[..., M, 1]``:
-
-* ``L = logsumexp(s)``: the softmax of ``s``;
-* ``L = logsumexp(cat([s, sink], -1))`` or ``L = logaddexp(logsumexp(s), sink)``, ``sink`` a column of logits
-  (``[..., M, 1]`` after broadcasting): an attention sink, the weights over the keys of the softmax over the keys and
-  the sink -- rewritten as gpt-oss spells it, ``softmax(cat([s, sink], -1))[..., :-1]``, which
+* ``exp(s - max(s)) / sum(exp(s - max(s)))``, or without the shift (``max``: ``amax`` or ``.max(...).values``):
+  the softmax of ``s``;
+* ``exp(s - L)`` with ``L = logsumexp(s)``: the softmax of ``s``;
+* ``exp(s - L)`` with ``L = logsumexp(cat([s, sink], -1))`` or ``L = logaddexp(logsumexp(s), sink)``, ``sink`` a
+  column of logits (``[..., M, 1]`` after broadcasting): an attention sink, the weights over the keys of the softmax
+  over the keys and the sink -- rewritten as gpt-oss spells it, ``softmax(cat([s, sink], -1))[..., :-1]``, which
   :func:`fuse_attn.graph.matching.attention_sink` reads.
 
-The values are the same (``exp(s - logsumexp(s))`` is the softmax's definition) but where a score is ``+inf``: there
-the softmax's row is NaN, where ``exp(s - L)`` is NaN at that key and 0 at the others -- and ``P @ V`` makes that
-output row NaN either way. Only forms whose weights reach a matrix product (``P @ V``:
-:func:`fuse_attn.graph.matching.weights_meet_a_product`) are rewritten; the rewrite keeps ``exp``'s source line for
-the verdict. A sink joined by ``logaddexp`` to scores of symbolic sizes is broadcast to their rows with the sizes of
-their product's query operand, and left as written where that operand does not have them.
+The values are the softmax's by its definition, but where a spelling over- or underflows and the softmax does not
+(``exp(s) / sum(exp(s))`` without the shift: inf / inf where a score passes ~88 in fp32), and where a score is
+``+inf``: there the softmax's row is NaN, where ``exp(s - L)`` is NaN at that key and 0 at the others -- and
+``P @ V`` makes that output row NaN either way. Only spellings whose weights reach a matrix product (``P @ V``:
+:func:`fuse_attn.graph.matching.weights_meet_a_product`) are rewritten; the rewrite keeps the weights' source line
+for the verdict. A sink joined by ``logaddexp`` to scores of symbolic sizes is broadcast to their rows with the sizes
+of their product's query operand, and left as written where that operand does not have them.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from typing import Callable, Optional
 import torch
 import torch.fx as fx
 
-from fuse_attn.graph.matching import weights_meet_a_product
+from fuse_attn.graph.matching import row_max_shift, weights_meet_a_product
 from fuse_attn.graph.nodes import (CONTRACTION_OPS, aten, erase_dead_nodes, logsumexp_over_keys, same_shape,
                                   target_of, val)
 
 
 @dataclass
-class LogsumexpForm:
-    exp: fx.Node  # exp(s - L): the weights
+class Spelling:
+    weights: fx.Node  # exp(s - L) or exp(s) / sum(exp(s)): what the softmax replaces
     scores: fx.Node  # s
     sink: Optional[fx.Node]  # the sink column, [..., M, 1] (None: a plain softmax)
     joined: Optional[fx.Node]  # cat([s, sink], -1) where the graph joins them itself
@@ -73,8 +75,32 @@ def _column(node, like) -> bool:
         a == 1 or a == b for a, b in zip(reversed(t.shape), reversed(target.shape))))
 
 
-def find(graph: fx.Graph) -> list[LogsumexpForm]:
+def _quotient(div: fx.Node) -> Optional[Spelling]:
+    """``exp(x) / sum(exp(x), -1, keepdim=True)``, ``x`` the scores or their row max subtracted from them."""
+    if target_of(div) != aten.div.Tensor or len(div.args) != 2 or div.kwargs:
+        return None
+    e, total = div.args
+    if not isinstance(e, fx.Node) or target_of(e) != aten.exp.default or not isinstance(total, fx.Node):
+        return None
+    if (target_of(total) != aten.sum.dim_IntList or total.args[0] is not e or total.kwargs.get("dtype") is not None
+            or len(total.users) != 1 or set(e.users) != {div, total}):
+        return None
+    dims, keepdim = total.args[1], total.args[2] if len(total.args) > 2 else total.kwargs.get("keepdim", False)
+    rank = val(e).dim()
+    if dims is None or len(dims) != 1 or dims[0] % rank != rank - 1 or not keepdim:
+        return None
+    x = e.args[0]
+    shift = row_max_shift(x) if isinstance(x, fx.Node) else None
+    scores = shift[0] if shift is not None else x
+    return Spelling(div, scores, None, None) if isinstance(scores, fx.Node) and val(scores) is not None else None
+
+
+def find(graph: fx.Graph) -> list[Spelling]:
     forms = []
+    for node in graph.nodes:
+        quotient = _quotient(node) if node.op == "call_function" else None
+        if quotient is not None and weights_meet_a_product(node):
+            forms.append(quotient)
     for exp in graph.nodes:
         if exp.op != "call_function" or target_of(exp) != aten.exp.default:
             continue
@@ -88,31 +114,31 @@ def find(graph: fx.Graph) -> list[LogsumexpForm]:
         form = None
         y = _logsumexp_input(lse)
         if y is scores:
-            form = LogsumexpForm(exp, scores, None, None)
+            form = Spelling(exp, scores, None, None)
         elif y is not None and target_of(y) == aten.cat.default and len(y.users) == 1:
             parts = y.args[0]
             dim = y.args[1] if len(y.args) > 1 else y.kwargs.get("dim", 0)
             rank = val(y).dim()
             if (len(parts) == 2 and parts[0] is scores and dim % rank == rank - 1 and isinstance(parts[1], fx.Node)
                     and val(parts[1]).dim() == rank and val(parts[1]).shape[-1] == 1):
-                form = LogsumexpForm(exp, scores, parts[1], y)
+                form = Spelling(exp, scores, parts[1], y)
         elif target_of(lse) == aten.logaddexp.default and len(lse.users) == 1:
             for inner, sink in (lse.args, reversed(lse.args)):
                 if _logsumexp_input(inner) is scores and _column(sink, inner):
                     static = all(isinstance(size, int) for size in val(scores).shape[:-1])
                     rows = None if static else _query_operand(scores)
                     if static or rows is not None:
-                        form = LogsumexpForm(exp, scores, sink, None, rows)
+                        form = Spelling(exp, scores, sink, None, rows)
                     break
         if form is not None and weights_meet_a_product(exp):
             forms.append(form)
     return forms
 
 
-def as_softmax(form: LogsumexpForm, emit: Callable[..., fx.Node], graph: fx.Graph) -> fx.Node:
-    """Rewrite ``form`` (``emit`` inserts before its ``exp``, :class:`fuse_attn.graph.rewrite._Emitter`): its users
-    read the softmax (cut back to the keys where it has a sink) and its ``exp(s - L)`` chain is erased. Returns the
-    softmax."""
+def as_softmax(form: Spelling, emit: Callable[..., fx.Node], graph: fx.Graph) -> fx.Node:
+    """Rewrite ``form`` (``emit`` inserts before its weights, :class:`fuse_attn.graph.rewrite._Emitter`): their users
+    read the softmax (cut back to the keys where it has a sink) and the chain that computed them is erased. Returns
+    the softmax."""
     joined = form.joined
     if form.sink is not None and joined is None:  # logaddexp(logsumexp(s), sink): the column joined here
         rows = [size if isinstance(size, int) else emit(aten.sym_size.int, form.rows, d)
@@ -121,7 +147,7 @@ def as_softmax(form: LogsumexpForm, emit: Callable[..., fx.Node], graph: fx.Grap
     softmax = emit(aten._softmax.default, joined if joined is not None else form.scores, -1, False)
     weights = softmax if form.sink is None else emit(aten.slice.Tensor, softmax, -1, 0, -1)
     for node in (softmax, weights):
-        node.meta["stack_trace"] = form.exp.meta.get("stack_trace")
-    form.exp.replace_all_uses_with(weights)
-    erase_dead_nodes(graph, [form.exp])
+        node.meta["stack_trace"] = form.weights.meta.get("stack_trace")
+    form.weights.replace_all_uses_with(weights)
+    erase_dead_nodes(graph, [form.weights])
     return softmax

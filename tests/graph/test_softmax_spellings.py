@@ -1,15 +1,17 @@
-"""Softmaxes spelled with logsumexp (fuse_attn/graph/logsumexp_forms.py): ``exp(s - logsumexp(s))`` fused as the
-softmax, a sink joined by ``logsumexp(cat([s, sink]))`` or ``logaddexp(logsumexp(s), sink)`` as gpt-oss's sink, the
+"""Softmaxes spelled out (fuse_attn/graph/softmax_spellings.py): ``exp(s - max(s)) / sum(...)`` (shifted or not) and
+``exp(s - logsumexp(s))`` fused as the softmax, a sink joined by ``logsumexp(cat([s, sink]))`` or ``logaddexp(logsumexp(s), sink)`` as gpt-oss's sink, the
 scores' logsumexp read besides their softmax (FlexAttention's sink: ``out * sigmoid(lse - sink)``) served by the fused
 op's lse (numerics and gradients: tests/graph/test_attention_sinks.py), and the forms left as they are."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from expecttest import TestCase
 
 from tests.graph.test_attention_sinks import SinkAttention, qkv
 from tests.support.graph_capture import fused_graph, fused_specs, rewrite_reports, unfused_verdicts
+from tests.support.numerics import check_close
 
 
 def lse(x):
@@ -38,6 +40,54 @@ class TestFused(TestCase):
     def test_a_sink_joined_by_cat_then_logsumexp(self):
         module = SinkAttention(3, causal=True, spelling="logsumexp")
         self.assertExpectedInline(fused_specs(module, *qkv()), """float32 D=8 M=5 N=5 scale=0.353553 causal(top_left, diagonal=0) empty rows 0 + sink (output x sigmoid(lse - sink))""")
+
+
+def quotient(s, shift="amax"):
+    """The softmax written out: ``exp(s - max(s)) / sum`` (``shift``: "amax", "max" for ``.max(...).values``, None)."""
+    if shift == "amax":
+        s = s - s.amax(-1, keepdim=True)
+    elif shift == "max":
+        s = s - s.max(-1, keepdim=True).values
+    e = torch.exp(s)
+    return e / e.sum(-1, keepdim=True)
+
+
+class TestQuotient(TestCase):
+    def test_shifted_by_the_row_max_and_masked(self):
+        def fn(q, k, v, mask):
+            s = (q @ k.transpose(-1, -2) * 8 ** -0.5).masked_fill(mask, float("-inf"))
+            return quotient(s, "max") @ v
+
+        mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
+        self.assertExpectedInline(fused_specs(fn, *qkv(), mask), """float32 D=8 M=5 N=5 scale=0.353553 s -> where(mask0[1,1,M,N], -inf, s) tiles classified per call (mask0)""")
+
+    def test_unshifted(self):
+        def fn(q, k, v):
+            return quotient(q @ k.transpose(-1, -2), None) @ v
+
+        self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1""")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shift, M, N, D", [("amax", 17, 17, 16), ("max", 97, 97, 80), (None, 1, 300, 16)])
+def test_quotient_matches_fp64_with_gradients(shift, M, N, D, dtype):
+    """The softmax written out, causal, fused: output and gradients against fp64 under the 2x rule."""
+    def fn(q, k, v):
+        s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+        keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(s.shape[-1] - s.shape[-2])
+        return quotient(s.masked_fill(~keep, float("-inf")), shift) @ v
+
+    inputs = qkv(M=M, N=N, D=D)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="fuse_attn")
+    results = {}
+    for name, call, run_dtype in (("ours", compiled, dtype), ("eager", fn, dtype), ("ref", fn, torch.float64)):
+        x = [t.to(run_dtype).requires_grad_() for t in inputs]
+        out = call(*x)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        results[name] = [out, *torch.autograd.grad(out, x, weights.to(run_dtype))]
+    for what, ours, eager, ref in zip(("out", "dq", "dk", "dv"), *results.values()):
+        check_close(ours, eager, ref, dtype, what)
 
 
 class TestLogsumexpBesideTheSoftmax(TestCase):
@@ -71,7 +121,7 @@ class TestLeftAlone(TestCase):
 
     def assert_left(self, fn, *args):
         reports = rewrite_reports(fn, *args)
-        assert all("exp" in r.after and "_softmax" not in r.after for r in reports), [r.after for r in reports]
+        assert all("aten.exp" in r.after and "aten._softmax" not in r.after for r in reports), [r.after for r in reports]
         self.assertEqual(unfused_verdicts(fn, *args), "")  # (no softmax in the graph: nothing to report)
 
     def test_over_the_query_dim(self):
@@ -102,6 +152,20 @@ class TestLeftAlone(TestCase):
             return torch.exp(s - torch.logaddexp(lse(s), other)) @ v
 
         self.assert_left(fn, *qkv(), torch.randn(2, 3, 5, 5))
+
+    def test_a_quotient_over_another_dim(self):
+        def fn(q, k, v):
+            e = torch.exp(q @ k.transpose(-1, -2))
+            return (e / e.sum(-2, keepdim=True)) @ v
+
+        self.assert_left(fn, *qkv())
+
+    def test_a_quotient_of_other_exponentials(self):
+        def fn(q, k, v):
+            s = q @ k.transpose(-1, -2)
+            return (torch.exp(s) / torch.exp(s * 2).sum(-1, keepdim=True)) @ v
+
+        self.assert_left(fn, *qkv())
 
     def test_weights_that_meet_no_product(self):
         def fn(s):

@@ -446,16 +446,16 @@ def _looks_up_a_few_row_table(gm: fx.GraphModule) -> bool:
 
 
 def _any_attention_candidate(nodes) -> bool:
-    """Whether a softmax is among Dynamo's ``nodes``, or one spelled out (an ``exp`` and a ``sum`` or ``logsumexp``:
-    :mod:`fuse_attn.graph.softmax_spellings`). Dynamo keeps some functions whole (``F.multi_head_attention_forward``),
-    so a call named after attention counts too."""
+    """Whether a softmax is among Dynamo's ``nodes``, or one spelled out (an ``exp`` and a ``sum``, ``logsumexp`` or
+    ``log_softmax``: :mod:`fuse_attn.graph.softmax_spellings`). Dynamo keeps some functions whole
+    (``F.multi_head_attention_forward``), so a call named after attention counts too."""
     nodes = list(nodes)
     if any(_is_softmax_call(node) or (node.op == "call_function" and "attention" in str(node.target).lower())
            for node in nodes):
         return True
     called = {node.target if node.op == "call_method" else getattr(node.target, "__name__", None)
               for node in nodes if node.op in ("call_function", "call_method")}
-    return "exp" in called and bool(called & {"sum", "logsumexp"})
+    return "exp" in called and bool(called & {"sum", "logsumexp", "log_softmax"})
 
 
 class _KeepAutogradFunctions(fx.Interpreter):

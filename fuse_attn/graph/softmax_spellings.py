@@ -3,7 +3,7 @@ over the last dim (reductions kept as ``[..., M, 1]``):
 
 * ``exp(s - max(s)) / sum(exp(s - max(s)))``, or without the shift (``max``: ``amax`` or ``.max(...).values``):
   the softmax of ``s``;
-* ``exp(s - L)`` with ``L = logsumexp(s)``: the softmax of ``s``;
+* ``exp(s - L)`` with ``L = logsumexp(s)``, and ``exp(log_softmax(s))``: the softmax of ``s``;
 * ``exp(s - L)`` with ``L = logsumexp(cat([s, sink], -1))`` or ``L = logaddexp(logsumexp(s), sink)``, ``sink`` a
   column of logits (``[..., M, 1]`` after broadcasting): an attention sink, the weights over the keys of the softmax
   over the keys and the sink -- rewritten as gpt-oss spells it, ``softmax(cat([s, sink], -1))[..., :-1]``, which
@@ -75,6 +75,23 @@ def _column(node, like) -> bool:
         a == 1 or a == b for a, b in zip(reversed(t.shape), reversed(target.shape))))
 
 
+def _log_softmax_input(node) -> Optional[fx.Node]:
+    """``x`` where ``node`` is ``log_softmax(x)`` over the last dim (in ``x``'s dtype) read once, else None."""
+    if not isinstance(node, fx.Node) or len(node.users) != 1:
+        return None
+    if target_of(node) == aten._log_softmax.default:
+        x, dim, half_to_float = node.args[:3]
+        widened = half_to_float
+    elif target_of(node) == aten.log_softmax.int:
+        x, dim = node.args[:2]
+        dtype = node.kwargs.get("dtype", node.args[2] if len(node.args) > 2 else None)
+        widened = dtype is not None and isinstance(x, fx.Node) and val(x) is not None and dtype != val(x).dtype
+    else:
+        return None
+    rank = val(x).dim() if isinstance(x, fx.Node) and val(x) is not None else None
+    return x if rank is not None and not widened and dim % rank == rank - 1 else None
+
+
 def _quotient(div: fx.Node) -> Optional[Spelling]:
     """``exp(x) / sum(exp(x), -1, keepdim=True)``, ``x`` the scores or their row max subtracted from them."""
     if target_of(div) != aten.div.Tensor or len(div.args) != 2 or div.kwargs:
@@ -103,6 +120,11 @@ def find(graph: fx.Graph) -> list[Spelling]:
             forms.append(quotient)
     for exp in graph.nodes:
         if exp.op != "call_function" or target_of(exp) != aten.exp.default:
+            continue
+        log_softmax = exp.args[0]
+        if _log_softmax_input(log_softmax) is not None:
+            if weights_meet_a_product(exp):
+                forms.append(Spelling(exp, _log_softmax_input(log_softmax), None, None))
             continue
         sub = exp.args[0]
         if (not isinstance(sub, fx.Node) or target_of(sub) != aten.sub.Tensor or len(sub.users) != 1

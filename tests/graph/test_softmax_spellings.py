@@ -43,7 +43,10 @@ class TestFused(TestCase):
 
 
 def quotient(s, shift="amax"):
-    """The softmax written out: ``exp(s - max(s)) / sum`` (``shift``: "amax", "max" for ``.max(...).values``, None)."""
+    """The softmax written out: ``exp(s - max(s)) / sum`` (``shift``: "amax", "max" for ``.max(...).values``, None),
+    or "log_softmax": ``exp(log_softmax(s))``."""
+    if shift == "log_softmax":
+        return torch.log_softmax(s, -1).exp()
     if shift == "amax":
         s = s - s.amax(-1, keepdim=True)
     elif shift == "max":
@@ -61,6 +64,12 @@ class TestQuotient(TestCase):
         mask = torch.ones(5, 5, dtype=torch.bool).triu(1)
         self.assertExpectedInline(fused_specs(fn, *qkv(), mask), """float32 D=8 M=5 N=5 scale=0.353553 s -> where(mask0[1,1,M,N], -inf, s) tiles classified per call (mask0)""")
 
+    def test_the_exponential_of_a_log_softmax(self):
+        def fn(q, k, v):
+            return quotient(q @ k.transpose(-1, -2), "log_softmax") @ v
+
+        self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1""")
+
     def test_unshifted(self):
         def fn(q, k, v):
             return quotient(q @ k.transpose(-1, -2), None) @ v
@@ -69,7 +78,8 @@ class TestQuotient(TestCase):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shift, M, N, D", [("amax", 17, 17, 16), ("max", 97, 97, 80), (None, 1, 300, 16)])
+@pytest.mark.parametrize("shift, M, N, D", [("amax", 17, 17, 16), ("max", 97, 97, 80), (None, 1, 300, 16),
+                                             ("log_softmax", 17, 17, 16)])
 def test_quotient_matches_fp64_with_gradients(shift, M, N, D, dtype):
     """The softmax written out, causal, fused: output and gradients against fp64 under the 2x rule."""
     def fn(q, k, v):
@@ -166,6 +176,12 @@ class TestLeftAlone(TestCase):
             return (torch.exp(s) / torch.exp(s * 2).sum(-1, keepdim=True)) @ v
 
         self.assert_left(fn, *qkv())
+
+    def test_the_exponential_of_a_log_softmax_widened(self):
+        def fn(q, k, v):
+            return torch.log_softmax(q @ k.transpose(-1, -2), -1, dtype=torch.float32).exp().to(v.dtype) @ v
+
+        self.assert_left(fn, *(t.to(torch.bfloat16) for t in qkv()))
 
     def test_weights_that_meet_no_product(self):
         def fn(s):

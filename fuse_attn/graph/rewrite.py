@@ -333,8 +333,11 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     # which values autograd differentiates: the choice times a score tensor's gradient where it has one
     needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
     # softmaxes spelled out (exp / sum, exp(s - logsumexp)) become the softmax the matcher reads (fuse_attn.graph.softmax_spellings)
+    # (each verdict names the node whose weights the softmax replaced, as the graph before the rewrite shows it)
+    written_out = {}
     for form in softmax_spellings.find(graph):
-        softmax_spellings.as_softmax(form, _Emitter(graph, form.weights, fake_mode), graph)
+        name = form.weights.name
+        written_out[softmax_spellings.as_softmax(form, _Emitter(graph, form.weights, fake_mode), graph)] = name
     # SDPA calls are matched through their expansion (fuse_attn.graph.sdpa_calls); each verdict is the call's
     expansions: dict[fx.Node, sdpa_calls.Expansion] = {}
     for call in sdpa_calls.find_calls(graph):
@@ -350,7 +353,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
             continue
         expansion = expansions.get(softmax)
         anchor = expansion.call if expansion is not None else softmax
-        name, source = anchor.name, _source_line(anchor)
+        name, source = written_out.get(anchor, anchor.name), _source_line(anchor)
         try:
             match = match_attention(softmax, ctx)
             choice = (_apply(graph, match, fake_mode, training, context_parallel, shared_inputs, needing_grad)

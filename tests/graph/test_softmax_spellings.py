@@ -1,7 +1,8 @@
-"""Softmaxes spelled out (fuse_attn/graph/softmax_spellings.py): ``exp(s - max(s)) / sum(...)`` (shifted or not) and
-``exp(s - logsumexp(s))`` fused as the softmax, a sink joined by ``logsumexp(cat([s, sink]))`` or ``logaddexp(logsumexp(s), sink)`` as gpt-oss's sink, the
-scores' logsumexp read besides their softmax (FlexAttention's sink: ``out * sigmoid(lse - sink)``) served by the fused
-op's lse (numerics and gradients: tests/graph/test_attention_sinks.py), and the forms left as they are."""
+"""Softmaxes spelled out (fuse_attn/graph/softmax_spellings.py): ``exp(s - max(s)) / sum(...)`` (shifted or not),
+``exp(log_softmax(s))`` and ``exp(s - logsumexp(s))`` fused as the softmax, a sink joined by
+``logsumexp(cat([s, sink]))`` or ``logaddexp(logsumexp(s), sink)`` as gpt-oss's sink, the scores' logsumexp read
+besides their softmax (FlexAttention's sink: ``out * sigmoid(lse - sink)``) served by the fused op's lse (numerics
+and gradients here and in tests/graph/test_attention_sinks.py), and the forms left as they are."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 from expecttest import TestCase
 
 from tests.graph.test_attention_sinks import SinkAttention, qkv
-from tests.support.graph_capture import fused_graph, fused_specs, rewrite_reports, unfused_verdicts
+from tests.support.graph_capture import fused_graph, fused_specs, rewrite_reports, unfused_verdicts, verdict_lines
 from tests.support.numerics import check_close
 
 
@@ -69,6 +70,12 @@ class TestQuotient(TestCase):
             return quotient(q @ k.transpose(-1, -2), "log_softmax") @ v
 
         self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1""")
+
+    def test_the_verdict_names_the_node_whose_weights_the_softmax_replaced(self):
+        def fn(q, k, v):
+            return quotient(q @ k.transpose(-1, -2)) @ v
+
+        self.assertExpectedInline(verdict_lines(rewrite_reports(fn, *qkv())), """fused div: float32 D=8 M=5 N=5 scale=1""")
 
     def test_unshifted(self):
         def fn(q, k, v):

@@ -332,8 +332,9 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     shared_inputs: dict[tuple, fx.Node] = {}  # made once for every match (_Emitter.shared_inputs)
     # which values autograd differentiates: the choice times a score tensor's gradient where it has one
     needing_grad = nodes_needing_grad(graph, ctx.inputs_needing_grad) if training else set()
-    # softmaxes spelled out (exp / sum, exp(s - logsumexp)) become the softmax the matcher reads (fuse_attn.graph.softmax_spellings)
-    # (each verdict names the node whose weights the softmax replaced, as the graph before the rewrite shows it)
+    # softmaxes spelled out (exp / sum, exp(s - logsumexp)) become the softmax the matcher reads
+    # (fuse_attn.graph.softmax_spellings); each verdict names the node whose weights the softmax replaced, as the graph
+    # before the rewrite shows it
     written_out = {}
     for form in softmax_spellings.find(graph):
         name = form.weights.name

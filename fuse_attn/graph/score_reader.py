@@ -266,7 +266,8 @@ def walk_score_path(softmax: fx.Node, is_product, scores: Optional[fx.Node] = No
     while True:
         if not isinstance(node, fx.Node):
             raise NotFused("the softmax input is not a tensor node", softmax)
-        if len([u for u in node.users if u is not also_read_by or path_nodes]) != 1:
+        readers = [u for u in node.users if path_nodes or u is not also_read_by]  # (also_read_by: the input's)
+        if len(readers) != 1:
             others = ", ".join(u.name for u in node.users if u is not consumer)
             raise NotFused(f"the scores {node.name} are also used by {others}", node)
         if node.op != "call_function":

@@ -112,47 +112,50 @@ def _quotient(div: fx.Node) -> Optional[Spelling]:
     return Spelling(div, scores, None, None) if isinstance(scores, fx.Node) and val(scores) is not None else None
 
 
+def _exponential(exp: fx.Node) -> Optional[Spelling]:
+    """``exp(log_softmax(s))``, or ``exp(s - L)`` with ``L`` a logsumexp over the keys (of ``s``, of ``s`` joined to a
+    sink column, or ``logaddexp`` of it and a sink)."""
+    if target_of(exp) != aten.exp.default:
+        return None
+    x = _log_softmax_input(exp.args[0])
+    if x is not None:
+        return Spelling(exp, x, None, None)
+    sub = exp.args[0]
+    if (not isinstance(sub, fx.Node) or target_of(sub) != aten.sub.Tensor or len(sub.users) != 1
+            or sub.kwargs.get("alpha", 1) != 1 or len(sub.args) != 2):
+        return None
+    scores, lse = sub.args
+    if not isinstance(scores, fx.Node) or val(scores) is None or not isinstance(lse, fx.Node):
+        return None
+    y = _logsumexp_input(lse)
+    if y is scores:
+        return Spelling(exp, scores, None, None)
+    if y is not None and target_of(y) == aten.cat.default and len(y.users) == 1:
+        parts = y.args[0]
+        dim = y.args[1] if len(y.args) > 1 else y.kwargs.get("dim", 0)
+        rank = val(y).dim()
+        if (len(parts) == 2 and parts[0] is scores and dim % rank == rank - 1 and isinstance(parts[1], fx.Node)
+                and val(parts[1]).dim() == rank and val(parts[1]).shape[-1] == 1):
+            return Spelling(exp, scores, parts[1], y)
+        return None
+    if target_of(lse) != aten.logaddexp.default or len(lse.users) != 1:
+        return None
+    for inner, sink in (lse.args, reversed(lse.args)):
+        if _logsumexp_input(inner) is scores and _column(sink, inner):
+            if all(isinstance(size, int) for size in val(scores).shape[:-1]):
+                return Spelling(exp, scores, sink, None)
+            rows = _query_operand(scores)
+            return None if rows is None else Spelling(exp, scores, sink, None, rows)
+    return None
+
+
 def find(graph: fx.Graph) -> list[Spelling]:
     forms = []
     for node in graph.nodes:
-        quotient = _quotient(node) if node.op == "call_function" else None
-        if quotient is not None and weights_meet_a_product(node):
-            forms.append(quotient)
-    for exp in graph.nodes:
-        if exp.op != "call_function" or target_of(exp) != aten.exp.default:
+        if node.op != "call_function":
             continue
-        log_softmax = exp.args[0]
-        if _log_softmax_input(log_softmax) is not None:
-            if weights_meet_a_product(exp):
-                forms.append(Spelling(exp, _log_softmax_input(log_softmax), None, None))
-            continue
-        sub = exp.args[0]
-        if (not isinstance(sub, fx.Node) or target_of(sub) != aten.sub.Tensor or len(sub.users) != 1
-                or sub.kwargs.get("alpha", 1) != 1 or len(sub.args) != 2):
-            continue
-        scores, lse = sub.args
-        if not isinstance(scores, fx.Node) or val(scores) is None or not isinstance(lse, fx.Node):
-            continue
-        form = None
-        y = _logsumexp_input(lse)
-        if y is scores:
-            form = Spelling(exp, scores, None, None)
-        elif y is not None and target_of(y) == aten.cat.default and len(y.users) == 1:
-            parts = y.args[0]
-            dim = y.args[1] if len(y.args) > 1 else y.kwargs.get("dim", 0)
-            rank = val(y).dim()
-            if (len(parts) == 2 and parts[0] is scores and dim % rank == rank - 1 and isinstance(parts[1], fx.Node)
-                    and val(parts[1]).dim() == rank and val(parts[1]).shape[-1] == 1):
-                form = Spelling(exp, scores, parts[1], y)
-        elif target_of(lse) == aten.logaddexp.default and len(lse.users) == 1:
-            for inner, sink in (lse.args, reversed(lse.args)):
-                if _logsumexp_input(inner) is scores and _column(sink, inner):
-                    static = all(isinstance(size, int) for size in val(scores).shape[:-1])
-                    rows = None if static else _query_operand(scores)
-                    if static or rows is not None:
-                        form = Spelling(exp, scores, sink, None, rows)
-                    break
-        if form is not None and weights_meet_a_product(exp):
+        form = _quotient(node) or _exponential(node)
+        if form is not None and weights_meet_a_product(node):
             forms.append(form)
     return forms
 

@@ -463,8 +463,11 @@ class TileClasses:
         self.sizes = dict(M=M, N=N, ROWS=rows, COLS=cols)
         self.summaries_grid = (triton_cdiv(blocks, _SUMMARY_BLOCKS), batch)
         self.classes_grid = (outer, batch, triton_cdiv(inner, _CLASS_CHUNK * _CLASS_STEPS))
+        # (the vectors' strides are the signature's: only their tensors change between calls)
+        strides = {name: value for name, value in score_kwargs(score_tensors, only=self.loads).items()
+                   if name.startswith("stride_")}
         self.constants = dict(outer_blocks=outer, BLOCKS=_SUMMARY_BLOCKS, STEPS=_CLASS_STEPS, CHUNK=_CLASS_CHUNK,
-                              LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major)
+                              LIST_CHUNK=_LIST_CHUNK, KEY_MAJOR=key_major, **strides)
         # (a config is what names a kernel's copy when Inductor traces it)
         self.summaries_config = tuning.KernelConfig(rows, cols, num_warps=max(1, _SUMMARY_BLOCKS * max(rows, cols) // (
             32 * _SUMMARY_VALUES_PER_THREAD)), num_stages=1)
@@ -480,7 +483,7 @@ class TileClasses:
         args = dict(Lists=lists, Counts=counts, Classes=classes, Arrivals=arrivals, Summaries=summaries,
                     stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0),
                     stride_summaries_z=summaries.stride(0), stride_summaries_slot=summaries.stride(1), **self.sizes,
-                    **self.constants, **score_kwargs(score_tensors, only=self.loads))
+                    **self.constants, **{f"T{i}": score_tensors[i] for i in self.loads})
         for kernel, grid, config in ((self.module._tile_summaries, self.summaries_grid, self.summaries_config),
                                      (self.module._tile_classes, self.classes_grid, self.classes_config)):
             launch(kernel, grid, {name: args[name] for name in kernel.arg_names}, config)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from expecttest import TestCase
 
 import fuse_attn
-from tests.support.numerics import FLOOR, max_error
+from tests.support.numerics import CUDA_BF16, FLOOR, max_error
 from tests.support.graph_capture import fused_graph, unfused_verdicts
 
 
@@ -35,7 +35,7 @@ class SinkAttention(nn.Module):
         w = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5
         if self.causal:
             M, N = q.shape[-2], k.shape[-2]
-            i, j = torch.arange(M)[:, None], torch.arange(N)[None, :]
+            i, j = torch.arange(M, device=q.device)[:, None], torch.arange(N, device=q.device)[None, :]
             keep = (j <= i) if self.window is None else (j <= i) & (j > i - self.window)
             w = w + torch.where(keep, 0.0, float("-inf"))
         if self.spelling == "flex":
@@ -113,20 +113,21 @@ class TestNotSinks(TestCase):
 GRAD_DRAWS = 4
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16), CUDA_BF16])
 @pytest.mark.parametrize("form, M, N, D", [("causal", 1, 1, 16), ("causal", 17, 17, 16), ("causal", 97, 97, 80),
                                             ("plain", 17, 17, 16), ("window", 17, 17, 16), ("amax", 17, 17, 16),
                                             ("plain", 1, 300, 16),  # (one query, a long key range)
                                             ("logsumexp", 17, 17, 16), ("logaddexp", 97, 97, 80),
                                             ("logaddexp causal", 17, 17, 16), ("flex", 17, 17, 16),
                                             ("flex causal", 97, 97, 80)])
-def test_sinks_match_fp64_with_gradients(form, M, N, D, dtype):
+def test_sinks_match_fp64_with_gradients(form, M, N, D, device, dtype):
     """Output and the gradients of q, k, v and the sinks against fp64: our mean error over GRAD_DRAWS draws <= 2x
     eager's in the same dtype + the floor. The sink spelled with logsumexp too."""
     module = SinkAttention(3, causal=form in ("causal", "window", "logaddexp causal", "flex causal"),
                            window=4 if form == "window" else None, amax=form == "amax",
                            spelling=form.split()[0] if form.split()[0] in ("logsumexp", "logaddexp", "flex") else "softmax")
-    inputs = qkv(M=M, N=N, D=D)
+    inputs = [t.to(device) for t in qkv(M=M, N=N, D=D)]
+    module = module.to(device)
     torch._dynamo.reset()
     compiled_module = copy.deepcopy(module).to(dtype)
     runs = {"ours": (torch.compile(compiled_module, backend="fuse_attn"), compiled_module, dtype),
@@ -145,7 +146,8 @@ def test_sinks_match_fp64_with_gradients(form, M, N, D, dtype):
         for draw in range(GRAD_DRAWS):
             results = {}
             for name, (x, sinks, out) in forwards.items():
-                weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1 + draw), dtype=torch.float64)
+                weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1 + draw),
+                                      dtype=torch.float64).to(device)
                 grads = torch.autograd.grad(out, [*x, sinks], weights.to(out.dtype), retain_graph=True)
                 results[name] = {"output": out.detach(), **dict(zip(("q", "k", "v", "sinks"), grads))}
             for name in errors:

@@ -12,7 +12,7 @@ from expecttest import TestCase
 
 from tests.graph.test_attention_sinks import SinkAttention, qkv
 from tests.support.graph_capture import fused_graph, fused_specs, rewrite_reports, unfused_verdicts, verdict_lines
-from tests.support.numerics import check_close
+from tests.support.numerics import CUDA_BF16, check_close
 
 
 def lse(x):
@@ -84,24 +84,24 @@ class TestQuotient(TestCase):
         self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1""")
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16), CUDA_BF16])
 @pytest.mark.parametrize("shift, M, N, D", [("amax", 17, 17, 16), ("max", 97, 97, 80), (None, 1, 300, 16),
                                              ("log_softmax", 17, 17, 16)])
-def test_quotient_matches_fp64_with_gradients(shift, M, N, D, dtype):
+def test_quotient_matches_fp64_with_gradients(shift, M, N, D, device, dtype):
     """The softmax written out, causal, fused: output and gradients against fp64 under the 2x rule."""
     def fn(q, k, v):
         s = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
         keep = torch.ones(s.shape[-2:], dtype=torch.bool, device=s.device).tril(s.shape[-1] - s.shape[-2])
         return quotient(s.masked_fill(~keep, float("-inf")), shift) @ v
 
-    inputs = qkv(M=M, N=N, D=D)
+    inputs = [t.to(device) for t in qkv(M=M, N=N, D=D)]
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="fuse_attn")
     results = {}
     for name, call, run_dtype in (("ours", compiled, dtype), ("eager", fn, dtype), ("ref", fn, torch.float64)):
         x = [t.to(run_dtype).requires_grad_() for t in inputs]
         out = call(*x)
-        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+        weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
         results[name] = [out, *torch.autograd.grad(out, x, weights.to(run_dtype))]
     for what, ours, eager, ref in zip(("out", "dq", "dk", "dv"), *results.values()):
         check_close(ours, eager, ref, dtype, what)

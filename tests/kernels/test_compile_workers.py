@@ -30,11 +30,10 @@ from fuse_attn.kernels.generated import launch
 from fuse_attn.kernels.tuning import KernelConfig
 from tests.support import compile_job_kernel
 from tests.support.compile_job_kernel import copy_kernel
+from tests.support.numerics import needs_cuda
 from tests.support.sm90_compiles import compile_for_sm90, in_a_fresh_process, sm90
 
 CONFIGS = [KernelConfig(64, 64, 4, 2), KernelConfig(64, 64, 8, 3)]
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="needs a GPU and TRITON_INTERPRET=0")
 
 
 def _args(device="cpu"):

@@ -17,11 +17,9 @@ from expecttest import TestCase
 import fuse_attn
 from fuse_attn.kernels import embedding_backward as eb
 from fuse_attn.report import collect_reports
-from tests.support.numerics import FLOOR
+from tests.support.numerics import FLOOR, needs_cuda
 from tests.support.graph_capture import compiled_code, graph_text, rewrite_reports
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="needs a GPU and TRITON_INTERPRET=0")
 DEVICE = "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 EMBEDDING_BACKWARD = torch.ops.aten.embedding_dense_backward.default

@@ -23,12 +23,11 @@ from fuse_attn.kernels import plan
 from fuse_attn.kernels.generated import launch
 from fuse_attn.report import collect_reports
 from tests.support.graph_capture import compiled_code
+from tests.support.numerics import needs_cuda
 from tools.bench_host_overhead import CausalAttention
 
 ops = importlib.import_module("fuse_attn.kernels.ops")
 ROOT = Path(__file__).resolve().parents[2]
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="needs a GPU and TRITON_INTERPRET=0")
 
 
 def _count_calls(monkeypatch, module, names):

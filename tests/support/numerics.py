@@ -8,7 +8,16 @@ value); :func:`check_close` the module-level form (outputs and gradients of a co
 
 from __future__ import annotations
 
+import os
+
+import pytest
 import torch
+
+# A test of the compiled kernels on the GPU: skipped without one, or where Triton's interpreter was chosen
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                                reason="needs a GPU and TRITON_INTERPRET=0")
+# The bf16 run of a numerics test on the GPU, beside its CPU runs (fp32 there would compare tf32 matmuls with fp32)
+CUDA_BF16 = pytest.param("cuda", torch.bfloat16, marks=needs_cuda, id="cuda-bf16")
 
 # Absolute floors of the 2x rule: about one unit in the last place of values of size ~1 in each dtype.
 FLOOR = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}

@@ -53,7 +53,7 @@ ALIBI = dict(score_program=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfl
     ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims 64/64, 128/128, 192/128, not 96/96"),
     ({"head_dim_v": 64}, {}, "not 128/64"),
     ({"head_dim": 192, "scale": 192 ** -0.5, **ALIBI}, {"head_dim": 192}, "add no bias at head dims 192/128"),
-    ({"causal": CausalMask(window=16)}, {}, "plain diagonal"),
+    ({"causal": CausalMask(window=16), **ALIBI}, {}, "sliding window only over the plain scores"),
     ({"causal": CausalMask(diagonal=1)}, {}, "plain diagonal"),
     ({"causal": CausalMask()}, {"q_len": 1}, "equal lengths"),
 ])
@@ -63,6 +63,7 @@ def test_hopper_reasons(change, qk, reason, monkeypatch):
     assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), gqa_group=2), *fake_qk()) == []
     assert hopper_reasons(PLAIN, *fake_qk(q_len=1, kv_len=1000)) == []  # lengths may differ without a mask
     assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), **ALIBI), *fake_qk()) == []
+    assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(window=16), gqa_group=2), *fake_qk()) == []
     reasons = hopper_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
     assert len(reasons) == 1 and reason in reasons[0], reasons
 
@@ -241,6 +242,34 @@ def test_matches_fp64_with_gradients(length, causal, head_dims, dtype):
     for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
                              torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
         assert_close_2x(name, a, b, c, dtype)
+
+
+@hopper
+@pytest.mark.parametrize("head_dims", [(64, 64), (128, 128), (192, 128)])
+@pytest.mark.parametrize("length, window", [(97, 1), (97, 17), (1025, 128), (1025, 1000), (4096, 1000),
+                                            (4096, 4096)])
+def test_a_sliding_window_matches_fp64_with_gradients(length, window, head_dims):
+    """Causal with a sliding window (GQA 2): each query tile's keys from its rows' windows on, a key tile's query
+    tiles up to the last row that sees it; windows of one key, within a tile and across several, tiles of one and
+    several consumers (1025 rows: one, 4096: two or three), and a window spanning every key (no window)."""
+    head_dim, head_dim_v = head_dims
+    spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim_v, scale=head_dim ** -0.5,
+                         causal=CausalMask(window=window), gqa_group=2)
+    g = torch.Generator(device="cuda").manual_seed(length + window)
+    q = torch.randn(2, length, 4, head_dim, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
+    k, v = (torch.randn(2, length, 2, dim, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
+            for dim in (head_dim, head_dim_v))
+    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
+    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+    out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True)
+    ref, ref_lse = reference_attention(*ref_in, [], spec)
+    eager, _ = reference_attention(*eager_in, [], spec)
+    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+    torch.testing.assert_close(lse.double(), ref_lse.double(), rtol=0, atol=1e-4)
+    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
+                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
+        assert_close_2x(name, a, b, c, torch.bfloat16)
 
 
 @hopper

@@ -57,7 +57,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head,
-                                             bias_tma_head, bias_tma_view, checked_call,
+                                             bias_tma_head, bias_tma_view, causal_window, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
                                              fills_at_most, head_dim_part, in_place_fields, listed_tiles, log2_units,
                                              op_score_tensors, parsed_spec, score_program_functions,
@@ -221,7 +221,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                 bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
                 DS_OUT: gl.constexpr, qlist, vectors, MASK_BLOCKS: gl.constexpr, PROGRAM_GRAD: gl.constexpr,
-                PROGRAM: gl.constexpr):
+                PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK (a tuple of its PARTS column parts, as q and k come) and dV
     accumulate (FIRST: start from this tile's products), dQ is added into global memory from dq_smem by TMA, a part at
@@ -232,7 +232,8 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the gradient of the scores, as the
     bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query head h - ds_head0 and keys n0
     on. MASK_BLOCKS: the query tiles listed for the key tile (``qlist``), MASK the partial ones: the scores through the
-    spec's program of the integer ``vectors`` (``PROGRAM``, generated) and dS back through it (``PROGRAM_GRAD``)."""
+    spec's program of the integer ``vectors`` (``PROGRAM``, generated) and dS back through it (``PROGRAM_GRAD``).
+    WINDOWED: MASK also hides the keys before each row's window of ``window`` keys."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP, qlist, MASK_BLOCKS)
     ring = r0 + it
@@ -292,8 +293,10 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         p = gl.where((offs_n < N)[None, :], p, 0.0)
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])
-    if MASK and not MASK_BLOCKS:  # causal: key n is seen by rows m >= n
+    if MASK and not MASK_BLOCKS:  # causal: key n is seen by rows m >= n (WINDOWED: and m < n + window)
         seen = offs_m[:, None] >= offs_n[None, :]
+        if WINDOWED:
+            seen = seen & (offs_m[:, None] - offs_n[None, :] < window)
         p = gl.where(seen, p, 0.0)
     p_smem.store(p.to(dtype))
     dp = warpgroup_mma_wait(0, deps=(dp, ))
@@ -349,14 +352,23 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
 
 
 @gluon.jit
-def _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr):
+def _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, window,
+                     WINDOWED: gl.constexpr):
     """The CTA's t-th key tile when causal: (its first key, the query tile its walk starts at (the diagonal's), the
-    first query tile wholly below the diagonal, query tiles a head). Paired (:data:`_PAIR_UP_TO_WAVES`), a CTA takes
-    key tiles pid and n_n - 1 - pid (the middle one alone when n_n is odd), so that every CTA walks about n_mb + 1
-    query tiles a head; otherwise key tile pid alone."""
+    first query tile wholly below the diagonal, the first past it that a row's window leaves a key of the tile
+    (WINDOWED: a sliding window of ``window`` keys; else none), query tiles a head). Paired
+    (:data:`_PAIR_UP_TO_WAVES`), a CTA takes key tiles pid and n_n - 1 - pid (the middle one alone when n_n is odd),
+    so that every CTA walks about n_mb + 1 query tiles a head; otherwise key tile pid alone. Under a window the walk
+    ends at the last row that sees the tile's last key."""
     n0 = (pid if t == 0 else n_n - 1 - pid) * BLOCK_N
     m_lo = n0 // BLOCK_M
-    return n0, m_lo, gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb), n_mb - m_lo
+    full_lo = gl.minimum((n0 + BLOCK_N) // BLOCK_M, n_mb)
+    m_hi = n_mb
+    full_hi = n_mb
+    if WINDOWED:  # rows n0 + window on leave key n0 out; row n0 + BLOCK_N - 1 + window is the first to see none
+        m_hi = gl.minimum(gl.cdiv(n0 + BLOCK_N - 1 + window, BLOCK_M), n_mb)
+        full_hi = gl.maximum(gl.minimum((n0 + window) // BLOCK_M, m_hi), full_lo)
+    return n0, m_lo, full_lo, full_hi, m_hi - m_lo
 
 
 @gluon.jit
@@ -383,7 +395,8 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              WARPS: gl.constexpr, CAUSAL: gl.constexpr,
              HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
              DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr, block_lists, vectors,
-             MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr):
+             MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr, window,
+             WINDOWED: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
     tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS; MASK_BLOCKS, key tile
     pid's listed query tiles (:func:`.common.listed_tiles`), the first run of full ones plain, the rest masked.
@@ -420,20 +433,21 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                      stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
                                      BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, False,
                                      False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM)
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
             for it in range(g * per_head + n_run, (g + 1) * per_head):
                 dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                      ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                      stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
                                      BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, True,
                                      False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM)
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
     elif CAUSAL:
         r0 = 0
         for t in range(n_kt):
-            n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
+            n0, m_lo, full_lo, full_hi, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N, window,
+                                                                    WINDOWED)
             offs_n = n0 + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
             # (accumulators in flight from one iteration to the next: the loops carry them as such)
             dk = (warpgroup_mma_init(gl.zeros([BLOCK_N, PART_D], gl.float32, layout=dk_layout)), ) * PARTS
@@ -447,15 +461,24 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
                                          dk_layout, True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
                                          DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
-                                         PROGRAM_GRAD, PROGRAM)
-                for it in range(g * per_head + full_lo - m_lo, (g + 1) * per_head):
+                                         PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                for it in range(g * per_head + full_lo - m_lo, g * per_head + full_hi - m_lo):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                          stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale, offs_n,
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
                                          dk_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
                                          DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
-                                         PROGRAM_GRAD, PROGRAM)
+                                         PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                if WINDOWED:  # the tiles whose rows' windows leave some of the key tile out
+                    for it in range(g * per_head + full_hi - m_lo, (g + 1) * per_head):
+                        dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
+                                             dq_smem, ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh,
+                                             stride_bm, stride_bn, z, h_kv, it, r0, m_lo, per_head, H, M, N, qk_scale,
+                                             offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout,
+                                             dq_layout, dk_layout, True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
+                                             BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors,
+                                             MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
             waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
             _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -473,14 +496,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES,
                              s_layout, dq_layout, dk_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
                              BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
-                             PROGRAM_GRAD, PROGRAM)
+                             PROGRAM_GRAD, PROGRAM, window, WINDOWED)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS,
                                  PART_D, STAGES, s_layout, dq_layout, dk_layout, False, False, HAS_BIAS,
                                  ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist,
-                                 vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM)
+                                 vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
 
@@ -490,7 +513,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             pid, n_n, n_mb, n_kt, GQA_GROUP: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
             STAGES: gl.constexpr, CAUSAL: gl.constexpr, bias_desc, bias_smem, stride_bz, stride_bh,
             BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, M, block_lists,
-            MASK_BLOCKS: gl.constexpr):
+            MASK_BLOCKS: gl.constexpr, window, WINDOWED: gl.constexpr):
     """One warp: for each of the CTA's key tiles (MASK_BLOCKS: its listed query tiles), its k (in PARTS column parts of
     PART_D, as q) and v (once the previous key tile's dK and dV are stored from their buffers), then every query
     tile's q and dO (and BIAS_TMA, its bias tile: of the bias's batch row and head where it has them, else 0) into
@@ -502,7 +525,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
             qlist, _, per_head = listed_tiles(block_lists, z, pid, gl.cdiv(M, BLOCK_M))
             n0, m_lo = pid * BLOCK_N, 0
         elif CAUSAL:
-            n0, m_lo, full_lo, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N)
+            n0, m_lo, _, _, per_head = _causal_key_tile(pid, t, n_n, n_mb, BLOCK_M, BLOCK_N, window, WINDOWED)
         else:
             n0, m_lo, per_head = pid * BLOCK_N, 0, n_mb
         if t > 0:
@@ -523,7 +546,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
 
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
-                     sm_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
+                     sm_scale, window, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
                      BlockList, BlockCounts, stride_blist_z, stride_bcount_z, V0, stride_v0_z, stride_v0_h,
                      stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m, stride_v1_n, V2, stride_v2_z,
                      stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h, stride_v3_m, stride_v3_n,
@@ -532,12 +555,15 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      WARPS: gl.constexpr, PAIRED: gl.constexpr,
                      HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                      BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr, MASK_BLOCKS: gl.constexpr,
-                     PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr):
+                     PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr, WINDOWED: gl.constexpr):
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
     launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads). MASK_BLOCKS:
     the tile-classes kernel's key-major lists and counts (launch.predicate_block_args), and the integer vectors (V0-V3,
     the spec's score tensors in order; slots past them unread) that PROGRAM and PROGRAM_GRAD read."""
     gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PAIRED or HAS_BIAS)), "listed tiles: one key tile a CTA")
+    # WINDOWED: causal keys among each row's ``window`` latest, one key tile a CTA (every walk about the window's)
+    gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or HAS_BIAS or MASK_BLOCKS)),
+                     "a window: causal, one key tile a CTA, no bias")
     block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
     vectors = (V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
                stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
@@ -586,10 +612,11 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                     q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, kv_bar, kv_free, ready, empty, z, h_kv,
                     pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D,
                     HEAD_DV, STAGES, WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
-                    kv_head0 * GQA_GROUP, DS_OUT, block_lists, vectors, MASK_BLOCKS, PROGRAM, PROGRAM_GRAD)),
+                    kv_head0 * GQA_GROUP, DS_OUT, block_lists, vectors, MASK_BLOCKS, PROGRAM, PROGRAM_GRAD, window,
+                    WINDOWED)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
-                   stride_bz, stride_bh, BIAS_TMA, PARTS, PART_D, M, block_lists, MASK_BLOCKS)),
+                   stride_bz, stride_bh, BIAS_TMA, PARTS, PART_D, M, block_lists, MASK_BLOCKS, window, WINDOWED)),
     ], [1], [24])  # the loader: one warp (Triton pads it to a warpgroup) at 24 registers a thread, so that the compute
     # threads get (65536 - 128 x 24) / 256 = 244, 240 after setmaxnreg's rounding to 8 (ptxas: no spills at D128; at
     # D64 causal, in the loop over the diagonal's query tiles, 8 bytes with GQA one key tile a CTA, 80-96 paired)
@@ -635,6 +662,7 @@ class BackwardCall:
         DV = v.shape[3]
         self.shapes = (Z, H, M, D, DV, H_kv, N)
         self.scale, causal, self.gqa_group = spec.scale_for(D), spec.causal is not None, spec.gqa_group
+        self.window = causal_window(spec, N)
         self.chunk = (0 if bias is None else dscore_kv_heads(q, k, bias)) if bias_grad else H_kv  # kv heads a launch
         if not self.chunk:
             raise ValueError("fuse_attn::flash_attention_hopper_backward computes the gradient of a bias in the "
@@ -665,13 +693,13 @@ class BackwardCall:
         self.chunks = []  # (first kv head, kv heads, grid, paired) of each launch of the backward kernel
         for kv_head0 in range(0, H_kv, self.chunk):
             kv_heads = min(self.chunk, H_kv - kv_head0)
-            paired = pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
+            paired = not self.window and pairs_key_tiles(causal, n_n, Z * kv_heads, q.device)
             self.chunks.append((kv_head0, kv_heads, (triton.cdiv(n_n, 2) if paired else n_n, Z * kv_heads), paired))
         self.part_d = part_d
         self.flags = (self.gqa_group, causal, block_m, block_n, D, part_d, DV, stages, _NUM_WARPS)
         self.bias_flags = (bias is not None, batch_rows_innermost(spec), self.zero_empty_rows,
                            self.ring_dq_buffers > 0, self.ring_dq_buffers or dq_buffers, bias_grad, bool(vectors),
-                           *programs)
+                           *programs, bool(self.window))
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 
     def __call__(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,
@@ -716,7 +744,7 @@ class BackwardCall:
         for kv_head0, kv_heads, grid, paired in self.chunks:
             _launch_backward.launch_kept(self.specializations, (lse, bias_or_lse, *vectors), grid,
                                          *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale,
-                                         bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, lists,
+                                         self.window, bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, lists,
                                          counts, stride_lists_z, stride_counts_z, *vector_slots(vectors, lse),
                                          *self.flags, paired, *self.bias_flags, num_warps=_NUM_WARPS)
             if self.bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)

@@ -76,10 +76,19 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
                        f"{', '.join(f'{d}/{dv}' for d, dv in HEAD_DIMS)}, not {spec.head_dim}/{spec.head_dim_v}")
     elif spec.score_program and dims not in BIAS_HEAD_DIMS:
         reasons.append(f"the Gluon kernels add no bias at head dims {spec.head_dim}/{spec.head_dim_v}")
-    if spec.causal is not None and (spec.causal.window is not None or spec.causal.diagonal != 0
-                                    or not statically_known_true(q.shape[2] == k.shape[2])):
+    if spec.causal is not None and (spec.causal.diagonal != 0 or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
+    if causal_window(spec) and spec.score_program:
+        reasons.append("the Gluon kernels take a sliding window only over the plain scores")
     return reasons
+
+
+def causal_window(spec: AttentionSpec, keys: int | None = None) -> int:
+    """The spec's sliding window (keys a query sees, its own the latest), 0 where it has none or (``keys`` given) it
+    spans them all: an argument of both kernels, which visit only the key tiles of each row's window."""
+    if spec.causal is None or spec.causal.window is None or keys is not None and spec.causal.window >= keys:
+        return 0
+    return spec.causal.window
 
 
 def head_dim_part(head_dim: int) -> int:

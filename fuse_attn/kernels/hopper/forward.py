@@ -62,8 +62,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides, empty_outputs
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head,
-                                             bias_tma_head, bias_tma_view, checked_call, ctas_at_once, dense_fields,
-                                             described, dscore_kv_heads, fills_at_most, head_dim_part,
+                                             bias_tma_head, bias_tma_view, causal_window, checked_call, ctas_at_once,
+                                             dense_fields, described, dscore_kv_heads, fills_at_most, head_dim_part,
                                              in_place_fields, listed_tiles, log2_units, op_score_tensors, parsed_spec,
                                              reinterpret_shared, score_program_functions, scores_over_parts,
                                              shared_memory_for_tiles, tma_descriptor, tma_load, tma_load_parts,
@@ -131,22 +131,34 @@ def forward_config(head_dim: int, causal: bool, rows: int, bias_by_tma: bool = F
 
 # ---- the kernel ------------------------------------------------------------------------------------------------------
 @gluon.jit
-def _keys_kept(offs_m, offs_n, N, CAUSAL: gl.constexpr):
+def _keys_kept(offs_m, offs_n, N, CAUSAL: gl.constexpr, window=0, WINDOWED: gl.constexpr = False):
     """Which (row offs_m, key offs_n) pairs of a masked tile are scored: keys below N and (CAUSAL) at or below the
-    row's diagonal."""
+    row's diagonal, and (WINDOWED) among its ``window`` latest."""
     keep = offs_n[None, :] < N
     if CAUSAL:
         keep = keep & (offs_m[:, None] >= offs_n[None, :])
+    if WINDOWED:
+        keep = keep & (offs_m[:, None] - offs_n[None, :] < window)
     return keep
 
 
 @gluon.jit
-def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr):
+def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, CAUSAL: gl.constexpr, window,
+                  WINDOWED: gl.constexpr):
     """One tile's online softmax in log2 units: P (fp32, unnormalized), the new running max and sum, and alpha (what
-    rescales the output accumulated under the old max). MASK: the tile holds keys past N or past the diagonal."""
+    rescales the output accumulated under the old max). MASK: the tile holds keys past N, past the diagonal or
+    (WINDOWED) before a row's window. A window's first tiles can hide every key of a row (one whose window starts
+    past them): its max stays -inf, and the exponents are taken against 0 instead (P = 0, not NaN), as
+    :func:`_biased_softmax_tile`'s."""
     if MASK:
-        s = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL), s, float("-inf"))
+        s = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL, window, WINDOWED), s, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    if WINDOWED:
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+        p = gl.exp2(s * qk_scale - m_safe[:, None])
+        alpha = gl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + gl.sum(p, 1)
+        return p, m_new, l_i, alpha
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
     l_i = l_i * alpha + gl.sum(p, 1)
@@ -172,12 +184,12 @@ def _program_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vec
 
 
 @gluon.jit
-def _key_tile(blist, j, MASK_BLOCKS: gl.constexpr):
+def _key_tile(blist, t0, j, MASK_BLOCKS: gl.constexpr):
     """The key tile of a query block's j-th visit: its j-th listed (MASK_BLOCKS: ``blist``, the block's row of the
-    tile-classes kernel's lists), else tile j."""
+    tile-classes kernel's lists), else tile t0 + j (t0: the block's first, 0 but under a window)."""
     if MASK_BLOCKS:
         return gl.load(blist + j)
-    return j
+    return t0 + j
 
 
 @gluon.jit
@@ -227,7 +239,7 @@ def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
 def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem, slot,
                          s_layout: gl.constexpr, PENDING: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                          HAS_BIAS: gl.constexpr, BIAS_TMA: gl.constexpr, M, z, h, vectors, MASK_BLOCKS: gl.constexpr,
-                         PROGRAM: gl.constexpr):
+                         PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr):
     """A tile's S waited for (PENDING wgmmas left in flight) and its online softmax (:func:`_softmax_tile`), or with
     HAS_BIAS its bias tile read before the wait (:func:`_bias_tile`, :func:`_biased_softmax_tile`), or with
     MASK_BLOCKS through the spec's program where MASK (:func:`_program_softmax_tile`)."""
@@ -241,7 +253,7 @@ def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, st
         p, m_i, l_i, alpha = _biased_softmax_tile(s, bias, m_i, l_i, qk_scale)
     else:
         s = warpgroup_mma_wait(PENDING, deps=(s, ))
-        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL)
+        p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK, CAUSAL, window, WINDOWED)
     return p, m_i, l_i, alpha
 
 
@@ -251,8 +263,8 @@ def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                    HAS_BIAS: gl.constexpr, bias_smem, C: gl.constexpr, CONSUMERS: gl.constexpr,
                    s_layout: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, M, z, h, vectors, blist,
-                   MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr):
-    """The block's j-th key tile (ring position r0 + j; MASK_BLOCKS: its j-th listed, :func:`_key_tile`): its q k^T
+                   MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, t0, window, WINDOWED: gl.constexpr):
+    """The block's j-th key tile (ring position r0 + j; :func:`_key_tile`, t0 the block's first): its q k^T
     and the last tile's P v in flight together (and the bias tile's loads, HAS_BIAS); this tile's softmax while P v
     runs; then the last tile's ring stage is released and the output rescaled."""
     r = r0 + j
@@ -261,11 +273,11 @@ def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l
     s = scores_over_parts(q_smem, C * PARTS, k_smem, stage * PARTS, s_zero, PARTS)  # (consumer C's q)
     prev = (r - 1) % STAGES
     acc = warpgroup_mma(p_op, v_smem.index(prev), acc, is_async=True)
-    offs_n = _key_tile(blist, j, MASK_BLOCKS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+    offs_n = _key_tile(blist, t0, j, MASK_BLOCKS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
     p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem,
                                               stage * CONSUMERS + C, s_layout, 1, MASK, CAUSAL, HAS_BIAS,
                                               BIAS_TMA, M, z, h, vectors, MASK_BLOCKS,
-                                              PROGRAM)  # (P v stays in flight)
+                                              PROGRAM, window, WINDOWED)  # (P v stays in flight)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -284,9 +296,11 @@ def _release_tiles(kv_ready, kv_empty, r0, first, n_tiles, STAGES: gl.constexpr)
 
 @gluon.jit
 def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.constexpr, BLOCK_N: gl.constexpr,
-              PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, block_lists, MASK_BLOCKS: gl.constexpr):
-    """The CTA's it-th query block: its (batch row, head), first row and key tiles to visit (MASK_BLOCKS: those the
-    tile-classes kernel listed, :func:`.common.listed_tiles`). PERSISTENT: unmasked, block
+              PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, block_lists, MASK_BLOCKS: gl.constexpr, window,
+              WINDOWED: gl.constexpr):
+    """The CTA's it-th query block: its (batch row, head), first row, first key tile (WINDOWED: that of its first
+    row's window, else 0) and key tiles to visit from there (MASK_BLOCKS: those the tile-classes kernel listed,
+    :func:`.common.listed_tiles`). PERSISTENT: unmasked, block
     pid_m + it x (the grid's CTAs) of every head's blocks, a head's blocks in a row; causal, block it % 2 of item
     pid_m + (it // 2) x (the grid's CTAs) of :func:`causal_items` (blocks - 1 - p and p of a head, the longer first,
     and where the blocks a head are odd the middle blocks of two heads: items of equal work). Else block
@@ -311,26 +325,33 @@ def _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL: gl.constexpr, ROWS: gl.
     else:
         z, h = batch_and_head(bh, Z, H, BATCH_INNER)
         row0 = (pid_m + it * (second - pid_m)) * ROWS  # it is 0 or 1
+    t0 = 0
     if MASK_BLOCKS:
         _, _, n_tiles = listed_tiles(block_lists, z, row0 // ROWS, gl.cdiv(N, BLOCK_N))
     elif CAUSAL:
-        n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N)
+        if WINDOWED:
+            t0 = gl.maximum(row0 - window + 1, 0) // BLOCK_N
+        n_tiles = gl.cdiv(gl.minimum(row0 + ROWS, N), BLOCK_N) - t0
     else:
         n_tiles = gl.cdiv(N, BLOCK_N)
-    return z, h, row0, n_tiles
+    return z, h, row0, t0, n_tiles
 
 
 @gluon.jit
-def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles, r0,
-                    phase, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr, CAUSAL: gl.constexpr,
-                    BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr, HEAD_DV: gl.constexpr,
-                    STAGES: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem,
-                    CONSUMERS: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, block_lists, vectors,
-                    MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr):
+def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, t0,
+                    n_tiles, r0, phase, qk_scale, bias_head, stride_bm, stride_bn, C: gl.constexpr,
+                    CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_D: gl.constexpr,
+                    HEAD_DV: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
+                    ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, CONSUMERS: gl.constexpr, BIAS_TMA: gl.constexpr,
+                    PARTS: gl.constexpr, block_lists, vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr,
+                    window, WINDOWED: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
-    key tiles from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles; stores the output
-    and lse. A warpgroup whose rows all lie past M only releases the tiles (at D64, 192 rows a CTA, and N1024 the
-    last CTA of each head has one warpgroup's rows).
+    key tiles from tile t0, from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles;
+    stores the output and lse. A warpgroup whose rows all lie past M only releases the tiles (at D64, 192 rows a
+    CTA, and N1024 the last CTA of each head has one warpgroup's rows).
+    WINDOWED (causal, a sliding window of ``window`` keys): the warpgroup releases the block's tiles below its rows'
+    windows unread, then visits its first tile and those its window's lower edge crosses masked, the ones wholly
+    inside plain, the diagonal's masked.
     HAS_BIAS: the scores plus the bias at ``bias_head`` (this head's ``[M, N]`` by strides, 0 where broadcast), or
     (BIAS_TMA) its tiles in ``bias_smem``, slot ``stage * CONSUMERS + C``; a row whose every score is -inf gets out
     NaN (0 under ZERO_EMPTY_ROWS) and lse -inf, as the template's.
@@ -347,15 +368,23 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
 
     start_m = row0 + C * BLOCK_M
     offs_m = start_m + gl.arange(0, BLOCK_M, layout=row_layout)
-    # tiles [1, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal, this
-    # warpgroup's rows see only tiles [0, n_mine) of the block's n_tiles (with three consumers the first one's rows
-    # end a key tile before the block's last)
+    # tiles [n_low, n_full) need no mask: every key is below N and (causal) at or below each row's diagonal; causal,
+    # this warpgroup's rows see only tiles [j0, n_mine) of the block's n_tiles (with three consumers the first one's
+    # rows end a key tile before the block's last; under a window later ones start later); tiles [j0 + 1, n_low)
+    # cross a window's lower edge
     blist = block_lists[0]  # (MASK_BLOCKS: the block's row of the lists)
+    j0 = 0
+    n_low = 1
     if MASK_BLOCKS:
         blist, n_run, _ = listed_tiles(block_lists, z, row0 // (CONSUMERS * BLOCK_M),
                                          gl.cdiv(N, BLOCK_N))
         n_mine = n_tiles
         n_full = gl.maximum(n_run, 1)
+    elif CAUSAL and WINDOWED:  # (tile indices from the block's first, t0)
+        j0 = gl.maximum(start_m - window + 1, 0) // BLOCK_N - t0
+        n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N) - t0
+        n_low = gl.maximum(gl.cdiv(gl.maximum(start_m + BLOCK_M - window, 0), BLOCK_N) - t0, j0 + 1)
+        n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N - t0, n_low), n_mine)
     elif CAUSAL:
         n_mine = gl.cdiv(gl.minimum(start_m + BLOCK_M, N), BLOCK_N)
         n_full = gl.minimum(gl.maximum((start_m + 1) // BLOCK_N, 1), n_mine)
@@ -373,27 +402,39 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         if HAS_BIAS:
             bias_rows = bias_head + gl.minimum(offs_m, M - 1).to(gl.int64) * stride_bm
 
-        # tile 0 alone (nothing to overlap with), masked: it may hold keys past N or past the diagonal
-        mbarrier.wait(kv_ready.index(r0 % STAGES), (r0 // STAGES) & 1)
-        s = scores_over_parts(q_smem, C * PARTS, k_smem, (r0 % STAGES) * PARTS, s_zero, PARTS)
-        offs_n = _key_tile(blist, 0, MASK_BLOCKS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
+        if WINDOWED:  # the block's tiles below these rows' windows
+            _release_tiles(kv_ready, kv_empty, r0, 0, j0, STAGES)
+        # tile j0 alone (nothing to overlap with), masked: it may hold keys past N, past the diagonal or before a
+        # row's window
+        r = r0 + j0
+        mbarrier.wait(kv_ready.index(r % STAGES), (r // STAGES) & 1)
+        s = scores_over_parts(q_smem, C * PARTS, k_smem, (r % STAGES) * PARTS, s_zero, PARTS)
+        offs_n = _key_tile(blist, t0, j0, MASK_BLOCKS) * BLOCK_N + gl.arange(0, BLOCK_N, layout=col_layout)
         p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn,
-                                                  bias_smem, (r0 % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL,
-                                                  HAS_BIAS, BIAS_TMA, M, z, h, vectors, MASK_BLOCKS, PROGRAM)
+                                                  bias_smem, (r % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL,
+                                                  HAS_BIAS, BIAS_TMA, M, z, h, vectors, MASK_BLOCKS, PROGRAM, window,
+                                                  WINDOWED)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
-        for j in range(1, n_full):
+        if WINDOWED:  # the other tiles the window's lower edge crosses
+            for j in range(j0 + 1, n_low):
+                acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
+                                                     s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn,
+                                                     BLOCK_N, STAGES, col_layout, o_layout, p_layout, True, CAUSAL,
+                                                     HAS_BIAS, bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M,
+                                                     z, h, vectors, blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED)
+        for j in range(n_low, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
                                                  s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
                                                  STAGES, col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS,
                                                  bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M, z, h, vectors,
-                                                 blist, MASK_BLOCKS, PROGRAM)
+                                                 blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED)
         # the masked tail (MASK_BLOCKS: the listed tiles after the first run of full ones)
         for j in range(n_full, n_mine):
             acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
                                                  s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
                                                  STAGES, col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS,
                                                  bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M, z, h, vectors,
-                                                 blist, MASK_BLOCKS, PROGRAM)
+                                                 blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED)
         last = (r0 + n_mine - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -429,28 +470,30 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
               HEAD_DV: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr,
               PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr,
               ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, block_lists,
-              vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr):
+              vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr):
     """Consumer warpgroup C: the CTA's query block (:func:`_block_of`); paired or persistent, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
     if PAIRED or PERSISTENT:
-        r0 = 0  # the ring position of the block's key tile 0
+        r0 = 0  # the ring position of the block's first key tile
         for it in range(n_blocks):
-            z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                            PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
-            _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0,
+            z, h, row0, t0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M,
+                                                BLOCK_N, PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS, window,
+                                                WINDOWED)
+            _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, t0,
                             n_tiles, r0, it & 1, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
                             stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS,
                             ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS,
-                            PROGRAM)
+                            PROGRAM, window, WINDOWED)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
-        z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                        PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
-        _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, n_tiles,
-                        0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm, stride_bn,
-                        C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
-                        CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM)
+        z, h, row0, t0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
+                                            PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS, window, WINDOWED)
+        _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_empty, z, h, H, M, N, row0, t0,
+                        n_tiles, 0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm,
+                        stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS,
+                        bias_smem, CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM, window,
+                        WINDOWED)
 
 
 @gluon.jit
@@ -468,12 +511,12 @@ def _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M: gl.constexp
 
 @gluon.jit
 def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h, h_kv,
-                   row0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                   row0, t0, n_tiles, r0, it, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
                    CONSUMERS: gl.constexpr, MANY_BLOCKS: gl.constexpr, bias_desc, bias_smem, bz, bh,
                    BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, N, block_lists,
                    MASK_BLOCKS: gl.constexpr):
-    """The it-th query block's n_tiles k / v tiles (MASK_BLOCKS: those listed, :func:`_key_tile`) into the ring (from
-    position r0) as stages come free, and (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and
+    """The it-th query block's n_tiles k / v tiles from tile t0 (MASK_BLOCKS: those listed, :func:`_key_tile`) into
+    the ring (from position r0) as stages come free, and (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and
     head bh; where a CTA takes MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those
     stages come free while the consumers finish the last block, its q buffers only after the consumers' output
     stores have read them)."""
@@ -482,7 +525,7 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
         blist, _, _ = listed_tiles(block_lists, z, row0 // (CONSUMERS * BLOCK_M),
                                          gl.cdiv(N, BLOCK_N))
     for j in range(n_tiles):
-        key0 = _key_tile(blist, j, MASK_BLOCKS) * BLOCK_N
+        key0 = _key_tile(blist, t0, j, MASK_BLOCKS) * BLOCK_N
         r = r0 + j
         stage = r % STAGES
         # a fresh barrier passes a wait on parity 1, so the first STAGES loads do not wait
@@ -497,7 +540,7 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
         tma_load(v_desc, [z, h_kv, key0, 0], ready, v_smem.index(stage))
         if BIAS_TMA:  # (rows past M and keys past N read as 0; a consumer with no rows below M never reads its tile)
             for c in gl.static_range(CONSUMERS):
-                tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, j * BLOCK_N], ready,
+                tma_load(bias_desc, [bz, bh, row0 + c * BLOCK_M, key0], ready,
                           bias_smem.index(stage * CONSUMERS + c))
         if MANY_BLOCKS:
             if (it > 0) & (j == gl.minimum(n_tiles, STAGES) - 1):
@@ -510,29 +553,30 @@ def _producer(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv
               BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
               PAIRED: gl.constexpr, PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, bias_desc, bias_smem,
               BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, block_lists,
-              MASK_BLOCKS: gl.constexpr):
+              MASK_BLOCKS: gl.constexpr, window, WINDOWED: gl.constexpr):
     """The q tiles of every consumer, then the k / v tiles into the ring; paired or persistent, so for each query
     block in turn (the ring runs on). BIAS_TMA: the bias tiles of the bias's batch row and head where it has them
     (else 0)."""
     if PAIRED or PERSISTENT:
         r0 = 0
         for it in range(n_blocks):
-            z, h, row0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                            PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
+            z, h, row0, t0, n_tiles = _block_of(it, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M,
+                                                BLOCK_N, PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS, window,
+                                                WINDOWED)
             if it == 0:
                 _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, it, BLOCK_M, CONSUMERS, True, PARTS, PART_D)
             bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
             _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                           h // GQA_GROUP, row0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
+                           h // GQA_GROUP, row0, t0, n_tiles, r0, it, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, True,
                            bias_desc, bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D, N, block_lists, MASK_BLOCKS)
             r0 += n_tiles
     else:
-        z, h, row0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
-                                        PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS)
+        z, h, row0, t0, n_tiles = _block_of(0, pid_m, second, bh, Z, H, M, N, CAUSAL, CONSUMERS * BLOCK_M, BLOCK_N,
+                                            PERSISTENT, BATCH_INNER, block_lists, MASK_BLOCKS, window, WINDOWED)
         _load_q(q_desc, q_smem, q_bars, q_free, z, h, row0, 0, BLOCK_M, CONSUMERS, False, PARTS, PART_D)
         bias_z, bias_h = bias_tma_head(z, h, stride_bz, stride_bh)
         _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, z, h,
-                       h // GQA_GROUP, row0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
+                       h // GQA_GROUP, row0, t0, n_tiles, 0, 0, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, False, bias_desc,
                        bias_smem, bias_z, bias_h, BIAS_TMA, PARTS, PART_D, N, block_lists, MASK_BLOCKS)
 
 
@@ -562,7 +606,7 @@ def _warp_specialize(consumer_args, producer_args, CONSUMERS: gl.constexpr, CONS
 
 
 @gluon.jit
-def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bias, stride_bz, stride_bh,
+def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, window, Bias, stride_bz, stride_bh,
                      stride_bm, stride_bn, Z, bias_desc, BlockList, BlockCounts, stride_blist_z, stride_bcount_z,
                      V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
                      stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
@@ -572,9 +616,13 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
                      PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr,
                      ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr, MASK_BLOCKS: gl.constexpr,
-                     PROGRAM: gl.constexpr):
+                     PROGRAM: gl.constexpr, WINDOWED: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
     gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PERSISTENT or HAS_BIAS)), "listed tiles: one block a CTA")
+    # WINDOWED: causal keys among each row's ``window`` latest, one query block a CTA (its walk is the window's, about
+    # equal for every block: nothing to pair), no bias
+    gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or PERSISTENT or HAS_BIAS or MASK_BLOCKS)),
+                     "a window: causal, one block a CTA, no bias")
     # MASK_BLOCKS: the tile-classes kernel's lists and counts (launch.predicate_block_args), and the integer vectors
     # (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM reads
     block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
@@ -634,10 +682,10 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, Bia
         (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
          n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
          HEAD_DV, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
-         PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM),
+         PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM, window, WINDOWED),
         (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second,
          bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, PERSISTENT,
-         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D, block_lists, MASK_BLOCKS),
+         BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D, block_lists, MASK_BLOCKS, window, WINDOWED),
         CONSUMERS, CONSUMER_REGS, PRODUCER_REGS)
 
 
@@ -714,20 +762,21 @@ def runs_persistent(causal: bool, has_bias: bool, consumers: int, rows: int, blo
 @functools.lru_cache(maxsize=4096)
 def _launch_plan(Z: int, H: int, M: int, N: int, D: int, causal: bool, dtype: torch.dtype,
                  bias_dtype: torch.dtype | None, bias_by_tma: bool, device: torch.device, ctas: int | None,
-                 mask_blocks: bool = False) -> tuple:
+                 mask_blocks: bool = False, windowed: bool = False) -> tuple:
     """``(block_m, block_n, stages, consumers, ring_stages, grid, paired, persistent, consumer_regs, producer_regs,
     registers)`` of a call: what the launch rules decide from the sizes and the device's SMs (``ctas``: the CTAs they
     hold at once, :func:`.common.ctas_at_once`), once a shape, as the host time of a call should be the kernel's.
-    ``mask_blocks``: the listed tiles of a predicate's mask (``MASK_BLOCKS``), one query block a CTA."""
+    ``mask_blocks``: the listed tiles of a predicate's mask (``MASK_BLOCKS``), one query block a CTA; ``windowed``: a
+    causal sliding window, one query block a CTA (the blocks' walks are about equal)."""
     block_m, block_n, stages, consumers = forward_config(D, causal, M, bias_by_tma, mask_blocks)
     ring_stages = 0 if not bias_by_tma else bias_ring_stages(block_m, block_n, stages, consumers, D, dtype, bias_dtype)
     if ring_stages:  # the bias tiles come by TMA with k and v
         stages = ring_stages
     blocks = triton.cdiv(M, consumers * block_m)  # query blocks a head
-    paired = pairs_query_blocks(causal, blocks, Z * H, D, consumers, device)
+    paired = not windowed and pairs_query_blocks(causal, blocks, Z * H, D, consumers, device)
     ctas_an_sm = resident_ctas(D, consumers)
-    persistent = not mask_blocks and runs_persistent(causal, bias_dtype is not None, consumers, M, blocks, Z * H, N, D,
-                                                     device)
+    persistent = not (mask_blocks or windowed) and runs_persistent(causal, bias_dtype is not None, consumers, M, blocks,
+                                                                   Z * H, N, D, device)
     if persistent:  # the grid's items: a block, or causal two (_block_of), every CTA taking every grid-th
         items = causal_items(blocks, Z * H) if causal else blocks * Z * H
         grid = (min(items, ctas_at_once(device, ctas_an_sm)), 1)  # (never paired: runs_persistent asks that)
@@ -753,10 +802,11 @@ class ForwardCall:
         Z, H, M, D = q.shape
         N, DV = k.shape[2], v.shape[3]
         causal = spec.causal is not None
+        window = causal_window(spec, N)
         bias_view = None if bias is None else bias_tma_view(bias)
         (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
-                                   bias_view is not None, q.device, ctas_at_once(q.device), bool(vectors))
+                                   bias_view is not None, q.device, ctas_at_once(q.device), bool(vectors), bool(window))
         # a predicate's mask (MASK_BLOCKS): each call lists the tiles of every query block of the CTA's rows
         self.tile_classes = (TileClasses(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
                              if vectors else None)
@@ -768,12 +818,12 @@ class ForwardCall:
         self.fields = tuple(in_place_fields(t, *tile) for t, tile in zip((q, k, v), self.tiles))
         self.out_fields = dense_fields(self.out_shape, block_m, q.dtype)
         self.bias_tiles = (block_m, block_n) if ring_stages else None
-        self.scalars = (H, M, N, spec.scale_for(D) * LOG2E)
+        self.scalars = (H, M, N, spec.scale_for(D) * LOG2E, window)
         self.bias_strides = (0, 0, 0, 0) if bias is None else tuple(broadcast_strides(bias))
         self.flags = (spec.gqa_group, causal, block_m, block_n, D, DV, part_d, stages, consumers, consumer_regs,
                       producer_regs, paired, persistent, bias is not None, batch_rows_innermost(spec),
                       (bias is not None or bool(vectors)) and spec.empty_rows == "zero",  # (no plain row is empty)
-                      ring_stages > 0, bool(vectors), program)
+                      ring_stages > 0, bool(vectors), program, bool(window))
         self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 

@@ -29,9 +29,10 @@ atomics (:func:`.common.dscore_kv_heads`, which keeps this to head dim 128).
 
 Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys past N read as zeros, which makes
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
-diagonal, and only the tiles that cross it are masked. A predicate's mask (``MASK_BLOCKS``): each key tile visits the
-query tiles the tile-classes kernel lists for it, P through the spec's program and dS back through its adjoint in the
-partial ones (both generated, as the forward's).
+diagonal, and only the tiles that cross it are masked; under a sliding window they end at the last row that sees the
+key tile, and the tiles whose rows' windows leave some of its keys out are masked too (one key tile a CTA). A
+predicate's mask (``MASK_BLOCKS``): each key tile visits the query tiles the tile-classes kernel lists for it, P
+through the spec's program and dS back through its adjoint in the partial ones (both generated, as the forward's).
 
 What it computes is the template's backward for the specs :func:`.common.hopper_reasons` accepts, with the
 forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`.common.dscore_kv_heads`

@@ -24,7 +24,8 @@ as FlashAttention-3 does:
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
 (:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128, or
 q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes); causal only top-left with equal
-lengths; GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where the spec's program adds its one
+lengths, with or without a sliding window (a query block's key tiles from its first row's window on, the tiles a
+window's lower edge crosses masked; one block a CTA); GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where the spec's program adds its one
 bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated template's semantics for rows the
 bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a consumer in every ring stage
 (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them (:data:`_BIAS_TMA_CONFIGS`,

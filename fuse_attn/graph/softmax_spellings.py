@@ -3,6 +3,9 @@ over the last dim (reductions kept as ``[..., M, 1]``):
 
 * ``exp(s - max(s)) / sum(exp(s - max(s)))``, or without the shift (``max``: ``amax`` or ``.max(...).values``):
   the softmax of ``s``;
+* ``exp(s - m) / (sum(exp(s - m)) + exp(sink - m))``, ``m`` any column (the row max, or its max with the sink) or
+  none, ``sink`` a column of logits: an attention sink joined to the denominator (the value is the same for every
+  ``m``: exp(s) / (sum(exp(s)) + exp(sink)));
 * ``exp(s - L)`` with ``L = logsumexp(s)``, and ``exp(log_softmax(s))``: the softmax of ``s``;
 * ``exp(s - L)`` with ``L = logsumexp(cat([s, sink], -1))`` or ``L = logaddexp(logsumexp(s), sink)``, ``sink`` a
   column of logits (``[..., M, 1]`` after broadcasting): an attention sink, the weights over the keys of the softmax
@@ -92,13 +95,42 @@ def _log_softmax_input(node) -> Optional[fx.Node]:
     return x if rank is not None and not widened and dim % rank == rank - 1 else None
 
 
+def _denominator_sink(e: fx.Node, summed, extra) -> Optional[tuple[fx.Node, fx.Node]]:
+    """``(s, sink)`` where ``e`` is ``exp(s - m)`` and ``extra`` is ``exp(sink - m)`` (both shifted by one column
+    ``m``), or ``e`` is ``exp(s)`` and ``extra`` ``exp(sink)``, the sink a column of logits as wide as ``summed``
+    (``sum(e)``); else None."""
+    if not isinstance(extra, fx.Node) or target_of(extra) != aten.exp.default or len(extra.users) != 1:
+        return None
+    x, y = e.args[0], extra.args[0]
+    if not isinstance(x, fx.Node) or not isinstance(y, fx.Node):
+        return None
+    shifted = [target_of(n) == aten.sub.Tensor and len(n.args) == 2 and n.kwargs.get("alpha", 1) == 1
+               and len(n.users) == 1 for n in (x, y)]
+    if all(shifted) and x.args[1] is y.args[1] and _column(x.args[1], summed):
+        x, y = x.args[0], y.args[0]
+    if not isinstance(x, fx.Node) or val(x) is None or not _column(y, summed):
+        return None
+    return x, y
+
+
 def _quotient(div: fx.Node) -> Optional[Spelling]:
-    """``exp(x) / sum(exp(x), -1, keepdim=True)``, ``x`` the scores or their row max subtracted from them."""
+    """``exp(x) / sum(exp(x), -1, keepdim=True)``, ``x`` the scores or their row max subtracted from them; or with a
+    sink's ``exp`` added to the sum (:func:`_denominator_sink`)."""
     if target_of(div) != aten.div.Tensor or len(div.args) != 2 or div.kwargs:
         return None
     e, total = div.args
     if not isinstance(e, fx.Node) or target_of(e) != aten.exp.default or not isinstance(total, fx.Node):
         return None
+    joined = None  # (s, sink) of a sink added to the denominator
+    if (target_of(total) == aten.add.Tensor and len(total.args) == 2 and total.kwargs.get("alpha", 1) == 1
+            and len(total.users) == 1):
+        for summed, extra in (total.args, total.args[::-1]):
+            if isinstance(summed, fx.Node) and target_of(summed) == aten.sum.dim_IntList and summed.args[0] is e:
+                joined = _denominator_sink(e, summed, extra)
+                total = summed
+                break
+        if joined is None:
+            return None
     if (target_of(total) != aten.sum.dim_IntList or total.args[0] is not e or total.kwargs.get("dtype") is not None
             or len(total.users) != 1 or set(e.users) != {div, total}):
         return None
@@ -106,6 +138,8 @@ def _quotient(div: fx.Node) -> Optional[Spelling]:
     rank = val(e).dim()
     if dims is None or len(dims) != 1 or dims[0] % rank != rank - 1 or not keepdim:
         return None
+    if joined is not None:
+        return _sink_spelling(div, *joined)
     x = e.args[0]
     shift = row_max_shift(x) if isinstance(x, fx.Node) else None
     scores = shift[0] if shift is not None else x
@@ -142,11 +176,17 @@ def _exponential(exp: fx.Node) -> Optional[Spelling]:
         return None
     for inner, sink in (lse.args, reversed(lse.args)):
         if _logsumexp_input(inner) is scores and _column(sink, inner):
-            if all(isinstance(size, int) for size in val(scores).shape[:-1]):
-                return Spelling(exp, scores, sink, None)
-            rows = _query_operand(scores)
-            return None if rows is None else Spelling(exp, scores, sink, None, rows)
+            return _sink_spelling(exp, scores, sink)
     return None
+
+
+def _sink_spelling(weights: fx.Node, scores: fx.Node, sink: fx.Node) -> Optional[Spelling]:
+    """A sink column the rewrite joins to the scores itself: broadcast to their rows by their sizes, or where those
+    are symbolic by their product's query operand's (None where it has not got them)."""
+    if all(isinstance(size, int) for size in val(scores).shape[:-1]):
+        return Spelling(weights, scores, sink, None)
+    rows = _query_operand(scores)
+    return None if rows is None else Spelling(weights, scores, sink, None, rows)
 
 
 def find(graph: fx.Graph) -> list[Spelling]:
@@ -165,7 +205,7 @@ def as_softmax(form: Spelling, emit: Callable[..., fx.Node], graph: fx.Graph) ->
     read the softmax (cut back to the keys where it has a sink) and the chain that computed them is erased. Returns
     the softmax."""
     joined = form.joined
-    if form.sink is not None and joined is None:  # logaddexp(logsumexp(s), sink): the column joined here
+    if form.sink is not None and joined is None:  # logaddexp, or the sink in the denominator: the column joined here
         rows = [size if isinstance(size, int) else emit(aten.sym_size.int, form.rows, d)
                 for d, size in enumerate(val(form.scores).shape[:-1])]
         joined = emit(aten.cat.default, [form.scores, emit(aten.expand.default, form.sink, [*rows, 1])], -1)

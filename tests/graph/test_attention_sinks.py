@@ -22,8 +22,9 @@ class SinkAttention(nn.Module):
     """gpt-oss's eager attention on [B, H, N, D] inputs: scaled scores, an optional causal window (as a float mask
     added to the scores), the sink column, the row max subtracted, softmax, the column dropped, ``@ v``. ``spelling``
     "logsumexp": the weights ``exp(s - logsumexp(cat([s, sink])))``; "logaddexp": ``exp(s - logaddexp(logsumexp(s),
-    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.softmax_spellings); "flex": FlexAttention's form, the
-    output ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``."""
+    sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.softmax_spellings); "denominator": ``exp(s - m) /
+    (sum(exp(s - m)) + exp(sink - m))``, ``m`` the row max with the sink's; "flex": FlexAttention's form, the output
+    ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``."""
 
     def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False,
                  spelling: str = "softmax"):
@@ -41,6 +42,11 @@ class SinkAttention(nn.Module):
         if self.spelling == "flex":
             share = torch.sigmoid(torch.logsumexp(w, -1, keepdim=True) - self.sinks.reshape(1, -1, 1, 1))
             return torch.matmul(F.softmax(w, dim=-1).to(v.dtype), v) * share.to(v.dtype)
+        if self.spelling == "denominator":
+            sinks = self.sinks.reshape(1, -1, 1, 1)
+            m = torch.maximum(w.amax(-1, keepdim=True), sinks)
+            e = torch.exp(w - m)
+            return torch.matmul((e / (e.sum(-1, keepdim=True) + torch.exp(sinks - m))).to(v.dtype), v)
         if self.spelling == "logaddexp":
             p = torch.exp(w - torch.logaddexp(torch.logsumexp(w, -1, keepdim=True), self.sinks.reshape(1, -1, 1, 1)))
             return torch.matmul(p.to(v.dtype), v)
@@ -119,13 +125,16 @@ GRAD_DRAWS = 4
                                             ("plain", 1, 300, 16),  # (one query, a long key range)
                                             ("logsumexp", 17, 17, 16), ("logaddexp", 97, 97, 80),
                                             ("logaddexp causal", 17, 17, 16), ("flex", 17, 17, 16),
+                                            ("denominator", 17, 17, 16), ("denominator causal", 97, 97, 80),
                                             ("flex causal", 97, 97, 80)])
 def test_sinks_match_fp64_with_gradients(form, M, N, D, device, dtype):
     """Output and the gradients of q, k, v and the sinks against fp64: our mean error over GRAD_DRAWS draws <= 2x
     eager's in the same dtype + the floor. The sink spelled with logsumexp too."""
-    module = SinkAttention(3, causal=form in ("causal", "window", "logaddexp causal", "flex causal"),
+    spelling = form.split()[0]
+    module = SinkAttention(3, causal=form in ("causal", "window") or form.endswith(" causal"),
                            window=4 if form == "window" else None, amax=form == "amax",
-                           spelling=form.split()[0] if form.split()[0] in ("logsumexp", "logaddexp", "flex") else "softmax")
+                           spelling=spelling if spelling in ("logsumexp", "logaddexp", "flex", "denominator")
+                           else "softmax")
     inputs = [t.to(device) for t in qkv(M=M, N=N, D=D)]
     module = module.to(device)
     torch._dynamo.reset()
@@ -197,7 +206,7 @@ def test_a_row_with_every_key_masked_puts_its_weight_on_the_sink():
         torch.testing.assert_close(ours_grad, eager_grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spelling", ["softmax", "logaddexp", "flex"])
+@pytest.mark.parametrize("spelling", ["softmax", "logaddexp", "denominator", "flex"])
 def test_explain_says_what_the_compile_does(spelling):
     q, k, v = qkv()
     module = SinkAttention(3, causal=True, spelling=spelling)

@@ -38,6 +38,21 @@ class TestFused(TestCase):
 
         self.assertExpectedInline(fused_specs(fn, *qkv(M=7), torch.randn(3), dynamic=True), """float32 D=? scale=1 empty rows 0 + sink (output x sigmoid(lse - sink))""")
 
+    def test_a_sink_added_to_the_denominator(self):
+        module = SinkAttention(3, causal=True, spelling="denominator")
+        self.assertExpectedInline(fused_specs(module, *qkv()), """float32 D=8 M=5 N=5 scale=0.353553 causal(top_left, diagonal=0) empty rows 0 + sink (output x sigmoid(lse - sink))""")
+
+    def test_a_sink_added_to_the_denominator_unshifted_or_shifted_by_the_scores_max(self):
+        def fn(q, k, v, sinks, shift):
+            s = q @ k.transpose(-1, -2)
+            m = s.amax(-1, keepdim=True) if shift else torch.zeros_like(s[..., :1])
+            e = torch.exp(s - m) if shift else torch.exp(s)
+            extra = torch.exp(sinks.reshape(1, -1, 1, 1) - m) if shift else torch.exp(sinks.reshape(1, -1, 1, 1))
+            return (e / (extra + e.sum(-1, keepdim=True))) @ v
+
+        for shift in (False, True):
+            self.assertExpectedInline(fused_specs(fn, *qkv(), torch.randn(3), shift), """float32 D=8 M=5 N=5 scale=1 empty rows 0 + sink (output x sigmoid(lse - sink))""")
+
     def test_a_sink_joined_by_cat_then_logsumexp(self):
         module = SinkAttention(3, causal=True, spelling="logsumexp")
         self.assertExpectedInline(fused_specs(module, *qkv()), """float32 D=8 M=5 N=5 scale=0.353553 causal(top_left, diagonal=0) empty rows 0 + sink (output x sigmoid(lse - sink))""")
@@ -162,6 +177,13 @@ class TestLeftAlone(TestCase):
             return torch.exp(s - total) @ v, total
 
         self.assert_left(fn, *qkv())
+
+    def test_a_denominator_plus_a_tensor_wider_than_a_column(self):
+        def fn(q, k, v, other):
+            e = torch.exp(q @ k.transpose(-1, -2))
+            return (e / (e.sum(-1, keepdim=True) + torch.exp(other))) @ v
+
+        self.assert_left(fn, *qkv(), torch.randn(2, 3, 5, 5))
 
     def test_logaddexp_of_a_tensor_wider_than_a_column(self):
         def fn(q, k, v, other):

@@ -208,10 +208,13 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
 
 def gluon_score_operands(spec: AttentionSpec, score_tensors: Sequence) -> tuple:
     """``(bias, vectors)``, the Gluon forward's score operands for a spec it takes (:func:`gluon_reasons` empty):
-    the integer vectors of a predicate's mask where every score tensor is one, else the one added bias (or none)."""
-    if score_tensors and all(t.role == "int" for t in spec.score_tensors):
-        return None, list(score_tensors)
-    return (score_tensors[0] if score_tensors else None), None
+    the one added bias where the spec adds one, else the score tensors as its vectors (the integer vectors of a
+    predicate's mask, or the tensors a score program reads), or none."""
+    from fuse_attn.kernels.hopper.common import adds_a_bias
+
+    if adds_a_bias(spec):
+        return score_tensors[0], None
+    return None, (list(score_tensors) or None)
 
 
 def _triton_version() -> str:

@@ -42,9 +42,19 @@ def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
 ALIBI = dict(score_program=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
 
 
+# score programs the Gluon kernels apply to every score (SCORED): a tanh softcap (Gemma-2, Grok) and ALiBi from per-head
+# slopes and the indices (BLOOM, MPT)
+SOFTCAP = dict(score_program=(ScoreNode("score"), ScoreNode("tanh", (0,)), ScoreNode("const", value=30.0),
+                              ScoreNode("mul", (1, 2))))
+ALIBI_FROM_SLOPES = dict(score_program=(ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("kv_idx"),
+                                        ScoreNode("q_idx"), ScoreNode("sub", (2, 3)), ScoreNode("mul", (1, 4)),
+                                        ScoreNode("add", (0, 5))),
+                         score_tensors=(ScoreTensor("bias", "float32", (True, False, True, True)),))
+
+
 @pytest.mark.parametrize("change, qk, reason", [
     ({"dtype": "float32"}, {"dtype": torch.float32}, "fp16/bf16"),
-    ({"score_program": (ScoreNode("score"), ScoreNode("tanh", (0,)))}, {}, "plain attention, add one bias"),
+    ({"score_program": (ScoreNode("score"), ScoreNode("exp", (0,)))}, {}, "plain attention, add one bias"),
     ({"score_program": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
       "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
     ({"score_program": BIAS_PROGRAM,
@@ -64,6 +74,8 @@ def test_hopper_reasons(change, qk, reason, monkeypatch):
     assert hopper_reasons(PLAIN, *fake_qk(q_len=1, kv_len=1000)) == []  # lengths may differ without a mask
     assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(), **ALIBI), *fake_qk()) == []
     assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(window=16), gqa_group=2), *fake_qk()) == []
+    for program in (SOFTCAP, ALIBI_FROM_SLOPES):
+        assert hopper_reasons(dataclasses.replace(PLAIN, causal=CausalMask(window=16), **program), *fake_qk()) == []
     reasons = hopper_reasons(dataclasses.replace(PLAIN, **change), *fake_qk(**qk))
     assert len(reasons) == 1 and reason in reasons[0], reasons
 
@@ -270,6 +282,40 @@ def test_a_sliding_window_matches_fp64_with_gradients(length, window, head_dims)
     for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
                              torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
         assert_close_2x(name, a, b, c, torch.bfloat16)
+
+
+@hopper
+@pytest.mark.parametrize("program", ["softcap", "alibi"])
+@pytest.mark.parametrize("head_dim, length, causal", [(64, 97, True), (128, 1025, False), (128, 4096, True),
+                                                      (64, 4096, "window")])
+def test_a_score_program_on_every_tile_matches_fp64_with_gradients(program, head_dim, length, causal):
+    """A softcap or ALiBi from slopes evaluated in every tile (SCORED), unmasked, causal and in a window (GQA 2):
+    output and gradients under the 2x rule; slopes that need a gradient take the template's backward (theirs too)."""
+    change = SOFTCAP if program == "softcap" else ALIBI_FROM_SLOPES
+    spec = AttentionSpec(dtype="bfloat16", head_dim=head_dim, head_dim_v=head_dim, scale=head_dim ** -0.5,
+                         causal=CausalMask(window=300) if causal == "window" else CausalMask() if causal else None,
+                         gqa_group=2, **change)
+    g = torch.Generator(device="cuda").manual_seed(length)
+    q = torch.randn(2, 4, length, head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 2, length, head_dim, device="cuda", generator=g, dtype=torch.bfloat16) for _ in range(2))
+    slopes = [2.0 ** (-8 * torch.arange(1, 5, device="cuda", dtype=torch.float32) / 4).reshape(1, 4, 1, 1)]
+    slopes = slopes if program == "alibi" else []
+    for slopes_grad in ((False, True) if slopes else (False,)):
+        leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
+        ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
+        tensors = [[t.detach().to(cast).requires_grad_(slopes_grad) for t in slopes]
+                   for cast in (torch.float32, torch.float64, torch.float32)]
+        out = flash_attention_hopper(*ours_in, spec, vectors=tensors[0])
+        ref, _ = reference_attention(*ref_in, tensors[1], spec)
+        eager, _ = reference_attention(*eager_in, tensors[2], spec)
+        assert_close_2x("out", out, ref, eager, torch.bfloat16)
+        dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+        grads = [torch.autograd.grad(o, [*x, *t], d) for o, x, t, d in
+                 ((out, ours_in, tensors[0] if slopes_grad else [], dout),
+                  (ref, ref_in, tensors[1] if slopes_grad else [], dout.double()),
+                  (eager, eager_in, tensors[2] if slopes_grad else [], dout))]
+        for name, a, b, c in zip(("dq", "dk", "dv", "dslopes"), *grads):
+            assert_close_2x(name, a, b, c, torch.bfloat16)
 
 
 @hopper

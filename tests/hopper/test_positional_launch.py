@@ -194,7 +194,7 @@ def test_the_forward_op_prepares_a_signature_once_and_then_only_sets_the_tensors
     scalars = [[a for a in launch[5:] if not isinstance(a, (torch.Tensor, common.TensorDescriptor))]
                for launch in (kernel.jit[0][1], kernel.runs[0][9:], kernel.runs[1][9:])]
     # (the sizes, scale, window, strides and flags; the mask blocks' and vector slots' strides, zeros)
-    assert scalars[0] == scalars[1] == scalars[2] and len(scalars[0]) == 48
+    assert scalars[0] == scalars[1] == scalars[2] and len(scalars[0]) == 49
     assert all(o[0] is not outputs[0][0] for o in outputs[1:])
 
 

@@ -48,6 +48,10 @@ def softcapped(q, k, v):
     return torch.softmax(scores, dim=-1) @ v
 
 
+def dropped_out(q, k, v):  # attention dropout, which the Gluon kernels do not have
+    return torch.nn.functional.dropout(torch.softmax(q @ k.transpose(-1, -2), dim=-1), 0.1, training=True) @ v
+
+
 def biased(q, k, v, bias):  # a precomputed bias (ALiBi's [1, H, N, N] buffer) added to the scores
     return torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
 
@@ -260,7 +264,7 @@ class TestEmittedGraphs(TestCase):
             _, verdicts = rewritten(causal_attention, [(4, 16, 2048, 32)] * 3)  # head dim 32
             self.assertEqual(timings.timed, [])
             self.assertNotIn("runs", verdicts)
-            rewritten(softcapped, [(4, 16, 2048, 64)] * 3)  # a score program
+            rewritten(dropped_out, [(4, 16, 2048, 64)] * 3)  # dropout
             self.assertEqual(timings.timed, [])
             rewritten(gqa_attention, GQA, training=True)  # 4 x 8 x 128^2 x 64 x 2 x 3.5: its host cost would show
             self.assertEqual(timings.timed, [])

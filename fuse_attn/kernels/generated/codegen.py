@@ -475,7 +475,9 @@ def _sum(ops: TritonOps, vals: list[TVal]) -> str:
     return " + ".join(_strip(ops._nat(v)) for v in vals)
 
 
-def _backward_lines(spec: AttentionSpec, ops: TritonOps, vals: list[TVal]) -> list[str]:
+def _backward_lines(spec: AttentionSpec, ops: TritonOps, vals: list[TVal], tensor_grads: bool = True) -> list[str]:
+    """The adjoint of the score (``ds``) and, with ``tensor_grads``, each float score tensor's gradient accumulated
+    where its ``NEED_DT`` flag asks for it."""
     program, tensors = spec.score_program, spec.score_tensors
     scores = score_sources(program)
     biases = bias_load_sources(program, tensors)
@@ -489,7 +491,7 @@ def _backward_lines(spec: AttentionSpec, ops: TritonOps, vals: list[TVal]) -> li
     if guard:
         lines += ["if MASKED:  # out-of-bounds elements: their derivatives may be inf/NaN (q = k = 0, loads = 0 there)",
                   "    ds = tl.where(tile_mask, ds, 0.0)"]
-    for t, loads in sorted(biases.items()):
+    for t, loads in sorted(biases.items()) if tensor_grads else ():
         bias_adj = [adj[i] for i in sorted(loads) if i in adj]
         if not bias_adj:
             continue  # no gradient reaches it: its buffer stays zero
@@ -848,22 +850,21 @@ def generate_tile_classes_source(spec: AttentionSpec) -> str:
 
 
 def _in_gluon(lines: list[str]) -> list[str]:
-    """Generated Triton lines in Gluon's names: the ops a program of integer vectors and the score uses (loads,
-    comparisons, ``where``, minimum / maximum, casts) are the same functions in ``gl`` as in ``tl``."""
-    return [re.sub(r"\btl\.", "gl.", line) for line in lines]
+    """Generated Triton lines in Gluon's names: the ops a score program uses (loads, comparisons, ``where``, minimum /
+    maximum, casts, exp2 / log2) are the same functions in ``gl`` as in ``tl``, ``tl.math``'s at the top of ``gl``."""
+    return [re.sub(r"\btl\.", "gl.", re.sub(r"\btl\.math\.", "gl.", line)) for line in lines]
 
 
 def generate_gluon_score_program_source(spec: AttentionSpec) -> str:
-    """The Gluon functions of ``spec``'s score program (``program``, ``program_grad``), for a spec whose mask is a
-    predicate of integer vectors and whose score tensors are those vectors (what the Hopper kernels take:
-    ``hopper.common.hopper_reasons``)."""
+    """The Gluon functions of ``spec``'s score program (``program``, ``program_grad``), for a spec the Hopper kernels
+    take with its score tensors in their vector slots (``hopper.common``: a mask that is a predicate of integer
+    vectors, or a program of float tensors that changes every score)."""
     key = spec.kernel_key()
-    summarized = plan.mask_blocks(key)
-    if summarized is None or summarized.predicate is None:
-        raise ValueError(f"no predicate of integer vectors in {plan.describe(key)}")
+    if not key.score_program:
+        raise ValueError(f"no score program in {plan.describe(key)}")
     ops = TritonOps(key.score_tensors, QUERY_MAJOR)
     forward_lines, vals = _forward_lines(key, ops)
-    backward_lines = _backward_lines(key, ops, vals)
+    backward_lines = _backward_lines(key, ops, vals, tensor_grads=False)  # (those take the template's backward)
     vectors = [f"{name} = vectors[{5 * i + j}]" for i in range(len(key.score_tensors))
                for j, name in enumerate([f"T{i}"] + [f"stride_t{i}_{d}" for d in _DIMS])]
     inline = {"SPEC_DIGEST": key.digest, "SPEC_DESCRIPTION": plan.describe(key)}

@@ -61,6 +61,7 @@ from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bia
                                              bias_tma_head, bias_tma_view, causal_window, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
                                              fills_at_most, head_dim_part, in_place_fields, listed_tiles, log2_units,
+                                             masks_by_a_predicate, scores_by_a_program,
                                              op_score_tensors, parsed_spec, score_program_functions,
                                              scores_over_parts, shared_memory_for_tiles,
                                              tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
@@ -222,7 +223,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
                 MASK: gl.constexpr, FIRST: gl.constexpr, HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                 bias_smem, BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, ds_desc, n0, ds_head0,
                 DS_OUT: gl.constexpr, qlist, vectors, MASK_BLOCKS: gl.constexpr, PROGRAM_GRAD: gl.constexpr,
-                PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr):
+                PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr, SCORED: gl.constexpr):
     """Iteration it of a key tile's walk, ring position ``r0 + it`` (r0: the CTA's iterations for its earlier key
     tiles): its query tile against the key tile; dK (a tuple of its PARTS column parts, as q and k come) and dV
     accumulate (FIRST: start from this tile's products), dQ is added into global memory from dq_smem by TMA, a part at
@@ -234,7 +235,8 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query head h - ds_head0 and keys n0
     on. MASK_BLOCKS: the query tiles listed for the key tile (``qlist``), MASK the partial ones: the scores through the
     spec's program of the integer ``vectors`` (``PROGRAM``, generated) and dS back through it (``PROGRAM_GRAD``).
-    WINDOWED: MASK also hides the keys before each row's window of ``window`` keys."""
+    WINDOWED: MASK also hides the keys before each row's window of ``window`` keys. SCORED: every score through the
+    spec's program (``PROGRAM``) and dS back through it (``PROGRAM_GRAD``), the tensors it reads in ``vectors``."""
     dtype: gl.constexpr = q_desc.dtype
     h, mb = _tile_of(it, h_kv, m_lo, per_head, GQA_GROUP, qlist, MASK_BLOCKS)
     ring = r0 + it
@@ -292,6 +294,9 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
         hidden = (lse < -0.5 * 3.4028234663852886e38)[:, None]
         p = gl.where(hidden, gl.where(value > float("-inf"), 1.0 / N, 0.0), gl.exp2(value - lse[:, None]))
         p = gl.where((offs_n < N)[None, :], p, 0.0)
+    elif SCORED:
+        s = s * qk_scale
+        p = gl.exp2(PROGRAM(s, z, h, offs_m, offs_n, M, N, vectors) - lse[:, None])
     else:
         p = gl.exp2(s * qk_scale - lse[:, None])
     if MASK and not MASK_BLOCKS:  # causal: key n is seen by rows m >= n (WINDOWED: and m < n + window)
@@ -302,7 +307,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     p_smem.store(p.to(dtype))
     dp = warpgroup_mma_wait(0, deps=(dp, ))
     ds = p * (dp - delta[:, None])
-    if MASK_BLOCKS and MASK:  # dS of the scores, from the program's result's
+    if MASK_BLOCKS and MASK or SCORED:  # dS of the scores, from the program's result's
         ds = PROGRAM_GRAD(s, ds, z, h, offs_m, offs_n, M, N, vectors)
     if HAS_BIAS and MASK:  # a row the bias made NaN has delta NaN, and P = 0 past the diagonal would give 0 * NaN:
         ds = gl.where(seen, ds, 0.0)  # masked keys get no gradient (eager's masked_fill)
@@ -397,7 +402,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
              HAS_BIAS: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr,
              DQ_BUFFERS: gl.constexpr, ds_desc, ds_head0, DS_OUT: gl.constexpr, block_lists, vectors,
              MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr, window,
-             WINDOWED: gl.constexpr):
+             WINDOWED: gl.constexpr, SCORED: gl.constexpr):
     """The CTA's two warpgroups: the five matmuls and softmax of every query tile, dK and dV, for each of its n_kt key
     tiles (causal: :func:`_causal_key_tile`; otherwise one, pid), and (DS_OUT) each tile's dS; MASK_BLOCKS, key tile
     pid's listed query tiles (:func:`.common.listed_tiles`), the first run of full ones plain, the rest masked.
@@ -434,14 +439,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                      stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
                                      BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, False,
                                      False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
             for it in range(g * per_head + n_run, (g + 1) * per_head):
                 dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                      ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                      stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
                                      BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, True,
                                      False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
     elif CAUSAL:
@@ -462,7 +467,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
                                          dk_layout, True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
                                          DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
-                                         PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                                         PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
                 for it in range(g * per_head + full_lo - m_lo, g * per_head + full_hi - m_lo):
                     dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                          ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
@@ -470,7 +475,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                          GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout,
                                          dk_layout, False, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
                                          DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
-                                         PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                                         PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
                 if WINDOWED:  # the tiles whose rows' windows leave some of the key tile out
                     for it in range(g * per_head + full_hi - m_lo, (g + 1) * per_head):
                         dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem,
@@ -479,7 +484,7 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                              offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout,
                                              dq_layout, dk_layout, True, False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
                                              BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors,
-                                             MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                                             MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
             waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
             _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
             mbarrier.arrive(kv_free)  # the loader may bring the next key tile's k and v
@@ -497,14 +502,14 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                              n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES,
                              s_layout, dq_layout, dk_layout, False, True, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem,
                              BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS,
-                             PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                             PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
         for it in range(1, GQA_GROUP * n_mb):
             dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem, ready,
                                  empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm, stride_bn, z, h_kv,
                                  it, 0, 0, n_mb, H, M, N, qk_scale, offs_n, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS,
                                  PART_D, STAGES, s_layout, dq_layout, dk_layout, False, False, HAS_BIAS,
                                  ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0, ds_head0, DS_OUT, qlist,
-                                 vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED)
+                                 vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
 
@@ -556,7 +561,8 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      WARPS: gl.constexpr, PAIRED: gl.constexpr,
                      HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr, ZERO_EMPTY_ROWS: gl.constexpr,
                      BIAS_TMA: gl.constexpr, DQ_BUFFERS: gl.constexpr, DS_OUT: gl.constexpr, MASK_BLOCKS: gl.constexpr,
-                     PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr, WINDOWED: gl.constexpr):
+                     PROGRAM: gl.constexpr, PROGRAM_GRAD: gl.constexpr, WINDOWED: gl.constexpr,
+                     SCORED: gl.constexpr):
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
     launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads). MASK_BLOCKS:
     the tile-classes kernel's key-major lists and counts (launch.predicate_block_args), and the integer vectors (V0-V3,
@@ -565,6 +571,8 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
     # WINDOWED: causal keys among each row's ``window`` latest, one key tile a CTA (every walk about the window's)
     gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or HAS_BIAS or MASK_BLOCKS)),
                      "a window: causal, one key tile a CTA, no bias")
+    # SCORED: every score through the spec's program of the score tensors in the vector slots, no bias
+    gl.static_assert(not SCORED or not (MASK_BLOCKS or HAS_BIAS), "a score program: no listed tiles, no bias")
     block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
     vectors = (V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
                stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
@@ -614,7 +622,7 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                     pid, n_n, n_mb, n_kt, H, M, N, qk_scale, sm_scale, GQA_GROUP, BLOCK_M, BLOCK_N, PARTS, PART_D,
                     HEAD_DV, STAGES, WARPS, CAUSAL, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc,
                     kv_head0 * GQA_GROUP, DS_OUT, block_lists, vectors, MASK_BLOCKS, PROGRAM, PROGRAM_GRAD, window,
-                    WINDOWED)),
+                    WINDOWED, SCORED)),
         (_loader, (q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv_bar, kv_free, ready, empty, z,
                    h_kv, pid, n_n, n_mb, n_kt, GQA_GROUP, BLOCK_M, BLOCK_N, STAGES, CAUSAL, bias_desc, bias_smem,
                    stride_bz, stride_bh, BIAS_TMA, PARTS, PART_D, M, block_lists, MASK_BLOCKS, window, WINDOWED)),
@@ -673,9 +681,11 @@ class BackwardCall:
         self.block_m, self.block_n, self.causal, self.bias_grad = block_m, block_n, causal, bias_grad
         # (no row of plain attention is empty: one kernel for both)
         self.zero_empty_rows = (bias is not None or bool(vectors)) and spec.empty_rows == "zero"
-        # a predicate's mask (MASK_BLOCKS): each call lists every key tile's query tiles
-        self.tile_classes = TileClasses(spec, vectors, M, N, block_m, block_n, key_major=True) if vectors else None
-        programs = score_program_functions(spec) if vectors else (None, None)
+        # a predicate's mask (MASK_BLOCKS): each call lists every key tile's query tiles (else the vectors are a score
+        # program's tensors: SCORED)
+        mask_blocks, scored = masks_by_a_predicate(spec), scores_by_a_program(spec)
+        self.tile_classes = TileClasses(spec, vectors, M, N, block_m, block_n, key_major=True) if mask_blocks else None
+        programs = score_program_functions(spec) if mask_blocks or scored else (None, None)
         # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
         self.flag_nan_rows = bias is not None and causal
         # the q, k, v and dO descriptors' tiles: q and k's in column parts (their boxes a power of two wide), as dQ's
@@ -699,8 +709,8 @@ class BackwardCall:
         self.part_d = part_d
         self.flags = (self.gqa_group, causal, block_m, block_n, D, part_d, DV, stages, _NUM_WARPS)
         self.bias_flags = (bias is not None, batch_rows_innermost(spec), self.zero_empty_rows,
-                           self.ring_dq_buffers > 0, self.ring_dq_buffers or dq_buffers, bias_grad, bool(vectors),
-                           *programs, bool(self.window))
+                           self.ring_dq_buffers > 0, self.ring_dq_buffers or dq_buffers, bias_grad, mask_blocks,
+                           *programs, bool(self.window), scored)
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 
     def __call__(self, dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, dlse: Tensor | None,

@@ -62,9 +62,12 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_program and not adds_a_bias(spec) and not masks_by_a_predicate(spec):
-        reasons.append("the Gluon kernels compute plain attention, add one bias tensor or mask the plain scores by a "
-                       f"predicate of at most {MAX_VECTORS} integer vectors (no other score program, no mask tensor)")
+    if (spec.score_program and not adds_a_bias(spec) and not masks_by_a_predicate(spec)
+            and not scores_by_a_program(spec)):
+        reasons.append("the Gluon kernels compute plain attention, add one bias tensor, mask the plain scores by a "
+                       f"predicate of at most {MAX_VECTORS} integer vectors or change every score by arithmetic, tanh "
+                       f"and sigmoid of it, its indices and at most {MAX_VECTORS} float tensors (no other score "
+                       "program, no mask tensor)")
     elif adds_a_bias(spec) and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
         reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
                        "kernels would compute them")
@@ -78,8 +81,8 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append(f"the Gluon kernels add no bias at head dims {spec.head_dim}/{spec.head_dim_v}")
     if spec.causal is not None and (spec.causal.diagonal != 0 or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
-    if causal_window(spec) and spec.score_program:
-        reasons.append("the Gluon kernels take a sliding window only over the plain scores")
+    if causal_window(spec) and spec.score_program and not scores_by_a_program(spec):
+        reasons.append("the Gluon kernels take a sliding window only over the plain scores or a score program's")
     return reasons
 
 
@@ -114,6 +117,34 @@ def masks_by_a_predicate(spec: AttentionSpec) -> bool:
             and all(t.role == "int" for t in spec.score_tensors))
 
 
+# The ops of a score program the Gluon kernels apply to every score (SCORED): arithmetic, tanh and sigmoid of the score,
+# its indices, finite constants and float tensors; none hides a key (no comparison, where, exp or log), so every row
+# keeps a finite maximum, as the plain scores' rows do.
+_PROGRAM_OPS = frozenset({"score", "q_idx", "kv_idx", "batch_idx", "head_idx", "const", "load", "neg", "abs", "tanh",
+                          "sigmoid", "to_float", "add", "sub", "mul", "div", "maximum", "minimum", "clamp_min",
+                          "clamp_max"})
+
+
+def scores_by_a_program(spec: AttentionSpec) -> bool:
+    """Whether the spec's score program changes every score by ops of :data:`_PROGRAM_OPS` alone (a divisor a
+    nonzero constant), of at most :data:`MAX_VECTORS` float score tensors broadcast over the query rows or the keys
+    (slopes a head, a vector a key), and is no ``s + bias``
+    (:func:`adds_a_bias`, loaded by its own path): the Gluon kernels then evaluate the program, generated (codegen's
+    ``gluon_score_program``), in every tile (``SCORED``: ALiBi from slopes, a tanh softcap)."""
+    nodes = spec.score_program
+    if not nodes or adds_a_bias(spec) or len(spec.score_tensors) > MAX_VECTORS:
+        return False
+    # (float tensors broadcast over the rows or the keys: a row or a column a tile, loaded within the lengths)
+    if any(t.role != "bias" or not (t.broadcast[2] or t.broadcast[3]) for t in spec.score_tensors):
+        return False
+    for node in nodes:
+        if node.op not in _PROGRAM_OPS or node.op == "const" and not math.isfinite(node.value):
+            return False
+        if node.op == "div" and (nodes[node.args[1]].op != "const" or nodes[node.args[1]].value == 0):
+            return False
+    return True
+
+
 def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
     """The kernels' V0-V3 arguments: each integer vector's pointer and (z, h, m, n) strides (0 where broadcast), in
     the spec's order; ``stand_in`` with zero strides in the slots past them (never read)."""
@@ -124,7 +155,8 @@ def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
 
 
 def score_program_functions(spec: AttentionSpec):
-    """The generated Gluon ``(program, program_grad)`` of a spec :func:`masks_by_a_predicate` accepts."""
+    """The generated Gluon ``(program, program_grad)`` of a spec :func:`masks_by_a_predicate` or
+    :func:`scores_by_a_program` accepts."""
     mod = codegen.load_module(spec, codegen.GLUON_SCORE_PROGRAM_TEMPLATE_NAME)
     return mod.program, mod.program_grad
 

@@ -62,13 +62,14 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fuse_attn.kernels import ops
 from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides, empty_outputs
-from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head,
-                                             bias_tma_head, bias_tma_view, causal_window, checked_call, ctas_at_once,
-                                             dense_fields, described, dscore_kv_heads, fills_at_most, head_dim_part,
-                                             in_place_fields, listed_tiles, log2_units, op_score_tensors, parsed_spec,
-                                             reinterpret_shared, score_program_functions, scores_over_parts,
-                                             shared_memory_for_tiles, tma_descriptor, tma_load, tma_load_parts,
-                                             tma_store, vector_slots, with_base)
+from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head, bias_tma_head, bias_tma_view,
+                                             causal_window, checked_call, ctas_at_once, dense_fields, described,
+                                             dscore_kv_heads, fills_at_most, head_dim_part, in_place_fields,
+                                             listed_tiles, log2_units, masks_by_a_predicate, op_score_tensors,
+                                             parsed_spec, reinterpret_shared, score_program_functions,
+                                             scores_by_a_program, scores_over_parts, shared_memory_for_tiles,
+                                             tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
+                                             with_base)
 from fuse_attn.kernels.positional_launch import PositionalLaunch
 from fuse_attn.spec import AttentionSpec
 
@@ -185,6 +186,23 @@ def _program_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vec
 
 
 @gluon.jit
+def _scored_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vectors, MASK: gl.constexpr,
+                         CAUSAL: gl.constexpr, window, WINDOWED: gl.constexpr, PROGRAM: gl.constexpr):
+    """:func:`_softmax_tile` of the scores through the spec's program (SCORED: a pointwise change of every score,
+    generated, :func:`.common.scores_by_a_program`), then masked where MASK as the plain scores are. A window's first
+    tiles can hide every key of a row: the exponents are then taken against 0 (P = 0, not NaN)."""
+    s = PROGRAM(s * qk_scale, z, h, offs_m, offs_n, M, N, vectors)
+    if MASK:
+        s = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL, window, WINDOWED), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
 def _key_tile(blist, t0, j, MASK_BLOCKS: gl.constexpr):
     """The key tile of a query block's j-th visit: its j-th listed (MASK_BLOCKS: ``blist``, the block's row of the
     tile-classes kernel's lists), else tile t0 + j (t0: the block's first, 0 but under a window)."""
@@ -240,14 +258,19 @@ def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
 def _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem, slot,
                          s_layout: gl.constexpr, PENDING: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                          HAS_BIAS: gl.constexpr, BIAS_TMA: gl.constexpr, M, z, h, vectors, MASK_BLOCKS: gl.constexpr,
-                         PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr):
+                         PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr, SCORED: gl.constexpr):
     """A tile's S waited for (PENDING wgmmas left in flight) and its online softmax (:func:`_softmax_tile`), or with
     HAS_BIAS its bias tile read before the wait (:func:`_bias_tile`, :func:`_biased_softmax_tile`), or with
-    MASK_BLOCKS through the spec's program where MASK (:func:`_program_softmax_tile`)."""
+    MASK_BLOCKS through the spec's program where MASK (:func:`_program_softmax_tile`), or with SCORED through it
+    everywhere (:func:`_scored_softmax_tile`)."""
     if MASK_BLOCKS:
         s = warpgroup_mma_wait(PENDING, deps=(s, ))
         p, m_i, l_i, alpha = _program_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vectors, MASK,
                                                    PROGRAM)
+    elif SCORED:
+        s = warpgroup_mma_wait(PENDING, deps=(s, ))
+        p, m_i, l_i, alpha = _scored_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vectors, MASK,
+                                                  CAUSAL, window, WINDOWED, PROGRAM)
     elif HAS_BIAS:
         bias = _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layout, MASK, CAUSAL, BIAS_TMA)
         s = warpgroup_mma_wait(PENDING, deps=(s, ))
@@ -264,7 +287,8 @@ def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l
                    o_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr, CAUSAL: gl.constexpr,
                    HAS_BIAS: gl.constexpr, bias_smem, C: gl.constexpr, CONSUMERS: gl.constexpr,
                    s_layout: gl.constexpr, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, M, z, h, vectors, blist,
-                   MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, t0, window, WINDOWED: gl.constexpr):
+                   MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, t0, window, WINDOWED: gl.constexpr,
+                   SCORED: gl.constexpr):
     """The block's j-th key tile (ring position r0 + j; :func:`_key_tile`, t0 the block's first): its q k^T
     and the last tile's P v in flight together (and the bias tile's loads, HAS_BIAS); this tile's softmax while P v
     runs; then the last tile's ring stage is released and the output rescaled."""
@@ -278,7 +302,7 @@ def _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l
     p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn, bias_smem,
                                               stage * CONSUMERS + C, s_layout, 1, MASK, CAUSAL, HAS_BIAS,
                                               BIAS_TMA, M, z, h, vectors, MASK_BLOCKS,
-                                              PROGRAM, window, WINDOWED)  # (P v stays in flight)
+                                              PROGRAM, window, WINDOWED, SCORED)  # (P v stays in flight)
     acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
     mbarrier.arrive(kv_empty.index(prev))
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -345,7 +369,7 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
                     HEAD_DV: gl.constexpr, STAGES: gl.constexpr, HAS_BIAS: gl.constexpr,
                     ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, CONSUMERS: gl.constexpr, BIAS_TMA: gl.constexpr,
                     PARTS: gl.constexpr, block_lists, vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr,
-                    window, WINDOWED: gl.constexpr):
+                    window, WINDOWED: gl.constexpr, SCORED: gl.constexpr):
     """Consumer warpgroup C in the query block of rows ``row0`` on (its q tile's barrier at ``phase``, its n_tiles
     key tiles from tile t0, from ring position r0): rows ``row0 + C * BLOCK_M`` on, all the block's key tiles;
     stores the output and lse. A warpgroup whose rows all lie past M only releases the tiles (at D64, 192 rows a
@@ -414,7 +438,7 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
         p, m_i, l_i, alpha = _waited_softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, bias_rows, stride_bn,
                                                   bias_smem, (r % STAGES) * CONSUMERS + C, s_layout, 0, True, CAUSAL,
                                                   HAS_BIAS, BIAS_TMA, M, z, h, vectors, MASK_BLOCKS, PROGRAM, window,
-                                                  WINDOWED)
+                                                  WINDOWED, SCORED)
         p_op = gl.convert_layout(p.to(q_smem.dtype), p_layout)
         if WINDOWED:  # the other tiles the window's lower edge crosses
             for j in range(j0 + 1, n_low):
@@ -422,20 +446,21 @@ def _consumer_block(o_desc, Lse, q_smem, k_smem, v_smem, q_bars, kv_ready, kv_em
                                                      s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn,
                                                      BLOCK_N, STAGES, col_layout, o_layout, p_layout, True, CAUSAL,
                                                      HAS_BIAS, bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M,
-                                                     z, h, vectors, blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED)
+                                                     z, h, vectors, blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED,
+                                                     SCORED)
         for j in range(n_low, n_full):
             acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
                                                  s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
                                                  STAGES, col_layout, o_layout, p_layout, False, CAUSAL, HAS_BIAS,
                                                  bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M, z, h, vectors,
-                                                 blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED)
+                                                 blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED, SCORED)
         # the masked tail (MASK_BLOCKS: the listed tiles after the first run of full ones)
         for j in range(n_full, n_mine):
             acc, p_op, m_i, l_i = _consumer_tile(q_smem, k_smem, v_smem, kv_ready, kv_empty, acc, p_op, m_i, l_i,
                                                  s_zero, offs_m, N, qk_scale, j, r0, bias_rows, stride_bn, BLOCK_N,
                                                  STAGES, col_layout, o_layout, p_layout, True, CAUSAL, HAS_BIAS,
                                                  bias_smem, C, CONSUMERS, s_layout, BIAS_TMA, PARTS, M, z, h, vectors,
-                                                 blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED)
+                                                 blist, MASK_BLOCKS, PROGRAM, t0, window, WINDOWED, SCORED)
         last = (r0 + n_mine - 1) % STAGES
         acc = warpgroup_mma(p_op, v_smem.index(last), acc, is_async=True)
         acc, p_op = warpgroup_mma_wait(0, deps=(acc, p_op))
@@ -471,7 +496,8 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
               HEAD_DV: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, PAIRED: gl.constexpr,
               PERSISTENT: gl.constexpr, BATCH_INNER: gl.constexpr, HAS_BIAS: gl.constexpr,
               ZERO_EMPTY_ROWS: gl.constexpr, bias_smem, BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, block_lists,
-              vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr):
+              vectors, MASK_BLOCKS: gl.constexpr, PROGRAM: gl.constexpr, window, WINDOWED: gl.constexpr,
+              SCORED: gl.constexpr):
     """Consumer warpgroup C: the CTA's query block (:func:`_block_of`); paired or persistent, each of its n_blocks
     blocks in turn, freeing its q tile for the next (``q_free``) once the block's output is stored."""
     if PAIRED or PERSISTENT:
@@ -484,7 +510,7 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
                             n_tiles, r0, it & 1, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS),
                             stride_bm, stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS,
                             ZERO_EMPTY_ROWS, bias_smem, CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS,
-                            PROGRAM, window, WINDOWED)
+                            PROGRAM, window, WINDOWED, SCORED)
             mbarrier.arrive(q_free.index(C))
             r0 += n_tiles
     else:
@@ -494,7 +520,7 @@ def _consumer(C: gl.constexpr, o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_fr
                         n_tiles, 0, 0, qk_scale, bias_of_head(Bias, z, h, stride_bz, stride_bh, HAS_BIAS), stride_bm,
                         stride_bn, C, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D, HEAD_DV, STAGES, HAS_BIAS, ZERO_EMPTY_ROWS,
                         bias_smem, CONSUMERS, BIAS_TMA, PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM, window,
-                        WINDOWED)
+                        WINDOWED, SCORED)
 
 
 @gluon.jit
@@ -617,8 +643,10 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, win
                      CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, PAIRED: gl.constexpr,
                      PERSISTENT: gl.constexpr, HAS_BIAS: gl.constexpr, BATCH_INNER: gl.constexpr,
                      ZERO_EMPTY_ROWS: gl.constexpr, BIAS_TMA: gl.constexpr, MASK_BLOCKS: gl.constexpr,
-                     PROGRAM: gl.constexpr, WINDOWED: gl.constexpr):
+                     PROGRAM: gl.constexpr, WINDOWED: gl.constexpr, SCORED: gl.constexpr):
     gl.static_assert(CAUSAL or not PAIRED, "only causal calls pair query blocks")
+    # SCORED: every score through the spec's program (PROGRAM) of the score tensors in the vector slots, no bias
+    gl.static_assert(not SCORED or not (MASK_BLOCKS or HAS_BIAS), "a score program: no listed tiles, no bias")
     gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PERSISTENT or HAS_BIAS)), "listed tiles: one block a CTA")
     # WINDOWED: causal keys among each row's ``window`` latest, one query block a CTA (its walk is the window's, about
     # equal for every block: nothing to pair), no bias
@@ -683,7 +711,7 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, win
         (o_desc, Lse, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second, bh,
          n_blocks, qk_scale, Bias, stride_bz, stride_bh, stride_bm, stride_bn, CAUSAL, BLOCK_M, BLOCK_N, HEAD_D,
          HEAD_DV, STAGES, CONSUMERS, PAIRED, PERSISTENT, BATCH_INNER, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA,
-         PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM, window, WINDOWED),
+         PARTS, block_lists, vectors, MASK_BLOCKS, PROGRAM, window, WINDOWED, SCORED),
         (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_free, kv_ready, kv_empty, Z, H, M, N, pid_m, second,
          bh, n_blocks, stride_bz, stride_bh, GQA_GROUP, CAUSAL, BLOCK_M, BLOCK_N, STAGES, CONSUMERS, PAIRED, PERSISTENT,
          BATCH_INNER, bias_desc, bias_smem, BIAS_TMA, PARTS, PART_D, block_lists, MASK_BLOCKS, window, WINDOWED),
@@ -804,14 +832,15 @@ class ForwardCall:
         N, DV = k.shape[2], v.shape[3]
         causal = spec.causal is not None
         window = causal_window(spec, N)
+        mask_blocks, scored = masks_by_a_predicate(spec), scores_by_a_program(spec)
         bias_view = None if bias is None else bias_tma_view(bias)
         (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
-                                   bias_view is not None, q.device, ctas_at_once(q.device), bool(vectors), bool(window))
+                                   bias_view is not None, q.device, ctas_at_once(q.device), mask_blocks, bool(window))
         # a predicate's mask (MASK_BLOCKS): each call lists the tiles of every query block of the CTA's rows
         self.tile_classes = (TileClasses(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
-                             if vectors else None)
-        program = score_program_functions(spec)[0] if vectors else None
+                             if mask_blocks else None)
+        program = score_program_functions(spec)[0] if mask_blocks or scored else None
         self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
         part_d = head_dim_part(D)
         # the q, k and v descriptors' tiles: q and k's in column parts (their boxes a power of two wide)
@@ -824,7 +853,7 @@ class ForwardCall:
         self.flags = (spec.gqa_group, causal, block_m, block_n, D, DV, part_d, stages, consumers, consumer_regs,
                       producer_regs, paired, persistent, bias is not None, batch_rows_innermost(spec),
                       (bias is not None or bool(vectors)) and spec.empty_rows == "zero",  # (no plain row is empty)
-                      ring_stages > 0, bool(vectors), program, bool(window))
+                      ring_stages > 0, mask_blocks, program, bool(window), scored)
         self.options = {"num_warps": 4, **({} if registers is None else {"maxnreg": registers})}
         self.specializations = {}  # (PositionalLaunch.launch_kept)
 
@@ -917,9 +946,10 @@ def _backward(ctx, dout, dlse):
     vector_grads = [None] * ctx.vectors if ctx.vectors else None  # (integer vectors have none)
     # a gradient for each argument the op's call passed (the dispatcher leaves out trailing ones at their defaults)
     inputs = len(ctx.needs_input_grad)
-    if q.device.type != "cuda" or bias_grad and not dscore_kv_heads(q, k, bias[0]):
-        dq, dk, dv, dbias, *_ = ops.autograd_backward(ctx, dout, dlse)
-        return (dq, dk, dv, None, (dbias[0] if bias else None), vector_grads)[:inputs]
+    if q.device.type != "cuda" or bias_grad and (ctx.vectors or not dscore_kv_heads(q, k, bias[0])):
+        # (a score program's tensors that need a gradient: the template's backward computes it)
+        dq, dk, dv, dscores, *_ = ops.autograd_backward(ctx, dout, dlse)
+        return (dq, dk, dv, None, (dscores[0] if bias else None), list(dscores) if ctx.vectors else None)[:inputs]
     if dout is None:  # only lse was used
         dout = torch.zeros_like(out)
     dq, dk, dv, dbias = torch.ops.fuse_attn.flash_attention_hopper_backward(

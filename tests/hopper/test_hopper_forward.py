@@ -55,6 +55,12 @@ ALIBI_FROM_SLOPES = dict(score_program=(ScoreNode("score"), ScoreNode("load", va
 @pytest.mark.parametrize("change, qk, reason", [
     ({"dtype": "float32"}, {"dtype": torch.float32}, "fp16/bf16"),
     ({"score_program": (ScoreNode("score"), ScoreNode("exp", (0,)))}, {}, "plain attention, add one bias"),
+    ({"score_program": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("div", (0, 1))),  # a divisor read
+      "score_tensors": (ScoreTensor("bias", "float32", (True, False, True, True)),)}, {}, "plain attention"),
+    ({"score_program": (ScoreNode("score"), ScoreNode("const", value=0.0), ScoreNode("div", (0, 1)))}, {},
+     "plain attention"),  # (a division by zero)
+    ({"score_program": (ScoreNode("score"), ScoreNode("const", value=float("-inf")), ScoreNode("add", (0, 1)))}, {},
+     "plain attention"),  # (a constant that hides every key)
     ({"score_program": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
       "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
     ({"score_program": BIAS_PROGRAM,

@@ -150,19 +150,27 @@ def _softmax_tile(s, m_i, l_i, offs_m, offs_n, N, qk_scale, MASK: gl.constexpr, 
     """One tile's online softmax in log2 units: P (fp32, unnormalized), the new running max and sum, and alpha (what
     rescales the output accumulated under the old max). MASK: the tile holds keys past N, past the diagonal or
     (WINDOWED) before a row's window. A window's first tiles can hide every key of a row (one whose window starts
-    past them): its max stays -inf, and the exponents are taken against 0 instead (P = 0, not NaN), as
-    :func:`_biased_softmax_tile`'s."""
+    past them): :func:`_hiding_softmax_tile`."""
     if MASK:
         s = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL, window, WINDOWED), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     if WINDOWED:
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-        p = gl.exp2(s * qk_scale - m_safe[:, None])
-        alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 1)
-        return p, m_new, l_i, alpha
+        return _hiding_softmax_tile(s * qk_scale, m_i, l_i)
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
     p = gl.exp2(s * qk_scale - m_new[:, None])
     alpha = gl.exp2(m_i - m_new)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, m_new, l_i, alpha
+
+
+@gluon.jit
+def _hiding_softmax_tile(s, m_i, l_i):
+    """:func:`_softmax_tile` of scores already in log2 units that may hide every key a row has seen so far (-inf): the
+    max then stays -inf, and the exponents are taken against 0 instead, so that such keys give P = 0, not
+    exp2(-inf + inf) = NaN (the generated template's ``m_safe``)."""
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    p = gl.exp2(s - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
     l_i = l_i * alpha + gl.sum(p, 1)
     return p, m_new, l_i, alpha
 
@@ -172,34 +180,24 @@ def _program_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vec
                           PROGRAM: gl.constexpr):
     """:func:`_softmax_tile` of a tile the tile-classes kernel listed (MASK_BLOCKS): MASK, a partial tile, the scores
     through the spec's program (``PROGRAM``, generated: the mask's predicate of the integer ``vectors`` evaluated here;
-    keys past N -inf); else a full one, the plain scores. The program can hide every key a row has seen so far: the
-    exponents are then taken against 0, as :func:`_biased_softmax_tile`'s."""
+    keys past N -inf); else a full one, the plain scores. The program can hide every key a row has seen so far
+    (:func:`_hiding_softmax_tile`)."""
     s = s * qk_scale
     if MASK:
         s = gl.where(offs_n[None, :] < N, PROGRAM(s, z, h, offs_m, offs_n, M, N, vectors), float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
+    return _hiding_softmax_tile(s, m_i, l_i)
 
 
 @gluon.jit
 def _scored_softmax_tile(s, m_i, l_i, offs_m, offs_n, M, N, qk_scale, z, h, vectors, MASK: gl.constexpr,
                          CAUSAL: gl.constexpr, window, WINDOWED: gl.constexpr, PROGRAM: gl.constexpr):
     """:func:`_softmax_tile` of the scores through the spec's program (SCORED: a pointwise change of every score,
-    generated, :func:`.common.scores_by_a_program`), then masked where MASK as the plain scores are. A window's first
-    tiles can hide every key of a row: the exponents are then taken against 0 (P = 0, not NaN)."""
+    generated, :func:`.common.scores_by_a_program`), then masked where MASK as the plain scores are (a window's first
+    tiles can hide every key of a row: :func:`_hiding_softmax_tile`)."""
     s = PROGRAM(s * qk_scale, z, h, offs_m, offs_n, M, N, vectors)
     if MASK:
         s = gl.where(_keys_kept(offs_m, offs_n, N, CAUSAL, window, WINDOWED), s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
+    return _hiding_softmax_tile(s, m_i, l_i)
 
 
 @gluon.jit
@@ -242,16 +240,10 @@ def _bias_tile(bias_rows, bias_smem, slot, offs_m, offs_n, N, stride_bn, s_layou
 
 @gluon.jit
 def _biased_softmax_tile(s, bias, m_i, l_i, qk_scale):
-    """:func:`_softmax_tile` of the scores plus a bias tile (as loaded, :func:`_load_bias`: -inf where masked). A
-    bias can hide every key a row has seen so far (-inf): the max then stays -inf, and the exponents are taken against
-    0 instead, so that such keys give P = 0, not exp2(-inf + inf) = NaN (the generated template's ``m_safe``)."""
+    """:func:`_softmax_tile` of the scores plus a bias tile (as loaded, :func:`_load_bias`: -inf where masked), which
+    can hide every key a row has seen so far (:func:`_hiding_softmax_tile`)."""
     s = s * qk_scale + log2_units(bias)  # (masked keys: the bias tile's -inf)
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    p = gl.exp2(s - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, m_new, l_i, alpha
+    return _hiding_softmax_tile(s, m_i, l_i)
 
 
 @gluon.jit

@@ -16,6 +16,7 @@ import functools
 
 import pytest
 import torch
+import triton
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels.hopper import common as hopper_common, forward as hopper_forward
@@ -165,6 +166,29 @@ def test_which_calls_run_a_persistent_grid(monkeypatch):
     monkeypatch.setattr(hopper_common, "sm_count", lambda device: None)
     assert not persistent(False, False, consumers[128], 2048, 16, 128, 2048, 128)
     assert not persistent(True, False, consumers[128], 2048, 16, 128, 2048, 128)
+
+
+def test_a_windowed_call_takes_one_query_block_or_key_tile_a_cta(monkeypatch):
+    """A sliding window's walks are about equal (the window's keys, or rows), so neither kernel pairs a long walk with
+    a short one or runs a persistent grid of causal items where the same causal call without a window would."""
+    from fuse_attn.kernels.hopper import backward as hopper_backward
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(hopper_common, "sm_count", lambda device: 132)
+    ctas = hopper_common.ctas_at_once(cuda)
+    for Z, H, M in ((1, 8, 4096), (4, 16, 2048)):  # pairs; runs persistent
+        causal = hopper_forward._launch_plan(Z, H, M, M, 128, True, torch.bfloat16, None, False, cuda, ctas)
+        windowed = hopper_forward._launch_plan(Z, H, M, M, 128, True, torch.bfloat16, None, False, cuda, ctas,
+                                               windowed=True)
+        assert causal[6] or causal[7]  # (paired, persistent)
+        assert not (windowed[6] or windowed[7]) and windowed[5] == (triton.cdiv(M, windowed[3] * windowed[0]), Z * H)
+    assert hopper_backward.pairs_key_tiles(True, 32, 8, cuda)  # (causal, B1 H8 N4096: four waves of key tiles)
+    spec = dataclasses.replace(PLAIN, causal=CausalMask(window=1000))
+    q = torch.empty(1, 8, 4096, 128, dtype=torch.bfloat16)
+    with monkeypatch.context() as m:
+        m.setattr(hopper_backward, "in_place_fields", lambda *a: None)  # (no descriptors off a GPU)
+        call = hopper_backward.BackwardCall(spec, q, q, q, None, q, False)
+    assert call.window == 1000 and [paired for *_, paired in call.chunks] == [False]
 
 
 def test_which_biases_come_by_tma_and_in_how_many_ring_stages():

@@ -283,11 +283,10 @@ def trace_tile_classes() -> None:
     from tests.kernels.test_mask_blocks import ALIGNED, documents_spec, documents_tensors
 
     spec = documents_spec("sdpa")
-    summarized = plan.mask_blocks(spec)
 
     def lists(*tensors):
         M, N = tensors[1].shape[2], tensors[0].shape[3]
-        return [launch.predicate_block_args(spec, summarized, tensors, M, N, 64, 32, key_major)["BlockList"]
+        return [launch.predicate_block_args(spec, tensors, M, N, 64, 32, key_major)["BlockList"]
                 for key_major in (False, True)]
 
     triton.runtime.driver.set_active(_TargetOnly())
@@ -307,7 +306,7 @@ def compile_tile_classes() -> None:
     with pytest.MonkeyPatch.context() as monkeypatch:
         launches = _recording_launches(monkeypatch)
         for key_major in (False, True):
-            launch.predicate_block_args(spec, plan.mask_blocks(spec), documents_tensors(ANY), 80, 80, 64, 32, key_major)
+            launch.predicate_block_args(spec, documents_tensors(ANY), 80, 80, 64, 32, key_major)
     for kernel, args, cfg in launches:
         compiled = _compile(kernel, args, cfg, TARGETS["sm90"][0])
         assert compiled.asm["cubin"]

@@ -705,11 +705,10 @@ def test_the_tile_classes_kernel_lists_what_its_reference_does(key_major, rows, 
         monkeypatch.setattr(launch, "_CLASS_STEPS", steps)
     for form in ("eager", "sdpa"):
         spec = documents_spec(form)
-        summarized = plan.mask_blocks(spec)
         for ids in (ALIGNED, ANY, ANY[:, :77]):
             tensors = documents_tensors(ids)
             M = N = ids.shape[1]
-            ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
+            ours = launch.predicate_block_args(spec, tensors, M, N, rows, cols, key_major)
             ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols, rows), M, N, rows, cols,
                                          key_major, tensors[0])
             assert_same_lists(ours, ref, (form, ids.shape))
@@ -723,10 +722,9 @@ def test_the_tile_classes_kernels_list_what_the_reference_does_for_query_and_key
     """More query blocks than key blocks and fewer (the summaries' launch covers the larger count, its SeesKey the
     query blocks): the same lists as the reference, 16 x 16 tiles (5 and 3 blocks), documents of any length."""
     spec = documents_spec("eager")
-    summarized = plan.mask_blocks(spec)
     pos_k, pos_q, ids_q, ids_k = documents_tensors(ANY)
     tensors = [pos_k[..., :N], pos_q[..., :M, :], ids_q[..., :M, :], ids_k[..., :N]]
-    ours = launch.predicate_block_args(spec, summarized, tensors, M, N, 16, 16, key_major)
+    ours = launch.predicate_block_args(spec, tensors, M, N, 16, 16, key_major)
     ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, 16, 16), M, N, 16, 16, key_major,
                                  tensors[0])
     assert_same_lists(ours, ref, (M, N, key_major))
@@ -782,7 +780,7 @@ def test_the_tile_classes_kernels_skips_and_runs_are_proofs(key_major):
             tensors = documents_tensors(ids)
             keeps = written_out(spec, tensors)[0][:, 0] == 0  # [Z, M, N]
             M = N = ids.shape[1]
-            args = launch.predicate_block_args(spec, plan.mask_blocks(spec), tensors, M, N, rows, cols, key_major)
+            args = launch.predicate_block_args(spec, tensors, M, N, rows, cols, key_major)
             skips[ids is ALIGNED, strict] = proven_skips(args, keeps, rows, cols, key_major)
     assert skips[True, False] > 0 and skips[False, False] > 0, skips
     # strict: the blocks of a document's start skip nothing, the others what they hide
@@ -823,7 +821,7 @@ def test_the_tile_classes_kernel_bounds_every_predicate_op_as_its_reference(key_
     keeps = written_out(spec, tensors)[0][:, 0] == 0
     M = N = ANY.shape[1]
     rows, cols = 16, 16
-    ours = launch.predicate_block_args(spec, summarized, tensors, M, N, rows, cols, key_major)
+    ours = launch.predicate_block_args(spec, tensors, M, N, rows, cols, key_major)
     ref = launch.mask_block_args(launch.mask_granules(spec, tensors, M, N, cols, rows), M, N, rows, cols, key_major,
                                  tensors[0])
     assert_same_lists(ours, ref)

@@ -424,10 +424,10 @@ _LIST_CHUNK = 256
 _SUMMARY_BLOCKS = 1
 
 
-def predicate_block_args(spec: AttentionSpec, summarized: plan.MaskBlocks, score_tensors: Sequence[Tensor], M, N,
-                         rows: int, cols: int, key_major: bool) -> dict:
-    """:func:`mask_block_args` of a predicate of integer vectors (``summarized.predicate``) for tiles of ``rows`` x
-    ``cols``, from the generated tile-classes kernels (templates/tile_classes.py.tmpl: the vectors' block summaries,
+def predicate_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, rows: int, cols: int,
+                         key_major: bool) -> dict:
+    """:func:`mask_block_args` of a predicate of integer vectors (``plan.mask_blocks(spec).predicate``) for tiles of
+    ``rows`` x ``cols``, from the generated tile-classes kernels (templates/tile_classes.py.tmpl: the vectors' block summaries,
     then the tiles, two launches): each tile's rows one span and its keys another, and a query block's tiles skipped
     as empty only where each of its rows keeps its own key, or (query-major) where the block has a full tile. Its
     plain-PyTorch reference, ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``,
@@ -516,8 +516,8 @@ class _MaskBlocks:
             return self._args[key]
         summarized = plan.mask_blocks(self.spec) if self.summarize and settings.mask_blocks_enabled() else None
         if summarized is not None and summarized.predicate is not None and self.predicate_kernel:
-            self._args[key] = predicate_block_args(self.spec, summarized, self.score_tensors, self.M, self.N, rows,
-                                                   cols, key_major)
+            self._args[key] = predicate_block_args(self.spec, self.score_tensors, self.M, self.N, rows, cols,
+                                                   key_major)
         else:
             if granule not in self._granules:
                 self._granules[granule] = (mask_granules(self.spec, self.score_tensors, self.M, self.N, granule)

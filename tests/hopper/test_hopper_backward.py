@@ -64,7 +64,7 @@ def test_the_op_refuses_a_bias_at_mla_head_dims():
     q = torch.randn(1, 2, 8, 192, dtype=torch.bfloat16)
     v = torch.randn(1, 2, 8, 128, dtype=torch.bfloat16)
     bias = torch.randn(1, 2, 8, 8, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="add no bias at head dims 192/128"):
+    with pytest.raises(ValueError, match="run no score program at head dims 192/128"):
         torch.ops.fuse_attn.flash_attention_hopper_backward(v, q, q, v, v, torch.zeros(1, 2, 8), mla, None, bias)
 
 

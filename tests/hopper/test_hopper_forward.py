@@ -69,7 +69,7 @@ ALIBI_FROM_SLOPES = dict(score_program=(ScoreNode("score"), ScoreNode("load", va
     ({"dropout_p": 0.1}, {}, "no dropout"),
     ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims 64/64, 128/128, 192/128, not 96/96"),
     ({"head_dim_v": 64}, {}, "not 128/64"),
-    ({"head_dim": 192, "scale": 192 ** -0.5, **ALIBI}, {"head_dim": 192}, "add no bias at head dims 192/128"),
+    ({"head_dim": 192, "scale": 192 ** -0.5, **ALIBI}, {"head_dim": 192}, "run no score program at head dims 192/128"),
     ({"causal": CausalMask(window=16), **ALIBI}, {}, "sliding window only over the plain scores"),
     ({"causal": CausalMask(diagonal=1)}, {}, "plain diagonal"),
     ({"causal": CausalMask()}, {"q_len": 1}, "equal lengths"),

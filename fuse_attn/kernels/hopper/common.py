@@ -78,7 +78,8 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append(f"the Gluon kernels are tuned for head dims "
                        f"{', '.join(f'{d}/{dv}' for d, dv in HEAD_DIMS)}, not {spec.head_dim}/{spec.head_dim_v}")
     elif spec.score_program and dims not in BIAS_HEAD_DIMS:
-        reasons.append(f"the Gluon kernels add no bias at head dims {spec.head_dim}/{spec.head_dim_v}")
+        reasons.append(f"the Gluon kernels add no bias and run no score program at head dims "
+                       f"{spec.head_dim}/{spec.head_dim_v}")
     if spec.causal is not None and (spec.causal.diagonal != 0 or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
     if causal_window(spec) and spec.score_program and not scores_by_a_program(spec):
@@ -101,8 +102,9 @@ def head_dim_part(head_dim: int) -> int:
     return head_dim if head_dim & (head_dim - 1) == 0 else 64
 
 
-# The integer vectors a predicate may read in the Gluon kernels (their slots V0-V3): Hugging Face's packed documents
-# read two (document ids per query and per key) or four (and the position ids, which transformers compares from 5.24)
+# The score tensors a program may read in the Gluon kernels (their slots V0-V3): Hugging Face's packed documents' mask
+# reads two integer vectors (document ids per query and per key) or four (and the position ids, which transformers
+# compares from 5.24); ALiBi from slopes one float tensor
 MAX_VECTORS = 4
 
 
@@ -146,8 +148,8 @@ def scores_by_a_program(spec: AttentionSpec) -> bool:
 
 
 def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
-    """The kernels' V0-V3 arguments: each integer vector's pointer and (z, h, m, n) strides (0 where broadcast), in
-    the spec's order; ``stand_in`` with zero strides in the slots past them (never read)."""
+    """The kernels' V0-V3 arguments: each score tensor's pointer (a predicate's integer vectors, a score program's
+    float tensors) and (z, h, m, n) strides (0 where broadcast), in the spec's order; ``stand_in`` with zero strides in the slots past them (never read)."""
     slots = []
     for i in range(MAX_VECTORS):
         slots += [vectors[i], *broadcast_strides(vectors[i])] if i < len(vectors) else [stand_in, 0, 0, 0, 0]

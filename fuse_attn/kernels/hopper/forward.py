@@ -31,9 +31,11 @@ bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, 
 (``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them (:data:`_BIAS_TMA_CONFIGS`,
 :func:`bias_ring_stages`); else each consumer loads its rows of the tile from global memory into registers beside S.
 Or the plain scores masked by a predicate of integer vectors, the op's ``vectors``
-(:func:`.common.masks_by_a_predicate`: packed documents): each CTA visits the key tiles the tile-classes kernel lists for its query block (``MASK_BLOCKS``,
-two launches a call), the first run of full ones plain, the rest through the spec's program, generated as a Gluon
-function (codegen's ``gluon_score_program``) and passed as a constexpr argument.
+(:func:`.common.masks_by_a_predicate`: packed documents): each CTA visits the key tiles the tile-classes kernel lists
+for its query block (``MASK_BLOCKS``, two launches a call), the first run of full ones plain, the rest through the
+spec's program, generated as a Gluon function (codegen's ``gluon_score_program``) and passed as a constexpr argument.
+Or every score through such a program of float tensors, the op's ``vectors`` then (``SCORED``,
+:func:`.common.scores_by_a_program`: a softcap, ALiBi from slopes), in every tile.
 Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's
 autograd formula is the Gluon backward (:mod:`.backward`, its own op) on the GPU and the template's backward on CPU
 tensors. The reference is the template's own: :func:`fuse_attn.kernels.reference.reference_attention`; the tests

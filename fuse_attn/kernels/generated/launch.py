@@ -427,14 +427,14 @@ _SUMMARY_BLOCKS = 1
 def predicate_block_args(spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, rows: int, cols: int,
                          key_major: bool) -> dict:
     """:func:`mask_block_args` of a predicate of integer vectors (``plan.mask_blocks(spec).predicate``) for tiles of
-    ``rows`` x ``cols``, from the generated tile-classes kernels (templates/tile_classes.py.tmpl: the vectors' block summaries,
-    then the tiles, two launches): each tile's rows one span and its keys another, and a query block's tiles skipped
-    as empty only where each of its rows keeps its own key, or (query-major) where the block has a full tile. Its
-    plain-PyTorch reference, ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``,
-    gives the same lists wherever every row keeps its own key (packed documents: a token sees itself); where one
-    does not, the reference proves each row visible from any whole granule it keeps, this kernel only from a full
-    tile of its block, and only query-major: it leaves the other query blocks' hidden tiles partial (read and
-    masked: the same results)."""
+    ``rows`` x ``cols``, from the generated tile-classes kernels (templates/tile_classes.py.tmpl: the vectors' block
+    summaries, then the tiles, two launches): each tile's rows one span and its keys another, and a query block's tiles
+    skipped as empty only where each of its rows keeps its own key, or (query-major) where the block has a full tile.
+    Its plain-PyTorch reference, ``mask_block_args(_predicate_granules(..., granule=cols, row_granule=rows), ...)``,
+    gives the same lists wherever every row keeps its own key (packed documents: a token sees itself); where one does
+    not, the reference proves each row visible from any whole granule it keeps, this kernel only from a full tile of its
+    block, and only query-major: it leaves the other query blocks' hidden tiles partial (read and masked: the same
+    results)."""
     return TileClasses(spec, score_tensors, M, N, rows, cols, key_major)(score_tensors)
 
 

@@ -439,14 +439,16 @@ def _compute(q_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, Bias, stride_bz, str
                                      stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
                                      BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, False,
                                      False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window,
+                                     WINDOWED, SCORED)
             for it in range(g * per_head + n_run, (g + 1) * per_head):
                 dk, dv = _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_smem, dq_smem,
                                      ready, empty, dk, dv, Lse, Delta, Bias, stride_bz, stride_bh, stride_bm,
                                      stride_bn, z, h_kv, it, 0, 0, per_head, H, M, N, qk_scale, offs_n, GQA_GROUP,
                                      BLOCK_M, BLOCK_N, PARTS, PART_D, STAGES, s_layout, dq_layout, dk_layout, True,
                                      False, HAS_BIAS, ZERO_EMPTY_ROWS, bias_smem, BIAS_TMA, DQ_BUFFERS, ds_desc, n0,
-                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window, WINDOWED, SCORED)
+                                     ds_head0, DS_OUT, qlist, vectors, MASK_BLOCKS, PROGRAM_GRAD, PROGRAM, window,
+                                     WINDOWED, SCORED)
         waited = warpgroup_mma_wait(0, deps=(dv, ) + dk)  # the last tile's
         _store_dk_dv(waited[1:], waited[0], dk_desc, dv_desc, k_smem, v_smem, z, h_kv, n0, sm_scale, PARTS, PART_D)
     elif CAUSAL:
@@ -552,8 +554,8 @@ def _loader(q_desc, k_desc, v_desc, do_desc, q_smem, do_smem, k_smem, v_smem, kv
 
 @gluon.jit
 def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc, Lse, Delta, H, H_KV, M, N, qk_scale,
-                     sm_scale, window, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc, kv_head0,
-                     BlockList, BlockCounts, stride_blist_z, stride_bcount_z, V0, stride_v0_z, stride_v0_h,
+                     sm_scale, window, Bias, stride_bz, stride_bh, stride_bm, stride_bn, Z, bias_desc, ds_desc,
+                     kv_head0, BlockList, BlockCounts, stride_blist_z, stride_bcount_z, V0, stride_v0_z, stride_v0_h,
                      stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m, stride_v1_n, V2, stride_v2_z,
                      stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h, stride_v3_m, stride_v3_n,
                      GQA_GROUP: gl.constexpr, CAUSAL: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
@@ -755,8 +757,8 @@ class BackwardCall:
         for kv_head0, kv_heads, grid, paired in self.chunks:
             _launch_backward.launch_kept(self.specializations, (lse, bias_or_lse, *vectors), grid,
                                          *descriptors, lse, delta, H, kv_heads, M, N, self.scale * LOG2E, self.scale,
-                                         self.window, bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0, lists,
-                                         counts, stride_lists_z, stride_counts_z, *vector_slots(vectors, lse),
+                                         self.window, bias_or_lse, *self.bias_strides, Z, bias_desc, ds_desc, kv_head0,
+                                         lists, counts, stride_lists_z, stride_counts_z, *vector_slots(vectors, lse),
                                          *self.flags, paired, *self.bias_flags, num_warps=_NUM_WARPS)
             if self.bias_grad:  # this chunk's heads of dbias (all of them where the bias is broadcast over the heads)
                 heads = slice(kv_head0 * self.gqa_group, (kv_head0 + kv_heads) * self.gqa_group)

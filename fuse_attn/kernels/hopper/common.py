@@ -149,7 +149,8 @@ def scores_by_a_program(spec: AttentionSpec) -> bool:
 
 def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
     """The kernels' V0-V3 arguments: each score tensor's pointer (a predicate's integer vectors, a score program's
-    float tensors) and (z, h, m, n) strides (0 where broadcast), in the spec's order; ``stand_in`` with zero strides in the slots past them (never read)."""
+    float tensors) and (z, h, m, n) strides (0 where broadcast), in the spec's order; ``stand_in`` with zero strides
+    in the slots past them (never read)."""
     slots = []
     for i in range(MAX_VECTORS):
         slots += [vectors[i], *broadcast_strides(vectors[i])] if i < len(vectors) else [stand_in, 0, 0, 0, 0]

@@ -22,14 +22,15 @@ as FlashAttention-3 does:
   read as zeros and are never stored, so lengths need not be multiples of a tile.
 
 What it computes: ``softmax(q k^T * scale [causal]) v`` and the row log-sum-exp, exactly the spec's plain forward
-(:func:`.common.hopper_reasons` says which specs: no score program, mask or dropout; fp16/bf16; head dim 64 or 128, or
-q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes); causal only top-left with equal
-lengths, with or without a sliding window (a query block's key tiles from its first row's window on, the tiles a
-window's lower edge crosses masked; one block a CTA); GQA by sharing each kv head), or ``softmax(q k^T * scale + bias ...)`` where the spec's program adds its one
-bias tensor (:func:`.common.adds_a_bias`), the op's ``bias``, with the generated template's semantics for rows the
-bias hides wholly (``empty_rows``). Its tiles come by TMA with each k / v tile, one a consumer in every ring stage
-(``BIAS_TMA``), where TMA can read the bias in place and the stages fit beside them (:data:`_BIAS_TMA_CONFIGS`,
-:func:`bias_ring_stages`); else each consumer loads its rows of the tile from global memory into registers beside S.
+(:func:`.common.hopper_reasons` says which specs: no dropout, a score program only as below; fp16/bf16; head dim 64
+or 128, or q / k 192 with v 128 (DeepSeek-V3's MLA: the output is staged in the q tile's bytes); causal only top-left
+with equal lengths, with or without a sliding window (a query block's key tiles from its first row's window on, the
+tiles a window's lower edge crosses masked; one block a CTA); GQA by sharing each kv head), or
+``softmax(q k^T * scale + bias ...)`` where the spec's program adds its one bias tensor (:func:`.common.adds_a_bias`),
+the op's ``bias``, with the generated template's semantics for rows the bias hides wholly (``empty_rows``). Its tiles
+come by TMA with each k / v tile, one a consumer in every ring stage (``BIAS_TMA``), where TMA can read the bias in
+place and the stages fit beside them (:data:`_BIAS_TMA_CONFIGS`, :func:`bias_ring_stages`); else each consumer loads
+its rows of the tile from global memory into registers beside S.
 Or the plain scores masked by a predicate of integer vectors, the op's ``vectors``
 (:func:`.common.masks_by_a_predicate`: packed documents): each CTA visits the key tiles the tile-classes kernel lists
 for its query block (``MASK_BLOCKS``, two launches a call), the first run of full ones plain, the rest through the
@@ -536,10 +537,10 @@ def _load_kv_tiles(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bars, q_fre
                    CONSUMERS: gl.constexpr, MANY_BLOCKS: gl.constexpr, bias_desc, bias_smem, bz, bh,
                    BIAS_TMA: gl.constexpr, PARTS: gl.constexpr, PART_D: gl.constexpr, N, block_lists,
                    MASK_BLOCKS: gl.constexpr):
-    """The it-th query block's n_tiles k / v tiles from tile t0 (MASK_BLOCKS: those listed, :func:`_key_tile`) into
-    the ring (from position r0) as stages come free, and (BIAS_TMA) each consumer's bias tile beside them, of bias batch row bz and
-    head bh; where a CTA takes MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for (those
-    stages come free while the consumers finish the last block, its q buffers only after the consumers' output
+    """The it-th query block's n_tiles k / v tiles from tile t0 (MASK_BLOCKS: those listed, :func:`_key_tile`) into the
+    ring (from position r0) as stages come free, and (BIAS_TMA) each consumer's bias tile beside them, of bias batch row
+    bz and head bh; where a CTA takes MANY_BLOCKS, a later block's q tiles once its first STAGES tiles are asked for
+    (those stages come free while the consumers finish the last block, its q buffers only after the consumers' output
     stores have read them)."""
     blist = block_lists[0]
     if MASK_BLOCKS:

@@ -168,6 +168,16 @@ def test_which_calls_run_a_persistent_grid(monkeypatch):
     assert not persistent(True, False, consumers[128], 2048, 16, 128, 2048, 128)
 
 
+def test_a_window_that_spans_every_key_is_none():
+    """The kernels' window argument: the spec's, or 0 (no window: the plain causal walk) where it has none or it spans
+    every key."""
+    windowed = dataclasses.replace(PLAIN, causal=CausalMask(window=1000))
+    assert [hopper_common.causal_window(windowed, n) for n in (999, 1000, 4096)] == [0, 0, 1000]
+    assert hopper_common.causal_window(windowed) == 1000
+    assert hopper_common.causal_window(dataclasses.replace(PLAIN, causal=CausalMask()), 10) == 0
+    assert hopper_common.causal_window(PLAIN, 10) == 0
+
+
 def test_a_windowed_call_takes_one_query_block_or_key_tile_a_cta(monkeypatch):
     """A sliding window's walks are about equal (the window's keys, or rows), so neither kernel pairs a long walk with
     a short one or runs a persistent grid of causal items where the same causal call without a window would."""

@@ -12,8 +12,9 @@ Anchor: every softmax over the last dim. From it the matcher walks
 
 Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head) are folded into ``gqa_group``.
 
-Attention sinks (gpt-oss): the scores joined to one more column of logits (``cat([s, sink], -1)``), optionally
-shifted by their row max (a no-op for the softmax), the softmax taken and the column dropped (``p[..., :-1]``). The
+Attention sinks (gpt-oss): the scores joined to one more column of logits (``cat([s, sink], -1)``, or the column
+first), optionally shifted by their row max (a no-op for the softmax), the softmax taken and the column dropped
+(``p[..., :-1]``, or ``p[..., 1:]``). The
 column stays outside the spec: the weights over the keys are the plain softmax's times ``sigmoid(lse - sink)`` (the
 sink's share of the denominator), which the rewrite applies to the fused op's output with its lse. The softmax
 input's ``logsumexp`` over the keys, read besides the softmax (FlexAttention's form of a sink: ``(softmax(s) @ v) *
@@ -26,6 +27,7 @@ The matcher emits no Triton: its result is an :class:`AttentionMatch` holding an
 from __future__ import annotations
 
 import operator
+import sys
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -357,7 +359,9 @@ def attention_sink(softmax: fx.Node) -> Optional[AttentionSink]:
     rank = val(c).dim()
     if len(parts) != 2 or dim % rank != rank - 1 or not all(isinstance(p, fx.Node) for p in parts):
         return None
-    scores, column = parts
+    # the column after the scores (gpt-oss's), or before them (where the scores are no single column too)
+    first = val(parts[1]).shape[-1] != 1 and val(parts[0]).shape[-1] == 1
+    column, scores = parts if first else parts[::-1]
     n = val(scores).shape[-1]
     if val(column).shape[-1] != 1 or val(column).dim() != rank or len(c.users) != (2 if shift else 1):
         return None
@@ -367,8 +371,12 @@ def attention_sink(softmax: fx.Node) -> Optional[AttentionSink]:
         raise NotFused(f"the scores {scores.name} are joined to a column before the softmax, whose weights are not "
                        "then cut back to the keys (an attention sink's form)", softmax)
     s_dim, start, end, step = (list(sliced.args[1:]) + [0, None, None, 1][len(sliced.args) - 1:])[:4]
-    if (s_dim % rank != rank - 1 or start not in (0, None) or step != 1
-            or not (end == -1 or (isinstance(end, int) and same_shape((end,), (n,))))):
+    if first:  # [..., 1:]: from the column past the sink's to the end
+        kept = start == 1 and (end is None or isinstance(end, int) and (end == sys.maxsize
+                                                                         or same_shape((end - 1,), (n,))))
+    else:  # [..., :-1] or [..., :n]
+        kept = start in (0, None) and (end == -1 or (isinstance(end, int) and same_shape((end,), (n,))))
+    if s_dim % rank != rank - 1 or step != 1 or not kept:
         raise NotFused(f"{sliced.name} keeps other columns of the weights than the keys the scores were joined "
                        "from", sliced)
     return AttentionSink(scores, column, c, sliced, [c, *nodes])

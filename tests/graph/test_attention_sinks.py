@@ -15,7 +15,7 @@ from expecttest import TestCase
 
 import fuse_attn
 from tests.support.numerics import CUDA_BF16, FLOOR, max_error
-from tests.support.graph_capture import fused_graph, unfused_verdicts
+from tests.support.graph_capture import fused_graph, fused_specs, unfused_verdicts
 
 
 class SinkAttention(nn.Module):
@@ -24,7 +24,8 @@ class SinkAttention(nn.Module):
     "logsumexp": the weights ``exp(s - logsumexp(cat([s, sink])))``; "logaddexp": ``exp(s - logaddexp(logsumexp(s),
     sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.softmax_spellings); "denominator": ``exp(s - m) /
     (sum(exp(s - m)) + exp(sink - m))``, ``m`` the row max with the sink's; "flex": FlexAttention's form, the output
-    ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``."""
+    ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``; "first": gpt-oss's with the sink column before the scores,
+    the weights ``[..., 1:]``."""
 
     def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False,
                  spelling: str = "softmax"):
@@ -51,6 +52,10 @@ class SinkAttention(nn.Module):
             p = torch.exp(w - torch.logaddexp(torch.logsumexp(w, -1, keepdim=True), self.sinks.reshape(1, -1, 1, 1)))
             return torch.matmul(p.to(v.dtype), v)
         sinks = self.sinks.reshape(1, -1, 1, 1).expand(q.shape[0], -1, q.shape[-2], -1)
+        if self.spelling == "first":
+            c = torch.cat([sinks, w], dim=-1)
+            c = c - c.amax(dim=-1, keepdim=True)
+            return torch.matmul(F.softmax(c, dim=-1, dtype=c.dtype)[..., 1:].to(v.dtype), v)
         c = torch.cat([w, sinks], dim=-1)
         if self.spelling == "logsumexp":
             return torch.matmul(torch.exp(w - torch.logsumexp(c, -1, keepdim=True)).to(v.dtype), v)
@@ -85,6 +90,11 @@ class TestGoldenGraph(TestCase):
         return (_to_copy_default_2,)""")
 
 
+class TestSinkBeforeTheScores(TestCase):
+    def test_the_column_first_and_the_weights_from_the_second_on(self):
+        self.assertExpectedInline(fused_specs(SinkAttention(3, causal=True, spelling="first"), *qkv()), """float32 D=8 M=5 N=5 scale=0.353553 causal(top_left, diagonal=0) empty rows 0 + sink (output x sigmoid(lse - sink))""")
+
+
 class TestNotSinks(TestCase):
     def verdicts(self, fn, *args):
         return unfused_verdicts(fn, *args)
@@ -100,6 +110,13 @@ class TestNotSinks(TestCase):
         def fn(q, k, v, extra):
             c = torch.cat([q @ k.transpose(-1, -2), extra], dim=-1)
             return torch.softmax(c, -1)[..., 1:] @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv(), torch.randn(2, 3, 5, 1)), """not fused softmax: slice_1 keeps other columns of the weights than the keys the scores were joined from""")
+
+    def test_a_column_before_the_scores_kept_in_the_weights(self):
+        def fn(q, k, v, extra):
+            c = torch.cat([extra, q @ k.transpose(-1, -2)], dim=-1)
+            return torch.softmax(c, -1)[..., :-1] @ v
 
         self.assertExpectedInline(self.verdicts(fn, *qkv(), torch.randn(2, 3, 5, 1)), """not fused softmax: slice_1 keeps other columns of the weights than the keys the scores were joined from""")
 
@@ -126,6 +143,7 @@ GRAD_DRAWS = 4
                                             ("logsumexp", 17, 17, 16), ("logaddexp", 97, 97, 80),
                                             ("logaddexp causal", 17, 17, 16), ("flex", 17, 17, 16),
                                             ("denominator", 17, 17, 16), ("denominator causal", 97, 97, 80),
+                                            ("first causal", 17, 17, 16),
                                             ("flex causal", 97, 97, 80)])
 def test_sinks_match_fp64_with_gradients(form, M, N, D, device, dtype):
     """Output and the gradients of q, k, v and the sinks against fp64: our mean error over GRAD_DRAWS draws <= 2x
@@ -133,7 +151,7 @@ def test_sinks_match_fp64_with_gradients(form, M, N, D, device, dtype):
     spelling = form.split()[0]
     module = SinkAttention(3, causal=form in ("causal", "window") or form.endswith(" causal"),
                            window=4 if form == "window" else None, amax=form == "amax",
-                           spelling=spelling if spelling in ("logsumexp", "logaddexp", "flex", "denominator")
+                           spelling=spelling if spelling in ("logsumexp", "logaddexp", "flex", "denominator", "first")
                            else "softmax")
     inputs = [t.to(device) for t in qkv(M=M, N=N, D=D)]
     module = module.to(device)

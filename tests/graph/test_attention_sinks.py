@@ -224,7 +224,7 @@ def test_a_row_with_every_key_masked_puts_its_weight_on_the_sink():
         torch.testing.assert_close(ours_grad, eager_grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spelling", ["softmax", "logaddexp", "denominator", "flex"])
+@pytest.mark.parametrize("spelling", ["softmax", "first", "logaddexp", "denominator", "flex"])
 def test_explain_says_what_the_compile_does(spelling):
     q, k, v = qkv()
     module = SinkAttention(3, causal=True, spelling=spelling)

@@ -58,12 +58,12 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
 
     reasons = []
+    scored = scores_by_a_program(spec)
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device) != (9, 0):
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if (spec.score_program and not adds_a_bias(spec) and not masks_by_a_predicate(spec)
-            and not scores_by_a_program(spec)):
+    if spec.score_program and not adds_a_bias(spec) and not masks_by_a_predicate(spec) and not scored:
         reasons.append("the Gluon kernels compute plain attention, add one bias tensor, mask the plain scores by a "
                        f"predicate of at most {MAX_VECTORS} integer vectors or change every score by arithmetic, tanh "
                        f"and sigmoid of it, its indices and at most {MAX_VECTORS} float tensors (no other score "
@@ -82,7 +82,7 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
                        f"{spec.head_dim}/{spec.head_dim_v}")
     if spec.causal is not None and (spec.causal.diagonal != 0 or not statically_known_true(q.shape[2] == k.shape[2])):
         reasons.append("the Gluon kernels' causal mask is the plain diagonal of equal lengths")
-    if causal_window(spec) and spec.score_program and not scores_by_a_program(spec):
+    if causal_window(spec) and spec.score_program and not scored:
         reasons.append("the Gluon kernels take a sliding window only over the plain scores or a score program's")
     return reasons
 

@@ -208,11 +208,11 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
 
 def gluon_score_operands(spec: AttentionSpec, score_tensors: Sequence) -> tuple:
     """``(bias, vectors)``, the Gluon forward's score operands for a spec it takes (:func:`gluon_reasons` empty):
-    the one added bias where the spec adds one, else the score tensors as its vectors (the integer vectors of a
-    predicate's mask, or the tensors a score program reads), or none."""
-    from fuse_attn.kernels.hopper.common import adds_a_bias
+    the one added bias where the spec adds one and no key padding it is, else the score tensors as its vectors (the
+    integer vectors of a predicate's mask, a key padding vector, or the tensors a score program reads), or none."""
+    from fuse_attn.kernels.hopper.common import adds_a_bias, pads_keys
 
-    if adds_a_bias(spec):
+    if adds_a_bias(spec) and not pads_keys(spec):
         return score_tensors[0], None
     return None, (list(score_tensors) or None)
 

@@ -39,7 +39,7 @@ def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
 
 
 # a precomputed ALiBi-style bias [1, H, M, N] added to the scores: what the Gluon kernels load (a [Z, 1, 1, N] one, a
-# key padding bias whose keys the generated kernels skip by its values, they refuse: above)
+# key padding bias, they take as its vector: test_hopper_key_padding.py)
 ALIBI = dict(score_program=BIAS_PROGRAM, score_tensors=(ScoreTensor("bias", "bfloat16", (True, False, False, False)),))
 
 
@@ -64,7 +64,7 @@ ALIBI_FROM_SLOPES = dict(score_program=(ScoreNode("score"), ScoreNode("load", va
      "plain attention"),  # (a constant that hides every key)
     ({"score_program": (ScoreNode("score"), ScoreNode("load", value=0), ScoreNode("mul", (0, 1))),
       "score_tensors": (ScoreTensor("bias", "bfloat16", (True, False, False, False)),)}, {}, "add one bias"),
-    ({"score_program": BIAS_PROGRAM,
+    ({"score_program": BIAS_PROGRAM, "causal": CausalMask(),  # (a padding bias alone: test_hopper_key_padding.py)
       "score_tensors": (ScoreTensor("bias", "bfloat16", (False, True, True, False)),)}, {}, "skip per call"),
     ({"dropout_p": 0.1}, {}, "no dropout"),
     ({"head_dim": 96, "head_dim_v": 96}, {"head_dim": 96}, "head dims 64/64, 128/128, 192/128, not 96/96"),

@@ -56,12 +56,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_init, warpgroup_mma_wait)
 
 from fuse_attn.kernels import ops
-from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides
+from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head,
                                              bias_tma_head, bias_tma_view, causal_window, checked_call,
                                              dense_fields, described, ds_row_keys, dscore_kv_heads,
                                              fills_at_most, head_dim_part, in_place_fields, listed_tiles, log2_units,
-                                             masks_by_a_predicate, scores_by_a_program,
+                                             lists_tiles, scores_by_a_program, tile_lists,
                                              op_score_tensors, parsed_spec, score_program_functions,
                                              scores_over_parts, shared_memory_for_tiles,
                                              tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
@@ -683,10 +683,10 @@ class BackwardCall:
         self.block_m, self.block_n, self.causal, self.bias_grad = block_m, block_n, causal, bias_grad
         # (no row of plain attention is empty: one kernel for both)
         self.zero_empty_rows = (bias is not None or bool(vectors)) and spec.empty_rows == "zero"
-        # a predicate's mask (MASK_BLOCKS): each call lists every key tile's query tiles (else the vectors are a score
-        # program's tensors: SCORED)
-        mask_blocks, scored = masks_by_a_predicate(spec), scores_by_a_program(spec)
-        self.tile_classes = TileClasses(spec, vectors, M, N, block_m, block_n, key_major=True) if mask_blocks else None
+        # a predicate's mask or a key padding vector (MASK_BLOCKS): each call lists every key tile's query tiles (else
+        # the vectors are a score program's tensors: SCORED)
+        mask_blocks, scored = lists_tiles(spec), scores_by_a_program(spec)
+        self.tile_classes = tile_lists(spec, vectors, M, N, block_m, block_n, key_major=True)
         programs = score_program_functions(spec) if mask_blocks or scored else (None, None)
         # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
         self.flag_nan_rows = bias is not None and causal

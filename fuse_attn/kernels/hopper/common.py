@@ -20,7 +20,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from fuse_attn.kernels import ops, plan
 from fuse_attn.kernels.generated import codegen
 from fuse_attn.kernels.generated.decode import sm_count
-from fuse_attn.kernels.generated.launch import broadcast_strides
+from fuse_attn.kernels.generated.launch import TileClasses, broadcast_strides
+from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles
 from fuse_attn.kernels.plan import size_hint
 from fuse_attn.spec import AttentionSpec
 
@@ -63,12 +64,14 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    if spec.score_program and not adds_a_bias(spec) and not masks_by_a_predicate(spec) and not scored:
+    padded = pads_keys(spec)
+    if spec.score_program and not adds_a_bias(spec) and not lists_tiles(spec) and not scored:
         reasons.append("the Gluon kernels compute plain attention, add one bias tensor, mask the plain scores by a "
-                       f"predicate of at most {MAX_VECTORS} integer vectors or change every score by arithmetic, tanh "
-                       f"and sigmoid of it, its indices and at most {MAX_VECTORS} float tensors (no other score "
-                       "program, no mask tensor)")
-    elif adds_a_bias(spec) and (plan.key_padding(spec) is not None or plan.mask_blocks(spec) is not None):
+                       f"predicate of at most {MAX_VECTORS} integer vectors or by a key padding vector (with the "
+                       "causal band or none), or change every score by arithmetic, tanh and sigmoid of it, its indices "
+                       f"and at most {MAX_VECTORS} float tensors (no other score program, no mask tensor)")
+    elif not padded and adds_a_bias(spec) and (plan.key_padding(spec) is not None
+                                               or plan.mask_blocks(spec) is not None):
         reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
                        "kernels would compute them")
     if spec.dropout_p:
@@ -119,6 +122,35 @@ def masks_by_a_predicate(spec: AttentionSpec) -> bool:
             and all(t.role == "int" for t in spec.score_tensors))
 
 
+def pads_keys(spec: AttentionSpec) -> bool:
+    """Whether a key padding vector (:func:`fuse_attn.kernels.plan.key_padding`: Hugging Face's padded batches) is
+    what masks the spec's scores, with the causal band ``kv_idx <= q_idx`` written into the program or no band (no
+    causal mask or window of the spec's own), and the plain score is what it leaves of the program where it keeps a
+    key (:func:`fuse_attn.kernels.plan.visible_spec`): the Gluon kernels then visit the tiles that
+    :class:`.key_range_tiles.KeyRangeTiles` lists per call (``MASK_BLOCKS``), the full ones plain, the rest through
+    the spec's program, generated as for :func:`masks_by_a_predicate`, of the vector."""
+    padding = plan.key_padding(spec)
+    if padding is None or spec.causal is not None or padding.band not in (None, 0):
+        return False
+    visible = plan.visible_spec(spec)
+    return visible is not None and not visible.score_program
+
+
+def lists_tiles(spec: AttentionSpec) -> bool:
+    """Whether the Gluon kernels visit the tiles a kernel lists per call (``MASK_BLOCKS``): a predicate's mask or a key
+    padding vector (:func:`tile_lists`)."""
+    return masks_by_a_predicate(spec) or pads_keys(spec)
+
+
+def tile_lists(spec: AttentionSpec, vectors: Sequence[Tensor], M, N, rows: int, cols: int, key_major: bool):
+    """What lists the tiles of a call of one signature (:func:`lists_tiles` specs; None for others): the tile-classes
+    kernel of a predicate's mask, or :class:`.key_range_tiles.KeyRangeTiles` of a key padding vector; ``rows`` x
+    ``cols`` the kernels' query blocks and key tiles, ``key_major`` the backward's order."""
+    if masks_by_a_predicate(spec):
+        return TileClasses(spec, vectors, M, N, rows, cols, key_major)
+    return KeyRangeTiles(spec, vectors, M, N, rows, cols, key_major) if pads_keys(spec) else None
+
+
 # The ops of a score program the Gluon kernels apply to every score (SCORED): arithmetic, tanh and sigmoid of the score,
 # its indices, finite constants and float tensors; none hides a key (no comparison, where, exp or log), so every row
 # keeps a finite maximum, as the plain scores' rows do.
@@ -158,8 +190,8 @@ def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
 
 
 def score_program_functions(spec: AttentionSpec):
-    """The generated Gluon ``(program, program_grad)`` of a spec :func:`masks_by_a_predicate` or
-    :func:`scores_by_a_program` accepts."""
+    """The generated Gluon ``(program, program_grad)`` of a spec :func:`lists_tiles` or :func:`scores_by_a_program`
+    accepts."""
     mod = codegen.load_module(spec, codegen.GLUON_SCORE_PROGRAM_TEMPLATE_NAME)
     return mod.program, mod.program_grad
 

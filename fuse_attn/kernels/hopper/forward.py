@@ -64,15 +64,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                              warpgroup_mma_wait)
 
 from fuse_attn.kernels import ops
-from fuse_attn.kernels.generated.launch import TileClasses, batch_rows_innermost, broadcast_strides, empty_outputs
+from fuse_attn.kernels.generated.launch import batch_rows_innermost, broadcast_strides, empty_outputs
 from fuse_attn.kernels.hopper.common import (LIBRARY, LOG2E, batch_and_head, bias_of_head, bias_tma_head, bias_tma_view,
                                              causal_window, checked_call, ctas_at_once, dense_fields, described,
                                              dscore_kv_heads, fills_at_most, head_dim_part, in_place_fields,
-                                             listed_tiles, log2_units, masks_by_a_predicate, op_score_tensors,
+                                             listed_tiles, log2_units, lists_tiles, op_score_tensors,
                                              parsed_spec, reinterpret_shared, score_program_functions,
                                              scores_by_a_program, scores_over_parts, shared_memory_for_tiles,
-                                             tma_descriptor, tma_load, tma_load_parts, tma_store, vector_slots,
-                                             with_base)
+                                             tile_lists, tma_descriptor, tma_load, tma_load_parts, tma_store,
+                                             vector_slots, with_base)
 from fuse_attn.kernels.positional_launch import PositionalLaunch
 from fuse_attn.spec import AttentionSpec
 
@@ -827,14 +827,14 @@ class ForwardCall:
         N, DV = k.shape[2], v.shape[3]
         causal = spec.causal is not None
         window = causal_window(spec, N)
-        mask_blocks, scored = masks_by_a_predicate(spec), scores_by_a_program(spec)
+        mask_blocks, scored = lists_tiles(spec), scores_by_a_program(spec)
         bias_view = None if bias is None else bias_tma_view(bias)
         (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
                                    bias_view is not None, q.device, ctas_at_once(q.device), mask_blocks, bool(window))
-        # a predicate's mask (MASK_BLOCKS): each call lists the tiles of every query block of the CTA's rows
-        self.tile_classes = (TileClasses(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
-                             if mask_blocks else None)
+        # a predicate's mask or a key padding vector (MASK_BLOCKS): each call lists the tiles of every query block of
+        # the CTA's rows
+        self.tile_classes = tile_lists(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
         program = score_program_functions(spec)[0] if mask_blocks or scored else None
         self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
         part_d = head_dim_part(D)

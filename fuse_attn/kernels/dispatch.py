@@ -40,7 +40,7 @@ from fuse_attn import settings
 from fuse_attn.kernels import compile_workers, ops, plan, tuning
 from fuse_attn.score_program import ORDER_COMPARISONS, subprogram
 from fuse_attn.spec import AttentionSpec
-from fuse_attn.kernels.generated.launch import (RealInputs, causal_tuning_mask, random_like, tuning_generator,
+from fuse_attn.kernels.generated.launch import (RealInputs, realistic_tuning_masks, random_like, tuning_generator,
                                                 write_stored)
 from fuse_attn.kernels.plan import size_hint
 
@@ -327,7 +327,7 @@ class _CandidateSteps:
         self.spec, self.training, self.template_untuned = spec, training, template_untuned
         self.q, self.k, self.v = (random_like(t).requires_grad_(training) for t in (q, k, v))
         self.score_tensors = [random_like(t) for t in score_tensors]
-        causal_tuning_mask(spec, self.score_tensors)
+        realistic_tuning_masks(spec, self.score_tensors)
         _documents_of_the_choice(spec, self.score_tensors)
         for t, needs in zip(self.score_tensors, score_grads):
             t.requires_grad_(training and needs and t.is_floating_point())

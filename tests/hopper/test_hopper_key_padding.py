@@ -129,6 +129,21 @@ def test_the_listing_kernel_matches_its_reference(form, M, rows, cols, key_major
             assert lists[z, outer, :n_full + n_rest].tolist() == full + partial, (z, outer)
 
 
+@pytest.mark.parametrize("form", FORMS)
+def test_the_tuner_times_a_batch_padded_on_the_right(form):
+    """The tuner's random copy of the vector (a bool mostly True, normal floats) would leave no run of visible keys,
+    every tile partial; it gets a batch padded to its longest row, in the vector's convention."""
+    from fuse_attn.kernels.generated.launch import random_like, realistic_tuning_masks
+
+    spec = padding_spec(form)
+    N = 96
+    tuning = random_like(padding_vector(form, visible_keys(N)[:4]))
+    realistic_tuning_masks(spec, [tuning])
+    lengths = torch.tensor([96, 72, 48, 32])
+    assert torch.equal(tuning, padding_vector(form, torch.arange(N)[None, :] < lengths[:, None]))
+    assert all(full for z in reference_key_range_tiles(spec, tuning, N, N, 16, 16, False) for full, _ in z[1:])
+
+
 def _padded_attention(q, k, v, attention_mask):
     """transformers' eager decoder attention of a padded batch: its padding and causal masks as one, finfo.min."""
     n = q.shape[-2]

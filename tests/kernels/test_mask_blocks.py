@@ -370,7 +370,7 @@ def test_the_tuner_times_a_causal_mask(hidden):
         spec = AttentionSpec(dtype="float32", head_dim=16, head_dim_v=16, scale=0.25, score_program=bool_program(hidden, FMIN),
                              score_tensors=(ScoreTensor("mask", "bool", (False, True, False, False)),))
         tuning = torch.rand(3, 1, 6, 9) < 0.5
-    launch.causal_tuning_mask(spec, [tuning])
+    launch.realistic_tuning_masks(spec, [tuning])
     i, j = torch.arange(6)[:, None], torch.arange(9)[None, :]
     visible = (j <= i + 3).expand(3, 1, 6, 9)  # bottom-right aligned, as a KV cache's queries see their keys
     expected = {"fill": torch.where(visible, 0.0, torch.finfo(torch.bfloat16).min).to(torch.bfloat16),

@@ -586,21 +586,37 @@ def tuning_generator(device) -> torch.Generator:
     return g
 
 
-def causal_tuning_mask(spec: AttentionSpec, tuning_tensors: list) -> None:
-    """Overwrite the tuner's random copy of a summarized mask (:func:`fuse_attn.kernels.plan.mask_blocks`) with a
-    causal one (bottom-right aligned, in the mask's convention: 0 / finfo.min, or bool). Random values leave every tile
-    partial, while the masks that reach the summaries -- Hugging Face's causal and padding masks, passed to each
-    block's graph -- are mostly full and empty tiles: the configs are timed on the loops those run."""
-    summarized = plan.mask_blocks(spec)
-    if summarized is None or summarized.predicate is not None:
-        return  # (a predicate of integer vectors is timed on the random vectors: its tiles partial)
-    t = tuning_tensors[summarized.tensor]
-    M, N = t.shape[-2:]
-    keep = torch.ones(M, N, dtype=torch.bool, device=t.device).tril(N - M)
-    if summarized.hidden == "fill":
-        pattern = torch.zeros(M, N, dtype=t.dtype, device=t.device).masked_fill(~keep, torch.finfo(t.dtype).min)
+# The keys each batch row of the tuner's key padding vector keeps, as fractions of N cycling over the rows: a batch
+# padded to its longest sequence (tools/bench_variants.py's padding rows have the same lengths)
+PADDING_TUNING_FRACTIONS = (1, 3 / 4, 1 / 2, 1 / 3)
+
+
+def realistic_tuning_masks(spec: AttentionSpec, tuning_tensors: list) -> None:
+    """Overwrite the tuner's random copy of a mask that decides which tiles run -- a summarized mask
+    (:func:`fuse_attn.kernels.plan.mask_blocks`), a key padding vector (:func:`fuse_attn.kernels.plan.key_padding`)
+    -- with one as models give them, in its convention (0 / finfo.min or -inf, or bool): the summarized mask causal
+    (bottom-right aligned), the padding vector a batch padded on the right (:data:`PADDING_TUNING_FRACTIONS`).
+    Random values leave every tile partial and no run of visible keys, while the masks that reach the kernels --
+    Hugging Face's causal and padding masks -- have mostly full and empty tiles: the configs and implementations are
+    timed on the loops those run."""
+    summarized, padding = plan.mask_blocks(spec), plan.key_padding(spec)
+    if summarized is not None and summarized.predicate is None:
+        t, hidden = tuning_tensors[summarized.tensor], summarized.hidden
+        M, N = t.shape[-2:]
+        keep = torch.ones(M, N, dtype=torch.bool, device=t.device).tril(N - M)
+    elif summarized is None and padding is not None:
+        t, hidden = tuning_tensors[padding.tensor], padding.hidden
+        Z, N = t.shape[0], t.shape[-1]
+        lengths = torch.tensor([max(1, round(N * PADDING_TUNING_FRACTIONS[z % len(PADDING_TUNING_FRACTIONS)]))
+                                for z in range(Z)], device=t.device)
+        keep = (torch.arange(N, device=t.device)[None, :] < lengths[:, None])[:, None, None, :]
     else:
-        pattern = keep if summarized.hidden == "false" else ~keep
+        return  # (a predicate of integer vectors is timed on the random vectors: its tiles partial)
+    if hidden in ("fill", "-inf"):
+        fill = torch.finfo(t.dtype).min if hidden == "fill" else float("-inf")
+        pattern = torch.zeros(keep.shape, dtype=t.dtype, device=t.device).masked_fill(~keep, fill)
+    else:
+        pattern = keep if hidden == "false" else ~keep
     write_stored(t, pattern)
 
 
@@ -835,7 +851,7 @@ def _forward_binder(mod, q, k, v, score_tensors, spec, dropout_seed, lengths):
     """The forward's ``bind`` (:func:`choose_kernel_config`)."""
     def bind():
         rq, rk, rv, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dropout_seed, *score_tensors))
-        causal_tuning_mask(spec, rs)
+        realistic_tuning_masks(spec, rs)
         out, lse = empty_outputs(rq, rv)
         real, key_range = common_kernel_args(rq, rk, rv, spec), key_range_args(spec, rs, rq.shape[0], rk.shape[2], lse)
         mask_blocks = _MaskBlocks(spec, rs, rq.shape[2], rk.shape[2], lse, predicate_kernel=False)
@@ -1013,7 +1029,7 @@ def _backward_inputs(q, k, v, dout, score_tensors, spec, needs_grad, dropout_see
     """Random inputs of the backward's kernels (after ``_launch_backward``'s ``mod`` and ``cfgs``), out and lse from
     ``run_forward(q, k, v, score_tensors, dropout_seed)`` on them, or, with none, left empty (for compiles only)."""
     rq, rk, rv, rdo, seed, *rs = (random_like(t, lengths) for t in (q, k, v, dout, dropout_seed, *score_tensors))
-    causal_tuning_mask(spec, rs)
+    realistic_tuning_masks(spec, rs)
     out, lse = empty_outputs(rq, rv) if run_forward is None else run_forward(rq, rk, rv, rs, seed)
     bufs = _BackwardBuffers(rq, rk, rv, lse, rs, spec, needs_grad, exact_delta, predicate_kernel=False)
     return (common_kernel_args(rq, rk, rv, spec), rdo, rq, rk, rv, rs, out, lse, spec, seed, bufs, exact_delta)

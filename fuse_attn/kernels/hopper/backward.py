@@ -31,7 +31,8 @@ Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
 diagonal, and only the tiles that cross it are masked; under a sliding window they end at the last row that sees the
 key tile, and the tiles whose rows' windows leave some of its keys out are masked too (one key tile a CTA). A
-predicate's mask (``MASK_BLOCKS``): each key tile visits the query tiles the tile-classes kernel lists for it, P
+predicate's mask or a key padding vector (``MASK_BLOCKS``): each key tile visits the query tiles the tile-classes
+kernel (or :mod:`.key_range_tiles`) lists for it, P
 through the spec's program and dS back through its adjoint in the partial ones (both generated, as the forward's).
 
 What it computes is the template's backward for the specs :func:`.common.hopper_reasons` accepts, with the
@@ -785,7 +786,8 @@ def hopper_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, 
     forward's ``out`` and ``lse`` ``[Z, H, M]``; ``dlse`` the gradient of lse or None; ``bias`` the spec's score
     tensor where it adds one. ``bias_grad``: dbias too (else None), the kernel's dS summed over the bias's broadcast
     dims, a launch for each chunk of :func:`.common.dscore_kv_heads` kv heads (a ValueError where it admits none).
-    ``vectors``: the spec's score tensors where a predicate of them masks (:func:`.common.masks_by_a_predicate`).
+    ``vectors``: the spec's score tensors where no bias is added (:func:`.common.lists_tiles`,
+    :func:`.common.scores_by_a_program`).
     Unchecked: the op checks its inputs once a signature and keeps the call (:class:`BackwardCall`)."""
     return BackwardCall(spec, q, k, v, bias, dout, bias_grad, vectors)(dout, q, k, v, out, lse, dlse, bias, vectors)
 

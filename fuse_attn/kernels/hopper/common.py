@@ -478,6 +478,6 @@ LIBRARY = torch.library.Library("fuse_attn", "FRAGMENT")
 
 
 def op_score_tensors(bias: Tensor | None, vectors: Sequence[Tensor] = ()) -> list[Tensor]:
-    """The op's bias, or its integer vectors (:func:`masks_by_a_predicate`), as the template op's list of score
+    """The op's bias, or its vectors (the score tensors where no bias is added), as the template op's list of score
     tensors."""
     return [bias] if bias is not None else list(vectors)

@@ -35,6 +35,8 @@ Or the plain scores masked by a predicate of integer vectors, the op's ``vectors
 (:func:`.common.masks_by_a_predicate`: packed documents): each CTA visits the key tiles the tile-classes kernel lists
 for its query block (``MASK_BLOCKS``, two launches a call), the first run of full ones plain, the rest through the
 spec's program, generated as a Gluon function (codegen's ``gluon_score_program``) and passed as a constexpr argument.
+A key padding vector (:func:`.common.pads_keys`: Hugging Face's padded batches, with the causal band written into the
+mask or none) goes the same way over the tiles :mod:`.key_range_tiles` lists per call from the vector.
 Or every score through such a program of float tensors, the op's ``vectors`` then (``SCORED``,
 :func:`.common.scores_by_a_program`: a softcap, ALiBi from slopes), in every tile.
 Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's
@@ -877,9 +879,9 @@ class ForwardCall:
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, bias: Tensor | None = None,
                    vectors: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, DV], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
-    ``bias`` the spec's score tensor where it has one (:func:`.common.adds_a_bias`), ``vectors`` its score tensors
-    where a predicate of them masks (:func:`.common.masks_by_a_predicate`). Unchecked: the op checks its inputs once
-    a signature and keeps the call (:class:`ForwardCall`)."""
+    ``bias`` the spec's score tensor where it adds one (:func:`.common.adds_a_bias`, no key padding), ``vectors`` its
+    score tensors otherwise (:func:`.common.lists_tiles`, :func:`.common.scores_by_a_program`). Unchecked: the op
+    checks its inputs once a signature and keeps the call (:class:`ForwardCall`)."""
     return ForwardCall(spec, q, k, v, bias, vectors)(q, k, v, bias, vectors)
 
 

@@ -180,10 +180,13 @@ def replayed_as_cuda_graphs(on: bool = True):
 
 
 def _step_flops(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> float:
-    """The matmul FLOPs of the timed step at the hinted sizes: 4 Z H M N D, halved when causal, 3.5x for the forward
-    and backward together (as tools/bench_attention.py counts them)."""
+    """The matmul FLOPs of the timed step at the hinted sizes: 4 Z H M N D, halved when causal (the spec's mask, or
+    the causal band a key padding mask carries in its program: Hugging Face's padding + causal mask), 3.5x for the
+    forward and backward together (as tools/bench_attention.py counts them)."""
     Z, H, M, D = (size_hint(n) for n in q.shape)
-    return 4 * Z * H * M * size_hint(k.shape[2]) * D * (0.5 if spec.causal is not None else 1.0) * (3.5 if training else 1.0)
+    padding = plan.key_padding(spec)
+    causal = spec.causal is not None or padding is not None and padding.band is not None
+    return 4 * Z * H * M * size_hint(k.shape[2]) * D * (0.5 if causal else 1.0) * (3.5 if training else 1.0)
 
 
 def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> list[str]:

@@ -89,6 +89,15 @@ def test_the_kernels_take_a_key_padding_vector(form, head_dim, monkeypatch):
     # (with the spec's own causal mask beside the vector the template takes it: test_hopper_forward's reasons)
 
 
+def test_the_causal_band_of_a_padding_mask_halves_the_steps_flops():
+    """The least step the Gluon kernels are offered at (dispatch.GLUON_MIN_STEP_FLOPS) counts the work of a causal
+    band written into the mask (transformers' padding + causal mask) as that of the spec's own causal mask."""
+    from fuse_attn.kernels.dispatch import _step_flops
+
+    q = k = torch.empty(2, 4, 256, 128)
+    assert _step_flops(padding_spec("hf_causal"), q, k, True) == _step_flops(padding_spec("bert"), q, k, True) / 2
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("key_major", [False, True])
 @pytest.mark.parametrize("M, rows, cols", [(77, 16, 16), (77, 32, 16), (100, 16, 32)])

@@ -15,7 +15,8 @@ forked and may not touch CUDA, so there Triton's driver is replaced, for the job
 (its version), and Inductor's workers point Triton at the ptxas bundled with torch (``TRITON_PTXAS_PATH``, set as they
 start) where this process may use Triton's own: on an H200 host the workers' ptxas of CUDA 13.0 against this
 process's 12.8 gave every worker compile another key, so none was found here. A job therefore carries this process's
-ptxas and its backend's hash, compiles with that ptxas, and fails where the hash still differs. The workers are an
+ptxas and its backend's hash (read again where Inductor has since pointed this process at torch's ptxas:
+:func:`_submitters_ptxas_and_key`), compiles with that ptxas, and fails where the hash still differs. The workers are an
 optimization: a job that fails, or a kernel that does not load from the cache, is compiled in this process as before.
 
 Inductor's workers take about 8 s to start on an H200 host, from the backend's first call, and the forward's tuning
@@ -133,9 +134,30 @@ def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
                                                                                           asked[0])
                          for job in _collected):  # (a step may launch one specialization twice: one job)
         target = driver.active.get_current_target()
-        _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0], target, _ptxas(target),
-                                     _backend_hash(target)))
+        _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0], target,
+                                     *_submitters_ptxas_and_key(target)))
     return True
+
+
+# The ptxas whose version (part of Triton's key) this module last had Triton read, by target arch
+_ptxas_of_the_key: dict[int, str] = {}
+
+
+def _submitters_ptxas_and_key(target) -> tuple[Optional[str], str]:
+    """The ptxas Triton compiles ``target``'s kernels with now, and the key it compiles them under: its backend's
+    hash, the ptxas version in it read again where the ptxas is not the one it was read from. Inductor points
+    ``TRITON_PTXAS_PATH`` at torch's own ptxas as it first compiles a kernel in a process
+    (``torch/_inductor/runtime/compile_tasks.py``: ``_set_triton_ptxas_path``), after Triton may have cached the
+    version of its own: Triton then compiles with one ptxas under the other's key, and a worker given that ptxas
+    computes another key and refuses the job (on an H200 with torch 2.11+cu130, every forked job of a training step's
+    backward: its 23 candidates then compiled one after another in the launching process, 17.6 s)."""
+    ptxas = _ptxas(target)
+    if ptxas is not None and _ptxas_of_the_key.get(target.arch) != ptxas:
+        from triton.backends.nvidia.compiler import get_ptxas_version
+
+        get_ptxas_version.cache_clear()
+        _ptxas_of_the_key[target.arch] = ptxas
+    return ptxas, _backend_hash(target)
 
 
 def _ptxas(target) -> Optional[str]:

@@ -159,6 +159,28 @@ def test_a_worker_pointed_at_another_ptxas_compiles_with_the_submitters(tmp_path
     _in_a_fresh_process("worker_with_another_ptxas_compiles_with_ours", tmp_path)
 
 
+def submitter_pointed_at_another_ptxas_after_its_first_key(cache_dir):
+    cache = _fresh_cache(cache_dir)
+    _jobs(CONFIGS[:1])  # (Triton keeps the version of the ptxas it found first)
+    other = _another_ptxas(cache)
+    # what Inductor does in this process as it first compiles a kernel here (compile_tasks._set_triton_ptxas_path)
+    os.environ.update({"TRITON_PTXAS_PATH": other, "TRITON_PTXAS_BLACKWELL_PATH": other})
+    [job] = _jobs(CONFIGS[1:])
+    assert job.ptxas == other
+    _ForkingPool().submit(compile_workers.compile_job, job, cache_dir).result()
+    compiled = _compiled_entries(cache)
+    assert len(compiled) == 1
+    launch.launch(copy_kernel, (1,), _args(), CONFIGS[1], warmup=True)  # the worker's compile: loaded
+    assert _compiled_entries(cache) == compiled
+
+
+def test_a_job_asked_for_after_inductor_pointed_this_process_at_its_ptxas_compiles_in_a_worker(tmp_path):
+    """Inductor points ``TRITON_PTXAS_PATH`` at torch's ptxas in the process that compiles (after Triton may have
+    cached the version of its own ptxas, part of its key): the job carries the ptxas and the key Triton compiles with
+    from then on, so that the worker's compile is the one this process loads."""
+    _in_a_fresh_process("submitter_pointed_at_another_ptxas_after_its_first_key", tmp_path)
+
+
 def worker_under_another_key_compiles_nothing(cache_dir):
     cache = _fresh_cache(cache_dir)
     [job] = _jobs(CONFIGS[:1])

@@ -27,6 +27,7 @@ from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM
+from tests.support.gluon_op import gluon_compile_trains_as_eager
 from tests.support.numerics import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -503,14 +504,9 @@ def _sink_attention(q, k, v, sinks):  # gpt-oss: a logit a head joined to the sc
 @pytest.mark.parametrize("attention, bias_grad", [(_causal_attention, None), (_biased_causal_attention, False),
                                                   (_biased_causal_attention, True), (_sink_attention, True)])
 def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monkeypatch):
-    """The compiled path end to end where a CPU can run it: the rewrite emits this op (its choice forced), Inductor
-    calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients (of a bias that
-    needs one too, of attention sinks through the op's lse) as eager's."""
-    from fuse_attn.kernels import dispatch
-    from tests.support.numerics import assert_close_2x
-
-    monkeypatch.setattr(dispatch, "choose_implementation",
-                        lambda *args, **kwargs: dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
+    """The compiled path end to end where a CPU can run it (tests/support/gluon_on_cpu.py): the rewrite emits this op,
+    Inductor calls it as an opaque op, and AOTAutograd's backward is the template's; output and gradients (of a bias
+    that needs one too, of attention sinks through the op's lse) as eager's."""
     g = torch.Generator().manual_seed(0)
     if bias_grad is None:  # GQA 4 / 2 heads
         inputs = [torch.randn(s, generator=g, requires_grad=True) for s in [(2, 4, 40, 64)] + [(2, 2, 40, 64)] * 2]
@@ -518,25 +514,7 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(attention, bias_grad, monk
         inputs = [torch.randn(2, 4, 40, 64, generator=g, requires_grad=True) for _ in range(3)]
         extra = (4,) if attention is _sink_attention else (1, 4, 40, 40)
         inputs.append(torch.randn(extra, generator=g, requires_grad=bias_grad))
-    ref_in = [t.detach().double().requires_grad_(t.requires_grad) for t in inputs]
-    eager_in = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-    torch._dynamo.reset()
-    from fuse_attn.report import collect_reports
-
-    with collect_reports() as reports:
-        out = torch.compile(attention, backend="fuse_attn")(*inputs)
-    verdicts = [v for r in reports for v in r.verdicts]
-    assert [v.fused for v in verdicts] == [True] and verdicts[0].runs == "runs gluon: forced"
-    rewritten = "".join(r.after or "" for r in reports)
-    assert "fuse_attn.flash_attention_hopper.default" in rewritten and "flash_attention.default" not in rewritten
-    ref, eager = attention(*ref_in), attention(*eager_in)
-    assert_close_2x("out", out, ref, eager, torch.float32)
-    dout = torch.randn(out.shape, generator=g)
-    wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
-    for i, a, b, c in zip(wanted, torch.autograd.grad(out, [inputs[i] for i in wanted], dout),
-                          torch.autograd.grad(ref, [ref_in[i] for i in wanted], dout.double()),
-                          torch.autograd.grad(eager, [eager_in[i] for i in wanted], dout)):
-        assert_close_2x(("dq", "dk", "dv", "dbias")[i], a, b, c, torch.float32)
+    gluon_compile_trains_as_eager(monkeypatch, attention, inputs, generator=g)
 
 
 @hopper

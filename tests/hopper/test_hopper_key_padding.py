@@ -14,14 +14,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fuse_attn.kernels import reference_attention
 from fuse_attn.kernels.hopper.common import hopper_reasons, pads_keys
-from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles, reference_key_range_tiles
 from fuse_attn.kernels.reference import score_program_values, softmax_of_spec
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from fuse_attn.spec import AttentionSpec
-from tests.support.numerics import assert_close_2x
+from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64
 
 KEYS = (False, True, True, False)  # a [Z, 1, 1, N] vector
 FINFO_MIN = torch.finfo(torch.bfloat16).min  # (transformers fills with the model dtype's)
@@ -163,32 +161,13 @@ def _padded_attention(q, k, v, attention_mask):
 
 
 def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
-    """The compiled path where a CPU can run it: the rewrite emits the Gluon op with the padding vector among its
-    vectors (its choice forced), Inductor calls it as an opaque op; output and gradients as eager's."""
-    from fuse_attn.kernels import dispatch
-    from fuse_attn.report import collect_reports
-
-    monkeypatch.setattr(dispatch, "choose_implementation",
-                        lambda *args, **kwargs: dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
+    """The compiled path where a CPU can run it (tests/support/gluon_on_cpu.py): the rewrite emits the Gluon op with
+    the padding vector among its vectors; output and gradients as eager's."""
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(3, 4, 30, 64, generator=g, requires_grad=True) for _ in range(3)]
     attention_mask = torch.arange(30)[None, :] < torch.tensor([30, 17, 1])[:, None]
-    ref_in = [t.detach().double().requires_grad_() for t in inputs]
-    eager_in = [t.detach().clone().requires_grad_() for t in inputs]
-    torch._dynamo.reset()
-    with collect_reports() as reports:
-        out = torch.compile(_padded_attention, backend="fuse_attn")(*inputs, attention_mask)
-    verdicts = [v for r in reports for v in r.verdicts]
-    assert [v.fused for v in verdicts] == [True] and verdicts[0].runs == "runs gluon: forced"
+    verdicts = gluon_compile_trains_as_eager(monkeypatch, _padded_attention, inputs, attention_mask, generator=g)
     assert pads_keys(verdicts[0].spec)
-    rewritten = "".join(r.after or "" for r in reports)
-    assert "fuse_attn.flash_attention_hopper.default" in rewritten and "flash_attention.default" not in rewritten
-    ref, eager = _padded_attention(*ref_in, attention_mask), _padded_attention(*eager_in, attention_mask)
-    assert_close_2x("out", out, ref, eager, torch.float32)
-    dout = torch.randn(out.shape, generator=g)
-    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, inputs, dout),
-                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, torch.float32)
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
@@ -205,22 +184,4 @@ def test_key_padding_matches_fp64_with_gradients(form, head_dim, length, gqa_gro
     finite fill, NaN or 0 under -inf)."""
     spec = padding_spec(form, head_dim, gqa_group)
     vector = padding_vector(form, visible_keys(length), "cuda")
-    Z, H, D = vector.shape[0], 4, head_dim
-    g = torch.Generator(device="cuda").manual_seed(length + head_dim)
-    q = torch.randn(Z, length, H, D, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(Z, length, H // gqa_group, D, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
-            for _ in range(2))
-    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
-    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
-    out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True, vectors=[vector])
-    ref, ref_lse = reference_attention(*ref_in, [vector.double() if form == "bert" else vector], spec)
-    eager, _ = reference_attention(*eager_in, [vector], spec)
-    assert_close_2x("out", out, ref, eager, torch.bfloat16)
-    # the lse of a row that sees a key; a row a fill hid wholly has one at or below about the fill (-inf: -inf)
-    seen = ref_lse > -1e30
-    torch.testing.assert_close(lse[seen].double(), ref_lse[seen].double(), rtol=0, atol=1e-4)
-    assert (lse[~seen] < -1e30).all()
-    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
-    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
-                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, torch.bfloat16)
+    gluon_op_matches_fp64(spec, [vector], vector.shape[0], length, seed=length + head_dim)

@@ -17,13 +17,13 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from fuse_attn.kernels import flash_attention, reference_attention
+from fuse_attn.kernels import flash_attention
 from fuse_attn.kernels.generated import codegen
 from fuse_attn.kernels.hopper.common import hopper_reasons, masks_by_a_predicate
 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
-from fuse_attn.spec import AttentionSpec, CausalMask
-from tests.support.numerics import assert_close_2x
+from fuse_attn.spec import AttentionSpec
+from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64
 
 ROWS, COLUMNS = (False, True, False, True), (False, True, True, False)  # [Z, 1, M, 1] and [Z, 1, 1, N] vectors
 FINFO_MIN = torch.finfo(torch.bfloat16).min  # (transformers fills with the model dtype's; fp32's is -inf in bf16)
@@ -130,63 +130,19 @@ def _packed_attention(q, k, v, position_ids):
 
 
 def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
-    """The compiled path where a CPU can run it: the rewrite emits the Gluon op with the integer vectors (its choice
-    forced), Inductor calls it as an opaque op; output and gradients as eager's."""
-    from fuse_attn.kernels import dispatch
-    from fuse_attn.report import collect_reports
+    """The compiled path where a CPU can run it (tests/support/gluon_on_cpu.py): the rewrite emits the Gluon op with
+    the integer vectors; output and gradients as eager's."""
     from tests.support.compiled_modules import packed_position_ids
 
-    monkeypatch.setattr(dispatch, "choose_implementation",
-                        lambda *args, **kwargs: dispatch.ImplementationChoice(dispatch.GLUON, "forced"))
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randn(2, 4, 30, 64, generator=g, requires_grad=True) for _ in range(3)]
-    positions = packed_position_ids((7, 11, 12), 2)
-    ref_in = [t.detach().double().requires_grad_() for t in inputs]
-    eager_in = [t.detach().clone().requires_grad_() for t in inputs]
-    torch._dynamo.reset()
-    with collect_reports() as reports:
-        out = torch.compile(_packed_attention, backend="fuse_attn")(*inputs, positions)
-    verdicts = [v for r in reports for v in r.verdicts]
-    assert [v.fused for v in verdicts] == [True] and verdicts[0].runs == "runs gluon: forced"
-    rewritten = "".join(r.after or "" for r in reports)
-    assert "fuse_attn.flash_attention_hopper.default" in rewritten and "flash_attention.default" not in rewritten
-    ref, eager = _packed_attention(*ref_in, positions), _packed_attention(*eager_in, positions)
-    assert_close_2x("out", out, ref, eager, torch.float32)
-    dout = torch.randn(out.shape, generator=g)
-    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, inputs, dout),
-                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, torch.float32)
+    gluon_compile_trains_as_eager(monkeypatch, _packed_attention, inputs, packed_position_ids((7, 11, 12), 2),
+                                  generator=g)
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
 hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                             reason="needs an sm90 GPU (H100 / H200)")
-
-
-def check_against_fp64(spec, vectors, seed=0):
-    """The op's out, lse and dq / dk / dv against fp64 and eager bf16 under the 2x rule (NaN where eager's are), for
-    the spec's ``vectors`` (on the GPU)."""
-    Z, N = vectors[1].shape[0], vectors[1].shape[3]
-    H, D = 4, spec.head_dim
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(Z, N, H, D, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(Z, N, H // spec.gqa_group, D, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
-            for _ in range(2))
-    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
-    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
-    out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True, vectors=vectors)
-    ref, ref_lse = reference_attention(*ref_in, vectors, spec)
-    eager, _ = reference_attention(*eager_in, vectors, spec)
-    assert_close_2x("out", out, ref, eager, torch.bfloat16)
-    # the lse of a row that sees a key; a row a fill hid wholly has one at or below about the fill (-inf: -inf), its
-    # log2-units value kept finite as the template keeps it
-    seen = ref_lse > -1e30
-    torch.testing.assert_close(lse[seen].double(), ref_lse[seen].double(), rtol=0, atol=1e-4)
-    assert (lse[~seen] < -1e30).all()
-    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
-    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
-                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, torch.bfloat16)
 
 
 @hopper
@@ -200,7 +156,8 @@ def check_against_fp64(spec, vectors, seed=0):
 ])
 def test_packed_documents_match_fp64_with_gradients(head_dim, form, positions, gqa_group, lengths):
     spec = packed_spec(head_dim, form, positions, gqa_group)
-    check_against_fp64(spec, packed_vectors(spec, documents(lengths, batch=2), "cuda"), seed=sum(lengths))
+    gluon_op_matches_fp64(spec, packed_vectors(spec, documents(lengths, batch=2), "cuda"), 2, sum(lengths),
+                          seed=sum(lengths))
 
 
 @hopper
@@ -219,4 +176,4 @@ def test_bad_inputs_give_eagers_answer(form, empty_rows):
     row_positions[:, :, 200:264] = -1
     row_positions[:, :, 650:] = -1
     vectors[2] = row_positions
-    check_against_fp64(spec, vectors, seed=3)
+    gluon_op_matches_fp64(spec, vectors, 2, 700, seed=3)

@@ -127,7 +127,8 @@ def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
 
     previous, knobs.runtime.jit_cache_hook = knobs.runtime.jit_cache_hook, skip_the_compile
     try:
-        kernel.warmup(**args, **options, grid=grid)
+        with _functions_recorded_by_name():
+            kernel.warmup(**args, **options, grid=grid)
     finally:
         knobs.runtime.jit_cache_hook = previous
     if asked and not any((job.module_file, job.kernel_name, job.specialization_data) == (module_file, fn.__name__,
@@ -137,6 +138,62 @@ def collect(kernel, grid: tuple, args: dict, options: dict) -> bool:
         _collected.append(CompileJob(module.__name__, module_file, fn.__name__, asked[0], target,
                                      *_submitters_ptxas_and_key(target)))
     return True
+
+
+# A job's record of a constexpr that is a JIT function: ``{_FUNCTION: [module name, module file, function name]}``
+_FUNCTION = "fuse_attn_jit_function"
+_recording_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _functions_recorded_by_name():
+    """Within it, Triton's record of a compile (``serialize_specialization_data``) names each constexpr that is a
+    ``@triton.jit`` or ``@gluon.jit`` function by its module and name, which :func:`compile_job` loads back. Triton
+    3.6 records such a constexpr as it is and 3.9 a Gluon one (3.9 names a plain one for its own registry), which JSON
+    refuses: the Gluon kernels' generated score programs (packed documents, key padding, softcaps, ALiBi from slopes)
+    compiled only when first timed, one after another, never as jobs."""
+    from triton.runtime import jit
+
+    with _recording_lock:
+        record = jit.serialize_specialization_data
+
+        def by_name(name, signature, constants, *rest):
+            return record(name, signature, {key: _named(value) for key, value in constants.items()}, *rest)
+
+        jit.serialize_specialization_data = by_name
+        try:
+            yield
+        finally:
+            jit.serialize_specialization_data = record
+
+
+def _named(value):
+    """A constexpr as :func:`_functions_recorded_by_name` records it: a JIT function of a module with a file by name,
+    anything else as it is."""
+    from triton.runtime.jit import JITFunction
+
+    module = sys.modules.get(value.fn.__module__) if isinstance(value, JITFunction) else None
+    if getattr(module, "__file__", None) is None or getattr(module, value.fn.__name__, None) is not value:
+        return value
+    return {_FUNCTION: [module.__name__, module.__file__, value.fn.__name__]}
+
+
+def _preloaded(kernel, specialization_data: str):
+    """(In a worker.) ``kernel.preload`` of a job's record, each constexpr it names a function of
+    (:func:`_functions_recorded_by_name`) that function: Triton's ``preload`` passes such a record's value on as it
+    is, to the compile (``_do_compile``, one signature in Triton 3.6-3.9) that this replaces it in."""
+    compile_kernel = kernel._do_compile
+
+    def with_functions(key, signature, device, constexprs, *rest, **options):
+        loaded = {path: getattr(_module(*value[_FUNCTION][:2]), value[_FUNCTION][2])
+                  if isinstance(value, dict) and _FUNCTION in value else value for path, value in constexprs.items()}
+        return compile_kernel(key, signature, device, loaded, *rest, **options)
+
+    kernel._do_compile = with_functions
+    try:
+        return kernel.preload(specialization_data)
+    finally:
+        del kernel._do_compile
 
 
 # The ptxas whose version (part of Triton's key) this module last had Triton read, by target arch
@@ -438,7 +495,7 @@ def compile_job(job: CompileJob, cache_dir: str) -> None:
             if backend_hash != job.backend_hash:
                 raise RuntimeError(f"this worker's Triton compiles under another key ({backend_hash!r}, the "
                                    f"submitter's {job.backend_hash!r}); its compile would not be found there")
-            compiled = kernel.preload(job.specialization_data)
+            compiled = _preloaded(kernel, job.specialization_data)
             if job.builds_launcher and compiled is not None:
                 _build_launcher(compiled, job.target)
     finally:

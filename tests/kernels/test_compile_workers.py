@@ -181,6 +181,29 @@ def test_a_job_asked_for_after_inductor_pointed_this_process_at_its_ptxas_compil
     _in_a_fresh_process("submitter_pointed_at_another_ptxas_after_its_first_key", tmp_path)
 
 
+def function_constexpr_compiles_in_a_worker(cache_dir):
+    from tests.support import compile_job_gluon_kernel as gluon_kernels
+
+    cache = _fresh_cache(cache_dir)
+    args = {**_args(), "SCALE": gluon_kernels.doubled}
+    jobs = []
+    with compile_workers.collecting(jobs):
+        launch.launch(gluon_kernels.scaled_copy_kernel, (1,), args, CONFIGS[0], warmup=True)
+    [job] = jobs
+    _ForkingPool().submit(compile_workers.compile_job, job, cache_dir).result()
+    compiled = {path.parent.name for path in cache.rglob("scaled_copy_kernel.json")}
+    assert len(compiled) == 1
+    launch.launch(gluon_kernels.scaled_copy_kernel, (1,), args, CONFIGS[0], warmup=True)  # the worker's: loaded
+    assert {path.parent.name for path in cache.rglob("scaled_copy_kernel.json")} == compiled
+
+
+def test_a_kernel_taking_a_function_as_a_constexpr_compiles_in_a_worker(tmp_path):
+    """Triton's record of such a compile holds the function itself (Triton 3.6; 3.9 names a plain JIT function by its
+    registry, a Gluon one not at all), which JSON refuses: the job names it by its module and name, and the worker
+    loads it (the Gluon kernels' generated score programs: packed documents, key padding, softcaps)."""
+    _in_a_fresh_process("function_constexpr_compiles_in_a_worker", tmp_path)
+
+
 def worker_under_another_key_compiles_nothing(cache_dir):
     cache = _fresh_cache(cache_dir)
     [job] = _jobs(CONFIGS[:1])

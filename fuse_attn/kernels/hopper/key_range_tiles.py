@@ -18,8 +18,8 @@ where no key inside it is hidden and, for a bias, every value there is exactly 0
 Outside those keys every probability is exactly 0. A query block that sees no key (of the "-inf" kind: a batch
 row with none visible, or every row of the block before the first visible one under the band) still lists its first
 tile, partial: the forward runs a block's first tile unconditionally, and the program hides its every key there (the
-rows' output is 0). Full, run plain: the key tiles wholly inside [full_first,
-full_end) and, with the band, wholly at or below the block's first row. The backward lists, per key tile, the query
+rows' output is 0). Full, run plain: the key tiles wholly inside [full_first, full_end) and, with the band, wholly at
+or below the block's first row. The backward lists, per key tile, the query
 blocks that visit it (full where the tile is full for the block) from the same rule, so both visit the same tiles.
 :func:`reference_key_range_tiles` is the rule in PyTorch, what the tests check the kernel against."""
 
@@ -39,7 +39,6 @@ from fuse_attn.spec import AttentionSpec
 
 # A key padding vector's hiding value, as the kernel's HIDDEN constexpr (plan.KeyPadding.hidden)
 _HIDDEN_CODES = {"false": 0, "true": 1, "-inf": 2, "fill": 3}
-_FULL, _PARTIAL, _SKIPPED = 0, 1, 2  # a tile's class
 _VECTOR_CHUNK = 1024  # keys of the vector a program reduces at once (every program reads its batch row's vector)
 
 
@@ -53,8 +52,9 @@ def _visible_keys(Vector, stride_vn, N, HIDDEN: tl.constexpr, FILL_LIMIT: tl.con
     for n0 in range(0, N, CHUNK):
         offs = n0 + tl.arange(0, CHUNK)
         inside = offs < N
-        x = tl.load(Vector + offs.to(tl.int64) * stride_vn, mask=inside, other=0).to(tl.float32)  # (exact: a bool,
-        # fp16 or bf16 value)
+        # (compared in fp32, which holds a bool, fp16 or bf16 value exactly: Triton's interpreter compared bf16 values
+        # with the fill limit wrongly)
+        x = tl.load(Vector + offs.to(tl.int64) * stride_vn, mask=inside, other=0).to(tl.float32)
         if HIDDEN == 0:
             visible = x != 0
         elif HIDDEN == 1:
@@ -144,10 +144,10 @@ def _key_range_tiles(Vector, stride_vz, stride_vn, Lists, Counts, stride_lists_z
 
 
 class KeyRangeTiles:
-    """The lists of one call signature (a spec :func:`.common.pads_keys` accepts, its lengths, the tile and its order), as
-    `launch.TileClasses` gives them: a call allocates them and makes one launch.
-    ``rows`` x ``cols``: the kernels' query blocks and key tiles; ``key_major``: a key tile's query blocks (the
-    backward's), else a query block's key tiles (the forward's)."""
+    """The lists of one call signature (a spec :func:`.common.pads_keys` accepts, its lengths, the tile and its
+    order), as ``launch.TileClasses`` gives them: a call allocates them and makes one launch. ``rows`` x ``cols``: the
+    kernels' query blocks and key tiles; ``key_major``: a key tile's query blocks (the backward's), else a query
+    block's key tiles (the forward's)."""
 
     def __init__(self, spec: AttentionSpec, score_tensors: Sequence[Tensor], M, N, rows: int, cols: int,
                  key_major: bool):

@@ -29,6 +29,7 @@ from fuse_attn.kernels import plan
 from fuse_attn.kernels import tuning
 
 from fuse_attn.kernels.generated import launch
+from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from tests.support.fuzz_cases import BIAS_PROGRAM
@@ -480,7 +481,7 @@ FORWARD_ONLY_CASES = {
 
 
 def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None,
-                   rows: int | None = None, bias_grad: bool = False, packed: bool = False):
+                   rows: int | None = None, bias_grad: bool = False, packed: bool = False, padded: bool = False):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
@@ -489,7 +490,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     :data:`BIAS_CASES`, the spec then ``s + bias``. ``rows``: a length other than the case's. ``bias_grad``: the backward
     with the bias's gradient (its dS tiles stored). ``packed``: the spec masked as :func:`_packed_documents_spec`'s,
     its four integer vectors, no causal mask but the predicate's (the tile lists, which the tile-classes kernel's own
-    test compiles, stand-ins of zeros)."""
+    test compiles, stand-ins of zeros). ``padded``: the spec masked as :func:`_padding_and_causal_in_one_mask_spec`'s,
+    its padding vector (the lists of :mod:`fuse_attn.kernels.hopper.key_range_tiles` stand-ins too)."""
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
     from fuse_attn.kernels.positional_launch import PositionalLaunch
 
@@ -502,13 +504,13 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         score = dict(score_program=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
             ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
         bias_tensor = torch.randn(*(rows if n == "M" else n for n in sizes), dtype=bias_dtype)
-    if packed:
-        score = _packed_documents_spec()
+    if packed or padded:
+        score = _packed_documents_spec() if packed else _padding_and_causal_in_one_mask_spec()
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim_v,
-                         scale=head_dim ** -0.5, causal=CausalMask() if causal and not packed else None,
+                         scale=head_dim ** -0.5, causal=CausalMask() if causal and not (packed or padded) else None,
                          gqa_group=group, **score)
     vectors = [torch.zeros(2, 1, *((rows, 1) if t.broadcast[3] else (1, rows)), dtype=getattr(torch, t.dtype))
-               for t in spec.score_tensors] if packed else ()
+               for t in spec.score_tensors] if packed or padded else ()
     q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
     k = torch.randn(2, 4 // group, rows, head_dim, dtype=dtype)
     v = torch.randn(2, 4 // group, rows, head_dim_v, dtype=dtype)
@@ -540,6 +542,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
                         stride_bcount_z=counts.stride(0))
 
         monkeypatch.setattr(launch.TileClasses, "__call__", zero_lists)
+        monkeypatch.setattr(KeyRangeTiles, "__call__", zero_lists)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor, vectors)
         else:
@@ -669,6 +672,40 @@ def test_the_gluon_kernels_of_packed_documents_compile_for_hopper(direction, nam
     call the generated program in the partial ones (``MASK_BLOCKS``), GQA, at D64 the forward's two-consumer config."""
     stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, packed=True)")
     assert "listed tiles: True" in stdout and "bias: False" in stdout, stdout
+
+
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("name", ["D64 causal GQA 2", "D128"])
+def test_the_gluon_kernels_of_key_padding_compile_for_hopper(direction, name):
+    """A key padding vector with the causal band in the program (Hugging Face's padding + causal mask): the kernels
+    visit the tiles key_range_tiles lists and call the generated program in the partial ones (``MASK_BLOCKS``)."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, padded=True)")
+    assert "listed tiles: True" in stdout and "bias: False" in stdout, stdout
+
+
+def compile_key_range_tiles() -> None:
+    """(In the subprocess.) The key-range tiles kernel of a padding vector with the band (the "masking" kind) and
+    without (the "-inf" kind), both orientations, compiled for sm90 with the launch's own arguments and config."""
+    from fuse_attn.kernels.hopper import key_range_tiles
+
+    launches = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(key_range_tiles, "launch",
+                            lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args, cfg)))
+        for score in (_padding_and_causal_in_one_mask_spec(), _key_padding_spec()):
+            spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, **score)
+            vector = torch.zeros(2, 1, 1, 300, dtype=torch.bool)
+            for rows, key_major in ((128, False), (64, True)):
+                KeyRangeTiles(spec, [vector], 300, 300, rows, 128, key_major)([vector])
+    for kernel, args, cfg in launches:
+        compiled = _compile(kernel, args, cfg, TARGETS["sm90"][0])
+        assert compiled.asm["cubin"]
+        print(f"BAND {args['BAND']} KEY_MAJOR {args['KEY_MAJOR']}: {compiled.metadata.shared} bytes of shared memory")
+
+
+def test_the_key_range_tiles_kernel_compiles_for_the_gpu():
+    stdout = _in_subprocess("t.compile_key_range_tiles()")
+    assert stdout.count("bytes of shared memory") == 4, stdout
 
 
 def test_the_gluon_backwards_own_tma_add_compiles_as_tritons():

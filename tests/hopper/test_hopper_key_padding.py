@@ -149,6 +149,9 @@ def test_the_tuner_times_a_batch_padded_on_the_right(form):
     lengths = torch.tensor([96, 72, 48, 32])
     assert torch.equal(tuning, padding_vector(form, torch.arange(N)[None, :] < lengths[:, None]))
     assert all(full for z in reference_key_range_tiles(spec, tuning, N, N, 16, 16, False) for full, _ in z[1:])
+    shared = random_like(padding_vector(form, visible_keys(N)[:1]).expand(3, 1, 1, N))  # (one row for the batch)
+    realistic_tuning_masks(spec, [shared])
+    assert torch.equal(shared, padding_vector(form, torch.ones(3, N, dtype=torch.bool)))
 
 
 def _padded_attention(q, k, v, attention_mask):

@@ -606,7 +606,7 @@ def realistic_tuning_masks(spec: AttentionSpec, tuning_tensors: list) -> None:
         keep = torch.ones(M, N, dtype=torch.bool, device=t.device).tril(N - M)
     elif summarized is None and padding is not None:
         t, hidden = tuning_tensors[padding.tensor], padding.hidden
-        Z, N = t.shape[0], t.shape[-1]
+        Z, N = (t.shape[0] if t.stride(0) else 1), t.shape[-1]  # (a vector the batch shares: one row stored)
         lengths = torch.tensor([max(1, round(N * PADDING_TUNING_FRACTIONS[z % len(PADDING_TUNING_FRACTIONS)]))
                                 for z in range(Z)], device=t.device)
         keep = (torch.arange(N, device=t.device)[None, :] < lengths[:, None])[:, None, None, :]

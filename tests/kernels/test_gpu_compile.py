@@ -308,10 +308,16 @@ def compile_tile_classes() -> None:
         launches = _recording_launches(monkeypatch)
         for key_major in (False, True):
             launch.predicate_block_args(spec, documents_tensors(ANY), 80, 80, 64, 32, key_major)
+    _compile_each_for_sm90(launches, lambda kernel, args: f"{kernel.fn.__name__} KEY_MAJOR {args.get('KEY_MAJOR')}")
+
+
+def _compile_each_for_sm90(launches, label) -> None:
+    """Compile each recorded launch's kernel for sm90 with the launch's own arguments and config, and print its shared
+    memory after ``label(kernel, args)``."""
     for kernel, args, cfg in launches:
         compiled = _compile(kernel, args, cfg, TARGETS["sm90"][0])
         assert compiled.asm["cubin"]
-        print(f"{kernel.fn.__name__} KEY_MAJOR {args.get('KEY_MAJOR')}: {compiled.metadata.shared} bytes of shared memory")
+        print(f"{label(kernel, args)}: {compiled.metadata.shared} bytes of shared memory")
 
 
 def test_the_tile_classes_kernel_of_every_predicate_op_compiles_for_the_gpu():
@@ -697,10 +703,7 @@ def compile_key_range_tiles() -> None:
             vector = torch.zeros(2, 1, 1, 300, dtype=torch.bool)
             for rows, key_major in ((128, False), (64, True)):
                 KeyRangeTiles(spec, [vector], 300, 300, rows, 128, key_major)([vector])
-    for kernel, args, cfg in launches:
-        compiled = _compile(kernel, args, cfg, TARGETS["sm90"][0])
-        assert compiled.asm["cubin"]
-        print(f"BAND {args['BAND']} KEY_MAJOR {args['KEY_MAJOR']}: {compiled.metadata.shared} bytes of shared memory")
+    _compile_each_for_sm90(launches, lambda kernel, args: f"BAND {args['BAND']} KEY_MAJOR {args['KEY_MAJOR']}")
 
 
 def test_the_key_range_tiles_kernel_compiles_for_the_gpu():

@@ -32,8 +32,8 @@ their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the ke
 diagonal, and only the tiles that cross it are masked; under a sliding window they end at the last row that sees the
 key tile, and the tiles whose rows' windows leave some of its keys out are masked too (one key tile a CTA). A
 predicate's mask or a key padding vector (``MASK_BLOCKS``): each key tile visits the query tiles the tile-classes
-kernel (or :mod:`.key_range_tiles`) lists for it, P
-through the spec's program and dS back through its adjoint in the partial ones (both generated, as the forward's).
+kernel (or :mod:`.key_range_tiles`) lists for it, P through the spec's program and dS back through its adjoint in the
+partial ones (both generated, as the forward's).
 
 What it computes is the template's backward for the specs :func:`.common.hopper_reasons` accepts, with the
 forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`.common.dscore_kv_heads`
@@ -235,7 +235,7 @@ def _query_tile(q_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, p_smem, ds_sme
     buffers (one where the bias tiles take the second's room). DS_OUT: the dS tile (the gradient of the scores, as the
     bias's) goes out too, by TMA from its shared tile into ds_desc's tensor at query head h - ds_head0 and keys n0
     on. MASK_BLOCKS: the query tiles listed for the key tile (``qlist``), MASK the partial ones: the scores through the
-    spec's program of the integer ``vectors`` (``PROGRAM``, generated) and dS back through it (``PROGRAM_GRAD``).
+    spec's program of the ``vectors`` (``PROGRAM``, generated) and dS back through it (``PROGRAM_GRAD``).
     WINDOWED: MASK also hides the keys before each row's window of ``window`` keys. SCORED: every score through the
     spec's program (``PROGRAM``) and dS back through it (``PROGRAM_GRAD``), the tensors it reads in ``vectors``."""
     dtype: gl.constexpr = q_desc.dtype
@@ -568,8 +568,8 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      SCORED: gl.constexpr):
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
     launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads). MASK_BLOCKS:
-    the tile-classes kernel's key-major lists and counts (launch.predicate_block_args), and the integer vectors (V0-V3,
-    the spec's score tensors in order; slots past them unread) that PROGRAM and PROGRAM_GRAD read."""
+    the key-major lists and counts of the tile-classes kernel or of key_range_tiles (common.tile_lists); the vectors
+    (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM and PROGRAM_GRAD read."""
     gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PAIRED or HAS_BIAS)), "listed tiles: one key tile a CTA")
     # WINDOWED: causal keys among each row's ``window`` latest, one key tile a CTA (every walk about the window's)
     gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or HAS_BIAS or MASK_BLOCKS)),
@@ -688,7 +688,7 @@ class BackwardCall:
         # the vectors are a score program's tensors: SCORED)
         mask_blocks, scored = lists_tiles(spec), scores_by_a_program(spec)
         self.tile_classes = tile_lists(spec, vectors, M, N, block_m, block_n, key_major=True)
-        programs = score_program_functions(spec) if mask_blocks or scored else (None, None)
+        programs = score_program_functions(spec)
         # causal with a bias: the query heads with a row the bias made NaN (their dV is NaN at every key, as eager's)
         self.flag_nan_rows = bias is not None and causal
         # the q, k, v and dO descriptors' tiles: q and k's in column parts (their boxes a power of two wide), as dQ's

@@ -64,13 +64,13 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
         reasons.append("the Gluon kernels are written for Hopper (sm90) wgmma and TMA")
     if q.dtype not in _DTYPES:
         reasons.append(f"the Gluon kernels take fp16/bf16, not {q.dtype}")
-    padded = pads_keys(spec)
-    if spec.score_program and not adds_a_bias(spec) and not lists_tiles(spec) and not scored:
+    listed = lists_tiles(spec)
+    if spec.score_program and not adds_a_bias(spec) and not listed and not scored:
         reasons.append("the Gluon kernels compute plain attention, add one bias tensor, mask the plain scores by a "
                        f"predicate of at most {MAX_VECTORS} integer vectors or by a key padding vector (with the "
                        "causal band or none), or change every score by arithmetic, tanh and sigmoid of it, its indices "
                        f"and at most {MAX_VECTORS} float tensors (no other score program, no mask tensor)")
-    elif not padded and adds_a_bias(spec) and (plan.key_padding(spec) is not None
+    elif not listed and adds_a_bias(spec) and (plan.key_padding(spec) is not None
                                                or plan.mask_blocks(spec) is not None):
         reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
                        "kernels would compute them")
@@ -191,7 +191,10 @@ def vector_slots(vectors: Sequence[Tensor], stand_in: Tensor) -> tuple:
 
 def score_program_functions(spec: AttentionSpec):
     """The generated Gluon ``(program, program_grad)`` of a spec :func:`lists_tiles` or :func:`scores_by_a_program`
-    accepts."""
+    accepts (the kernels' ``PROGRAM`` and ``PROGRAM_GRAD``), ``(None, None)`` for another (plain attention, a bias
+    loaded by its own path)."""
+    if not (lists_tiles(spec) or scores_by_a_program(spec)):
+        return None, None
     mod = codegen.load_module(spec, codegen.GLUON_SCORE_PROGRAM_TEMPLATE_NAME)
     return mod.program, mod.program_grad
 

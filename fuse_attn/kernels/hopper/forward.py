@@ -649,8 +649,8 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, win
     # equal for every block: nothing to pair), no bias
     gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or PERSISTENT or HAS_BIAS or MASK_BLOCKS)),
                      "a window: causal, one block a CTA, no bias")
-    # MASK_BLOCKS: the tile-classes kernel's lists and counts (launch.predicate_block_args), and the integer vectors
-    # (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM reads
+    # MASK_BLOCKS: the lists and counts of the tile-classes kernel or of key_range_tiles (common.tile_lists), and the
+    # vectors (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM reads
     block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
     vectors = (V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
                stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
@@ -837,7 +837,7 @@ class ForwardCall:
         # a predicate's mask or a key padding vector (MASK_BLOCKS): each call lists the tiles of every query block of
         # the CTA's rows
         self.tile_classes = tile_lists(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
-        program = score_program_functions(spec)[0] if mask_blocks or scored else None
+        program = score_program_functions(spec)[0]
         self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
         part_d = head_dim_part(D)
         # the q, k and v descriptors' tiles: q and k's in column parts (their boxes a power of two wide)
@@ -925,7 +925,7 @@ torch.library.register_fake("fuse_attn::flash_attention_hopper_no_autograd")(_)
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, spec, *rest = inputs  # (a bias, or the integer vectors: the template op's score tensors)
+    q, k, v, spec, *rest = inputs  # (a bias, or the vectors: the template op's score tensors)
     bias, vectors = (*rest, None, None)[:2]
     vectors = vectors or ()
     ctx.vectors = len(vectors)
@@ -940,7 +940,7 @@ def _backward(ctx, dout, dlse):
     q, k, v, out, lse, _, *score_tensors = ctx.saved_tensors
     bias = [] if ctx.vectors else score_tensors
     bias_grad = any(ctx.needs)
-    vector_grads = [None] * ctx.vectors if ctx.vectors else None  # (integer vectors have none)
+    vector_grads = [None] * ctx.vectors if ctx.vectors else None  # (none needs one: else the template's, below)
     # a gradient for each argument the op's call passed (the dispatcher leaves out trailing ones at their defaults)
     inputs = len(ctx.needs_input_grad)
     if q.device.type != "cuda" or bias_grad and (ctx.vectors or not dscore_kv_heads(q, k, bias[0])):

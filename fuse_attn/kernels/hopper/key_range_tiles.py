@@ -33,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fuse_attn.kernels import plan, tuning
-from fuse_attn.kernels.generated.launch import launch
+from fuse_attn.kernels.generated.launch import key_range_args, launch
 from fuse_attn.score_program import MASKING_FILL_LIMIT
 from fuse_attn.spec import AttentionSpec
 
@@ -182,20 +182,15 @@ class KeyRangeTiles:
 def reference_key_range_tiles(spec: AttentionSpec, vector: Tensor, M: int, N: int, rows: int, cols: int,
                               key_major: bool) -> list[list[tuple[list[int], list[int]]]]:
     """The module's rule in PyTorch: per batch row of ``vector`` ([Z or 1, 1, 1, N]) and outer block, the full inner
-    blocks and the rest it visits, each ascending."""
+    blocks and the rest it visits, each ascending. Each batch row's keys are the generated template's
+    (``launch.key_range_args``: the visible span, every key for a row of none under the "masking" kind without a band,
+    and the run proven exact)."""
     padding = plan.key_padding(spec)
-    keys = vector[:, 0, 0, :]
-    visible = {"false": lambda: keys, "true": lambda: ~keys, "-inf": lambda: keys != float("-inf"),
-               "fill": lambda: keys > MASKING_FILL_LIMIT}[padding.hidden]()
-    exact = visible if keys.dtype == torch.bool else keys == 0
+    score_tensors = [vector if i == padding.tensor else None for i in range(len(spec.score_tensors))]
+    key_range = key_range_args(spec, score_tensors, vector.shape[0], N, vector)["KeyRange"]
     masking, band = padding.kind == "masking", padding.band is not None
     result = []
-    for z in range(keys.shape[0]):
-        where = visible[z].nonzero().flatten().tolist()
-        first, end = (where[0], where[-1] + 1) if where else (0, 0)
-        proven = int(exact[z].sum()) == end - first
-        full_first, full_end = (first, end) if proven else (0, 0)
-
+    for first, end, full_first, full_end in key_range.tolist():
         def tiles(r0):
             r1 = min(r0 + rows, M)
             if band:
@@ -203,8 +198,7 @@ def reference_key_range_tiles(spec: AttentionSpec, vector: Tensor, M: int, N: in
                 lo, hi = (first, min(end, r1)) if narrowed else (0, N)
                 full_hi = min(full_end, r0 + 1)
             else:
-                lo, hi = (0, N) if masking and end == 0 else (first, end)
-                full_hi = full_end
+                lo, hi, full_hi = first, end, full_end
             visited = set(range(lo // cols, -(-hi // cols))) if hi > lo else set()
             if not visited and not key_major:
                 visited = {lo // cols}

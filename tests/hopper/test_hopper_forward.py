@@ -27,7 +27,7 @@ from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM
-from tests.support.gluon_op import gluon_compile_trains_as_eager
+from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64
 from tests.support.numerics import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -269,22 +269,6 @@ hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_devi
                             reason="needs an sm90 GPU (H100 / H200)")
 
 
-def _matches_fp64_with_gradients(spec, q, k, v, g, dtype):
-    """The op's output, lse and dq / dk / dv against fp64 under the 2x rule (eager's error in ``dtype``); the
-    output's gradient drawn from ``g``."""
-    leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
-    ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
-    out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True)
-    ref, ref_lse = reference_attention(*ref_in, [], spec)
-    eager, _ = reference_attention(*eager_in, [], spec)
-    assert_close_2x("out", out, ref, eager, dtype)
-    torch.testing.assert_close(lse.double(), ref_lse.double(), rtol=0, atol=1e-4)
-    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=dtype)
-    for name, a, b, c in zip(("dq", "dk", "dv"), torch.autograd.grad(out, ours_in, dout),
-                             torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, dtype)
-
-
 @hopper
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("head_dims", [(64, 64), (128, 128), (192, 128)])
@@ -300,7 +284,7 @@ def test_matches_fp64_with_gradients(length, causal, head_dims, dtype):
     q = torch.randn(2, length, 4, head_dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
     k, v = (torch.randn(2, length, 4 // group, dim, device="cuda", generator=g, dtype=dtype).transpose(1, 2)
             for dim in (head_dim, head_dim_v))
-    _matches_fp64_with_gradients(spec, q, k, v, g, dtype)
+    gluon_op_matches_fp64(spec, q, k, v, generator=g, dtype=dtype)
 
 
 @hopper
@@ -318,7 +302,7 @@ def test_a_sliding_window_matches_fp64_with_gradients(length, window, head_dims)
     q = torch.randn(2, length, 4, head_dim, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
     k, v = (torch.randn(2, length, 2, dim, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
             for dim in (head_dim, head_dim_v))
-    _matches_fp64_with_gradients(spec, q, k, v, g, torch.bfloat16)
+    gluon_op_matches_fp64(spec, q, k, v, generator=g)
 
 
 @hopper

@@ -43,30 +43,37 @@ def gluon_compile_trains_as_eager(monkeypatch, attention, inputs, *constants, ge
     return verdicts
 
 
-def gluon_op_matches_fp64(spec, vectors, batch: int, length: int, seed: int = 0, heads: int = 4) -> None:
-    """(On an sm90 GPU.) The op's out, lse and dq / dk / dv against fp64 and eager bf16 under the 2x rule (NaN where
-    eager's are), for ``spec`` and its score tensors ``vectors`` (floats cast to fp64 for the reference), q, k and v
-    ``[batch, heads, length, head_dim]`` as a model's projections lay them out."""
+def gluon_op_matches_fp64(spec, q, k, v, vectors=(), generator: torch.Generator = None,
+                          dtype: torch.dtype = torch.bfloat16) -> None:
+    """(On an sm90 GPU.) The op's out, lse and dq / dk / dv against fp64 and eager ``dtype`` under the 2x rule (NaN
+    where eager's are), for ``spec`` and its score tensors ``vectors`` (floats cast to fp64 for the reference); the
+    output's gradient drawn from ``generator``."""
     from fuse_attn.kernels import reference_attention
     from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 
-    D = spec.head_dim
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(batch, length, heads, D, device="cuda", generator=g, dtype=torch.bfloat16).transpose(1, 2)
-    k, v = (torch.randn(batch, length, heads // spec.gqa_group, D, device="cuda", generator=g,
-                        dtype=torch.bfloat16).transpose(1, 2) for _ in range(2))
     leaves = lambda cast=None: [t.detach().to(cast or t.dtype).requires_grad_() for t in (q, k, v)]  # noqa: E731
     ours_in, ref_in, eager_in = leaves(), leaves(torch.float64), leaves()
     out, lse = flash_attention_hopper(*ours_in, spec, return_lse=True, vectors=vectors)
     ref, ref_lse = reference_attention(*ref_in, [t.double() if t.is_floating_point() else t for t in vectors], spec)
     eager, _ = reference_attention(*eager_in, vectors, spec)
-    assert_close_2x("out", out, ref, eager, torch.bfloat16)
+    assert_close_2x("out", out, ref, eager, dtype)
     # the lse of a row that sees a key; a row a fill hid wholly has one at or below about the fill (-inf: -inf), its
     # log2-units value kept finite as the template keeps it
     seen = ref_lse > -1e30
     torch.testing.assert_close(lse[seen].double(), ref_lse[seen].double(), rtol=0, atol=1e-4)
     assert (lse[~seen] < -1e30).all()
-    dout = torch.randn(out.shape, device="cuda", generator=g, dtype=torch.bfloat16)
+    dout = torch.randn(out.shape, device="cuda", generator=generator, dtype=dtype)
     for name, a, b, c in zip(GRADIENT_NAMES, torch.autograd.grad(out, ours_in, dout),
                              torch.autograd.grad(ref, ref_in, dout.double()), torch.autograd.grad(eager, eager_in, dout)):
-        assert_close_2x(name, a, b, c, torch.bfloat16)
+        assert_close_2x(name, a, b, c, dtype)
+
+
+def gluon_op_matches_fp64_on_random_inputs(spec, vectors, batch: int, length: int, seed: int = 0,
+                                           heads: int = 4) -> None:
+    """:func:`gluon_op_matches_fp64` in bf16 on q, k and v ``[batch, heads, length, head_dim]`` drawn from ``seed``,
+    laid out as a model's projections give them (``[batch, length, heads, head_dim]`` transposed)."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(batch, length, heads, spec.head_dim, device="cuda", generator=g, dtype=torch.bfloat16)
+    k, v = (torch.randn(batch, length, heads // spec.gqa_group, spec.head_dim, device="cuda", generator=g,
+                        dtype=torch.bfloat16) for _ in range(2))
+    gluon_op_matches_fp64(spec, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vectors, g)

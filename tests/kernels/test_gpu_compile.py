@@ -29,6 +29,7 @@ from fuse_attn.kernels import plan
 from fuse_attn.kernels import tuning
 
 from fuse_attn.kernels.generated import launch
+from fuse_attn.kernels.hopper.mask_tiles import MaskTiles
 from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
@@ -73,6 +74,14 @@ def _mask_summarized_spec():
     b = ScoreProgramBuilder()
     added = b.add("add", b.add("score"), b.add("load", value=0))
     return dict(score_program=b.program(added), score_tensors=(ScoreTensor("bias", "bfloat16", (False, True, False, False)),))
+
+
+def _bool_mask_summarized_spec():
+    """A bool mask of unknown values choosing the scores, ``where(mask, s, -inf)`` (SDPA's): block lists too."""
+    b = ScoreProgramBuilder()
+    chosen = b.add("where", b.load(0, "bool"), b.add("score"), b.const(float("-inf")))
+    mask = ScoreTensor("mask", "bool", (False, True, False, False))
+    return dict(score_program=b.program(chosen), score_tensors=(mask,))
 
 
 def _packed_documents_spec():
@@ -487,7 +496,8 @@ FORWARD_ONLY_CASES = {
 
 
 def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str | None = None,
-                   rows: int | None = None, bias_grad: bool = False, packed: bool = False, padded: bool = False):
+                   rows: int | None = None, bias_grad: bool = False, packed: bool = False, padded: bool = False,
+                   summarized: bool = False):
     """(In the subprocess.) Capture the Gluon forward's or backward's launch (``direction``) at lengths that are no
     multiple of a tile and compile its Gluon kernel for sm90 with the signature a launch gives it; its shared memory
     must fit the H100's. Returns the compiled kernel. (The backward's small Triton kernels, plain tl code, are
@@ -497,7 +507,8 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
     with the bias's gradient (its dS tiles stored). ``packed``: the spec masked as :func:`_packed_documents_spec`'s,
     its four integer vectors, no causal mask but the predicate's (the tile lists, which the tile-classes kernel's own
     test compiles, stand-ins of zeros). ``padded``: the spec masked as :func:`_padding_and_causal_in_one_mask_spec`'s,
-    its padding vector (the lists of :mod:`fuse_attn.kernels.hopper.key_range_tiles` stand-ins too)."""
+    its padding vector (the lists of :mod:`fuse_attn.kernels.hopper.key_range_tiles` stand-ins too). ``summarized``:
+    the spec masked as :func:`_mask_summarized_spec`'s, a ``[Z, 1, M, N]`` mask tensor (its lists stand-ins too)."""
     from fuse_attn.kernels.hopper import backward as hopper_backward, common as hopper_common, forward as hopper_forward
     from fuse_attn.kernels.positional_launch import PositionalLaunch
 
@@ -510,13 +521,15 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
         score = dict(score_program=BIAS_PROGRAM, empty_rows=empty_rows, score_tensors=(
             ScoreTensor("bias", str(bias_dtype).split(".")[1], tuple(n == 1 for n in sizes)),))
         bias_tensor = torch.randn(*(rows if n == "M" else n for n in sizes), dtype=bias_dtype)
-    if packed or padded:
-        score = _packed_documents_spec() if packed else _padding_and_causal_in_one_mask_spec()
+    listed = packed or padded or summarized
+    if listed:
+        score = (_packed_documents_spec() if packed else _padding_and_causal_in_one_mask_spec() if padded
+                 else _mask_summarized_spec())
     spec = AttentionSpec(dtype=str(dtype).split(".")[1], head_dim=head_dim, head_dim_v=head_dim_v,
-                         scale=head_dim ** -0.5, causal=CausalMask() if causal and not (packed or padded) else None,
+                         scale=head_dim ** -0.5, causal=CausalMask() if causal and not listed else None,
                          gqa_group=group, **score)
-    vectors = [torch.zeros(2, 1, *((rows, 1) if t.broadcast[3] else (1, rows)), dtype=getattr(torch, t.dtype))
-               for t in spec.score_tensors] if packed or padded else ()
+    vectors = [torch.zeros(2, 1, *(rows if not b else 1 for b in t.broadcast[2:]), dtype=getattr(torch, t.dtype))
+               for t in spec.score_tensors] if listed else ()
     q = torch.randn(2, 4, rows, head_dim, dtype=dtype)
     k = torch.randn(2, 4 // group, rows, head_dim, dtype=dtype)
     v = torch.randn(2, 4 // group, rows, head_dim_v, dtype=dtype)
@@ -549,6 +562,7 @@ def compile_hopper(name: str, direction: str, sms: int | None = None, bias: str 
 
         monkeypatch.setattr(launch.TileClasses, "__call__", zero_lists)
         monkeypatch.setattr(KeyRangeTiles, "__call__", zero_lists)
+        monkeypatch.setattr(MaskTiles, "__call__", zero_lists)
         if direction == "forward":
             hopper_forward.hopper_forward(q, k, v, spec, bias_tensor, vectors)
         else:
@@ -689,6 +703,15 @@ def test_the_gluon_kernels_of_key_padding_compile_for_hopper(direction, name):
     assert "listed tiles: True" in stdout and "bias: False" in stdout, stdout
 
 
+@pytest.mark.parametrize("direction", ["forward", "backward"])
+@pytest.mark.parametrize("name", ["D64 causal GQA 2", "D128"])
+def test_the_gluon_kernels_of_a_summarized_mask_compile_for_hopper(direction, name):
+    """A mask tensor ``[Z, 1, M, N]`` added to the scores, its tiles classified per call: the kernels visit the
+    listed tiles and load the mask's tile in the generated program of the partial ones (``MASK_BLOCKS``)."""
+    stdout = _in_subprocess(f"t.compile_hopper({name!r}, {direction!r}, summarized=True)")
+    assert "listed tiles: True" in stdout and "bias: False" in stdout, stdout
+
+
 def compile_key_range_tiles() -> None:
     """(In the subprocess.) The key-range tiles kernel of a padding vector with the band (the "masking" kind) and
     without (the "-inf" kind), both orientations, compiled for sm90 with the launch's own arguments and config."""
@@ -709,6 +732,29 @@ def compile_key_range_tiles() -> None:
 def test_the_key_range_tiles_kernel_compiles_for_the_gpu():
     stdout = _in_subprocess("t.compile_key_range_tiles()")
     assert stdout.count("bytes of shared memory") == 4, stdout
+
+
+def compile_mask_tiles() -> None:
+    """(In the subprocess.) The mask-tiles kernels of a bf16 mask added to the scores and of a bool one, both
+    orientations (the key-major lists' third kernel too), compiled for sm90 with the launches' own arguments and
+    config."""
+    from fuse_attn.kernels.hopper import mask_tiles
+
+    launches = []
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(mask_tiles, "launch",
+                            lambda kernel, grid, args, cfg=None, warmup=False: launches.append((kernel, args, cfg)))
+        for mask in (torch.zeros(2, 1, 300, 300, dtype=torch.bfloat16), torch.ones(2, 1, 300, 300, dtype=torch.bool)):
+            score = _mask_summarized_spec() if mask.dtype == torch.bfloat16 else _bool_mask_summarized_spec()
+            spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, **score)
+            for rows, key_major in ((128, False), (64, True)):
+                MaskTiles(spec, [mask], 300, 300, rows, 128, key_major)([mask])
+    _compile_each_for_sm90(launches, lambda kernel, args: f"{kernel.fn.__name__} HIDDEN {args.get('HIDDEN')}")
+
+
+def test_the_mask_tiles_kernels_compile_for_the_gpu():
+    stdout = _in_subprocess("t.compile_mask_tiles()")
+    assert stdout.count("bytes of shared memory") == 10, stdout  # (summaries, classes; key-major also lists)
 
 
 def test_the_gluon_backwards_own_tma_add_compiles_as_tritons():

@@ -22,6 +22,7 @@ from fuse_attn.kernels.generated import codegen
 from fuse_attn.kernels.generated.decode import sm_count
 from fuse_attn.kernels.generated.launch import TileClasses, broadcast_strides
 from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles
+from fuse_attn.kernels.hopper.mask_tiles import MaskTiles
 from fuse_attn.kernels.plan import size_hint
 from fuse_attn.spec import AttentionSpec
 
@@ -67,9 +68,10 @@ def hopper_reasons(spec: AttentionSpec, q: Tensor, k: Tensor) -> list[str]:
     listed = lists_tiles(spec)
     if spec.score_program and not adds_a_bias(spec) and not listed and not scored:
         reasons.append("the Gluon kernels compute plain attention, add one bias tensor, mask the plain scores by a "
-                       f"predicate of at most {MAX_VECTORS} integer vectors or by a key padding vector (with the "
-                       "causal band or none), or change every score by arithmetic, tanh and sigmoid of it, its indices "
-                       f"and at most {MAX_VECTORS} float tensors (no other score program, no mask tensor)")
+                       f"predicate of at most {MAX_VECTORS} integer vectors, by a key padding vector (with the "
+                       "causal band or none) or by a mask tensor of the heads', or change every score by arithmetic, "
+                       f"tanh and sigmoid of it, its indices and at most {MAX_VECTORS} float tensors (no other score "
+                       "program or mask)")
     elif not listed and adds_a_bias(spec) and (plan.key_padding(spec) is not None
                                                or plan.mask_blocks(spec) is not None):
         reasons.append("the bias hides keys by its values, which the generated kernels skip per call where the Gluon "
@@ -136,19 +138,33 @@ def pads_keys(spec: AttentionSpec) -> bool:
     return visible is not None and not visible.score_program
 
 
+def masks_by_a_summary(spec: AttentionSpec) -> bool:
+    """Whether the spec's scores are the plain ones masked by a mask tensor of the heads' (``[Z or 1, 1, M, N]``, a
+    bias of 0 / at most the fill, or a bool) whose tiles are classified per call from its values
+    (:func:`fuse_attn.kernels.plan.mask_blocks`: a mask built before a graph break, as FSDP's and DDP's blocks
+    receive Hugging Face's): the Gluon kernels then visit the tiles :class:`.mask_tiles.MaskTiles` lists, the full
+    ones plain, the rest through the spec's program, which loads the mask's tile."""
+    summarized = plan.mask_blocks(spec)
+    return (summarized is not None and summarized.tensor is not None and len(spec.score_tensors) == 1
+            and spec.score_program[summarized.unmasked].op == "score")
+
+
 def lists_tiles(spec: AttentionSpec) -> bool:
-    """Whether the Gluon kernels visit the tiles a kernel lists per call (``MASK_BLOCKS``): a predicate's mask or a key
-    padding vector (:func:`tile_lists`)."""
-    return masks_by_a_predicate(spec) or pads_keys(spec)
+    """Whether the Gluon kernels visit the tiles a kernel lists per call (``MASK_BLOCKS``): a predicate's mask, a key
+    padding vector or a mask tensor summarized per call (:func:`tile_lists`)."""
+    return masks_by_a_predicate(spec) or pads_keys(spec) or masks_by_a_summary(spec)
 
 
 def tile_lists(spec: AttentionSpec, vectors: Sequence[Tensor], M, N, rows: int, cols: int, key_major: bool):
     """What lists the tiles of a call of one signature (:func:`lists_tiles` specs; None for others): the tile-classes
-    kernel of a predicate's mask, or :class:`.key_range_tiles.KeyRangeTiles` of a key padding vector; ``rows`` x
-    ``cols`` the kernels' query blocks and key tiles, ``key_major`` the backward's order."""
+    kernel of a predicate's mask, :class:`.key_range_tiles.KeyRangeTiles` of a key padding vector, or
+    :class:`.mask_tiles.MaskTiles` of a mask tensor; ``rows`` x ``cols`` the kernels' query blocks and key tiles,
+    ``key_major`` the backward's order."""
     if masks_by_a_predicate(spec):
         return TileClasses(spec, vectors, M, N, rows, cols, key_major)
-    return KeyRangeTiles(spec, vectors, M, N, rows, cols, key_major) if pads_keys(spec) else None
+    if pads_keys(spec):
+        return KeyRangeTiles(spec, vectors, M, N, rows, cols, key_major)
+    return MaskTiles(spec, vectors, M, N, rows, cols, key_major) if masks_by_a_summary(spec) else None
 
 
 # The ops of a score program the Gluon kernels apply to every score (SCORED): arithmetic, tanh and sigmoid of the score,

@@ -134,6 +134,8 @@ def test_the_listing_kernel_matches_its_reference(form, M, rows, cols, key_major
             n_full, n_rest = counts[z, outer].tolist()
             assert (n_full, n_rest) == (len(full), len(partial)), (z, outer)
             assert lists[z, outer, :n_full + n_rest].tolist() == full + partial, (z, outer)
+            # (the row holds every inner block: no index past the visited ones is garbage)
+            assert sorted(lists[z, outer].tolist()) == list(range(lists.shape[2])), (z, outer)
 
 
 @pytest.mark.parametrize("form", FORMS)

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from fuse_attn.kernels import plan, tuning
 from fuse_attn.kernels.generated.launch import key_range_args, launch
+from fuse_attn.kernels.hopper.mask_tiles import store_listed_row
 from fuse_attn.score_program import MASKING_FILL_LIMIT
 from fuse_attn.spec import AttentionSpec
 
@@ -110,8 +111,9 @@ def _key_range_tiles(Vector, stride_vz, stride_vn, Lists, Counts, stride_lists_z
                      FILL_LIMIT: tl.constexpr, BAND: tl.constexpr, MASKING: tl.constexpr, KEY_MAJOR: tl.constexpr,
                      CHUNK: tl.constexpr):
     # one program an outer block (a query block of ROWS rows; KEY_MAJOR: a key tile of COLS keys) of a batch row:
-    # its row of Lists (the inner blocks it visits, full ones first, then the rest, each ascending) and of Counts
-    # (how many full ones, how many more); INNER: a power of two at least the inner blocks
+    # its row of Lists (the inner blocks it visits, full ones first, then the rest, then those it skips, each
+    # ascending) and of Counts (its full ones, a run; how many more it visits); INNER: a power of two at least the
+    # inner blocks
     outer = tl.program_id(0)
     off_z = tl.program_id(1).to(tl.int64)
     first, end, full_first, full_end = _visible_keys(Vector + off_z * stride_vz, stride_vn, N, HIDDEN, FILL_LIMIT,
@@ -133,14 +135,8 @@ def _key_range_tiles(Vector, stride_vz, stride_vn, Lists, Counts, stride_lists_z
         t_hi = tl.maximum(t_hi, t_lo + 1)  # (a block that sees no key: see the module's docstring)
         visited = (t_lo <= inner) & (inner < t_hi)
         full = visited & (f_lo <= inner) & (inner < f_hi)
-    partial = visited & ~full
-    n_full = tl.sum(full.to(tl.int32), 0)
-    at = tl.where(full, tl.cumsum(full.to(tl.int32), 0) - 1, n_full + tl.cumsum(partial.to(tl.int32), 0) - 1)
-    row = Lists + off_z * stride_lists_z + outer * inner_blocks
-    tl.store(row + at, inner, mask=visited)
-    counts = Counts + off_z * stride_counts_z + outer * 2
-    tl.store(counts, n_full)
-    tl.store(counts + 1, tl.sum(partial.to(tl.int32), 0))
+    store_listed_row(Lists + off_z * stride_lists_z + outer * inner_blocks, Counts + off_z * stride_counts_z + outer * 2,
+                     inner, inner_blocks, tl.where(full, 0, tl.where(visited, 1, 2)))
 
 
 class KeyRangeTiles:

@@ -41,10 +41,11 @@ _SEEN_TILES = 32
 
 
 @triton.jit
-def _store_row(row, counts, inner, inner_blocks, classes):
-    """An outer block's row of the lists (its inner blocks of ``classes``: the full ones, then the partial ones, then
-    the empty ones, each ascending; the kernels read the first two) and of the counts (the first run of consecutive
-    full blocks, the full and partial entries after it)."""
+def store_listed_row(row, counts, inner, inner_blocks, classes):
+    """An outer block's row of the lists (its inner blocks by ``classes``, 0 full, 1 partial, 2 empty: the full ones,
+    then the partial ones, then the empty ones, each ascending) and of the counts (the first run of consecutive full
+    blocks, the full and partial entries after it). The kernels read the first two classes; the row holds every inner
+    block all the same, so that no read past them meets an index that is no tile."""
     in_range = inner < inner_blocks
     full, partial = (classes == 0) & in_range, (classes == 1) & in_range
     empty = in_range & ~full & ~partial
@@ -135,7 +136,7 @@ def _mask_tile_classes(Bits, RowSeen, stride_bits_z, stride_seen_z, Lists, Count
         tl.store(Classes + off_z * stride_classes_z + block * n_tiles + tiles, classes.to(tl.int8),
                  mask=tiles < n_tiles)
     else:
-        _store_row(Lists + off_z * stride_lists_z + block * n_tiles, Counts + off_z * stride_counts_z + block * 2,
+        store_listed_row(Lists + off_z * stride_lists_z + block * n_tiles, Counts + off_z * stride_counts_z + block * 2,
                    tiles, n_tiles, classes)
 
 
@@ -150,7 +151,7 @@ def _mask_tile_lists(Lists, Counts, Classes, stride_lists_z, stride_counts_z, st
     n_blocks = (M + ROWS - 1) // ROWS
     n_tiles = (N + COLS - 1) // COLS
     classes = tl.load(Classes + off_z * stride_classes_z + blocks * n_tiles + tile, mask=blocks < n_blocks, other=2)
-    _store_row(Lists + off_z * stride_lists_z + tile * n_blocks, Counts + off_z * stride_counts_z + tile * 2,
+    store_listed_row(Lists + off_z * stride_lists_z + tile * n_blocks, Counts + off_z * stride_counts_z + tile * 2,
                blocks, n_blocks, classes)
 
 

@@ -295,12 +295,18 @@ def choose_implementation(spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor, 
         try:
             with RealInputs():
                 steps = _CandidateSteps(spec, q, k, v, training, score_tensors, score_grads, template_untuned=True)
-                try:
-                    chosen = tuning.tune(key, [tuning.Implementation(n) for n in candidates], steps.replay,
-                                         compile_only=steps.compile_only,
+            try:
+                implementations = [tuning.Implementation(n) for n in candidates]
+                if TRITON in candidates:
+                    # the template's own tunings (where its untuned step can win) compile beside the candidates':
+                    # the Gluon kernels' take longest, and leave most CPUs idle meanwhile
+                    ops.compile_candidates_ahead(q, k, v, score_tensors, spec, score_grads, training,
+                                                 timed_first=(key, implementations, lambda: steps.compile_only))
+                with RealInputs():
+                    chosen = tuning.tune(key, implementations, steps.replay, compile_only=steps.compile_only,
                                          revisit=steps.tune_the_template_where_it_can_win)
-                finally:
-                    steps.release_graphs()
+            finally:
+                steps.release_graphs()
         except Exception as e:  # noqa: BLE001 -- every candidate failed: the generated kernels, as without a choice
             log.warning("fuse_attn: timing the implementations of %s failed (%s: %s); it runs the generated kernels",
                         plan.describe(spec), type(e).__name__, str(e).strip().splitlines()[0] if str(e).strip() else "")

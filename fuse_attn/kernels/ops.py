@@ -183,16 +183,17 @@ def _with_fallback(direction: str, spec: AttentionSpec, q: Tensor, v: Tensor, ke
 
 
 def compile_candidates_ahead(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
-                             score_grads: Sequence[bool], training: bool) -> None:
+                             score_grads: Sequence[bool], training: bool, timed_first: Optional[tuple] = None) -> None:
     """Start compiling the tuning candidates of the generated kernels that the op will run for these operands (fake
-    while compiling): :func:`fuse_attn.kernels.generated.launch.compile_candidates_ahead`, where the op runs them (a
-    GPU, static lengths -- a symbolic one tunes a config per length bucket --, no split-K decode, keys to attend to).
-    An optimization: never raises, adds no guard."""
+    while compiling), after ``timed_first``'s (a tuning timed before them):
+    :func:`fuse_attn.kernels.generated.launch.compile_candidates_ahead`, where the op runs them (a GPU, static
+    lengths -- a symbolic one tunes a config per length bucket --, no split-K decode, keys to attend to). An
+    optimization: never raises, adds no guard."""
     if (not runs_kernels(q.device) or any(isinstance(n, torch.SymInt) for t in (q, k) for n in t.shape)
             or is_empty(q, k) or decode.dispatch_splits(q, k, spec) > 1):
         return
     try:
-        launch.compile_candidates_ahead(q, k, v, score_tensors, spec, score_grads, training)
+        launch.compile_candidates_ahead(q, k, v, score_tensors, spec, score_grads, training, timed_first)
     except Exception as e:  # noqa: BLE001 -- each tuning then compiles its own candidates, as without it
         log.info("fuse_attn: compiling the candidates of %s ahead failed (%s: %s)", plan.describe(spec),
                  type(e).__name__, e)

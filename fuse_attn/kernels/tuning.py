@@ -353,19 +353,22 @@ def compile_together(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Cal
 _ahead: dict[TuningKey, tuple[compile_workers.Batch, list[int]]] = {}
 
 
-def compile_ahead(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Callable[[], Callable[[Candidate], None]]]]
-                  ) -> None:
+def compile_ahead(kernels: Sequence[tuple[TuningKey, Sequence[Candidate], Callable[[], Callable[[Candidate], None]]]],
+                  staged: bool = True) -> None:
     """Start compiling the candidates of those of ``kernels`` (as :func:`compile_together` takes them) that :func:`tune`
     will time, in one batch on Inductor's compile workers or in processes forked for it, and return without waiting:
     each kernel's tuning then waits only for its own candidates, and the later ones' compile meanwhile (the
-    backward's while the forward is timed and AOTAutograd traces the joint graph). Nothing is started where neither
-    workers nor forked processes can compile: each tuning then compiles its own batch, as without it."""
+    backward's while the forward is timed and AOTAutograd traces the joint graph). ``staged``: each kernel's
+    candidates submitted once the ones before them compiled (the kernels come in the order they are timed), else
+    every one at once, in that order (the CPUs then never idle while a first kernel's slowest candidates finish).
+    Nothing is started where neither workers nor forked processes can compile: each tuning then compiles its own
+    batch, as without it."""
     due = _due(kernels)
     if not due or (compile_workers.worker_pool() is None and not compile_workers.processes_to_fork()):
         return  # (bind() builds inputs: not for nothing)
     compilers = _compilers(due)
     submitted = None if compilers is None else _submitted(
-        [(candidates, compile_only) for (_, candidates, _), compile_only in zip(due, compilers)])
+        [(candidates, compile_only) for (_, candidates, _), compile_only in zip(due, compilers)], staged)
     if submitted is None or not submitted[0].jobs:
         return
     batch, owned = submitted
@@ -381,11 +384,12 @@ def _due(kernels):
             if _will_time(key, candidates) and key not in _ahead]
 
 
-def _submitted(groups: Sequence[tuple[Sequence[Candidate], Callable[[Candidate], None]]]
+def _submitted(groups: Sequence[tuple[Sequence[Candidate], Callable[[Candidate], None]]], staged: bool = True
                ) -> Optional[tuple[compile_workers.Batch, list[list[int]]]]:
     """One batch compiling the candidates of every group (candidates, their ``compile_only``) elsewhere -- on
     Inductor's compile workers where they are ready, else in processes forked from this one -- and each group's job
-    indices in it; None where nothing could be submitted (no workers, no processes)."""
+    indices in it; None where nothing could be submitted (no workers, no processes). ``staged``: a group's jobs
+    submitted once the groups before it compiled, else all at once."""
     workers = compile_workers.worker_pool()
     forks = 0 if workers is not None else compile_workers.processes_to_fork()
     if workers is None and not forks:
@@ -400,8 +404,9 @@ def _submitted(groups: Sequence[tuple[Sequence[Candidate], Callable[[Candidate],
     if not jobs:  # (every one compiled before)
         return compile_workers.Batch([], [], "", "(every one compiled before)"), owned
     # (each group's jobs a stage: the groups come in the order their kernels are timed)
-    batch = (compile_workers.start_in_workers(workers, jobs, owned) if workers is not None
-             else compile_workers.start_in_forked_processes(jobs, forks, owned))
+    stages = owned if staged else None
+    batch = (compile_workers.start_in_workers(workers, jobs, stages) if workers is not None
+             else compile_workers.start_in_forked_processes(jobs, forks, stages))
     return None if batch is None else (batch, owned)
 
 

@@ -19,6 +19,7 @@ from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles, reference_ke
 from fuse_attn.kernels.reference import score_program_values, softmax_of_spec
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from fuse_attn.spec import AttentionSpec
+from tests.support.compiled_modules import INTERPRETER_SESSION
 from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs
 
 KEYS = (False, True, True, False)  # a [Z, 1, 1, N] vector
@@ -125,8 +126,11 @@ def test_the_listed_tiles_hold_every_probability_and_full_tiles_are_plain(form, 
 @pytest.mark.parametrize("M, rows, cols, key_major", [(200, 128, 128, False), (200, 64, 128, True),
                                                       (77, 32, 16, False), (77, 32, 16, True)])
 def test_the_listing_kernel_matches_its_reference(form, M, rows, cols, key_major):
+    """(In Triton's interpreter, or on the GPU.)"""
+    if not INTERPRETER_SESSION and not torch.cuda.is_available():
+        pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) or a GPU")
     spec = padding_spec(form)
-    vector = padding_vector(form, visible_keys(M))
+    vector = padding_vector(form, visible_keys(M)).to("cpu" if INTERPRETER_SESSION else "cuda")
     listed = KeyRangeTiles(spec, [vector], M, M, rows, cols, key_major)([vector])
     lists, counts = listed["BlockList"], listed["BlockCounts"]
     for z, per_outer in enumerate(reference_key_range_tiles(spec, vector, M, M, rows, cols, key_major)):

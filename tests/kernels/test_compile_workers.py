@@ -309,6 +309,37 @@ def test_a_batchs_stages_start_one_after_another_in_the_forked_processes(tmp_pat
     assert spans["c"][0] < min(spans["a"][1], spans["b"][1])
 
 
+@pytest.mark.parametrize("staged", [True, False])
+def test_candidates_compiled_ahead_go_a_kernel_a_stage_or_all_at_once(monkeypatch, staged):
+    """``compile_ahead``'s batch holds every kernel's jobs in the order given; staged, a kernel's start once the ones
+    before it compiled, else all together (the implementation choice's and the template's tunings)."""
+    from tests.support.tuning import key, new_process
+
+    monkeypatch.setenv("FUSE_ATTN_CACHE", "0")
+    monkeypatch.setattr(tuning, "device_identity", lambda device: ("NVIDIA H200", "9.0"))  # (the keys' device)
+    new_process(monkeypatch)
+    monkeypatch.setattr(compile_workers, "worker_pool", lambda: None)
+    monkeypatch.setattr(compile_workers, "processes_to_fork", lambda: 4)
+    started = []
+
+    def start(jobs, processes, stages=None):
+        started.append((list(jobs), stages))
+        return compile_workers.Batch(jobs, [lambda: None] * len(jobs), "nowhere", "(recorded)")
+
+    monkeypatch.setattr(compile_workers, "start_in_forked_processes", start)
+
+    def compile_only(cand):  # (a job per candidate: the candidate itself, where collect() would put a compile)
+        compile_workers._collected.append(cand)
+
+    first, second = key("first"), key("second")
+    tuning.compile_ahead([(first, CONFIGS, lambda: compile_only), (second, CONFIGS[::-1], lambda: compile_only)],
+                         staged=staged)
+    [(jobs, stages)] = started
+    assert jobs == CONFIGS + CONFIGS[::-1]
+    assert stages == ([[0, 1], [2, 3]] if staged else None)
+    assert set(tuning._ahead) == {first, second}
+
+
 def test_the_first_job_of_each_kernel_in_a_batch_builds_its_launcher():
     jobs = [compile_workers.CompileJob("m", "f", name, "{}", None, None, "") for name in ("x", "x", "y", "x")]
     assert [job.builds_launcher for job in compile_workers._launchers_built_once(jobs)] == [True, False, True, False]

@@ -18,7 +18,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from fuse_attn import settings
-from fuse_attn.kernels import tuning, dispatch
+from fuse_attn.kernels import dispatch, ops, tuning
 from fuse_attn.kernels.dispatch import GLUON, SDPA_CUDNN, SDPA_FLASH, TRITON
 from fuse_attn.graph.matching import MatchContext
 from fuse_attn.report import collect_reports
@@ -627,6 +627,27 @@ def test_a_trained_step_where_v_is_narrower_than_q_takes_the_outputs_gradient(mo
     assert steps.dout.shape == (1, 2, 17, 16)
 
 
+@pytest.mark.parametrize("candidates", ["triton,sdpa_cudnn,sdpa_flash", "triton"])
+def test_the_templates_tunings_compile_beside_the_choices_candidates(gpu, monkeypatch, candidates):
+    """Before it times anything, a choice among implementations submits its candidates' compiles first and the
+    template's own tunings' (forward, dQ, dK/dV) after them in the same batch; with the template the only candidate,
+    its tunings alone."""
+    gpu({TRITON: 0.18, SDPA_CUDNN: 0.20, SDPA_FLASH: 0.30})
+    monkeypatch.setenv(settings.CANDIDATES, candidates)
+    submitted = []
+    monkeypatch.setattr(ops, "compile_candidates_ahead", lambda *args, timed_first=None: submitted.append(
+        (args[-1], timed_first and (timed_first[0].kind, [c.name for c in timed_first[1]], timed_first[2]()))))
+    rewritten(causal_attention, MHA, training=True)
+    [(training, timed_first)] = submitted
+    assert training
+    if candidates == "triton":
+        assert timed_first is None
+    else:
+        kind, names, compile_only = timed_first
+        assert kind == "impl_train" and names == candidates.split(",")
+        assert compile_only.__func__ is NoSteps.compile_only  # (the steps' own compiles, found done when timed)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
                     reason="needs an sm90 GPU (H100 / H200)")
 def test_the_implementation_choice_compiles_every_candidates_kernels_before_timing_any(tmp_path, monkeypatch, caplog):
@@ -640,6 +661,9 @@ def test_the_implementation_choice_compiles_every_candidates_kernels_before_timi
     monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "triton"))
     monkeypatch.setattr(dispatch, "GLUON_MIN_STEP_FLOPS", {True: 0, False: 0})  # (offered at this small size)
     monkeypatch.setattr(dispatch, "TUNING_GAINS_AT_MOST", {True: 0.0, False: 0.0})  # (the template left untuned)
+    # (the choice's own batch: the template's tunings, which compile beside it, are another test's)
+    compile_ahead = tuning.compile_ahead
+    monkeypatch.setattr(tuning, "compile_ahead", lambda kernels, staged=True: compile_ahead(kernels[:1], staged))
 
     def binaries() -> int:
         return sum(1 for _ in (tmp_path / "triton").rglob("*.cubin"))

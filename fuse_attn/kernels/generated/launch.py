@@ -1056,17 +1056,14 @@ def _backward_kernels(mod, kernel_id, common, dout, q, k, v, score_tensors, spec
              _candidates(tuning.dkdv_candidates, q, common)(), compile_only("bwd_dkdv"))]
 
 
-def compile_candidates_ahead(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
-                             score_grads: Sequence[bool], training: bool) -> None:
-    """Start compiling the candidate configs of the generated kernels' tunings this attention will run -- the
-    forward's, and the backward's when ``training`` -- in one batch elsewhere (Inductor's compile workers, or
-    processes forked for it), without waiting (:func:`tuning.compile_ahead`): the forward's tuning then waits for its
-    own candidates only, and the backward's compile while the forward is timed and AOTAutograd traces the joint
-    graph, up to the backward's first call (on an H200, BERT's 23 backward candidates took 5.1 s on the workers when
-    the trace reached them). ``q``, ``k``, ``v`` and the score tensors: the fused op's operands (fake while compiling),
-    of static lengths (a symbolic length tunes a config per length bucket)."""
+def template_tunings(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
+                     score_grads: Sequence[bool], training: bool) -> list:
+    """The generated kernels' tunings this attention will run -- the forward's, and the backward's when ``training``
+    -- as :func:`tuning.compile_ahead` takes them (none where this device tunes none). ``q``, ``k``, ``v`` and the
+    score tensors: the fused op's operands (fake while compiling), of static lengths (a symbolic length tunes a
+    config per length bucket)."""
     if not _tuned_on(q):
-        return
+        return []
     mod = codegen.load_module(spec)
     common = common_kernel_args(q, k, v, spec)
     # (a seed's value is no part of a compile: any int64 scalar stands in for the one drawn per call)
@@ -1080,8 +1077,22 @@ def compile_candidates_ahead(q: Tensor, k: Tensor, v: Tensor, score_tensors: Seq
         dout = q.new_empty((*q.shape[:3], v.shape[3]))
         kernels += _backward_kernels(mod, kernel_id, common, dout, q, k, v, score_tensors, spec, list(score_grads),
                                      seed, exact_delta)
+    return kernels
+
+
+def compile_candidates_ahead(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], spec: AttentionSpec,
+                             score_grads: Sequence[bool], training: bool, timed_first: Optional[tuple] = None) -> None:
+    """Start compiling the candidate configs of :func:`template_tunings` in one batch elsewhere (Inductor's compile
+    workers, or processes forked for it), without waiting (:func:`tuning.compile_ahead`): the forward's tuning then
+    waits for its own candidates only, and the backward's compile while the forward is timed and AOTAutograd traces
+    the joint graph, up to the backward's first call (on an H200, BERT's 23 backward candidates took 5.1 s on the
+    workers when the trace reached them). ``timed_first``: a tuning timed before them (the implementation choice's,
+    as ``compile_ahead`` takes it), whose candidates go first in the batch, every job submitted at once: while its
+    slowest candidates (the Gluon kernels') compile, the CPUs they leave compile the template's configs."""
+    kernels = ([timed_first] if timed_first else []) + template_tunings(q, k, v, score_tensors, spec, score_grads,
+                                                                         training)
     with RealInputs():
-        tuning.compile_ahead(kernels)
+        tuning.compile_ahead(kernels, staged=timed_first is None)
 
 
 def _backward_kernel_id(mod, q: Tensor, exact_delta: bool) -> str:

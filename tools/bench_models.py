@@ -14,7 +14,10 @@ tokens run as separate sequences: ``--models llama --lengths N/16 --batch-tokens
 (DeepSeek-V2-Lite's multi-head latent attention, 4 dense layers: 16 heads, q/k head dim 192, v head dim 128) and
 ``gpt-oss`` (gpt-oss-20b's layers, 4 of them: 64 heads of 64 on 8 kv heads, learned sinks, sliding-window and full
 layers alternating, a small MoE; eager attention only in transformers, so its comparisons are ``inductor`` and
-``flex+inductor``).
+``flex+inductor``); ``llama-padded-blocks``: the ``llama`` decoder on ``bert-padded``'s padded batches with each
+decoder layer compiled on its own and the rest of the model eager, as FSDP2 users compile a model (a graph a
+block): the padding + causal mask the model builds outside the blocks is an input of each block's graph, whose
+values the backend never sees while compiling.
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -127,7 +130,11 @@ RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse
           ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor"),
           ("fuse_attn", "flex+inductor"), ("sdpa+fuse_attn", "flex+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3",
-               "llama-packed", "deepseek-mla", "gpt-oss"]
+               "llama-packed", "deepseek-mla", "gpt-oss", "llama-padded-blocks"]
+# models whose decoder layers are compiled one by one (the rest of the model eager) instead of the whole model
+COMPILED_BY_BLOCK = ("llama-padded-blocks",)
+# models run on padded batches (make_inputs)
+PADDED = ("bert-padded", "llama-padded-blocks")
 # documents in each row of "llama-packed" (issue 59's case: 16 documents in a row of 32k tokens)
 PACKED_DOCUMENTS = 16
 MODES = ["train", "infer"]
@@ -252,7 +259,7 @@ def model_and_config(name, attention, tiny, length):
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
                               use_cache=False)
         model_cls = T.GPT2LMHeadModel
-    else:  # "llama", "llama-packed"
+    else:  # "llama", "llama-packed", "llama-padded-blocks"
         config = T.LlamaConfig(**_llama_sizes(tiny), max_position_embeddings=length, attention_dropout=0.0,
                                use_cache=False)
         model_cls = T.LlamaForCausalLM
@@ -281,15 +288,15 @@ def build(name, attention, tiny, length, device, dtype, train):
 
 
 def make_inputs(name, vocab, batch, length, device) -> dict:
-    """Random input ids (for "t5" also as the decoder's); for "bert-padded" also the attention mask of a padded batch:
-    the sequences' lengths cycle through N, 3N/4, N/2, N/3 (the padding the model's mask utilities turn into an
+    """Random input ids (for "t5" also as the decoder's); for :data:`PADDED` models also the attention mask of a padded
+    batch: the sequences' lengths cycle through N, 3N/4, N/2, N/3 (the padding the model's mask utilities turn into an
     additive mask); for "llama-packed" the position ids of :data:`PACKED_DOCUMENTS` documents of equal length in each
     row (the last takes the remainder), restarting at 0 (Hugging Face builds the documents' mask from them)."""
     gen = torch.Generator(device).manual_seed(0)
     inputs = {"input_ids": torch.randint(0, vocab, (batch, length), device=device, generator=gen)}
     if name == "t5":  # an encoder-decoder: the decoder reads the same ids (teacher forcing on the labels)
         inputs["decoder_input_ids"] = inputs["input_ids"]
-    if name == "bert-padded":
+    if name in PADDED:
         lengths = torch.tensor([(length, 3 * length // 4, length // 2, length // 3)[i % 4] for i in range(batch)],
                                device=device)
         inputs["attention_mask"] = (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
@@ -326,12 +333,19 @@ def labelled(variant, compile_mode):
     return variant if compile_mode == DEFAULT_COMPILE_MODE else f"{variant}@{compile_mode}"
 
 
-def compiled(model, variant, compile_mode):
+def compiled(name, model, variant, compile_mode):
+    """``model`` under the variant's backend: the whole of it, or for :data:`COMPILED_BY_BLOCK` models each decoder
+    layer (compiled in place)."""
     backend = VARIANTS[variant][1]
     if backend is None:
         return model
-    return torch.compile(model, backend=fuse_attn_backend if backend == "fuse_attn" else backend,
-                         mode=None if compile_mode == DEFAULT_COMPILE_MODE else compile_mode)
+    options = dict(backend=fuse_attn_backend if backend == "fuse_attn" else backend,
+                   mode=None if compile_mode == DEFAULT_COMPILE_MODE else compile_mode)
+    if name in COMPILED_BY_BLOCK:
+        for layer in model.model.layers:
+            layer.compile(**options)
+        return model
+    return torch.compile(model, **options)
 
 
 def synchronize(device):
@@ -345,8 +359,8 @@ def measure(name, variant, mode, length, batch, args):
     model = build(name, VARIANTS[variant][0], args.tiny, length, args.device, args.dtype, train)
     vocab = model.config.vocab_size
     cuda_graphs = args.compile_mode == "reduce-overhead" and VARIANTS[variant][1] is not None
-    step = make_step(compiled(model, variant, args.compile_mode), make_inputs(name, vocab, batch, length, args.device),
-                     train, cuda_graphs)
+    step = make_step(compiled(name, model, variant, args.compile_mode),
+                     make_inputs(name, vocab, batch, length, args.device), train, cuda_graphs)
     params = list(model.parameters())
 
     def drop_grads():
@@ -451,7 +465,7 @@ def first_steps(args):
     synchronize(args.device)
     start = time.perf_counter()
     with collect_reports() as reports, environment:
-        step = make_step(compiled(model, variant, DEFAULT_COMPILE_MODE), inputs, train=True)
+        step = make_step(compiled(name, model, variant, DEFAULT_COMPILE_MODE), inputs, train=True)
         step()
         synchronize(args.device)
         first = time.perf_counter() - start

@@ -52,7 +52,7 @@ def profile_variant(args, variant):
     train = args.mode == "train"
     model = build(args.model, VARIANTS[variant][0], args.tiny, args.length, args.device, args.dtype, train)
     batch = max(1, args.batch_tokens // args.length)
-    step = make_step(compiled(model, variant, DEFAULT_COMPILE_MODE),
+    step = make_step(compiled(args.model, model, variant, DEFAULT_COMPILE_MODE),
                      make_inputs(args.model, model.config.vocab_size, batch, args.length, args.device), train)
     params = list(model.parameters())
 

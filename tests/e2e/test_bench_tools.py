@@ -59,25 +59,27 @@ def run_tool(name, argv, monkeypatch, capsys):
 def test_bench_models_tiny_on_cpu_fuses_every_layer(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gpt2", "bert-padded", "mistral-window",
-                                     "t5", "phi3", "deepseek-mla", "--modes", "infer", "--variants", "fuse_attn",
-                                     "sdpa+fuse_attn", "--out", str(tmp_path)], monkeypatch, capsys)
+                                     "t5", "phi3", "deepseek-mla", "llama-padded-blocks", "--modes", "infer",
+                                     "--variants", "fuse_attn", "sdpa+fuse_attn", "--out", str(tmp_path)],
+                    monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table_rows(done.stdout)
     assert [(row["model"], row["mode"]) for row in rows] == [("gpt2", "infer"), ("bert-padded", "infer"),
                                                                 ("mistral-window", "infer"), ("t5", "infer"),
-                                                                ("phi3", "infer"), ("deepseek-mla", "infer")], \
-        done.stdout
+                                                                ("phi3", "infer"), ("deepseek-mla", "infer"),
+                                                                ("llama-padded-blocks", "infer")], done.stdout
     # bert-padded: its padding mask, built in the graph from the attention mask input, fused too; mistral-window:
     # the sliding-window mask the model builds for SDPA; t5: three attentions a layer (the encoder's, and the
     # decoder's self- and cross-attention), the self-attentions with the position bias; phi3: Phi-3's layers (head
     # dim 96 at full size), in this run rather than one of its own; deepseek-mla: latent attention, the q/k head dim
-    # (nope + rope parts) not the v head dim
+    # (nope + rope parts) not the v head dim; llama-padded-blocks: each layer compiled alone, the padding + causal
+    # mask an input of the block's graph, which every layer runs (one graph: one attention fused)
     per_layer = {"t5": 3}
     for row in rows:
-        expected = per_layer.get(row["model"], 1) * int(row["layers"])
+        expected = 1 if row["model"] == "llama-padded-blocks" else per_layer.get(row["model"], 1) * int(row["layers"])
         assert int(row["fused"]) == int(row["sdpa fused"]) == expected > 0, done.stdout
         assert float(row["fuse_attn tok/s"].replace(",", "")) > 0 and float(row["sdpa+fuse_attn tok/s"].replace(",", "")) > 0
-    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 13  # header and the twelve cells
+    assert (tmp_path / "bench_models.csv").read_text().count("\n") == 15  # header and the fourteen cells
 
 
 def test_bench_models_compile_mode_reaches_every_compiled_variant(tmp_path, monkeypatch, capsys):

@@ -25,6 +25,7 @@ from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM, record_templates_backward
+from tests.support.gluon_op import hopper
 from tests.support.numerics import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
@@ -151,8 +152,6 @@ def test_a_bias_ring_keeps_one_dq_buffer_at_head_dim_128_and_none_fits_at_64():
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                            reason="needs an sm90 GPU (H100 / H200)")
 
 
 def _check_gradients(what, q, k, v, spec, dout_of=lambda dout: dout, dlse_weight=0.0):

@@ -27,16 +27,10 @@ from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.spec import AttentionSpec, CausalMask
 from fuse_attn.score_program import ScoreNode, ScoreTensor, UnsupportedSpec
 from tests.support.fuzz_cases import BIAS_PROGRAM
-from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64
+from tests.support.gluon_op import fake_qk, gluon_compile_trains_as_eager, gluon_op_matches_fp64, hopper
 from tests.support.numerics import assert_close_2x
 
 PLAIN = AttentionSpec(dtype="bfloat16", head_dim=128, head_dim_v=128, scale=128 ** -0.5)
-
-
-def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
-    with FakeTensorMode():
-        return (torch.empty(2, 4, q_len, head_dim, dtype=dtype, device="cuda"),
-                torch.empty(2, 4, kv_len, head_dim, dtype=dtype, device="cuda"))
 
 
 # a precomputed ALiBi-style bias [1, H, M, N] added to the scores: what the Gluon kernels load (a [Z, 1, 1, N] one, a
@@ -265,8 +259,6 @@ def test_the_ops_fake_gives_the_outputs_shapes():
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                            reason="needs an sm90 GPU (H100 / H200)")
 
 
 @hopper

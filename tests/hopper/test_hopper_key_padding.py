@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels.hopper.common import hopper_reasons, pads_keys
 from fuse_attn.kernels.hopper.key_range_tiles import KeyRangeTiles, reference_key_range_tiles
@@ -20,7 +19,8 @@ from fuse_attn.kernels.reference import score_program_values, softmax_of_spec
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from fuse_attn.spec import AttentionSpec
 from tests.support.compiled_modules import INTERPRETER_SESSION
-from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs
+from tests.support.gluon_op import (fake_qk, gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs,
+                                    hopper)
 
 KEYS = (False, True, True, False)  # a [Z, 1, 1, N] vector
 FINFO_MIN = torch.finfo(torch.bfloat16).min  # (transformers fills with the model dtype's)
@@ -72,19 +72,13 @@ def padding_vector(form: str, visible: torch.Tensor, device="cpu") -> torch.Tens
     return vector[:, None, None, :].to(device)
 
 
-def fake_qk(length=256, head_dim=128):
-    with FakeTensorMode():
-        return (torch.empty(2, 4, length, head_dim, dtype=torch.bfloat16, device="cuda"),
-                torch.empty(2, 4, length, head_dim, dtype=torch.bfloat16, device="cuda"))
-
-
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_the_kernels_take_a_key_padding_vector(form, head_dim, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     spec = padding_spec(form, head_dim)
     assert pads_keys(spec)
-    assert hopper_reasons(spec, *fake_qk(head_dim=head_dim)) == []
+    assert hopper_reasons(spec, *fake_qk(256, 256, head_dim=head_dim)) == []
     # (with the spec's own causal mask beside the vector the template takes it: test_hopper_forward's reasons)
 
 
@@ -180,8 +174,6 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                            reason="needs an sm90 GPU (H100 / H200)")
 
 
 @hopper

@@ -15,7 +15,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels import flash_attention
 from fuse_attn.kernels.generated import codegen
@@ -23,7 +22,8 @@ from fuse_attn.kernels.hopper.common import hopper_reasons, masks_by_a_predicate
 from fuse_attn.kernels.hopper.forward import flash_attention_hopper
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from fuse_attn.spec import AttentionSpec
-from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs
+from tests.support.gluon_op import (fake_qk, gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs,
+                                    hopper)
 
 ROWS, COLUMNS = (False, True, False, True), (False, True, True, False)  # [Z, 1, M, 1] and [Z, 1, 1, N] vectors
 FINFO_MIN = torch.finfo(torch.bfloat16).min  # (transformers fills with the model dtype's; fp32's is -inf in bf16)
@@ -71,12 +71,6 @@ def packed_vectors(spec, ids, device="cpu"):
 def documents(lengths, batch=1):
     """Document ids of documents of ``lengths`` packed into each of ``batch`` rows: [batch, sum(lengths)]."""
     return torch.cat([torch.full((n,), i) for i, n in enumerate(lengths)])[None].expand(batch, -1).contiguous()
-
-
-def fake_qk(length=128, head_dim=128):
-    with FakeTensorMode():
-        return (torch.empty(2, 4, length, head_dim, dtype=torch.bfloat16, device="cuda"),
-                torch.empty(2, 4, length, head_dim, dtype=torch.bfloat16, device="cuda"))
 
 
 @pytest.mark.parametrize("spec", [packed_spec(), packed_spec(form="eager"), packed_spec(positions=True),
@@ -141,8 +135,6 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                            reason="needs an sm90 GPU (H100 / H200)")
 
 
 @hopper

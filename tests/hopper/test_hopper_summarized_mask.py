@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fuse_attn.kernels.hopper.common import hopper_reasons, masks_by_a_summary
 from fuse_attn.kernels.hopper.mask_tiles import MaskTiles, reference_mask_tiles
 from fuse_attn.score_program import ScoreProgramBuilder, ScoreTensor
 from fuse_attn.spec import AttentionSpec
 from tests.support.compiled_modules import INTERPRETER_SESSION
-from tests.support.gluon_op import gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs
+from tests.support.gluon_op import (fake_qk, gluon_compile_trains_as_eager, gluon_op_matches_fp64_on_random_inputs,
+                                    hopper)
 
 MASK = (False, True, False, False)  # a [Z, 1, M, N] tensor
 FINFO_MIN = torch.finfo(torch.bfloat16).min
@@ -55,19 +55,13 @@ def mask_tensor(form: str, keep: torch.Tensor) -> torch.Tensor:
     return torch.zeros(keep.shape, dtype=torch.bfloat16).masked_fill(~keep, FINFO_MIN) if form == "added" else keep
 
 
-def fake_qk(length=256, head_dim=128):
-    with FakeTensorMode():
-        return (torch.empty(2, 4, length, head_dim, dtype=torch.bfloat16, device="cuda"),
-                torch.empty(2, 4, length, head_dim, dtype=torch.bfloat16, device="cuda"))
-
-
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_the_kernels_take_a_mask_summarized_per_call(form, head_dim, monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     spec = mask_spec(form, head_dim)
     assert masks_by_a_summary(spec)
-    assert hopper_reasons(spec, *fake_qk(head_dim=head_dim)) == []
+    assert hopper_reasons(spec, *fake_qk(256, 256, head_dim=head_dim)) == []
 
 
 def test_the_kernels_refuse_a_mask_after_another_program(monkeypatch):
@@ -75,7 +69,7 @@ def test_the_kernels_refuse_a_mask_after_another_program(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     spec = mask_spec("added", softcap=True)
     assert not masks_by_a_summary(spec)
-    reasons = hopper_reasons(spec, *fake_qk())
+    reasons = hopper_reasons(spec, *fake_qk(256, 256))
     assert len(reasons) == 1 and "by a mask tensor of the heads'" in reasons[0], reasons
 
 
@@ -128,8 +122,6 @@ def test_a_compiled_graph_that_chose_it_trains_on_cpu(monkeypatch):
 
 
 # ---- on an sm90 GPU ----------------------------------------------------------------------------------------------------
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                            reason="needs an sm90 GPU (H100 / H200)")
 
 
 @hopper

@@ -6,7 +6,9 @@ fp64."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tests.support.numerics import assert_close_2x
 
@@ -77,3 +79,15 @@ def gluon_op_matches_fp64_on_random_inputs(spec, vectors, batch: int, length: in
     k, v = (torch.randn(batch, length, heads // spec.gqa_group, spec.head_dim, device="cuda", generator=g,
                         dtype=torch.bfloat16) for _ in range(2))
     gluon_op_matches_fp64(spec, q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), vectors, g)
+
+
+def fake_qk(q_len=128, kv_len=128, dtype=torch.bfloat16, head_dim=128):
+    """Fake CUDA q and k ``[2, 4, len, head_dim]``: what the Gluon kernels' gates (``hopper_reasons``) read."""
+    with FakeTensorMode():
+        return (torch.empty(2, 4, q_len, head_dim, dtype=dtype, device="cuda"),
+                torch.empty(2, 4, kv_len, head_dim, dtype=dtype, device="cuda"))
+
+
+# The tests that launch the Gluon kernels: they need an sm90 GPU (TMA, wgmma and setmaxnreg are Hopper's)
+hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
+                            reason="needs an sm90 GPU (H100 / H200)")

@@ -73,10 +73,11 @@ def test_the_kernels_refuse_a_mask_after_another_program(monkeypatch):
     assert len(reasons) == 1 and "by a mask tensor of the heads'" in reasons[0], reasons
 
 
-def _random_keep(length: int, generator: torch.Generator) -> torch.Tensor:
-    """[3, 1, N, N] bool: :func:`padded_causal_keep`'s first three rows with a band of keys from 40 hidden in the
-    first, and a random tenth of the second's kept entries hidden (scattered partial tiles)."""
-    keep = padded_causal_keep(length)[:3].clone()
+def _random_keep(M: int, N: int, generator: torch.Generator) -> torch.Tensor:
+    """[3, 1, M, N] bool: :func:`padded_causal_keep`'s first three rows (cut to M queries and N keys) with a band of
+    keys from 40 hidden in the first, and a random tenth of the second's kept entries hidden (scattered partial
+    tiles)."""
+    keep = padded_causal_keep(max(M, N))[:3, :, :M, :N].clone()
     keep[0, :, :, 40:56] = False
     keep[1] &= torch.rand(keep[1].shape, generator=generator) > 0.1
     return keep
@@ -86,20 +87,22 @@ def _random_keep(length: int, generator: torch.Generator) -> torch.Tensor:
 @pytest.mark.parametrize("M, rows, cols, key_major", [(200, 128, 128, False), (200, 64, 128, True),
                                                       (77, 32, 16, False), (77, 16, 32, True)])
 @pytest.mark.parametrize("batch_of_masks", [3, 1])
-def test_the_listing_kernels_match_the_templates_rule(form, M, rows, cols, key_major, batch_of_masks):
+@pytest.mark.parametrize("more_keys", [0, 53, -30])
+def test_the_listing_kernels_match_the_templates_rule(form, M, rows, cols, key_major, batch_of_masks, more_keys):
     """The lists and counts of :class:`MaskTiles` (in Triton's interpreter, or on the GPU) are the template's own
-    (``reference_mask_tiles``), for masks of the batch and one the batch shares, with a NaN in a bias's full tile
-    (partial then) and rows that see no key."""
+    (``reference_mask_tiles``), for masks of the batch and one the batch shares, as many keys as queries or not, with
+    a NaN in a bias's full tile (partial then) and rows that see no key."""
     if not INTERPRETER_SESSION and not torch.cuda.is_available():
         pytest.skip("needs Triton's interpreter (TRITON_INTERPRET=1) or a GPU")
+    N = M + more_keys
     g = torch.Generator().manual_seed(M + rows)
-    mask = mask_tensor(form, _random_keep(M, g))[:batch_of_masks]
+    mask = mask_tensor(form, _random_keep(M, N, g))[:batch_of_masks]
     if form == "added":
         mask[0, 0, 3, 2] = float("nan")
     mask = mask.to("cpu" if INTERPRETER_SESSION else "cuda")
     spec = mask_spec(form)
-    listed = MaskTiles(spec, [mask], M, M, rows, cols, key_major)([mask])
-    lists, counts = reference_mask_tiles(spec, [mask], M, M, rows, cols, key_major)
+    listed = MaskTiles(spec, [mask], M, N, rows, cols, key_major)([mask])
+    lists, counts = reference_mask_tiles(spec, [mask], M, N, rows, cols, key_major)
     assert listed["BlockCounts"].tolist() == counts.tolist()
     assert listed["BlockList"].tolist() == lists.tolist()
     assert (listed["stride_blist_z"] == 0) == (batch_of_masks == 1)

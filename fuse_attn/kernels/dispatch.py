@@ -211,12 +211,12 @@ def gluon_reasons(spec: AttentionSpec, q: Tensor, k: Tensor, training: bool) -> 
 
 def gluon_score_operands(spec: AttentionSpec, score_tensors: Sequence) -> tuple:
     """``(bias, vectors)``, the Gluon forward's score operands for a spec it takes (:func:`gluon_reasons` empty):
-    the one added bias where the spec adds one that is no mask (a key padding vector, a mask summarized per call),
-    else the score tensors as its vectors (the integer vectors of a predicate's mask, a key padding vector, a mask
-    tensor, or the tensors a score program reads), or none."""
-    from fuse_attn.kernels.hopper.common import adds_a_bias, masks_by_a_summary, pads_keys
+    the one added bias where the spec adds one whose tiles are not listed per call (``common.lists_tiles``: a key
+    padding vector, a mask summarized per call), else the score tensors as its vectors (the integer vectors of a
+    predicate's mask, a key padding vector, a mask tensor, or the tensors a score program reads), or none."""
+    from fuse_attn.kernels.hopper.common import adds_a_bias, lists_tiles
 
-    if adds_a_bias(spec) and not pads_keys(spec) and not masks_by_a_summary(spec):
+    if adds_a_bias(spec) and not lists_tiles(spec):
         return score_tensors[0], None
     return None, (list(score_tensors) or None)
 

@@ -403,7 +403,12 @@ def mask_block_args(granules: Optional[_MaskGranules], M, N, rows: int, cols: in
     step = torch.arange(lists.shape[-1], device=lists.device, dtype=torch.int32)
     n_run = ((lists - step == lists[..., :1]) & (step < n_full[..., None])).sum(-1)
     counts = torch.stack([n_run, n_full - n_run + n_partial], -1).to(torch.int32).contiguous()
-    batched = hidden.shape[0] != 1
+    return listed_tile_args(lists, counts, batched=hidden.shape[0] != 1)
+
+
+def listed_tile_args(lists: Tensor, counts: Tensor, batched: bool) -> dict:
+    """The kernels' arguments of block lists and their counts (``MASK_BLOCKS``): their batch strides 0 where one row
+    serves the whole batch (``batched`` False)."""
     return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
                 stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
 
@@ -487,8 +492,7 @@ class TileClasses:
         for kernel, grid, config in ((self.module._tile_summaries, self.summaries_grid, self.summaries_config),
                                      (self.module._tile_classes, self.classes_grid, self.classes_config)):
             launch(kernel, grid, {name: args[name] for name in kernel.arg_names}, config)
-        return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if self.batched else 0,
-                    stride_bcount_z=counts.stride(0) if self.batched else 0, MASK_BLOCKS=True)
+        return listed_tile_args(lists, counts, self.batched)
 
 
 class _MaskBlocks:

@@ -31,9 +31,9 @@ Every row past M reads as zeros by TMA and gets lse = +inf, so P = 0 there; keys
 their dQ terms 0 (K = 0) and their dK / dV rows are never stored. Causal: the key tile's queries start at its
 diagonal, and only the tiles that cross it are masked; under a sliding window they end at the last row that sees the
 key tile, and the tiles whose rows' windows leave some of its keys out are masked too (one key tile a CTA). A
-predicate's mask or a key padding vector (``MASK_BLOCKS``): each key tile visits the query tiles the tile-classes
-kernel (or :mod:`.key_range_tiles`) lists for it, P through the spec's program and dS back through its adjoint in the
-partial ones (both generated, as the forward's).
+predicate's mask, a key padding vector or a mask tensor (``MASK_BLOCKS``): each key tile visits the query tiles the
+tile-classes kernel (or :mod:`.key_range_tiles`, :mod:`.mask_tiles`) lists for it, P through the spec's program and dS
+back through its adjoint in the partial ones (both generated, as the forward's).
 
 What it computes is the template's backward for the specs :func:`.common.hopper_reasons` accepts, with the
 forward's out and lse (either forward's: same layout), and the bias's gradient where :func:`.common.dscore_kv_heads`
@@ -568,8 +568,8 @@ def _hopper_attn_bwd(q_desc, k_desc, v_desc, do_desc, dk_desc, dv_desc, dq_desc,
                      SCORED: gl.constexpr):
     """The grid: key tiles (paired: two a CTA) by Z x H_KV (batch row, kv head) pairs, the kv heads kv_head0 on of a
     launch that takes H_KV of them (DS_OUT: the dS of their query heads, into ds_desc's chunk of heads). MASK_BLOCKS:
-    the key-major lists and counts of the tile-classes kernel or of key_range_tiles (common.tile_lists); the vectors
-    (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM and PROGRAM_GRAD read."""
+    the key-major lists and counts of the tile-classes kernel, key_range_tiles or mask_tiles (common.tile_lists); the
+    vectors (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM and PROGRAM_GRAD read."""
     gl.static_assert(not (MASK_BLOCKS and (CAUSAL or PAIRED or HAS_BIAS)), "listed tiles: one key tile a CTA")
     # WINDOWED: causal keys among each row's ``window`` latest, one key tile a CTA (every walk about the window's)
     gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or HAS_BIAS or MASK_BLOCKS)),
@@ -684,8 +684,8 @@ class BackwardCall:
         self.block_m, self.block_n, self.causal, self.bias_grad = block_m, block_n, causal, bias_grad
         # (no row of plain attention is empty: one kernel for both)
         self.zero_empty_rows = (bias is not None or bool(vectors)) and spec.empty_rows == "zero"
-        # a predicate's mask or a key padding vector (MASK_BLOCKS): each call lists every key tile's query tiles (else
-        # the vectors are a score program's tensors: SCORED)
+        # a predicate's mask, a key padding vector or a mask tensor (MASK_BLOCKS, common.lists_tiles): each call lists
+        # every key tile's query tiles (else the vectors are a score program's tensors: SCORED)
         mask_blocks, scored = lists_tiles(spec), scores_by_a_program(spec)
         self.tile_classes = tile_lists(spec, vectors, M, N, block_m, block_n, key_major=True)
         programs = score_program_functions(spec)

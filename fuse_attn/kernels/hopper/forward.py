@@ -36,7 +36,9 @@ Or the plain scores masked by a predicate of integer vectors, the op's ``vectors
 for its query block (``MASK_BLOCKS``, two launches a call), the first run of full ones plain, the rest through the
 spec's program, generated as a Gluon function (codegen's ``gluon_score_program``) and passed as a constexpr argument.
 A key padding vector (:func:`.common.pads_keys`: Hugging Face's padded batches, with the causal band written into the
-mask or none) goes the same way over the tiles :mod:`.key_range_tiles` lists per call from the vector.
+mask or none) goes the same way over the tiles :mod:`.key_range_tiles` lists per call from the vector, and a mask
+tensor of the heads (:func:`.common.masks_by_a_summary`: a mask passed in) over those :mod:`.mask_tiles` lists from
+its values.
 Or every score through such a program of float tensors, the op's ``vectors`` then (``SCORED``,
 :func:`.common.scores_by_a_program`: a softcap, ALiBi from slopes), in every tile.
 Outputs match the generated template's: ``out [Z, H, M, D]`` and ``lse [Z, H, M]`` (fp32, natural log). The op's
@@ -649,8 +651,8 @@ def _hopper_attn_fwd(q_desc, k_desc, v_desc, o_desc, Lse, H, M, N, qk_scale, win
     # equal for every block: nothing to pair), no bias
     gl.static_assert(not WINDOWED or (CAUSAL and not (PAIRED or PERSISTENT or HAS_BIAS or MASK_BLOCKS)),
                      "a window: causal, one block a CTA, no bias")
-    # MASK_BLOCKS: the lists and counts of the tile-classes kernel or of key_range_tiles (common.tile_lists), and the
-    # vectors (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM reads
+    # MASK_BLOCKS: the lists and counts of the tile-classes kernel, key_range_tiles or mask_tiles (common.tile_lists),
+    # and the vectors (V0-V3, the spec's score tensors in order; slots past them unread) that PROGRAM reads
     block_lists = (BlockList, BlockCounts, stride_blist_z, stride_bcount_z)
     vectors = (V0, stride_v0_z, stride_v0_h, stride_v0_m, stride_v0_n, V1, stride_v1_z, stride_v1_h, stride_v1_m,
                stride_v1_n, V2, stride_v2_z, stride_v2_h, stride_v2_m, stride_v2_n, V3, stride_v3_z, stride_v3_h,
@@ -834,8 +836,8 @@ class ForwardCall:
         (block_m, block_n, stages, consumers, ring_stages, self.grid, paired, persistent, consumer_regs, producer_regs,
          registers) = _launch_plan(Z, H, M, N, D, causal, q.dtype, None if bias is None else bias.dtype,
                                    bias_view is not None, q.device, ctas_at_once(q.device), mask_blocks, bool(window))
-        # a predicate's mask or a key padding vector (MASK_BLOCKS): each call lists the tiles of every query block of
-        # the CTA's rows
+        # a predicate's mask, a key padding vector or a mask tensor (MASK_BLOCKS, common.lists_tiles): each call lists
+        # the tiles of every query block of the CTA's rows
         self.tile_classes = tile_lists(spec, vectors, M, N, consumers * block_m, block_n, key_major=False)
         program = score_program_functions(spec)[0]
         self.out_shape, self.lse_shape = (Z, H, M, DV), (Z, H, M)
@@ -879,7 +881,7 @@ class ForwardCall:
 def hopper_forward(q: Tensor, k: Tensor, v: Tensor, spec: AttentionSpec, bias: Tensor | None = None,
                    vectors: Sequence[Tensor] = ()) -> tuple[Tensor, Tensor]:
     """``(out [Z, H, M, DV], lse [Z, H, M] fp32)`` of a spec :func:`.common.hopper_reasons` accepts, on an sm90 GPU;
-    ``bias`` the spec's score tensor where it adds one (:func:`.common.adds_a_bias`, no key padding), ``vectors`` its
+    ``bias`` the spec's score tensor where it adds one (:func:`.common.adds_a_bias`, no listed tiles), ``vectors`` its
     score tensors otherwise (:func:`.common.lists_tiles`, :func:`.common.scores_by_a_program`). Unchecked: the op
     checks its inputs once a signature and keeps the call (:class:`ForwardCall`)."""
     return ForwardCall(spec, q, k, v, bias, vectors)(q, k, v, bias, vectors)

@@ -33,7 +33,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fuse_attn.kernels import plan, tuning
-from fuse_attn.kernels.generated.launch import key_range_args, launch
+from fuse_attn.kernels.generated.launch import key_range_args, launch, listed_tile_args
 from fuse_attn.kernels.hopper.mask_tiles import store_listed_row
 from fuse_attn.score_program import MASKING_FILL_LIMIT
 from fuse_attn.spec import AttentionSpec
@@ -135,8 +135,9 @@ def _key_range_tiles(Vector, stride_vz, stride_vn, Lists, Counts, stride_lists_z
         t_hi = tl.maximum(t_hi, t_lo + 1)  # (a block that sees no key: see the module's docstring)
         visited = (t_lo <= inner) & (inner < t_hi)
         full = visited & (f_lo <= inner) & (inner < f_hi)
-    store_listed_row(Lists + off_z * stride_lists_z + outer * inner_blocks, Counts + off_z * stride_counts_z + outer * 2,
-                     inner, inner_blocks, tl.where(full, 0, tl.where(visited, 1, 2)))
+    store_listed_row(Lists + off_z * stride_lists_z + outer * inner_blocks,
+                     Counts + off_z * stride_counts_z + outer * 2, inner, inner_blocks,
+                     tl.where(full, 0, tl.where(visited, 1, 2)))
 
 
 class KeyRangeTiles:
@@ -170,9 +171,7 @@ class KeyRangeTiles:
                     Lists=lists, Counts=counts, stride_lists_z=lists.stride(0), stride_counts_z=counts.stride(0),
                     **self.constants)
         launch(_key_range_tiles, self.grid, args, self.config)
-        batched = self.batch > 1
-        return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
-                    stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
+        return listed_tile_args(lists, counts, batched=self.batch > 1)
 
 
 def reference_key_range_tiles(spec: AttentionSpec, vector: Tensor, M: int, N: int, rows: int, cols: int,

@@ -29,7 +29,7 @@ import triton.language as tl
 from torch import Tensor
 
 from fuse_attn.kernels import plan, tuning
-from fuse_attn.kernels.generated.launch import launch, mask_block_args, mask_granules
+from fuse_attn.kernels.generated.launch import launch, listed_tile_args, mask_block_args, mask_granules
 from fuse_attn.score_program import MASKING_FILL_LIMIT
 from fuse_attn.spec import AttentionSpec
 
@@ -138,7 +138,7 @@ def _mask_tile_classes(Bits, RowSeen, stride_bits_z, stride_seen_z, Lists, Count
                  mask=tiles < n_tiles)
     else:
         store_listed_row(Lists + off_z * stride_lists_z + block * n_tiles, Counts + off_z * stride_counts_z + block * 2,
-                   tiles, n_tiles, classes)
+                         tiles, n_tiles, classes)
 
 
 @triton.jit(do_not_specialize=["M", "N", "stride_lists_z", "stride_counts_z", "stride_classes_z"])
@@ -153,7 +153,7 @@ def _mask_tile_lists(Lists, Counts, Classes, stride_lists_z, stride_counts_z, st
     n_tiles = (N + COLS - 1) // COLS
     classes = tl.load(Classes + off_z * stride_classes_z + blocks * n_tiles + tile, mask=blocks < n_blocks, other=2)
     store_listed_row(Lists + off_z * stride_lists_z + tile * n_blocks, Counts + off_z * stride_counts_z + tile * 2,
-               blocks, n_blocks, classes)
+                     blocks, n_blocks, classes)
 
 
 class MaskTiles:
@@ -205,9 +205,7 @@ class MaskTiles:
                self.config)
         if self.key_major:
             launch(_mask_tile_lists, self.lists_grid, dict(**lists_args, **self.lists_constants), self.config)
-        batched = self.batch > 1
-        return dict(BlockList=lists, BlockCounts=counts, stride_blist_z=lists.stride(0) if batched else 0,
-                    stride_bcount_z=counts.stride(0) if batched else 0, MASK_BLOCKS=True)
+        return listed_tile_args(lists, counts, batched=self.batch > 1)
 
 
 def reference_mask_tiles(spec: AttentionSpec, score_tensors: Sequence[Tensor], M: int, N: int, rows: int, cols: int,

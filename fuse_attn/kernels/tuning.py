@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import json
 import logging
 import os
@@ -640,10 +641,28 @@ def _compile_concurrently(candidates: Sequence[Candidate], compile_only: Callabl
         where = f"here (a job failed {batches[0][0].place})"
     if AsyncCompileMode is None:
         return where or "(when timed)"
-    with ThreadPoolExecutor(max_workers=min(len(candidates), os.cpu_count() or 1)) as pool, \
-            AsyncCompileMode(pool, ignore_errors=True):
+    threads = min(len(candidates), os.cpu_count() or 1)
+    with _no_garbage_collection(), ThreadPoolExecutor(max_workers=threads) as pool, \
+            AsyncCompileMode(pool, ignore_errors=True):  # (collection resumes once every compile ended)
         _ask_to_compile(candidates, compile_only)
     return where or "here (Inductor's compile workers not ready)"
+
+
+@contextlib.contextmanager
+def _no_garbage_collection():
+    """Pause Python's cyclic garbage collection while compiles run on threads. Triton parses a kernel's source with
+    ``ast.parse`` in each compile, and CPython 3.11's AST constructor keeps its recursion depth in interpreter-wide
+    state: a collection inside it runs finalizers that can hand the GIL to another thread's ``ast.parse``, and the
+    first then fails with "SystemError: AST constructor recursion depth mismatch" (here, a two-candidate thread pass
+    lost one compile in 2 of 8 processes; none of 22 with collection paused). Without collection no Python code runs
+    inside the constructor, so no thread switch can reach it; a pass lasts seconds, its cycles are collected after."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _ask_to_compile(candidates: Sequence[Candidate], compile_only: Callable[[Candidate], None]) -> None:

@@ -36,9 +36,10 @@ from typing import Literal, Optional
 from fuse_attn.score_program import INT_DTYPES, ScoreNode, ScoreTensor, UnsupportedSpec, node_kinds, program_text
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
-# Largest head dim the kernels take: a 256-wide fp32 accumulator tile is the most the register file of an
-# SM (64K 32-bit registers) holds next to the score tile at the smallest block sizes (FA2/FA3 have the same cap).
-MAX_HEAD_DIM = 256
+# Largest head dim the kernels take: Gemma-4's global layers' 512. The generated kernels hold a 512-wide fp32
+# accumulator in 16-32 rows without spilling (tuning._WIDEST_FWD and its kin, compiled for sm90); the Gluon kernels and
+# SDPA's flash and cuDNN kernels stop at 256.
+MAX_HEAD_DIM = 512
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from fuse_attn.kernels import compile_workers, plan
-from fuse_attn.spec import AttentionSpec
+from fuse_attn.spec import MAX_HEAD_DIM, AttentionSpec
 from fuse_attn.score_program import UnsupportedSpec
 from fuse_attn.kernels.generated import codegen, decode, launch
 from fuse_attn import settings
@@ -66,8 +66,8 @@ def validate(q: Tensor, k: Tensor, v: Tensor, score_tensors: Sequence[Tensor], s
         problems.append(f"tensors are on different devices: {sorted(map(str, devices))}")
     Z, H, M, D = q.shape
     N, DV = k.shape[2], v.shape[3]
-    if D > 256 or DV > 256:
-        problems.append(f"head dims {D}/{DV} exceed 256")
+    if D > MAX_HEAD_DIM or DV > MAX_HEAD_DIM:
+        problems.append(f"head dims {D}/{DV} exceed {MAX_HEAD_DIM}")
     if spec.head_dim is not None and D != spec.head_dim or k.shape[3] != D:
         problems.append(f"head dim: spec {spec.head_dim}, q {D}, k {k.shape[3]}")
     if spec.head_dim_v is not None and DV != spec.head_dim_v:

@@ -124,6 +124,18 @@ _DQ_SHAPES = ((128, 32), (128, 64))
 _WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 2))
 _WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4), (128, 32, 8))
 _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
+# Heads wider than 256 (Gemma-4's global layers: 512): a 512-wide fp32 accumulator tile leaves room for 16-32 rows.
+# Compiled for sm90 (Triton 3.9, bf16, causal, MHA and GQA 2; registers and stack from cuobjdump -res-usage), these
+# tiles run without spills at every depth that fits (at most 32 bytes of stack a thread, in the dK/dV launches): the
+# forward's 16 x 32 and 32 x 16 on 4 warps and 32 x 32 on 8 (64-row tiles spill 424-2216 bytes a thread; 64-key ones
+# exceed the shared-memory estimate); dK/dV only in two launches, one accumulator each, 16 x 16 on 4 warps and 32 x 32
+# on 8, at most 2 stages (in one launch 120-736 bytes spill, at 3 stages with GQA 168-232); dQ 16 x 16 and 16 x 32 on
+# 4 warps, 32 x 32 on 8. Not yet timed on a GPU: the tuner picks among them.
+_WIDEST_FWD = ((16, 32, 4), (32, 16, 4), (32, 32, 8))
+_WIDEST_DKDV = ((16, 16, 4, 2), (32, 32, 8, 2))
+_WIDEST_DKDV_STAGES = (1, 2)
+_WIDEST_DQ = ((16, 16, 4), (16, 32, 4), (32, 32, 8))
+_WIDEST_HEAD = 256  # head dims above this take the _WIDEST_ configs
 # dK/dV pipelining depth: 1-3. The kernel's key-major tiles (k @ q^T) keep dk within the 2x rule at every depth
 # (`tools/bench_attention.py --check-backward-configs`: 125 config runs over 7 shapes, H200, Triton 3.6), and
 # stages=3 is the fastest at N=4096, D=64 and 128. (Query-major tiles, which transpose P and dS in registers, give
@@ -151,6 +163,8 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem_limit: int) -> list[KernelConfig]:
+    if max(block_d, block_dv) > _WIDEST_HEAD:
+        return _fitting(_WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
     out = []
     for bm in _FWD_BLOCK_M:
         for bn in _FWD_BLOCK_N:
@@ -171,28 +185,38 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
     return out or [KernelConfig(64, 32, 4, 1)]
 
 
-def _backward_candidates(shapes, wide_configs, block_d, block_dv, elem, smem_limit, resident_is_n: bool,
-                         stages_axis=_STAGES) -> list[KernelConfig]:
-    if max(block_d, block_dv) > _WIDE_HEAD:
+def _backward_candidates(shapes, wide_configs, widest_configs, block_d, block_dv, elem, smem_limit,
+                         resident_is_n: bool, stages_axis=_STAGES) -> list[KernelConfig]:
+    if max(block_d, block_dv) > _WIDEST_HEAD:
+        tiles = widest_configs
+    elif max(block_d, block_dv) > _WIDE_HEAD:
         tiles = wide_configs
     else:  # as in the forward: >= 16 resident rows per warp
         tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
+    return _fitting(tiles, stages_axis, block_d, block_dv, elem, smem_limit, resident_is_n) or [KernelConfig(32, 32, 4, 1)]
+
+
+def _fitting(tiles, stages_axis, block_d, block_dv, elem, smem_limit, resident_is_n: bool) -> list[KernelConfig]:
+    """Each tile ``(BLOCK_M, BLOCK_N, warps[, dK/dV launches])`` at each depth of ``stages_axis`` whose shared memory
+    (:func:`_smem_bytes`) fits; ``resident_is_n``: the key block is the resident one (dK/dV)."""
     out = []
     for bm, bn, warps, *launches in tiles:
         resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
         for stages in stages_axis:
             if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
                 out.append(KernelConfig(bm, bn, warps, stages, *launches))
-    return out or [KernelConfig(32, 32, 4, 1)]
+    return out
 
 
 def dkdv_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, block_d, block_dv, elem, smem_limit, resident_is_n=True,
-                                stages_axis=_DKDV_STAGES)
+    stages = _WIDEST_DKDV_STAGES if max(block_d, block_dv) > _WIDEST_HEAD else _DKDV_STAGES
+    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, _WIDEST_DKDV, block_d, block_dv, elem, smem_limit,
+                                resident_is_n=True, stages_axis=stages)
 
 
 def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, _WIDEST_DQ, block_d, block_dv, elem, smem_limit,
+                                resident_is_n=False)
 
 
 # Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from

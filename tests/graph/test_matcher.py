@@ -529,8 +529,8 @@ class TestNotRewritten(TestCase):
     def test_float64_is_left_alone(self):
         self.assertExpectedInline(self.verdicts(plain_attention, *qkv(dtype=torch.float64)), """not fused softmax: dtype float64 is not supported (fp16, bf16, fp32 are)""")
 
-    def test_head_dim_over_256(self):
-        self.assertExpectedInline(self.verdicts(plain_attention, *qkv(dim=320)), """not fused softmax: the head dim 320 is over 256""")
+    def test_head_dim_over_512(self):  # (512: Gemma-4's global layers)
+        self.assertExpectedInline(self.verdicts(plain_attention, *qkv(dim=640)), """not fused softmax: the head dim 640 is over 512""")
 
     def test_value_of_another_dtype(self):
         def fn(q, k, v):

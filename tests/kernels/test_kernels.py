@@ -63,6 +63,8 @@ CASES = {
                                       mask=(1, 4, 37, 45)),
     # DeepSeek's MLA in training: D 192 = 128 + 64, DV 128 in one part
     "d192_dv128_causal_bias": dict(M=33, N=40, D=192, DV=128, causal=CausalMask(), bias=(1, 2, 33, 40)),
+    # Gemma-4's global layers: head dim 512, GQA
+    "d512_gqa2_causal": dict(H=4, M=33, N=40, D=512, gqa=2, causal=CausalMask()),
     "scale_mod_bias_M1": dict(M=19, N=21, D=16, scale_op=0.5, bias=(1, 1, 19, 1)),
     # logit softcap after a bias, causal: cap 50 as Gemma-2 (scores scaled up so tanh is not ~linear), and
     # cap 2 with a broadcast bias so tanh saturates (|s / c| up to ~3).
@@ -97,7 +99,8 @@ def test_interpreter_fp32(name):
 
 @pytest.mark.parametrize("name", ["m17_n97_d80", "mask_and_bias_gqa2", "m97_n17_causal_tl", "softcap50_bias_causal",
                                   "softcap2_bias_causal_mask", "alibi_causal", "div_sqrt_abs_log_exp",
-                                  "window20_br_m33_n97", "d96_dv48_gqa2_causal_mask", "d192_dv128_causal_bias"])
+                                  "window20_br_m33_n97", "d96_dv48_gqa2_causal_mask", "d192_dv128_causal_bias",
+                                  "d512_gqa2_causal"])
 def test_interpreter_fp16(name):
     run_and_check(*make_case(dtype=torch.float16, **CASES[name]), dtype=torch.float16)
 
@@ -108,7 +111,8 @@ def test_interpreter_fp16(name):
 SPLIT_DKDV_CASES = {"m17_n97_d80": torch.float16, "mask_and_bias_gqa2": torch.float16,
                     "d96_dv48_gqa2_causal_mask": torch.float16, "p10_d80_dv48_causal": torch.float32,
                     "gqa2_causal_dv_differs": torch.float32, "window9_softcap_bias_gqa2": torch.float32,
-                    "softcap50_bias_causal": torch.float16, "p10_bias_causal_br": torch.float16}
+                    "softcap50_bias_causal": torch.float16, "p10_bias_causal_br": torch.float16,
+                    "d512_gqa2_causal": torch.float16}
 
 
 def _recorded_launches(monkeypatch) -> list:
@@ -143,10 +147,11 @@ def test_dk_and_dv_in_two_launches(name, monkeypatch):
 def test_head_dims_are_split_into_two_parts_where_that_pads_less(monkeypatch):
     from fuse_attn.kernels.generated import launch
 
-    dims = (1, 16, 24, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 200, 256)
+    dims = (1, 16, 24, 40, 48, 64, 72, 80, 96, 112, 128, 160, 192, 200, 256, 320, 384, 512)
     assert {d: launch._head_dim_parts(d) for d in dims} == {
         1: (16, 0), 16: (16, 0), 24: (32, 0), 40: (32, 16), 48: (32, 16), 64: (64, 0), 72: (64, 16), 80: (64, 16),
-        96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 200: (256, 0), 256: (256, 0)}
+        96: (64, 32), 112: (128, 0), 128: (128, 0), 160: (128, 32), 192: (128, 64), 200: (256, 0), 256: (256, 0),
+        320: (256, 64), 384: (256, 128), 512: (512, 0)}
     # every attention kernel gets the parts
     launched = _recorded_launches(monkeypatch)
     run_and_check(*make_case(**CASES["d96_dv48_gqa2_causal_mask"]), dtype=torch.float32)

@@ -12,7 +12,7 @@ spec -- score program, causal offset, sliding window, GQA, scale, dtypes -- from
 ``templates/flash_decoding.py.tmpl``, whose score program is the forward template's (``codegen``).
 
 When: :func:`num_splits` (FlashAttention-2's split heuristic), from the op's launcher through
-:func:`dispatch_splits`; a forward that needs dropout, has more than :data:`MAX_ROWS` packed rows or already fills
+:func:`dispatch_splits`; a forward that needs dropout, has more packed rows than :func:`max_rows` or already fills
 the GPU runs the ordinary kernel. Under the Triton interpreter (no GPU to fill) the op never picks split-K by
 itself; tests call :func:`triton_forward` with a chosen number of splits.
 """
@@ -42,6 +42,9 @@ log = logging.getLogger("fuse_attn.kernels.generated.decode")
 # smallest BLOCK_M tile, so this kernel never holds more registers than it; LLaMA-style GQA 8 with 8 query rows
 # (speculative decoding) still fits. Longer queries fill the GPU through the forward kernel's query blocks.
 MAX_ROWS = 64
+# Heads wider than 256 (up to spec.MAX_HEAD_DIM's 512): half as many rows, the same accumulator. Compiled for sm90, a
+# 512-wide split kernel of 32 rows runs on 8 warps without spills; of 64 rows it spills 128-408 bytes a thread.
+WIDEST_HEAD_MAX_ROWS = 32
 # Keys per split at least: the largest BLOCK_N the tuner tries (tuning.decode_candidates), so a split is never
 # less than one full tile of any config.
 MIN_KEYS_PER_SPLIT = 128
@@ -111,7 +114,7 @@ def dispatch_splits(q: Tensor, k: Tensor, spec: AttentionSpec) -> int:
     """The op's choice for validated inputs with N > 0: the number of splits, 1 for the ordinary forward. A speed
     choice, made on the lengths' hints when they are symbolic (no guard: the split kernels are correct for any
     length, see :func:`triton_forward`)."""
-    if spec.gqa_group * q.shape[2] > MAX_ROWS:  # a guard where q_len is symbolic: the split kernel's row tile is fixed
+    if spec.gqa_group * q.shape[2] > max_rows(spec):  # a guard where q_len is symbolic: the split kernel's row tile is fixed
         return 1  # not a decode shape: nothing to log
     Z, H, M, _ = (size_hint(x) for x in q.shape)
     rows = spec.gqa_group * M
@@ -120,6 +123,11 @@ def dispatch_splits(q: Tensor, k: Tensor, spec: AttentionSpec) -> int:
     if splits > 1 and spec.dropout_p:
         return _fallback(f"dropout_p {spec.dropout_p:g} (the split kernel draws no dropout mask)")
     return splits
+
+
+def max_rows(spec: AttentionSpec) -> int:
+    """The most packed rows (GQA group x q_len) the split kernel takes for this spec's head dims."""
+    return MAX_ROWS if max(spec.head_dim, spec.head_dim_v) <= 256 else WIDEST_HEAD_MAX_ROWS
 
 
 def visible_key_range(spec: AttentionSpec, M, N) -> tuple:

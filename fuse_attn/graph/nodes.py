@@ -83,13 +83,13 @@ def target_of(node: fx.Node):
 
 
 def logsumexp_over_keys(node: Any) -> Optional[fx.Node]:
-    """``y`` where ``node`` is ``logsumexp(y, [-1], keepdim=True)`` (over the last dim, kept), else None."""
+    """``y`` where ``node`` is ``logsumexp(y, [-1])`` (over the last dim, kept or not: FlexAttention's sink form keeps
+    it, Granite's drops it), else None."""
     if not isinstance(node, fx.Node) or node.op != "call_function" or target_of(node) != aten.logsumexp.default:
         return None
     y, dims = node.args[0], node.args[1]
-    keepdim = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
     value = val(y) if isinstance(y, fx.Node) else None
-    if value is None or not keepdim or len(dims) != 1 or dims[0] % value.dim() != value.dim() - 1:
+    if value is None or len(dims) != 1 or dims[0] % value.dim() != value.dim() - 1:
         return None
     return y
 

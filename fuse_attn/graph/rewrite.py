@@ -237,13 +237,17 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
 
 
 def _logsumexp_served(match: AttentionMatch, emit: _Emitter, lse: fx.Node) -> None:
-    """The graph's logsumexp of the scores over the keys (``match.scores_logsumexp``, ``[*b, M, 1]``) read from the op's
-    lse ``[Z, H, M]`` (fp32) instead, in its shape and dtype; the scores then have no reader but the fused op."""
+    """The graph's logsumexp of the scores over the keys (``match.scores_logsumexp``, ``[*b, M, 1]`` or, its dim not
+    kept, ``[*b, M]``) read from the op's lse ``[Z, H, M]`` (fp32) instead, in its shape and dtype; the scores then
+    have no reader but the fused op."""
     node = match.scores_logsumexp
-    shape = tuple(val(node).shape)
+    kept = val(node).dim() == val(node.args[0]).dim()
+    shape = tuple(val(node).shape) if kept else (*val(node).shape, 1)
     served = emit.from_4d(emit(aten.unsqueeze.default, lse, -1), match.batch, list(shape[-2:]))
-    served = emit(aten._to_copy.default, emit.rebatch(served, match.batch, shape[:-2], "the scores' logsumexp"),
-                  dtype=val(node).dtype)
+    served = emit.rebatch(served, match.batch, shape[:-2], "the scores' logsumexp")
+    if not kept:
+        served = emit(aten.squeeze.dim, served, -1)
+    served = emit(aten._to_copy.default, served, dtype=val(node).dtype)
     node.replace_all_uses_with(served)
     node.graph.erase_node(node)
     # what read the logsumexp before the attention's output (FlexAttention's form computes the sink's share first) now

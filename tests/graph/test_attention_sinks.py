@@ -24,7 +24,8 @@ class SinkAttention(nn.Module):
     "logsumexp": the weights ``exp(s - logsumexp(cat([s, sink])))``; "logaddexp": ``exp(s - logaddexp(logsumexp(s),
     sink))`` with the sinks ``[1, H, 1, 1]`` (fuse_attn.graph.softmax_spellings); "denominator": ``exp(s - m) /
     (sum(exp(s - m)) + exp(sink - m))``, ``m`` the row max with the sink's; "flex": FlexAttention's form, the output
-    ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``; "first": gpt-oss's with the sink column before the scores,
+    ``(softmax(s) @ v) * sigmoid(logsumexp(s) - sink)``; "granite": Granite-SWA's, the same with the logsumexp's dim
+    dropped and the share cast to fp32; "first": gpt-oss's with the sink column before the scores,
     the weights ``[..., 1:]``."""
 
     def __init__(self, heads: int, causal: bool = False, window: int | None = None, amax: bool = False,
@@ -43,6 +44,9 @@ class SinkAttention(nn.Module):
         if self.spelling == "flex":
             share = torch.sigmoid(torch.logsumexp(w, -1, keepdim=True) - self.sinks.reshape(1, -1, 1, 1))
             return torch.matmul(F.softmax(w, dim=-1).to(v.dtype), v) * share.to(v.dtype)
+        if self.spelling == "granite":
+            share = (torch.logsumexp(w, dim=-1) - self.sinks.view(1, -1, 1)).to(torch.float32).sigmoid()
+            return torch.matmul(F.softmax(w, dim=-1, dtype=torch.float32).to(v.dtype), v) * share.unsqueeze(-1).to(v.dtype)
         if self.spelling == "denominator":
             sinks = self.sinks.reshape(1, -1, 1, 1)
             m = torch.maximum(w.amax(-1, keepdim=True), sinks)
@@ -144,14 +148,14 @@ GRAD_DRAWS = 4
                                             ("logaddexp causal", 17, 17, 16), ("flex", 17, 17, 16),
                                             ("denominator", 17, 17, 16), ("denominator causal", 97, 97, 80),
                                             ("first causal", 17, 17, 16),
-                                            ("flex causal", 97, 97, 80)])
+                                            ("flex causal", 97, 97, 80), ("granite causal", 17, 17, 16)])
 def test_sinks_match_fp64_with_gradients(form, M, N, D, device, dtype):
     """Output and the gradients of q, k, v and the sinks against fp64: our mean error over GRAD_DRAWS draws <= 2x
     eager's in the same dtype + the floor. The sink spelled with logsumexp too."""
     spelling = form.split()[0]
     module = SinkAttention(3, causal=form in ("causal", "window") or form.endswith(" causal"),
                            window=4 if form == "window" else None, amax=form == "amax",
-                           spelling=spelling if spelling in ("logsumexp", "logaddexp", "flex", "denominator", "first")
+                           spelling=spelling if spelling in ("logsumexp", "logaddexp", "flex", "denominator", "first", "granite")
                            else "softmax")
     inputs = [t.to(device) for t in qkv(M=M, N=N, D=D)]
     module = module.to(device)
@@ -224,15 +228,16 @@ def test_a_row_with_every_key_masked_puts_its_weight_on_the_sink():
         torch.testing.assert_close(ours_grad, eager_grad, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("spelling", ["softmax", "first", "logaddexp", "denominator", "flex"])
+@pytest.mark.parametrize("spelling", ["softmax", "first", "logaddexp", "denominator", "flex", "granite"])
 def test_explain_says_what_the_compile_does(spelling):
     q, k, v = qkv()
     module = SinkAttention(3, causal=True, spelling=spelling)
+    torch._dynamo.reset()  # (an earlier test's other sizes would make explain's sizes dynamic, not the compile's)
     text = str(fuse_attn.explain(module, q, k, v))
     torch._dynamo.reset()
     with fuse_attn.collect_reports() as reports:
         torch.compile(module, backend="fuse_attn")(q, k, v)
     compiled = [v.line() for r in reports for v in r.verdicts]
-    shares = "+ the scores' logsumexp" if spelling == "flex" else "+ sink"
+    shares = "+ the scores' logsumexp" if spelling in ("flex", "granite") else "+ sink"
     assert len(compiled) == 1 and compiled[0].startswith("fused ") and shares in compiled[0], compiled
     assert "1 attention(s) fused, 0 softmax(es) not fused" in text and compiled[0] in text, text

@@ -46,28 +46,28 @@ def warnings_of(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.name == "fuse_attn" and r.levelno == logging.WARNING]
 
 
-HEAD_DIM_512 = "the head dim 512 is over 256"
+HEAD_DIM_640 = "the head dim 640 is over 512"
 MIXED_DTYPES = "q is torch.float32 but v is torch.bfloat16"
 
 
 def test_an_unfused_attention_warns_once_per_reason(caplog):
     caplog.set_level(logging.WARNING, logger="fuse_attn")
-    compiled(attention, *qkv(dim=512))
-    compiled(attention, *qkv(dim=512))
+    compiled(attention, *qkv(dim=640))
+    compiled(attention, *qkv(dim=640))
     warnings = warnings_of(caplog)
     assert len(warnings) == 1, warnings
-    assert HEAD_DIM_512 in warnings[0] and "fuse_attn.explain(model, *inputs)" in warnings[0], warnings[0]
+    assert HEAD_DIM_640 in warnings[0] and "fuse_attn.explain(model, *inputs)" in warnings[0], warnings[0]
     assert "test_unfused_warning.py:" in warnings[0], warnings[0]  # where the attention is
 
 
 def test_two_reasons_warn_twice(caplog):
     caplog.set_level(logging.WARNING, logger="fuse_attn")
-    compiled(attention, *qkv(dim=512))
+    compiled(attention, *qkv(dim=640))
     compiled(fp32_scores_bf16_value, *qkv(v_dtype=torch.bfloat16))
-    compiled(attention, *qkv(dim=512))
+    compiled(attention, *qkv(dim=640))
     warnings = warnings_of(caplog)
     assert len(warnings) == 2, warnings
-    assert HEAD_DIM_512 in warnings[0] and MIXED_DTYPES in warnings[1], warnings
+    assert HEAD_DIM_640 in warnings[0] and MIXED_DTYPES in warnings[1], warnings
 
 
 def test_a_fused_attention_warns_nothing(caplog):
@@ -91,8 +91,8 @@ def test_a_softmax_that_is_no_attention_warns_nothing(caplog):
 def test_explain_warns_nothing(caplog):
     caplog.set_level(logging.WARNING, logger="fuse_attn")
     torch._dynamo.reset()
-    report = fuse_attn.explain(attention, *qkv(dim=512))
-    assert [v.reason for v in report.not_fused] == [HEAD_DIM_512]
+    report = fuse_attn.explain(attention, *qkv(dim=640))
+    assert [v.reason for v in report.not_fused] == [HEAD_DIM_640]
     assert warnings_of(caplog) == []
-    compiled(attention, *qkv(dim=512))  # explain remembered nothing: the compile still warns
+    compiled(attention, *qkv(dim=640))  # explain remembered nothing: the compile still warns
     assert len(warnings_of(caplog)) == 1

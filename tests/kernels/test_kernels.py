@@ -384,11 +384,11 @@ def test_unsupported_inputs():
         flash_attention(q.half(), q.half(), q.half(), spec)
     with pytest.raises(UnsupportedSpec, match="head dim"):
         flash_attention(torch.randn(1, 2, 4, 32), torch.randn(1, 2, 4, 32), torch.randn(1, 2, 4, 32), spec)
-    with pytest.raises(UnsupportedSpec, match="256"):
-        big = torch.randn(1, 1, 2, 300)
+    with pytest.raises(UnsupportedSpec, match="exceed 512"):
+        big = torch.randn(1, 1, 2, 520)
         flash_attention(big, big, big, spec)
     with pytest.raises(UnsupportedSpec):
-        AttentionSpec(dtype="float32", head_dim=300, head_dim_v=300, scale=0.1)
+        AttentionSpec(dtype="float32", head_dim=520, head_dim_v=520, scale=0.1)
     with pytest.raises(UnsupportedSpec, match="score tensors"):
         flash_attention(q, q, q, spec, [torch.zeros(1, 1, 4, 4)])
     spec_b = make_case(D=16, bias=(1, 1, 4, 4))[4]

@@ -13,8 +13,8 @@ Anchor: every softmax over the last dim. From it the matcher walks
 Repeated kv heads (``repeat_kv``, ``repeat_interleave``, a broadcast single head) are folded into ``gqa_group``.
 
 Attention sinks (gpt-oss): the scores joined to one more column of logits (``cat([s, sink], -1)``, or the column
-first), optionally shifted by their row max (a no-op for the softmax), the softmax taken and the column dropped
-(``p[..., :-1]``, or ``p[..., 1:]``). The
+first), optionally shifted by their row max (a no-op for the softmax, as it is for scores without a sink), the softmax
+taken and the column dropped (``p[..., :-1]``, or ``p[..., 1:]``). The
 column stays outside the spec: the weights over the keys are the plain softmax's times ``sigmoid(lse - sink)`` (the
 sink's share of the denominator), which the rewrite applies to the fused op's output with its lse. The softmax
 input's ``logsumexp`` over the keys, read besides the softmax (FlexAttention's form of a sink: ``(softmax(s) @ v) *
@@ -395,7 +395,14 @@ def match_attention(softmax: fx.Node, ctx: MatchContext) -> AttentionMatch:
     evaluate = ConstantEvaluator(ctx)
     sink = attention_sink(softmax)
     scores_logsumexp = None
-    if sink is None:
+    shift = row_max_shift(softmax.args[0]) if isinstance(softmax.args[0], fx.Node) else None
+    if sink is None and shift is not None:
+        # the scores less their row max (MiMo-V2's layers without a sink): a shift the softmax does not see; the walk
+        # starts at the scores, which the max reads besides the shift
+        scores, (reduction, *_) = shift
+        qk, path, path_nodes = walk_score_path(softmax, _is_qk_product, scores, softmax.args[0], also_read_by=reduction)
+        pv, weight_chain, dropout_p = _walk_to_pv(softmax)
+    elif sink is None:
         scores_logsumexp = _logsumexp_beside(softmax)
         qk, path, path_nodes = walk_score_path(softmax, _is_qk_product, also_read_by=scores_logsumexp)
         pv, weight_chain, dropout_p = _walk_to_pv(softmax)

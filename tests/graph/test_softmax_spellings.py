@@ -60,9 +60,12 @@ class TestFused(TestCase):
 
 def quotient(s, shift="amax"):
     """The softmax written out: ``exp(s - max(s)) / sum`` (``shift``: "amax", "max" for ``.max(...).values``, None),
-    or "log_softmax": ``exp(log_softmax(s))``."""
+    or "log_softmax": ``exp(log_softmax(s))``, or "softmax": the softmax of the scores less their row max (MiMo-V2's
+    layers without a sink)."""
     if shift == "log_softmax":
         return torch.log_softmax(s, -1).exp()
+    if shift == "softmax":
+        return torch.softmax(s - s.max(dim=-1, keepdim=True).values, dim=-1, dtype=s.dtype)
     if shift == "amax":
         s = s - s.amax(-1, keepdim=True)
     elif shift == "max":
@@ -92,6 +95,12 @@ class TestQuotient(TestCase):
 
         self.assertExpectedInline(verdict_lines(rewrite_reports(fn, *qkv())), """fused div: float32 D=8 M=5 N=5 scale=1""")
 
+    def test_the_softmax_of_the_scores_less_their_row_max(self):
+        def fn(q, k, v):
+            return quotient(q @ k.transpose(-1, -2), "softmax") @ v
+
+        self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1""")
+
     def test_unshifted(self):
         def fn(q, k, v):
             return quotient(q @ k.transpose(-1, -2), None) @ v
@@ -101,7 +110,7 @@ class TestQuotient(TestCase):
 
 @pytest.mark.parametrize("device, dtype", [("cpu", torch.float32), ("cpu", torch.bfloat16), CUDA_BF16])
 @pytest.mark.parametrize("shift, M, N, D", [("amax", 17, 17, 16), ("max", 97, 97, 80), (None, 1, 300, 16),
-                                             ("log_softmax", 17, 17, 16)])
+                                             ("log_softmax", 17, 17, 16), ("softmax", 17, 17, 16)])
 def test_quotient_matches_fp64_with_gradients(shift, M, N, D, device, dtype):
     """The softmax written out, causal, fused: output and gradients against fp64 under the 2x rule."""
     def fn(q, k, v):

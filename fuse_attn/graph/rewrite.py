@@ -322,6 +322,28 @@ def _source_line(node: fx.Node) -> Optional[str]:
     return f"{os.path.basename(match['file'])}:{match['line']} `{code}`"
 
 
+def _reads_of_a_dtype_or_shape_as_values(graph: fx.Graph, fake_mode) -> None:
+    """``x.type_as(other)`` becomes ``x.to(other.dtype)`` and ``x.expand_as(other)`` ``x.expand(other.shape)`` (where
+    its sizes are static), which they are: ``other`` is read for its dtype or shape alone, which the graph knows, so
+    XLM's scores (``mask.expand_as(scores)``, ``softmax(scores.float()).type_as(scores)``) have no other reader."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in (aten.type_as.default, aten.expand_as.default):
+            continue
+        other = val(node.args[1]) if isinstance(node.args[1], fx.Node) else None
+        if not isinstance(other, torch.Tensor):
+            continue
+        if node.target == aten.type_as.default:
+            target, value = aten.to.dtype, other.dtype
+        elif all(isinstance(n, int) for n in other.shape):
+            target, value = aten.expand.default, list(other.shape)
+        else:
+            continue
+        replaced = _Emitter(graph, node, fake_mode)(target, node.args[0], value)
+        replaced.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(replaced)
+        graph.erase_node(node)
+
+
 def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False,
                       training: bool = False, context_parallel: Optional[ContextParallel] = None) -> GraphReport:
     """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place (or with SDPA's
@@ -339,6 +361,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     # softmaxes spelled out (exp / sum, exp(s - logsumexp)) become the softmax the matcher reads
     # (fuse_attn.graph.softmax_spellings); each verdict names the node whose weights the softmax replaced, as the graph
     # before the rewrite shows it
+    _reads_of_a_dtype_or_shape_as_values(graph, fake_mode)
     written_out = {}
     for form in softmax_spellings.find(graph):
         name = form.weights.name

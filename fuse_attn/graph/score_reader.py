@@ -300,11 +300,15 @@ def walk_score_path(softmax: fx.Node, is_product, scores: Optional[fx.Node] = No
 
 def _score_operand(node: fx.Node, is_product) -> fx.Node:
     """The operand of a pointwise path node that carries the scores: the one used only here, with the node's
-    full shape, with a matrix product upstream."""
+    full shape, with a matrix product upstream -- and where two are, the one that product reaches through pointwise
+    ops alone (Inkling's position bias, gathered from a product of its own, is the other)."""
     candidates = []
     for x in dict.fromkeys(a for a in node.args if isinstance(a, fx.Node) and isinstance(val(a), torch.Tensor)):
         if len(x.users) == 1 and same_shape(val(x).shape, val(node).shape) and _reaches(x, is_product):
             candidates.append(x)
+    if len(candidates) > 1:
+        direct = [x for x in candidates if _reaches_pointwise(x, is_product, val(node).shape[-2:])]
+        candidates = direct if len(direct) == 1 else candidates
     if len(candidates) != 1:
         shared = [x for x in node.args if isinstance(x, fx.Node) and len(x.users) > 1 and _reaches(x, is_product)]
         if shared:
@@ -312,6 +316,24 @@ def _score_operand(node: fx.Node, is_product) -> fx.Node:
             raise NotFused(f"the scores {shared[0].name} are also used by {others}", node)
         raise NotFused(f"{node.name}: cannot tell the scores from the other operand", node)
     return candidates[0]
+
+
+def _reaches_pointwise(node: fx.Node, is_product, matrix: tuple, budget: int = 64) -> bool:
+    """Whether a matrix product of ``matrix`` rows and columns lies upstream of ``node`` through pointwise ops
+    (:func:`pointwise_form`) alone (a bounded walk)."""
+    seen, stack = set(), [node]
+    while stack and budget > 0:
+        n = stack.pop()
+        if n in seen or not isinstance(n, fx.Node) or n.op != "call_function":
+            continue
+        seen.add(n)
+        budget -= 1
+        if is_product(n):
+            if same_shape(val(n).shape[-2:], matrix):
+                return True
+        elif pointwise_form(n) is not None:
+            stack.extend(n.all_input_nodes)
+    return False
 
 
 def _reaches(node: fx.Node, is_product, budget: int = 64) -> bool:

@@ -325,6 +325,30 @@ class TestScorePrograms(TestCase):
         for eager, ours in zip(*results):
             torch.testing.assert_close(ours, eager, rtol=1e-4, atol=1e-5)
 
+    def test_reads_of_the_scores_dtype_or_shape_are_no_other_use(self):
+        # XLM's: a padding mask expanded as the scores, the weights cast back as them
+        def fn(q, k, v, keep):
+            scores = q @ k.transpose(-1, -2)
+            scores = scores.masked_fill((keep == 0).view(2, 1, 1, 6).expand_as(scores), torch.finfo(scores.dtype).min)
+            return torch.softmax(scores.float(), -1).type_as(scores) @ v
+
+        keep = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+        self.assertExpectedInline(self.describe(fn, *qkv(length=6), keep), """float32 D=8 M=6 N=6 scale=1 s -> where(mask0[Z,1,1,N], -3.40282e+38, s) padded keys skipped (mask0)""")
+        self.assert_compiled_equals_eager(fn, *qkv(length=6), keep)
+
+    def test_a_bias_gathered_from_a_product_of_its_own(self):
+        # Inkling's relative position bias: per-head logits of each query (a product), gathered by the distance
+        def fn(q, k, v, relative, proj):
+            M, N = q.shape[-2], k.shape[-2]
+            logits = relative @ proj  # [Z, H, M, E]
+            distance = torch.arange(M)[:, None] - torch.arange(N)[None, :]
+            bias = logits.gather(-1, distance.clamp(0, proj.shape[-1] - 1).expand(*logits.shape[:2], -1, -1))
+            return torch.softmax(q @ k.transpose(-1, -2) + bias.masked_fill(distance < 0, 0.0), -1) @ v
+
+        relative, proj = torch.randn(2, 3, 5, 4), torch.randn(4, 3)
+        self.assertExpectedInline(self.describe(fn, *qkv(), relative, proj), """float32 D=8 M=5 N=5 scale=1 s -> s + bias0[Z,H,M,N]""")
+        self.assert_compiled_equals_eager(fn, *qkv(), relative, proj)
+
     def test_alibi_from_arange_is_computed_in_the_kernel(self):
         def fn(q, k, v, slopes):
             M, N = q.shape[-2], k.shape[-2]
@@ -518,6 +542,12 @@ class TestNotRewritten(TestCase):
             return torch.softmax((q @ k.transpose(-1, -2)).cumsum(-1), -1) @ v
 
         self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: cumsum (cumsum.default) between q @ k^T and the softmax is not a pointwise score change""")
+
+    def test_two_score_products_added(self):
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2) + k @ q.transpose(-1, -2), -1) @ v
+
+        self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: add: cannot tell the scores from the other operand""")
 
     def test_scores_used_twice(self):
         def fn(q, k, v):

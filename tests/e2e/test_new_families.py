@@ -1,11 +1,12 @@
 """Newer Hugging Face families, built small from their configs: every attention fused through the backend's compile
-path, and ``fuse_attn.explain`` reporting the same verdicts (gpt-oss's sinks, DeepSeek-V3's MLA with q/k and v head
-dims apart, ModernBERT's local and global layers, Gemma-3 / Cohere-2 / Exaone-4 sliding windows, Llama-4's chunked
-attention, SmolLM3, Phi-3, GLM-4, Gemma-4 with its global layers' head dim of 512, and a Llama on packed documents:
-position ids restarting at 0, no mask), on the eager and the sdpa attention paths -- but Gemma-4's global layers on
-the sdpa path, whose calls keep SDPA's kernels (:data:`SDPA_KEPT`). Training mode with gradients on, as a fine-tuning
-step compiles them. Inductor itself is left out (its compile of each graph is what the rest of the suite tests); the
-model zoo (tests/e2e/test_model_zoo.py) checks numerics."""
+path, and ``fuse_attn.explain`` reporting the same verdicts (gpt-oss's sinks, DeepSeek-V3's MLA with q/k and v head dims
+apart, ModernBERT's local and global layers, Gemma-3 / Cohere-2 / Exaone-4 sliding windows, Llama-4's chunked attention,
+SmolLM3, Phi-3, GLM-4, Granite-SWA's and MiMo-V2-Flash's sinks, Inkling's relative position bias, Gemma-4 with its
+global layers' head dim of 512, and a Llama on packed documents: position ids restarting at 0, no mask), on the eager
+and the sdpa attention paths -- but Gemma-4's global layers on the sdpa path, whose calls keep SDPA's kernels
+(:data:`SDPA_KEPT`). Training mode with gradients on, as a fine-tuning step compiles them. Inductor itself is left out
+(its compile of each graph is what the rest of the suite tests); the model zoo (tests/e2e/test_model_zoo.py) checks
+numerics."""
 
 from __future__ import annotations
 
@@ -53,6 +54,15 @@ FAMILIES = {
     "phi3": lambda: (T.Phi3ForCausalLM, decoder(T.Phi3Config, num_key_value_heads=2)),
     "glm4": lambda: (T.Glm4ForCausalLM, decoder(T.Glm4Config, num_key_value_heads=2, head_dim=8)),
     "llama-packed-documents": lambda: (T.LlamaForCausalLM, decoder(T.LlamaConfig, num_key_value_heads=2)),
+    # sinks as (softmax(s) @ v) * sigmoid(logsumexp(s, -1) - sink)
+    "granite-swa": lambda: (T.GraniteSWAForCausalLM, decoder(
+        T.GraniteSWAConfig, num_key_value_heads=2, sliding_window=4, layer_types=ALTERNATING)),
+    # gpt-oss's sinks on the sliding layers, the scores less their row max on the others
+    "mimo-v2-flash": lambda: (T.MiMoV2FlashForCausalLM, decoder(
+        T.MiMoV2FlashConfig, num_key_value_heads=2, head_dim=8, v_head_dim=8, sliding_window=4,
+        layer_types=ALTERNATING)),
+    # a relative position bias gathered from a product of its own
+    "inkling": lambda: (T.InklingForCausalLM, decoder(T.InklingTextConfig, num_key_value_heads=2)),
     # the real models' global head dim (512) beside a small sliding one
     "gemma4": lambda: (T.Gemma4ForCausalLM, decoder(
         T.Gemma4TextConfig, num_key_value_heads=2, head_dim=8, global_head_dim=512, sliding_window=4,
@@ -60,8 +70,8 @@ FAMILIES = {
 }
 # the position ids of the families run on packed documents: three documents (4, 3 and 2 tokens) in each row
 PACKED_POSITIONS = {"llama-packed-documents": packed_position_ids((4, 3, 2), 2)}
-# transformers gives gpt-oss no sdpa path (its sinks): ValueError at the model's construction
-NO_SDPA = {"gpt-oss"}
+# transformers gives these no sdpa path (their sinks): ValueError at the model's construction
+NO_SDPA = {"gpt-oss", "granite-swa", "mimo-v2-flash"}
 # the layers whose SDPA call stays SDPA's on the sdpa path (its head dim over sdpa_calls.WIDEST_FUSED_SDPA_HEAD_DIM):
 # Gemma-4's global ones
 SDPA_KEPT = {"gemma4": 1}

@@ -473,6 +473,8 @@ VARIANTS = {
                                                                    value_head_dim=128)),
     "mla_4k": Variant(lambda size: MultiHeadLatent(size, causal=False),
                       dataclasses.replace(DEFAULT_SIZE, head_dim=192, value_head_dim=128)),
+    # Gemma-4's global layers: heads of 512, GQA 4; B2 H8 keeps B*H*D equal to the default's
+    "gqa_causal_d512": Variant(GqaCausal, dataclasses.replace(DEFAULT_SIZE, batch=2, heads=8, kv_heads=2, head_dim=512)),
 }
 
 

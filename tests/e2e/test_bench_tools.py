@@ -191,9 +191,9 @@ def test_bench_variants_module_is_fused_and_matches_eager(name):
     under TRITON_INTERPRET=1): its attention fused, output and gradients (q, k, v, the learned bias) within the 2x
     rule of eager's against fp64. A benchmark row of an unfused variant would time Inductor, not our kernels."""
     variant = VARIANTS[name]
-    # head dim 16 (the default's 128 scaled down; MLA's 192 / 128 to 24 / 16), but the variant about head dim 256
-    # keeps it
-    head_dim = {256: 256, 192: 24}.get(variant.default.head_dim, 16)
+    # head dim 16 (the default's 128 scaled down; MLA's 192 / 128 to 24 / 16), but the variants about head dims 256
+    # and 512 keep theirs
+    head_dim = {256: 256, 512: 512, 192: 24}.get(variant.default.head_dim, 16)
     size = small_size(variant.default, 64, head_dim)
     # at most 16 query heads, keeping the variant's GQA group and at least 2 kv heads: gpt-oss's group of 8 on
     # small_size's 4 kv heads would be 32 heads, each one more program per block in the interpreter

@@ -543,6 +543,9 @@ class ScoreTensorUse:
     broadcast: tuple[bool, bool, bool, bool]
     scalar: bool = False
     reindexed: Optional[Reindexing] = None
+    # the batch ``node`` is expanded to first, where it is broadcast over some of the dims that make the attention's
+    # Z but not all (a mask a window, the same for every image: [1, windows, 1, M, N] in batch [B, windows, H])
+    expanded_batch: Optional[tuple] = None
 
 
 def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device,
@@ -559,13 +562,22 @@ def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device,
         raise NotFused(f"{op.node.name}: the mask/bias is on {fake.device}, q on {device}", op.node)
     shape = (1,) * (rank - fake.dim()) + tuple(fake.shape)
     own_batch, tail = shape[:-2], shape[-2:]
-    rebatch = False
+    rebatch, expanded_batch = False, None
     if all_ones(own_batch):
         batch_part = ()
     elif same_shape(op.batch, batch):
         batch_part = own_batch
+        if not all_ones(own_batch[:-1]) and not same_shape(own_batch[:-1], batch[:-1]):
+            if not is_static(batch):
+                raise NotFused(f"{op.node.name}: a mask/bias broadcast over part of the batch rows "
+                               f"{shape_text(op.batch)} with symbolic sizes", op.node)
+            batch_part = expanded_batch = (*batch[:-1], own_batch[-1])
     elif is_static(own_batch) and same_shape(own_batch, op.batch) and is_static(batch):
         batch_part, rebatch = batch, True  # a view: the tensor is not broadcast over its batch dims
+    elif (kept := _kept_trailing_dims(op.batch, batch)) and all_ones(own_batch[:-kept]):
+        # broadcast over the dims a view regroups, as it is over the dims kept after them (Swin-v2's logit scale a
+        # head, before the scores' batch is split into windows for the mask)
+        batch_part = (1,) * (len(batch) - kept) + own_batch[-kept:]
     else:
         raise NotFused(
             f"{op.node.name}: a mask/bias broadcast over part of batch {shape_text(op.batch)} while the attention "
@@ -573,7 +585,16 @@ def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device,
             op.node,
         )
     broadcast = (all_ones(batch_part[:-1]), all_ones(batch_part[-1:]), all_ones(tail[:1]), all_ones(tail[1:]))
-    return ScoreTensorUse(tensor, op.batch, rebatch, broadcast, reindexed=reindexed)
+    return ScoreTensorUse(tensor, op.batch, rebatch, broadcast, reindexed=reindexed, expanded_batch=expanded_batch)
+
+
+def _kept_trailing_dims(before: tuple, after: tuple) -> int:
+    """How many trailing batch dims a view from ``before`` to ``after`` keeps as they are (the heads, where only the
+    batch rows are regrouped)."""
+    kept = 0
+    while kept < min(len(before), len(after)) and same_shape(before[-kept - 1:][:1], after[-kept - 1:][:1]):
+        kept += 1
+    return kept
 
 
 def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:

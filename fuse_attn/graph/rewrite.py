@@ -207,6 +207,8 @@ def _fused_call(match: AttentionMatch, emit: _Emitter, training: bool, context_p
         tensor = emit.keys_contiguous(use.node if use.reindexed is None else emit.view_read(use.node, use.reindexed))
         for _ in range(len(use.tensor_batch) + 2 - val(tensor).dim()):
             tensor = emit(aten.unsqueeze.default, tensor, 0)
+        if use.expanded_batch is not None:
+            tensor = emit(aten.expand.default, tensor, [*use.expanded_batch, *val(tensor).shape[-2:]])
         if use.rebatch:
             tensor = emit.rebatch(tensor, use.tensor_batch, batch, "a mask/bias")
         tensors.append(emit.to_4d(tensor, len(batch) if use.rebatch else len(use.tensor_batch)))

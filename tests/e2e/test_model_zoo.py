@@ -64,6 +64,14 @@ def vit():
     return T.ViTModel, config, dict(pixel_values=features(2, 3, 16, 16)), LAYERS
 
 
+def swinv2():
+    """Shifted windows: a logit scale a head, a relative position bias from a small MLP, and the windows' mask added
+    with the scores viewed per image and window."""
+    config = T.Swinv2Config(image_size=16, patch_size=2, embed_dim=HIDDEN, depths=[2], num_heads=[HEADS], window_size=4,
+                            hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, drop_path_rate=0.0)
+    return T.Swinv2Model, config, dict(pixel_values=features(2, 3, 16, 16)), 2
+
+
 def whisper():
     config = T.WhisperConfig(d_model=HIDDEN, encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_layers=1,
                              decoder_layers=1, encoder_ffn_dim=2 * HIDDEN, decoder_ffn_dim=2 * HIDDEN, num_mel_bins=8,
@@ -139,6 +147,7 @@ MODELS = {
     "bert-padding": bert,
     "t5-relative-bias": t5,
     "vit": vit,
+    "swinv2-shifted-windows": swinv2,
     "whisper-self-and-cross": whisper,
     "bloom-alibi": bloom,
     "falcon-mqa": falcon,

@@ -349,6 +349,18 @@ class TestScorePrograms(TestCase):
         self.assertExpectedInline(self.describe(fn, *qkv(), relative, proj), """float32 D=8 M=5 N=5 scale=1 s -> s + bias0[Z,H,M,N]""")
         self.assert_compiled_equals_eager(fn, *qkv(), relative, proj)
 
+    def test_a_scale_a_head_before_the_batch_is_split_for_a_mask(self):
+        # Swin-v2's shifted windows: a logit scale a head, then the scores viewed as [B, windows, H, M, N] for the
+        # windows' mask, and back
+        def fn(q, k, v, scale, mask):
+            s = (q @ k.transpose(-1, -2)) * scale
+            s = s.view(2, 4, 3, 5, 5) + mask.unsqueeze(1).unsqueeze(0)
+            return torch.softmax(s.view(-1, 3, 5, 5), -1) @ v
+
+        scale, mask = torch.rand(3, 1, 1) + 0.5, torch.randn(4, 5, 5)
+        self.assertExpectedInline(self.describe(fn, *qkv(batch=8), scale, mask), """float32 D=8 M=5 N=5 scale=1 s -> (s * bias0[1,H,1,1]) + bias1[Z,1,M,N]""")
+        self.assert_compiled_equals_eager(fn, *qkv(batch=8), scale, mask)
+
     def test_alibi_from_arange_is_computed_in_the_kernel(self):
         def fn(q, k, v, slopes):
             M, N = q.shape[-2], k.shape[-2]

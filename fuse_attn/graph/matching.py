@@ -574,10 +574,10 @@ def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device,
             batch_part = expanded_batch = (*batch[:-1], own_batch[-1])
     elif is_static(own_batch) and same_shape(own_batch, op.batch) and is_static(batch):
         batch_part, rebatch = batch, True  # a view: the tensor is not broadcast over its batch dims
-    elif (kept := _kept_trailing_dims(op.batch, batch)) and all_ones(own_batch[:-kept]):
-        # broadcast over the dims a view regroups, as it is over the dims kept after them (Swin-v2's logit scale a
-        # head, before the scores' batch is split into windows for the mask)
-        batch_part = (1,) * (len(batch) - kept) + own_batch[-kept:]
+    elif all_ones(own_batch[:-1]) and same_shape(op.batch[-1:], batch[-1:]):
+        # a tensor a head, broadcast over the batch rows that a view regroups while it keeps the heads (Swin-v2's
+        # logit scale, before the scores' batch is split into windows for the mask)
+        batch_part = (1,) * (len(batch) - 1) + own_batch[-1:]
     else:
         raise NotFused(
             f"{op.node.name}: a mask/bias broadcast over part of batch {shape_text(op.batch)} while the attention "
@@ -586,15 +586,6 @@ def _place_tensor(tensor: fx.Node, op: PathOp, batch: tuple, device,
         )
     broadcast = (all_ones(batch_part[:-1]), all_ones(batch_part[-1:]), all_ones(tail[:1]), all_ones(tail[1:]))
     return ScoreTensorUse(tensor, op.batch, rebatch, broadcast, reindexed=reindexed, expanded_batch=expanded_batch)
-
-
-def _kept_trailing_dims(before: tuple, after: tuple) -> int:
-    """How many trailing batch dims a view from ``before`` to ``after`` keeps as they are (the heads, where only the
-    batch rows are regrouped)."""
-    kept = 0
-    while kept < min(len(before), len(after)) and same_shape(before[-kept - 1:][:1], after[-kept - 1:][:1]):
-        kept += 1
-    return kept
 
 
 def find_softmaxes(graph: fx.Graph) -> list[fx.Node]:

@@ -49,7 +49,8 @@ VIEW_OPS = {
 }
 # Ops that return the same values with the same shape.
 IDENTITY_OPS = {aten.alias.default, aten.clone.default, aten.contiguous.default, aten.lift_fresh_copy.default}
-CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout, aten.type_as.default}
+# (type_as is read as to(dtype) before matching: rewrite._reads_of_a_dtype_or_shape_as_values)
+CAST_OPS = {aten.to.dtype, aten._to_copy.default, aten.to.dtype_layout}
 SOFTMAX_OPS = {aten.softmax.int, aten._softmax.default, aten._safe_softmax.default}
 # Batched matrix products: (.., m, k) x (.., k, n) -> (.., m, n), batch dims broadcast.
 CONTRACTION_OPS = {aten.matmul.default, aten.bmm.default, aten.mm.default}

@@ -307,7 +307,7 @@ def _score_operand(node: fx.Node, is_product) -> fx.Node:
         if len(x.users) == 1 and same_shape(val(x).shape, val(node).shape) and _reaches(x, is_product):
             candidates.append(x)
     if len(candidates) > 1:
-        direct = [x for x in candidates if _reaches_pointwise(x, is_product, val(node).shape[-2:])]
+        direct = [x for x in candidates if _reaches(x, is_product, val(node).shape[-2:])]
         candidates = direct if len(direct) == 1 else candidates
     if len(candidates) != 1:
         shared = [x for x in node.args if isinstance(x, fx.Node) and len(x.users) > 1 and _reaches(x, is_product)]
@@ -318,26 +318,9 @@ def _score_operand(node: fx.Node, is_product) -> fx.Node:
     return candidates[0]
 
 
-def _reaches_pointwise(node: fx.Node, is_product, matrix: tuple, budget: int = 64) -> bool:
-    """Whether a matrix product of ``matrix`` rows and columns lies upstream of ``node`` through pointwise ops
-    (:func:`pointwise_form`) alone (a bounded walk)."""
-    seen, stack = set(), [node]
-    while stack and budget > 0:
-        n = stack.pop()
-        if n in seen or not isinstance(n, fx.Node) or n.op != "call_function":
-            continue
-        seen.add(n)
-        budget -= 1
-        if is_product(n):
-            if same_shape(val(n).shape[-2:], matrix):
-                return True
-        elif pointwise_form(n) is not None:
-            stack.extend(n.all_input_nodes)
-    return False
-
-
-def _reaches(node: fx.Node, is_product, budget: int = 64) -> bool:
-    """Whether a matrix product lies upstream of ``node`` (a bounded walk)."""
+def _reaches(node: fx.Node, is_product, matrix: Optional[tuple] = None, budget: int = 64) -> bool:
+    """Whether a matrix product lies upstream of ``node`` (a bounded walk); with ``matrix``, one of those rows and
+    columns, reached through pointwise ops (:func:`pointwise_form`) alone."""
     seen, stack = set(), [node]
     while stack and budget > 0:
         n = stack.pop()
@@ -346,8 +329,10 @@ def _reaches(node: fx.Node, is_product, budget: int = 64) -> bool:
         seen.add(n)
         budget -= 1
         if n.op == "call_function" and is_product(n):
-            return True
-        stack.extend(n.all_input_nodes)
+            if matrix is None or same_shape(val(n).shape[-2:], matrix):
+                return True
+        elif matrix is None or pointwise_form(n) is not None:
+            stack.extend(n.all_input_nodes)
     return False
 
 

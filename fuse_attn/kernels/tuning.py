@@ -135,7 +135,8 @@ _WIDEST_FWD = ((16, 32, 4), (32, 16, 4), (32, 32, 8))
 _WIDEST_DKDV = ((16, 16, 4, 2), (32, 32, 8, 2))
 _WIDEST_DKDV_STAGES = (1, 2)
 _WIDEST_DQ = ((16, 16, 4), (16, 32, 4), (32, 32, 8))
-_WIDEST_HEAD = 256  # head dims above this take the _WIDEST_ configs
+# head dims above this take the _WIDEST_ configs (and the split-K decode fewer rows: decode.max_rows)
+WIDEST_HEAD = 256
 # dK/dV pipelining depth: 1-3. The kernel's key-major tiles (k @ q^T) keep dk within the 2x rule at every depth
 # (`tools/bench_attention.py --check-backward-configs`: 125 config runs over 7 shapes, H200, Triton 3.6), and
 # stages=3 is the fastest at N=4096, D=64 and 128. (Query-major tiles, which transpose P and dS in registers, give
@@ -163,8 +164,9 @@ def max_shared_memory(device: torch.device) -> int:
 
 
 def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem_limit: int) -> list[KernelConfig]:
-    if max(block_d, block_dv) > _WIDEST_HEAD:
-        return _fitting(_WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+    if max(block_d, block_dv) > WIDEST_HEAD:  # (where none fits the estimate, the smallest tile unpipelined)
+        return (_fitting(_WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+                or [KernelConfig(16, 32, 4, 1)])
     out = []
     for bm in _FWD_BLOCK_M:
         for bn in _FWD_BLOCK_N:
@@ -187,7 +189,7 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
 
 def _backward_candidates(shapes, wide_configs, widest_configs, block_d, block_dv, elem, smem_limit,
                          resident_is_n: bool, stages_axis=_STAGES) -> list[KernelConfig]:
-    if max(block_d, block_dv) > _WIDEST_HEAD:
+    if max(block_d, block_dv) > WIDEST_HEAD:
         tiles = widest_configs
     elif max(block_d, block_dv) > _WIDE_HEAD:
         tiles = wide_configs
@@ -209,7 +211,7 @@ def _fitting(tiles, stages_axis, block_d, block_dv, elem, smem_limit, resident_i
 
 
 def dkdv_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    stages = _WIDEST_DKDV_STAGES if max(block_d, block_dv) > _WIDEST_HEAD else _DKDV_STAGES
+    stages = _WIDEST_DKDV_STAGES if max(block_d, block_dv) > WIDEST_HEAD else _DKDV_STAGES
     return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, _WIDEST_DKDV, block_d, block_dv, elem, smem_limit,
                                 resident_is_n=True, stages_axis=stages)
 

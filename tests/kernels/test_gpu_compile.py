@@ -223,7 +223,7 @@ def compile_spec(name: str, target: str) -> None:
                 what = f"{kernel.fn.__name__} {cfg}{part or ''}"
                 assert compiled.asm["cubin"], what
                 assert compiled.metadata.shared <= smem, f"{what}: {compiled.metadata.shared} bytes"
-                if max(spec.head_dim, spec.head_dim_v) > 256:
+                if max(spec.head_dim, spec.head_dim_v) > tuning.WIDEST_HEAD:
                     stack = _stack_bytes(compiled)
                     assert stack <= _WIDEST_HEAD_STACK_BYTES, f"{what}: {stack} bytes of stack a thread"
                 print(f"{name} {target} {what}: {compiled.metadata.shared} bytes of shared memory")

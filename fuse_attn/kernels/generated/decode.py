@@ -127,7 +127,7 @@ def dispatch_splits(q: Tensor, k: Tensor, spec: AttentionSpec) -> int:
 
 def max_rows(spec: AttentionSpec) -> int:
     """The most packed rows (GQA group x q_len) the split kernel takes for this spec's head dims."""
-    return MAX_ROWS if max(spec.head_dim, spec.head_dim_v) <= 256 else WIDEST_HEAD_MAX_ROWS
+    return MAX_ROWS if max(spec.head_dim, spec.head_dim_v) <= tuning.WIDEST_HEAD else WIDEST_HEAD_MAX_ROWS
 
 
 def visible_key_range(spec: AttentionSpec, M, N) -> tuple:

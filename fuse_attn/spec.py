@@ -37,8 +37,8 @@ from fuse_attn.score_program import INT_DTYPES, ScoreNode, ScoreTensor, Unsuppor
 
 SUPPORTED_DTYPES = ("float16", "bfloat16", "float32")
 # Largest head dim the kernels take: Gemma-4's global layers' 512. The generated kernels hold a 512-wide fp32
-# accumulator in 16-32 rows without spilling (tuning._WIDEST_FWD and its kin, compiled for sm90); the Gluon kernels and
-# SDPA's flash and cuDNN kernels stop at 256.
+# accumulator in 16-64 rows (tuning._WIDEST_FWD and its kin, from a timed sweep); the Gluon kernels and SDPA's flash
+# and cuDNN kernels stop at 256.
 MAX_HEAD_DIM = 512
 
 

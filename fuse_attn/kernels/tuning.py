@@ -124,17 +124,20 @@ _DQ_SHAPES = ((128, 32), (128, 64))
 _WIDE_DKDV = ((32, 64, 8), (16, 64, 8), (32, 32, 4), (16, 32, 4), (32, 128, 8, 2), (16, 128, 8, 2), (32, 64, 4, 2))
 _WIDE_DQ = ((64, 32, 4), (64, 16, 4), (32, 64, 4), (32, 32, 4), (128, 32, 8))
 _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
-# Heads wider than 256 (Gemma-4's global layers: 512): a 512-wide fp32 accumulator tile leaves room for 16-32 rows.
-# Compiled for sm90 (Triton 3.9, bf16, causal, MHA and GQA 2; registers and stack from cuobjdump -res-usage), these
-# tiles run without spills at every depth that fits (at most 32 bytes of stack a thread, in the dK/dV launches): the
-# forward's 16 x 32 and 32 x 16 on 4 warps and 32 x 32 on 8 (64-row tiles spill 424-2216 bytes a thread; 64-key ones
-# exceed the shared-memory estimate); dK/dV only in two launches, one accumulator each, 16 x 16 on 4 warps and 32 x 32
-# on 8, at most 2 stages (in one launch 120-736 bytes spill, at 3 stages with GQA 168-232); dQ 16 x 16 and 16 x 32 on
-# 4 warps, 32 x 32 on 8. Not yet timed on a GPU: the tuner picks among them.
-_WIDEST_FWD = ((16, 32, 4), (32, 16, 4), (32, 32, 8))
-_WIDEST_DKDV = ((16, 16, 4, 2), (32, 32, 8, 2))
-_WIDEST_DKDV_STAGES = (1, 2)
-_WIDEST_DQ = ((16, 16, 4), (16, 32, 4), (32, 32, 8))
+# Heads wider than 256 (Gemma-4's global layers: 512): a 512-wide fp32 accumulator tile leaves room for 16-64 rows.
+# From a timed sweep of 45 such tiles at every depth that compiled (H200, Triton 3.6, bf16, causal, B2 H8/2 N4096
+# D512; the tuner's own timings): the forward's 64 x 32 on 8 warps, 2 stages, ran 1.40 ms (64 x 64 on 8 unpipelined
+# 1.56, 32 x 32 on 4 warps 1.70, 64 x 16 on 8 2.00; 16 x 32 on 4, 2.43; 64 rows on 4 warps 4.6-5.9, 128 rows
+# 5.1-6.0) -- the fastest spills 496 bytes a thread (cuobjdump -res-usage of its sm90 compile, Triton 3.9), so
+# spills do not rule a tile out here. dK/dV in two launches (one accumulator each), unpipelined: 32 x 64 on 8 warps 4.54 ms, 64 x 32 on 8 5.47,
+# 32 x 32 on 4 5.90 (16 x 64 on 8 at 3 stages 4.89; one launch at best 5.29, 32 x 32 on 8). Their k and v tiles
+# both stay resident, which _smem_bytes counts once: 32 x 64 at 2 stages takes 262,400 bytes, over sm90's 232,448,
+# so these run unpipelined. dQ: 32 x 32 on 4 warps at 3 stages 2.55 ms, 16 x 32 on 4 3.01, 64 x 16 on 8 3.12
+# (64 x 32 exceeds the shared memory).
+_WIDEST_FWD = ((64, 32, 8), (32, 32, 4), (64, 16, 8), (16, 32, 4))
+_WIDEST_DKDV = ((32, 64, 8, 2), (64, 32, 8, 2), (32, 32, 4, 2))
+_WIDEST_DKDV_STAGES = (1,)
+_WIDEST_DQ = ((32, 32, 4), (16, 32, 4), (64, 16, 8))
 # head dims above this take the _WIDEST_ configs (and the split-K decode fewer rows: decode.max_rows)
 WIDEST_HEAD = 256
 # dK/dV pipelining depth: 1-3. The kernel's key-major tiles (k @ q^T) keep dk within the 2x rule at every depth

@@ -34,10 +34,6 @@ from torch.fx.experimental.symbolic_shapes import guard_bool, guard_int
 from fuse_attn.graph.nodes import NotFused, aten, erase_dead_nodes, val
 
 SDPA_OPS = {aten.scaled_dot_product_attention.default}
-# Widest head an SDPA call is fused at. Wider ones (to spec.MAX_HEAD_DIM: Gemma-4's global layers, 512) are fused where
-# the model writes the attention out, which would build the N x N matrix; an SDPA call of them already runs a kernel
-# without it (SDPA's memory-efficient one), which the implementation choice has no candidate for.
-WIDEST_FUSED_SDPA_HEAD_DIM = 256
 # SDPA's parameters after q, k, v, with its defaults (torch/nn/functional.py; aten's schema has the same order).
 _PARAMETERS = (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("scale", None), ("enable_gqa", False))
 
@@ -137,11 +133,6 @@ def _check(call: fx.Node, a: dict) -> None:
         raise NotFused(f"{name}: q, k or v has fewer than 2 dims", call)
     if len({t.dtype for t in fakes}) != 1:
         raise NotFused(f"{name}: q, k and v have different dtypes", call)
-    for dim in (fakes[0].shape[-1], fakes[2].shape[-1]):  # (a symbolic head dim compared with no guard: as it is)
-        if isinstance(dim, int) and dim > WIDEST_FUSED_SDPA_HEAD_DIM:
-            raise NotFused(f"{name}: an SDPA call of head dim {dim} keeps SDPA's kernels (its memory-efficient one "
-                           f"takes heads over {WIDEST_FUSED_SDPA_HEAD_DIM} without the N x N matrix; ours are not "
-                           "timed against it)", call)
     scale = a["scale"]
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float))):
         raise NotFused(f"{name}: scale {scale!r} is not a Python number", call)

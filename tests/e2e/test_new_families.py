@@ -3,8 +3,7 @@ path, and ``fuse_attn.explain`` reporting the same verdicts (gpt-oss's sinks, De
 apart, ModernBERT's local and global layers, Gemma-3 / Cohere-2 / Exaone-4 sliding windows, Llama-4's chunked attention,
 SmolLM3, Phi-3, GLM-4, Granite-SWA's and MiMo-V2-Flash's sinks, Inkling's relative position bias, Gemma-4 with its
 global layers' head dim of 512, and a Llama on packed documents: position ids restarting at 0, no mask), on the eager
-and the sdpa attention paths -- but Gemma-4's global layers on the sdpa path, whose calls keep SDPA's kernels
-(:data:`SDPA_KEPT`). Training mode with gradients on, as a fine-tuning step compiles them. Inductor itself is left out
+and the sdpa attention paths. Training mode with gradients on, as a fine-tuning step compiles them. Inductor itself is left out
 (its compile of each graph is what the rest of the suite tests); the model zoo (tests/e2e/test_model_zoo.py) checks
 numerics."""
 
@@ -72,9 +71,6 @@ FAMILIES = {
 PACKED_POSITIONS = {"llama-packed-documents": packed_position_ids((4, 3, 2), 2)}
 # transformers gives these no sdpa path (their sinks): ValueError at the model's construction
 NO_SDPA = {"gpt-oss", "granite-swa", "mimo-v2-flash"}
-# the layers whose SDPA call stays SDPA's on the sdpa path (its head dim over sdpa_calls.WIDEST_FUSED_SDPA_HEAD_DIM):
-# Gemma-4's global ones
-SDPA_KEPT = {"gemma4": 1}
 
 
 def _attentions(verdicts) -> tuple[list[str], list[str]]:
@@ -104,7 +100,5 @@ def test_every_attention_is_fused_and_explain_says_the_same(name, attention):
             mock.patch.object(backend, "compile_fx", lambda gm, example_inputs, **kwargs: gm.forward):
         torch.compile(model, backend="fuse_attn")(**inputs)
     fused, unfused = _attentions([v for r in reports for v in r.verdicts])
-    kept = SDPA_KEPT.get(name, 0) if attention == "sdpa" else 0
-    assert len(fused) == LAYERS - kept and len(unfused) == kept, "\n".join(fused + unfused)
-    assert all("keeps SDPA's kernels" in line for line in unfused), unfused
+    assert len(fused) == LAYERS and not unfused, "\n".join(fused + unfused)
     assert _attentions(explained.fused + explained.not_fused) == (fused, unfused), str(explained)

@@ -17,7 +17,8 @@ layers alternating, a small MoE; eager attention only in transformers, so its co
 ``flex+inductor``); ``llama-padded-blocks``: the ``llama`` decoder on ``bert-padded``'s padded batches with each
 decoder layer compiled on its own and the rest of the model eager, as FSDP2 users compile a model (a graph a
 block): the padding + causal mask the model builds outside the blocks is an input of each block's graph, whose
-values the backend never sees while compiling.
+values the backend never sees while compiling; ``gemma4`` (6 layers of Gemma-4's text decoder: five sliding layers
+with heads of 256, one global with heads of 512).
 
     PYTHONPATH=. python3 tools/bench_models.py --out OUTDIR [--models gpt2 llama] [--lengths 1024 2048 4096 8192]
                                                [--modes train infer]
@@ -130,7 +131,7 @@ RATIOS = [("fuse_attn", "inductor"), ("fuse_attn", "sdpa+inductor"), ("sdpa+fuse
           ("sdpa+fuse_attn:triton", "sdpa+inductor"), ("sdpa+fuse_attn:ours", "sdpa+inductor"),
           ("fuse_attn", "flex+inductor"), ("sdpa+fuse_attn", "flex+inductor")]
 MODEL_NAMES = ["gpt2", "llama", "gpt2-small", "bert-padded", "bert-d128", "llama-1b", "mistral-window", "t5", "gemma2", "phi3",
-               "llama-packed", "deepseek-mla", "gpt-oss", "llama-padded-blocks"]
+               "llama-packed", "deepseek-mla", "gpt-oss", "llama-padded-blocks", "gemma4"]
 # models whose decoder layers are compiled one by one (the rest of the model eager) instead of the whole model
 COMPILED_BY_BLOCK = ("llama-padded-blocks",)
 # models run on padded batches (make_inputs)
@@ -254,6 +255,18 @@ def model_and_config(name, attention, tiny, length):
         config = T.GptOssConfig(**size, num_local_experts=4, num_experts_per_tok=2, attention_dropout=0.0,
                                 use_cache=False, experts_implementation="batched_mm" if tiny else "grouped_mm")
         model_cls = T.GptOssForCausalLM
+    elif name == "gemma4":
+        # Gemma-4's text decoder as transformers' Gemma4TextConfig defaults give it (width 2304, 8 heads on 4 kv heads;
+        # sliding layers' heads of 256 with a window of 512, every sixth layer global with heads of 512), 6 of its 30
+        # layers (five sliding, one global) and a 32k vocabulary (its 262k one would make the step mostly the output
+        # layer), no per-layer input embeddings (another 262k-row table)
+        size = (dict(hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                     global_head_dim=16, sliding_window=8, num_hidden_layers=2, vocab_size=64,
+                     layer_types=["sliding_attention", "full_attention"]) if tiny else
+                dict(num_hidden_layers=6, vocab_size=32000))
+        config = T.Gemma4TextConfig(**size, hidden_size_per_layer_input=0, max_position_embeddings=length,
+                                    attention_dropout=0.0, use_cache=False)
+        model_cls = T.Gemma4ForCausalLM
     elif name == "gpt2":
         size = dict(n_embd=32, n_head=4, n_layer=2, vocab_size=64) if tiny else dict(n_embd=1024, n_head=16, n_layer=4)
         config = T.GPT2Config(**size, n_positions=length, attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,

@@ -151,13 +151,14 @@ def test_bench_models_tiny_gemma2_on_cpu_fuses_every_layer(tmp_path, monkeypatch
     # Gemma-2 (softcapped scores, sliding and global layers) runs on eager attention only (bench_models refuses its
     # sdpa path, which ignores the softcap), so a run of its own (Phi-3, which has both, runs in
     # test_bench_models_tiny_on_cpu_fuses_every_layer's run); gpt-oss (learned sinks, sliding and full layers), which
-    # transformers gives no sdpa path, in the same run
+    # transformers gives no sdpa path, and Gemma-4 (global layers' heads twice the sliding ones'), in the same run
     pytest.importorskip("transformers")
-    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gemma2", "gpt-oss", "--modes", "infer",
-                                     "--variants", "fuse_attn", "--out", str(tmp_path)], monkeypatch, capsys)
+    done = run_tool("bench_models", ["--device", "cpu", "--tiny", "--models", "gemma2", "gpt-oss", "gemma4",
+                                     "--modes", "infer", "--variants", "fuse_attn", "--out", str(tmp_path)],
+                    monkeypatch, capsys)
     assert done.returncode == 0, done.stdout + done.stderr
     rows = table_rows(done.stdout)
-    assert [row["model"] for row in rows] == ["gemma2", "gpt-oss"], done.stdout
+    assert [row["model"] for row in rows] == ["gemma2", "gpt-oss", "gemma4"], done.stdout
     for row in rows:
         assert int(row["fused"]) == int(row["layers"]) > 0, done.stdout
 

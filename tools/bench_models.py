@@ -504,9 +504,13 @@ def compile_times(args, record):
         seconds = {}
         for variant in variants:
             with tempfile.TemporaryDirectory(prefix="bench_models_caches_") as caches:
+                # One hash seed for both processes: Gemma-4's forward loops over a set of layer-type strings
+                # (transformers 5.24, Gemma4TextModel.forward), so with Python's per-process hash randomization the
+                # traced graph's op and input order differ between two processes half the time, and the warm one
+                # then misses every cache (fuse_attn's analysis, AOTAutograd's and Inductor's alike)
                 env = dict(os.environ, FUSE_ATTN_CACHE_DIR=os.path.join(caches, "fuse_attn"),
                            TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
-                           TRITON_CACHE_DIR=os.path.join(caches, "triton"))
+                           TRITON_CACHE_DIR=os.path.join(caches, "triton"), PYTHONHASHSEED="0")
                 for caches_state in ("cold", "warm"):
                     command = [sys.executable, os.path.abspath(__file__), "--first-steps", variant, "--models", name,
                                "--compile-time-length", str(length), "--batch-tokens", str(args.batch_tokens),

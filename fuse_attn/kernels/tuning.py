@@ -129,11 +129,11 @@ _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
 # D512; the tuner's own timings): the forward's 64 x 32 on 8 warps, 2 stages, ran 1.40 ms (64 x 64 on 8 unpipelined
 # 1.56, 32 x 32 on 4 warps 1.70, 64 x 16 on 8 2.00; 16 x 32 on 4, 2.43; 64 rows on 4 warps 4.6-5.9, 128 rows
 # 5.1-6.0) -- the fastest spills 496 bytes a thread (cuobjdump -res-usage of its sm90 compile, Triton 3.9), so
-# spills do not rule a tile out here. dK/dV in two launches (one accumulator each), unpipelined: 32 x 64 on 8 warps 4.54 ms, 64 x 32 on 8 5.47,
-# 32 x 32 on 4 5.90 (16 x 64 on 8 at 3 stages 4.89; one launch at best 5.29, 32 x 32 on 8). Their k and v tiles
-# both stay resident, which _smem_bytes counts once: 32 x 64 at 2 stages takes 262,400 bytes, over sm90's 232,448,
-# so these run unpipelined. dQ: 32 x 32 on 4 warps at 3 stages 2.55 ms, 16 x 32 on 4 3.01, 64 x 16 on 8 3.12
-# (64 x 32 exceeds the shared memory).
+# spills do not rule a tile out here. dK/dV in two launches (one accumulator each), unpipelined: 32 x 64 on 8 warps
+# 4.54 ms, 64 x 32 on 8 5.47, 32 x 32 on 4 5.90 (16 x 64 on 8 at 3 stages 4.89; one launch at best 5.29, 32 x 32 on
+# 8). Their k and v tiles both stay resident, which _smem_bytes counts once: 32 x 64 at 2 stages takes 262,400 bytes,
+# over sm90's 232,448, so these run unpipelined. dQ: 32 x 32 on 4 warps at 3 stages 2.55 ms, 16 x 32 on 4 3.01,
+# 64 x 16 on 8 3.12 (64 x 32 exceeds the shared memory).
 _WIDEST_FWD = ((64, 32, 8), (32, 32, 4), (64, 16, 8), (16, 32, 4))
 _WIDEST_DKDV = ((32, 64, 8, 2), (64, 32, 8, 2), (32, 32, 4, 2))
 _WIDEST_DKDV_STAGES = (1,)

@@ -4,7 +4,8 @@ Anchor: every softmax over the last dim. From it the matcher walks
 
 * backwards along the *score path* (:mod:`fuse_attn.graph.score_reader`) -- any pointwise ops, casts, batch-only
   reshapes, clones and their in-place forms -- to a batched matrix product (the scores ``q @ k^T``: ``matmul`` /
-  ``bmm``, a ``baddbmm`` whose added input becomes a bias, or a two-operand ``einsum``). The ops become the
+  ``bmm``, a ``baddbmm`` whose added input becomes a bias, or a two-operand ``einsum``: one in another dim order, or
+  with an ellipsis, is first rewritten as the product of permuted operands, permuted back). The ops become the
   spec's score program; constant masks equal to a causal band become ``spec.causal``. Scalar factors applied to
   ``q`` or ``k`` before the product (behind any views) are peeled into the scale.
 * forwards through casts, batch-only reshapes, identity ops and dropout (eval mode: the identity; training:
@@ -201,6 +202,45 @@ def einsum_as_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list
     if set(x) != set(batch) | {m, c} or set(y) != set(batch) | {n, c}:
         return None
     return ([x.index(l) for l in batch + m + c], [y.index(l) for l in batch + c + n], [y.index(l) for l in batch + n + c])
+
+
+def einsum_as_permuted_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list[int]]]:
+    """A two-operand ``einsum`` that is a batched matrix product with its dims in any order, an ellipsis standing for
+    the same leading dims of both operands (LongT5's ``...qhd,...khd->...hqk`` and ``...hqk,...khd->...qhd``): the
+    permutations that bring the left operand to ``[batch, m, c]`` and the right one to ``[batch, c, n]``, and the one
+    that brings their product ``[batch, m, n]`` to the einsum's output. None for any other einsum (broadcast ellipsis
+    dims, letters repeated or summed away, several contractions...)."""
+    if node.target != aten.einsum.default or len(node.args[1]) != 2:
+        return None
+    equation = node.args[0].replace(" ", "")
+    if "->" not in equation:
+        return None
+    inputs, out = equation.split("->")
+    x, y = inputs.split(",")
+    if "..." in equation:  # the ellipsis as letters of its own, the same leading dims of both operands
+        operands = [val(a) for a in node.args[1]]
+        if not all(isinstance(t, torch.Tensor) for t in operands) or any(t.count("...") != 1 for t in (x, y, out)):
+            return None
+        spans = [t.dim() - len(s.replace("...", "")) for t, s in zip(operands, (x, y))]
+        if spans[0] != spans[1] or spans[0] < 0 or not all(s.startswith("...") for s in (x, y)):
+            return None
+        if any(a != b for a, b in zip(operands[0].shape[:spans[0]], operands[1].shape[:spans[0]])):
+            return None  # (broadcast ellipsis dims)
+        letters = "".join(c for c in "ABCDEFGHIJKLMNOPQRSTUVWXYZ" if c not in equation)[:spans[0]]
+        x, y, out = (s.replace("...", letters) for s in (x, y, out))
+    if any(len(set(t)) != len(t) for t in (x, y, out)) or len(out) < 2 or not set(out) <= set(x) | set(y):
+        return None
+    contracted = [c for c in x if c in y and c not in out]
+    m = [c for c in x if c not in y]
+    n = [c for c in y if c not in x]
+    if len(contracted) != 1 or len(m) != 1 or len(n) != 1:
+        return None
+    batch = [c for c in out if c in x and c in y]
+    if set(x) != set(batch) | {m[0], contracted[0]} or set(y) != set(batch) | {n[0], contracted[0]}:
+        return None
+    product = batch + m + n
+    return ([x.index(c) for c in batch + m + contracted], [y.index(c) for c in batch + contracted + n],
+            [product.index(c) for c in out])
 
 
 def _is_qk_product(node: fx.Node) -> bool:

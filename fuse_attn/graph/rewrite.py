@@ -20,7 +20,8 @@ from torch._guards import detect_fake_mode
 
 from fuse_attn.graph import softmax_spellings, sdpa_calls
 from fuse_attn.graph.context_parallel import ContextParallel, ring_attention_call, uneven_total, unshardable_reason
-from fuse_attn.graph.matching import AttentionMatch, find_softmaxes, match_attention, weights_meet_a_product
+from fuse_attn.graph.matching import (AttentionMatch, einsum_as_matmul, einsum_as_permuted_matmul, find_softmaxes,
+                                      match_attention, weights_meet_a_product)
 from fuse_attn.graph.nodes import (MatchContext, NotFused, aten, erase_dead_nodes, is_static, nodes_needing_grad,
                                    same_shape, shape_text, val)
 from fuse_attn.graph.score_reader import Reindexing
@@ -346,6 +347,28 @@ def _reads_of_a_dtype_or_shape_as_values(graph: fx.Graph, fake_mode) -> None:
         graph.erase_node(node)
 
 
+def _einsums_as_matmuls(graph: fx.Graph, fake_mode) -> None:
+    """A two-operand ``einsum`` that is a batched matrix product in another dim order than ``[batch, m, c] x
+    [batch, n, c] -> [batch, m, n]`` (which the matcher reads as it is) becomes that product of permuted operands,
+    permuted to the einsum's output: LongT5's blocked local attention (``...qhd,...khd->...hqk``, then
+    ``...hqk,...khd->...qhd``). The same values: einsum computes it so."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target != aten.einsum.default or einsum_as_matmul(node) is not None:
+            continue
+        permutations = einsum_as_permuted_matmul(node)
+        if permutations is None:
+            continue
+        left, right, out = permutations
+        emit = _Emitter(graph, node, fake_mode)
+        x, y = node.args[1]
+        permuted = lambda t, order: t if order == sorted(order) else emit(aten.permute.default, t, order)  # noqa: E731
+        replaced = permuted(emit(aten.matmul.default, permuted(x, left), permuted(y, right)), out)
+        for made in emit.inserted:
+            made.meta["stack_trace"] = node.meta.get("stack_trace")
+        node.replace_all_uses_with(replaced)
+        graph.erase_node(node)
+
+
 def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = True, capture: bool = False,
                       training: bool = False, context_parallel: Optional[ContextParallel] = None) -> GraphReport:
     """Match every softmax of ``gm``; when ``apply``, replace each match with the fused op in place (or with SDPA's
@@ -364,6 +387,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
     # (fuse_attn.graph.softmax_spellings); each verdict names the node whose weights the softmax replaced, as the graph
     # before the rewrite shows it
     _reads_of_a_dtype_or_shape_as_values(graph, fake_mode)
+    _einsums_as_matmuls(graph, fake_mode)
     written_out = {}
     for form in softmax_spellings.find(graph):
         name = form.weights.name

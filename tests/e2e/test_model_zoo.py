@@ -58,6 +58,17 @@ def t5():
     return T.T5EncoderModel, config, dict(input_ids=ids()), LAYERS
 
 
+def longt5_local():
+    """LongT5's local attention: the sequence in blocks of ``local_radius + 1``, each block of queries against its own
+    and its two neighbours' keys (einsums over an ellipsis, heads between rows and head dim), T5's relative position
+    bias and the padding mask added per block."""
+    config = T.LongT5Config(d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=2 * HIDDEN, num_layers=LAYERS,
+                            vocab_size=VOCAB, local_radius=3, encoder_attention_type="local", dropout_rate=0.0)
+    padding = torch.ones(2, SEQ, dtype=torch.long)
+    padding[1, 6:] = 0
+    return T.LongT5EncoderModel, config, dict(input_ids=ids(), attention_mask=padding), LAYERS
+
+
 def vit():
     config = T.ViTConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
                          image_size=16, patch_size=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -155,6 +166,7 @@ MODELS = {
     "phi": lambda: (T.PhiForCausalLM, decoder(T.PhiConfig, resid_pdrop=0.0, embd_pdrop=0.0), dict(input_ids=ids()), LAYERS),
     "bert-padding": bert,
     "t5-relative-bias": t5,
+    "longt5-local": longt5_local,
     "vit": vit,
     "swinv2-shifted-windows": swinv2,
     "whisper-self-and-cross": whisper,

@@ -279,6 +279,36 @@ class TestGoldenGraphs(TestCase):
         getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
+    def test_einsum_with_an_ellipsis_and_a_permuted_output(self):
+        """LongT5's blocked local attention: each block of queries against its three blocks of keys, the batch dims an
+        ellipsis, the heads between the rows and the head dim; the einsums read as permuted products."""
+
+        def fn(q, k, v):  # q [B, blocks, 4, H, D], k / v [B, blocks, 12, H, D]
+            w = torch.einsum("...qhd,...khd->...hqk", q, k)
+            return torch.einsum("...hqk,...khd->...qhd", torch.softmax(w, dim=-1), v)
+
+        q = torch.randn(2, 3, 4, 2, 8, dtype=torch.float64)
+        k, v = (torch.randn(2, 3, 12, 2, 8, dtype=torch.float64) for _ in range(2))
+        self.assertExpectedInline(self.check(fn, *(x.float() for x in (q, k, v))), """\
+    def forward(self, arg0_1: "f32[2, 3, 4, 2, 8]", arg1_1: "f32[2, 3, 12, 2, 8]", arg2_1: "f32[2, 3, 12, 2, 8]"):
+        permute_default: "f32[2, 3, 2, 4, 8]" = torch.ops.aten.permute.default(arg0_1, [0, 1, 3, 2, 4])
+        permute_default_1: "f32[2, 3, 2, 8, 12]" = torch.ops.aten.permute.default(arg1_1, [0, 1, 3, 4, 2])
+        permute_default_2: "f32[2, 3, 2, 12, 8]" = torch.ops.aten.permute.default(arg2_1, [0, 1, 3, 2, 4])
+        flatten_using_ints: "f32[6, 2, 4, 8]" = torch.ops.aten.flatten.using_ints(permute_default, 0, 1)
+        transpose_int: "f32[2, 3, 2, 12, 8]" = torch.ops.aten.transpose.int(permute_default_1, -2, -1)
+        flatten_using_ints_1: "f32[6, 2, 12, 8]" = torch.ops.aten.flatten.using_ints(transpose_int, 0, 1)
+        flatten_using_ints_2: "f32[6, 2, 12, 8]" = torch.ops.aten.flatten.using_ints(permute_default_2, 0, 1)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(flatten_using_ints, flatten_using_ints_1, flatten_using_ints_2, [], None, '{"causal": null, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "nan", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 12, "num_heads": 2, "q_len": 4, "scale": 1.0, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
+        getitem: "f32[6, 2, 4, 8]" = flash_attention_default[0]
+        view_default: "f32[2, 3, 2, 4, 8]" = torch.ops.aten.view.default(getitem, [2, 3, 2, 4, 8])
+        permute_default_3: "f32[2, 3, 4, 2, 8]" = torch.ops.aten.permute.default(view_default, [0, 1, 3, 2, 4])
+        return (permute_default_3,)""")
+        expected = fn(q, k, v)
+        torch._dynamo.reset()
+        ours = torch.compile(fn, backend="fuse_attn")(*(x.float() for x in (q, k, v)))
+        eager = fn(*(x.float() for x in (q, k, v)))
+        self.assertLessEqual((ours - expected).abs().max().item(), 2 * (eager - expected).abs().max().item() + 1e-6)
+
     def test_dropout_in_training(self):
         """Training-mode dropout on the weights is the spec's dropout_p; a fresh seed is drawn before each call."""
 

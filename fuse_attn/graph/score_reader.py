@@ -283,6 +283,9 @@ def walk_score_path(softmax: fx.Node, is_product, scores: Optional[fx.Node] = No
             node = node.args[0]
             continue
         steps = pointwise_form(node)
+        if steps is None and target_of(node) == aten.einsum.default:
+            raise NotFused(f"{node.name}: einsum {node.args[0]!r} is not one batched product of equal batch dims "
+                           "(one contraction; an ellipsis the same dims on both operands)", node)
         if steps is None:
             raise NotFused(f"{node.name} ({op_name(target_of(node))}) between q @ k^T and the softmax is not a pointwise score change", node)
         if any(step[0] == "to_float" for step in steps) or not torch.is_floating_point(val(node)):

@@ -573,6 +573,16 @@ class TestNotRewritten(TestCase):
 
         self.assertExpectedInline(self.verdicts(fn, *qkv()), """not fused softmax: the attention weights softmax are used by matmul_1, output, not by one P @ V product""")
 
+    def test_einsum_broadcasting_its_ellipsis_dims(self):
+        # (the ellipsis of k and v broadcast over q's first dim: not one batched product of equal batch dims)
+        def fn(q, k, v):
+            w = torch.einsum("...qhd,...khd->...hqk", q, k)
+            return torch.einsum("...hqk,...khd->...qhd", torch.softmax(w, dim=-1), v)
+
+        q = torch.randn(2, 3, 4, 2, 8)
+        k, v = (torch.randn(1, 3, 12, 2, 8) for _ in range(2))
+        self.assertExpectedInline(self.verdicts(fn, q, k, v), """not fused softmax: einsum: einsum '...qhd,...khd->...hqk' is not one batched product of equal batch dims (one contraction; an ellipsis the same dims on both operands)""")
+
     def test_softmax_over_another_dim(self):
         def fn(q, k, v):
             return torch.softmax(q @ k.transpose(-1, -2), dim=-2) @ v

@@ -239,6 +239,8 @@ def einsum_as_permuted_matmul(node: fx.Node) -> Optional[tuple[list[int], list[i
     if set(x) != set(batch) | {m[0], contracted[0]} or set(y) != set(batch) | {n[0], contracted[0]}:
         return None
     product = batch + m + n
+    if sorted(out) != sorted(product):  # (m or n summed away)
+        return None
     return ([x.index(c) for c in batch + m + contracted], [y.index(c) for c in batch + contracted + n],
             [product.index(c) for c in out])
 

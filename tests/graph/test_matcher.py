@@ -309,6 +309,19 @@ class TestGoldenGraphs(TestCase):
         eager = fn(*(x.float() for x in (q, k, v)))
         self.assertLessEqual((ours - expected).abs().max().item(), 2 * (eager - expected).abs().max().item() + 1e-6)
 
+    def test_an_einsum_summing_its_rows_away_is_left_as_it_is(self):
+        """``bhmc,bhnc->bh`` (one contraction, then m and n summed) is no product the rewrite may permute: beside it the
+        attention still fuses, and the einsum's value is einsum's."""
+
+        def fn(q, k, v):
+            return torch.softmax(q @ k.transpose(-1, -2), -1) @ v, torch.einsum("bhmc,bhnc->bh", q, k)
+
+        self.assertExpectedInline(fused_specs(fn, *qkv()), """float32 D=8 M=5 N=5 scale=1""")
+        q, k, v = qkv()
+        torch._dynamo.reset()
+        ours = torch.compile(fn, backend="fuse_attn")(q, k, v)[1]
+        torch.testing.assert_close(ours, fn(q, k, v)[1])
+
     def test_dropout_in_training(self):
         """Training-mode dropout on the weights is the spec's dropout_p; a fresh seed is drawn before each call."""
 

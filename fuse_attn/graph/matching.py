@@ -184,24 +184,16 @@ def _is_exact_upcast(node: fx.Node) -> bool:
 def einsum_as_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list[int]]]:
     """A two-operand ``einsum`` that is a batched matrix product ``[batch, m, c] x [batch, n, c] -> [batch, m, n]``:
     the permutations that bring the left operand to ``[batch, m, c]`` and the right one to ``[batch, c, n]`` and
-    to ``[batch, n, c]``. None for any other einsum (ellipsis, broadcasting letters, several contractions...)."""
-    if node.target != aten.einsum.default or len(node.args[1]) != 2:
+    to ``[batch, n, c]``. None for any other einsum: an ellipsis or another output order
+    (:func:`einsum_as_permuted_matmul`, which the rewrite turns into a product of permuted operands before matching),
+    broadcasting letters, several contractions..."""
+    permutations = einsum_as_permuted_matmul(node)
+    if permutations is None or "..." in node.args[0]:
         return None
-    equation = node.args[0].replace(" ", "")
-    if "..." in equation or "->" not in equation:
+    left, right, out = permutations
+    if out != sorted(out):
         return None
-    inputs, out = equation.split("->")
-    x, y = inputs.split(",")
-    if any(len(set(t)) != len(t) for t in (x, y, out)) or len(out) < 2:
-        return None
-    batch, m, n = out[:-2], out[-2], out[-1]
-    contracted = [c for c in x if c in y and c not in out]
-    if len(contracted) != 1 or m not in x or m in y or n not in y or n in x:
-        return None
-    c = contracted[0]
-    if set(x) != set(batch) | {m, c} or set(y) != set(batch) | {n, c}:
-        return None
-    return ([x.index(l) for l in batch + m + c], [y.index(l) for l in batch + c + n], [y.index(l) for l in batch + n + c])
+    return left, right, right[:-2] + [right[-1], right[-2]]
 
 
 def einsum_as_permuted_matmul(node: fx.Node) -> Optional[tuple[list[int], list[int], list[int]]]:

@@ -204,7 +204,7 @@ def backward_config_sweep(head_dims=None):
         ref = grads(torch.float64, lambda *a: reference_attention(*a, [], spec)[0])
         eager = grads(torch.bfloat16, lambda *a: reference_attention(*a, [], spec)[0])
         common = launcher.common_kernel_args(q, k, v, spec)
-        smem = tuning.max_shared_memory(q.device)
+        smem = tuning.shared_memory(q.device)
         for kind, candidates in (("bwd_dkdv", tuning.dkdv_candidates), ("bwd_dq", tuning.dq_candidates)):
             key = tuning.tuning_key(kind, q.device, launcher.codegen.load_module(spec).KERNEL_ID, q.dtype, D, D, M, N)
             for cfg in candidates(common["BLOCK_D"], common["BLOCK_DV"], 2, causal, smem):

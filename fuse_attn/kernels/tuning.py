@@ -131,12 +131,10 @@ _WIDE_HEAD = 128  # head dims above this take the _WIDE_ configs
 # 5.1-6.0) -- the fastest spills 496 bytes a thread (cuobjdump -res-usage of its sm90 compile, Triton 3.9), so
 # spills do not rule a tile out here. dK/dV in two launches (one accumulator each), unpipelined: 32 x 64 on 8 warps
 # 4.54 ms, 64 x 32 on 8 5.47, 32 x 32 on 4 5.90 (16 x 64 on 8 at 3 stages 4.89; one launch at best 5.29, 32 x 32 on
-# 8). Their k and v tiles both stay resident, which _smem_bytes counts once: 32 x 64 at 2 stages takes 262,400 bytes,
-# over sm90's 232,448, so these run unpipelined. dQ: 32 x 32 on 4 warps at 3 stages 2.55 ms, 16 x 32 on 4 3.01,
-# 64 x 16 on 8 3.12 (64 x 32 exceeds the shared memory).
+# 8); 32 x 64 at 2 stages does not fit (262,400 bytes: k and v resident, q and dO twice). dQ: 32 x 32 on 4 warps at 3
+# stages 2.55 ms, 16 x 32 on 4 3.01, 64 x 16 on 8 3.12 (64 x 32 exceeds the shared memory).
 _WIDEST_FWD = ((64, 32, 8), (32, 32, 4), (64, 16, 8), (16, 32, 4))
 _WIDEST_DKDV = ((32, 64, 8, 2), (64, 32, 8, 2), (32, 32, 4, 2))
-_WIDEST_DKDV_STAGES = (1,)
 _WIDEST_DQ = ((32, 32, 4), (16, 32, 4), (64, 16, 8))
 # head dims above this take the _WIDEST_ configs (and the split-K decode fewer rows: decode.max_rows)
 WIDEST_HEAD = 256
@@ -147,28 +145,51 @@ WIDEST_HEAD = 256
 _DKDV_STAGES = (1, 2, 3)
 
 
-def _smem_bytes(resident_rows: int, streamed_rows: int, block_d: int, block_dv: int, elem: int, stages: int) -> int:
-    """Rough shared memory of one program: the streamed k/v (or q/dO) tiles, `stages` deep, plus the resident
-    tile staged once for the dot. An estimate only: a config that still does not fit fails to compile and is
-    dropped by the tuner."""
-    return elem * (stages * streamed_rows * (block_d + block_dv) + resident_rows * max(block_d, block_dv))
+@dataclasses.dataclass(frozen=True)
+class SharedMemory:
+    """A GPU's shared memory as the candidate configs see it: ``limit``, the bytes one program may take; ``wgmma``,
+    whether a dot over 64 or more rows runs as the asynchronous MMA of Hopper and later (wgmma), whose pipelined
+    operand loads take `stages` buffers -- where the dots run on mma v2 (sm80-sm89, or fewer rows) they take one
+    less (Triton's compiles for sm80 and sm90: :func:`_smem_bytes`)."""
+
+    limit: int
+    wgmma: bool
+
+
+def _smem_bytes(resident_rows: int, streamed_rows: int, resident_width: int, block_d: int, block_dv: int, elem: int,
+                stages: int, wgmma: bool) -> int:
+    """Shared memory of one program: the streamed tiles (k and v in the forward and dQ kernels, q and dO in dK/dV),
+    plus the resident tiles staged once for the dots, ``resident_width`` columns of them: q in the forward
+    (``block_d``); q and dO in dQ, k and v in dK/dV (``block_d + block_dv``; a dK/dV config's dV launch reads only k).
+    The streamed tiles take `stages` buffers where the dots run as wgmma (``wgmma`` and the resident side's rows,
+    the dots' rows, >= 64: a warpgroup's tile), else one less, at least one. Against Triton 3.9's compiles of every
+    tile of the candidate lists at stages 1-3, whether it fits or not (252 configs for sm90 at head dims 64-512, 90
+    for sm80 at 128 and 256): over by at most 16 KiB (a transposed tile's scratch; barriers), under by up to 64 KiB
+    (unpipelined, or the widest tiles pipelined less than asked); every sm90 config on the same side of its limit
+    (232,448 bytes), four sm80 configs estimated to fit over its 166,912 by 4-8 KiB. Head dims that the kernels load
+    in two parts (96 = 64 + 32) take less than their power of two counted here. A config that does not fit fails to
+    compile and is dropped by the tuner."""
+    buffers = stages if wgmma and resident_rows >= 64 else max(stages - 1, 1)
+    return elem * (buffers * streamed_rows * (block_d + block_dv) + resident_rows * resident_width)
 
 
 @functools.lru_cache(maxsize=None)
-def _max_shared_memory(index: int) -> int:
+def _shared_memory(index: int) -> SharedMemory:
     from triton.runtime import driver
 
-    return int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    limit = int(driver.active.utils.get_device_properties(index)["max_shared_mem"])
+    return SharedMemory(limit, wgmma=torch.cuda.get_device_capability(index)[0] >= 9)
 
 
-def max_shared_memory(device: torch.device) -> int:
+def shared_memory(device: torch.device) -> SharedMemory:
     # Cached: the driver query reads several device attributes per call and is far slower than a launch.
-    return _max_shared_memory(device.index if device.index is not None else torch.cuda.current_device())
+    return _shared_memory(device.index if device.index is not None else torch.cuda.current_device())
 
 
-def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem_limit: int) -> list[KernelConfig]:
+def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem: SharedMemory) -> list[KernelConfig]:
     if max(block_d, block_dv) > WIDEST_HEAD:  # (where none fits the estimate, the smallest tile unpipelined)
-        return (_fitting(_WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem_limit, resident_is_n=False)
+        return (_fitting(_WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem, resident_is_n=False,
+                         resident_width=block_d)
                 or [KernelConfig(16, 32, 4, 1)])
     out = []
     for bm in _FWD_BLOCK_M:
@@ -185,12 +206,12 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
                 if warps == 8 and bm < 128:
                     continue  # 64 rows over 8 warps leaves 8 rows per warp, below the 16-row mma tile
                 for stages in _STAGES:
-                    if _smem_bytes(bm, bn, block_d, block_dv, elem, stages) <= smem_limit:
+                    if _smem_bytes(bm, bn, block_d, block_d, block_dv, elem, stages, smem.wgmma) <= smem.limit:
                         out.append(KernelConfig(bm, bn, warps, stages))
     return out or [KernelConfig(64, 32, 4, 1)]
 
 
-def _backward_candidates(shapes, wide_configs, widest_configs, block_d, block_dv, elem, smem_limit,
+def _backward_candidates(shapes, wide_configs, widest_configs, block_d, block_dv, elem, smem: SharedMemory,
                          resident_is_n: bool, stages_axis=_STAGES) -> list[KernelConfig]:
     if max(block_d, block_dv) > WIDEST_HEAD:
         tiles = widest_configs
@@ -198,29 +219,30 @@ def _backward_candidates(shapes, wide_configs, widest_configs, block_d, block_dv
         tiles = wide_configs
     else:  # as in the forward: >= 16 resident rows per warp
         tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
-    return _fitting(tiles, stages_axis, block_d, block_dv, elem, smem_limit, resident_is_n) or [KernelConfig(32, 32, 4, 1)]
+    return (_fitting(tiles, stages_axis, block_d, block_dv, elem, smem, resident_is_n, block_d + block_dv)
+            or [KernelConfig(32, 32, 4, 1)])
 
 
-def _fitting(tiles, stages_axis, block_d, block_dv, elem, smem_limit, resident_is_n: bool) -> list[KernelConfig]:
+def _fitting(tiles, stages_axis, block_d, block_dv, elem, smem: SharedMemory, resident_is_n: bool, resident_width: int
+             ) -> list[KernelConfig]:
     """Each tile ``(BLOCK_M, BLOCK_N, warps[, dK/dV launches])`` at each depth of ``stages_axis`` whose shared memory
     (:func:`_smem_bytes`) fits; ``resident_is_n``: the key block is the resident one (dK/dV)."""
     out = []
     for bm, bn, warps, *launches in tiles:
         resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
         for stages in stages_axis:
-            if _smem_bytes(resident, streamed, block_d, block_dv, elem, stages) <= smem_limit:
+            if _smem_bytes(resident, streamed, resident_width, block_d, block_dv, elem, stages, smem.wgmma) <= smem.limit:
                 out.append(KernelConfig(bm, bn, warps, stages, *launches))
     return out
 
 
-def dkdv_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    stages = _WIDEST_DKDV_STAGES if max(block_d, block_dv) > WIDEST_HEAD else _DKDV_STAGES
-    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, _WIDEST_DKDV, block_d, block_dv, elem, smem_limit,
-                                resident_is_n=True, stages_axis=stages)
+def dkdv_candidates(block_d, block_dv, elem, causal, smem: SharedMemory) -> list[KernelConfig]:
+    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, _WIDEST_DKDV, block_d, block_dv, elem, smem,
+                                resident_is_n=True, stages_axis=_DKDV_STAGES)
 
 
-def dq_candidates(block_d, block_dv, elem, causal, smem_limit) -> list[KernelConfig]:
-    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, _WIDEST_DQ, block_d, block_dv, elem, smem_limit,
+def dq_candidates(block_d, block_dv, elem, causal, smem: SharedMemory) -> list[KernelConfig]:
+    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, _WIDEST_DQ, block_d, block_dv, elem, smem,
                                 resident_is_n=False)
 
 
@@ -232,7 +254,7 @@ _DECODE_WARPS = (4, 8)
 _DECODE_STAGES = (2, 3, 4)
 
 
-def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem_limit: int) -> list[KernelConfig]:
+def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem: SharedMemory) -> list[KernelConfig]:
     """Configs of the split-K decode kernel, whose row tile ``block_r`` is fixed by the packed rows."""
     wide = max(block_d, block_dv) > 128
     out = []
@@ -241,7 +263,7 @@ def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem
             continue  # as in forward_candidates: 128-wide key tiles do not fit 256-wide heads, 32 only for those
         for warps in _DECODE_WARPS:
             for stages in _DECODE_STAGES:
-                if _smem_bytes(block_r, bn, block_d, block_dv, elem, stages) <= smem_limit:
+                if _smem_bytes(block_r, bn, block_d, block_d, block_dv, elem, stages, smem.wgmma) <= smem.limit:
                     out.append(KernelConfig(block_r, bn, warps, stages))
     return out or [KernelConfig(block_r, 32, 4, 1)]
 

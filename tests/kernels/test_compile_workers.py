@@ -502,7 +502,7 @@ def test_the_backwards_dq_and_dkdv_candidates_compile_in_one_batch(tmp_path, mon
     out, lse = launch.triton_forward(q, k, v, [], spec)
     dq, dk, dv, _ = launch.triton_backward(torch.randn_like(out), q, k, v, [], out, lse, spec, [])
     common = launch.common_kernel_args(q, k, v, spec)
-    backward = [len(fn(common["BLOCK_D"], common["BLOCK_DV"], 2, common["CAUSAL"], tuning.max_shared_memory(q.device)))
+    backward = [len(fn(common["BLOCK_D"], common["BLOCK_DV"], 2, common["CAUSAL"], tuning.shared_memory(q.device)))
                 for fn in (tuning.dq_candidates, tuning.dkdv_candidates)]
     together = next(i for i, (n, _) in enumerate(batches) if n == sum(backward))
     assert [n for n, _ in batches[together + 1:]] == backward  # each tuning's own pass, after the batch
@@ -517,7 +517,7 @@ def _tuned_as_on_an_h200() -> None:
     """(In a scenario's process.) The generated kernels' configs are tuned as on a GPU, the tuner's device queries
     answered as an H200's (no GPU here)."""
     tuning.device_identity = lambda device: ("NVIDIA H200", "9.0")
-    tuning.max_shared_memory = lambda device: 232448
+    tuning.shared_memory = lambda device: tuning.SharedMemory(232448, wgmma=True)
     launch._tuned_on = lambda q: True
 
 

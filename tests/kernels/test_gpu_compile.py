@@ -149,15 +149,20 @@ def _captured_launches(spec: AttentionSpec, monkeypatch) -> list:
     return launches
 
 
-def _configs(name: str, spec: AttentionSpec, smem: int) -> list:
-    """The smallest and the largest tuning candidates of a kernel for this spec and shared memory."""
+def _configs(name: str, spec: AttentionSpec, capability: int, smem: int) -> list:
+    """The smallest and the largest tuning candidates of a kernel for this spec, on a GPU of this compute capability
+    and shared memory."""
     generate = {"_attn_fwd": tuning.forward_candidates, "_attn_bwd_dq": tuning.dq_candidates,
                 "_attn_bwd_dkdv": tuning.dkdv_candidates}[name]
     elem = getattr(torch, spec.dtype).itemsize
     block_d, block_dv = (launch.pow2_at_least_16(d) for d in (spec.head_dim, spec.head_dim_v))  # as the launcher
-    candidates = generate(block_d, block_dv, elem, spec.causal is not None, smem)
+    candidates = generate(block_d, block_dv, elem, spec.causal is not None, _shared_memory(capability, smem))
     size = lambda c: (c.block_m * c.block_n, c.num_warps, c.num_stages)  # noqa: E731
     return sorted({min(candidates, key=size), max(candidates, key=size)}, key=size)
+
+
+def _shared_memory(capability: int, smem: int) -> tuning.SharedMemory:
+    return tuning.SharedMemory(smem, wgmma=capability >= 90)
 
 
 def _compile(kernel, args: dict, cfg, capability: int, maxnreg: int | None = None):
@@ -211,7 +216,7 @@ def compile_spec(name: str, target: str) -> None:
     for kernel, args, launched in launches:
         # the attention kernels with the tuner's extreme candidates; the tile classes with the config they launch with
         tile_classes = kernel.fn.__name__ in ("_tile_summaries", "_tile_classes")
-        configs = [launched] if tile_classes else _configs(kernel.fn.__name__, spec, smem)
+        configs = [launched] if tile_classes else _configs(kernel.fn.__name__, spec, capability, smem)
         for cfg in configs:
             bound = dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n)
             for part in _launch_parts(cfg):
@@ -228,6 +233,30 @@ def _launch_parts(cfg) -> list:
     if cfg.dkdv_launches == 1:
         return [{}]
     return [dict(COMPUTE_DK=False, COMPUTE_DV=True), dict(COMPUTE_DK=True, COMPUTE_DV=False)]
+
+
+# Tiles whose compiled shared memory the candidates' estimate (tuning._smem_bytes) is checked against: each
+# kernel's resident side at 128 rows (wgmma on sm90) and at 32 (mma v2), pipelined 2 and 3 deep; head dim 64 and
+# causal (the quickest compiles)
+ESTIMATED_TILES = [("_attn_fwd", tuning.KernelConfig(128, 64, 4, 3)), ("_attn_fwd", tuning.KernelConfig(32, 64, 4, 2)),
+                   ("_attn_bwd_dq", tuning.KernelConfig(128, 64, 8, 2)), ("_attn_bwd_dq", tuning.KernelConfig(32, 64, 4, 3)),
+                   ("_attn_bwd_dkdv", tuning.KernelConfig(32, 128, 4, 3)), ("_attn_bwd_dkdv", tuning.KernelConfig(64, 32, 4, 2))]
+
+
+def estimated_shared_memory(target: str) -> None:
+    """(In the subprocess.) Each of ESTIMATED_TILES compiled for ``target``: print the kernel, the tile, the estimate
+    and the compiled kernel's shared memory."""
+    spec = AttentionSpec(dtype="bfloat16", head_dim=64, head_dim_v=64, scale=0.125, causal=CausalMask())
+    capability, _ = TARGETS[target]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        launches = {kernel.fn.__name__: (kernel, args) for kernel, args, _ in _captured_launches(spec, monkeypatch)}
+    for name, cfg in ESTIMATED_TILES:
+        kernel, args = launches[name]
+        compiled = _compile(kernel, dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, capability)
+        resident, streamed = (cfg.block_n, cfg.block_m) if name == "_attn_bwd_dkdv" else (cfg.block_m, cfg.block_n)
+        width = 64 if name == "_attn_fwd" else 128  # q; q and dO; k and v
+        estimate = tuning._smem_bytes(resident, streamed, width, 64, 64, 2, cfg.num_stages, capability >= 90)
+        print("estimated", name, cfg, estimate, compiled.metadata.shared)
 
 
 class _TargetOnly:
@@ -460,6 +489,21 @@ def compile_table_gradient(dtype_name: str) -> None:
 def test_the_table_gradient_kernel_compiles_for_the_gpu_and_writes_only_its_partials(dtype):
     stdout = _in_subprocess(f"t.compile_table_gradient({dtype!r})")
     assert stdout.count("bytes of shared memory") == len(TARGETS) and "writes PARTIALS\n" in stdout, stdout
+
+
+# How far a compiled kernel's shared memory may be from the estimate: a layout conversion's scratch (a [32, 64] bf16
+# tile) and the pipeline's barriers, which the estimate leaves out (ESTIMATED_TILES compiled: 2,560-4,096 bytes over
+# where the dots run on mma v2, within 512 bytes on wgmma)
+ESTIMATE_SLACK = 4096
+
+
+@pytest.mark.parametrize("target", list(TARGETS))
+def test_the_candidates_shared_memory_estimate_is_the_compiled_kernels(target):
+    stdout = _in_subprocess(f"t.estimated_shared_memory({target!r})")
+    rows = [line.split() for line in stdout.splitlines() if line.startswith("estimated")]
+    assert len(rows) == len(ESTIMATED_TILES), stdout
+    for *what, estimate, compiled in rows:
+        assert abs(int(compiled) - int(estimate)) <= ESTIMATE_SLACK, f"{' '.join(what)}: {compiled} bytes, estimated {estimate}"
 
 
 # Every spec for the GPU the project is tuned on; the A100's target for one spec (compiles cost CI minutes)

@@ -184,7 +184,7 @@ def _config(mod, common, q, k, v, score_tensors, spec, splits: int) -> tuning.Ke
 
     def candidates():
         return tuning.decode_candidates(block_r, common["BLOCK_D"], common["BLOCK_DV"], q.element_size(),
-                                          tuning.max_shared_memory(q.device))
+                                          tuning.shared_memory(q.device))
 
     def bind():
         rq, rk, rv, *rs = map(random_like, (q, k, v, *score_tensors))

@@ -685,7 +685,7 @@ def _kernel_tuning_key(kind: str, q: Tensor, kernel_id: str, common: dict, m=Non
 
 def _candidates(fn, q: Tensor, common: dict) -> Callable[[], list]:
     return lambda: fn(common["BLOCK_D"], common["BLOCK_DV"], q.element_size(), common["CAUSAL"],
-                      tuning.max_shared_memory(q.device))
+                      tuning.shared_memory(q.device))
 
 
 # ---- symbolic lengths: a launch config per length bucket, chosen by the generated code ----------------------------

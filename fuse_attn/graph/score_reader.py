@@ -31,6 +31,8 @@ Everything here raises :class:`NotFused` (with the node) for a score path the ke
 
 from __future__ import annotations
 
+import collections
+
 import math
 import operator
 from dataclasses import dataclass, field
@@ -322,11 +324,13 @@ def _score_operand(node: fx.Node, is_product) -> fx.Node:
 
 
 def _reaches(node: fx.Node, is_product, matrix: Optional[tuple] = None, budget: int = 64) -> bool:
-    """Whether a matrix product lies upstream of ``node`` (a bounded walk); with ``matrix``, one of those rows and
-    columns, reached through pointwise ops (:func:`pointwise_form`) alone."""
-    seen, stack = set(), [node]
-    while stack and budget > 0:
-        n = stack.pop()
+    """Whether a matrix product lies upstream of ``node`` (a walk of at most ``budget`` nodes, nearest first: a long
+    chain behind one operand, such as LongT5's position buckets behind its bias, does not use up the walk before the
+    product one node up the other); with ``matrix``, one of those rows and columns, reached through pointwise ops
+    (:func:`pointwise_form`) alone."""
+    seen, queue = set(), collections.deque([node])
+    while queue and budget > 0:
+        n = queue.popleft()
         if n in seen or not isinstance(n, fx.Node):
             continue
         seen.add(n)
@@ -335,7 +339,7 @@ def _reaches(node: fx.Node, is_product, matrix: Optional[tuple] = None, budget: 
             if matrix is None or same_shape(val(n).shape[-2:], matrix):
                 return True
         elif matrix is None or pointwise_form(n) is not None:
-            stack.extend(n.all_input_nodes)
+            queue.extend(n.all_input_nodes)
     return False
 
 

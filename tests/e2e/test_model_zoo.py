@@ -69,6 +69,18 @@ def longt5_local():
     return T.LongT5EncoderModel, config, dict(input_ids=ids(), attention_mask=padding), LAYERS
 
 
+def longt5_transient_global():
+    """LongT5's transient-global attention: each block of queries against its own and its neighbours' keys and one
+    side key per global block of the sequence (the block's tokens summed, repeated for every block), with T5's bias
+    of relative buckets for each part and the side keys' segment mask."""
+    config = T.LongT5Config(d_model=HIDDEN, d_kv=HIDDEN // HEADS, num_heads=HEADS, d_ff=2 * HIDDEN, num_layers=LAYERS,
+                            vocab_size=VOCAB, local_radius=3, global_block_size=4,
+                            encoder_attention_type="transient-global", dropout_rate=0.0)
+    padding = torch.ones(2, SEQ, dtype=torch.long)
+    padding[1, 6:] = 0
+    return T.LongT5EncoderModel, config, dict(input_ids=ids(), attention_mask=padding), LAYERS
+
+
 def vit():
     config = T.ViTConfig(hidden_size=HIDDEN, num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, num_hidden_layers=LAYERS,
                          image_size=16, patch_size=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -167,6 +179,7 @@ MODELS = {
     "bert-padding": bert,
     "t5-relative-bias": t5,
     "longt5-local": longt5_local,
+    "longt5-transient-global": longt5_transient_global,
     "vit": vit,
     "swinv2-shifted-windows": swinv2,
     "whisper-self-and-cross": whisper,

@@ -392,6 +392,18 @@ class TestScorePrograms(TestCase):
         self.assertExpectedInline(self.describe(fn, *qkv(), relative, proj), """float32 D=8 M=5 N=5 scale=1 s -> s + bias0[Z,H,M,N]""")
         self.assert_compiled_equals_eager(fn, *qkv(), relative, proj)
 
+    def test_a_bias_behind_a_long_chain_of_ops(self):
+        # LongT5's transient-global attention: its bias is T5's position buckets, tens of ops deep, and its scores are
+        # cast before the softmax, so the cast's operand is told for the scores by a walk up both sides of the sum
+        def fn(q, k, v, bias):
+            for _ in range(40):
+                bias = bias * 0.99 + 0.01
+            scores = q @ k.transpose(-1, -2) + bias
+            return torch.softmax(scores.float(), -1).type_as(scores) @ v
+
+        self.assertExpectedInline(self.describe(fn, *qkv(), torch.randn(2, 3, 5, 5)), """float32 D=8 M=5 N=5 scale=1 s -> s + bias0[Z,H,M,N]""")
+        self.assert_compiled_equals_eager(fn, *qkv(), torch.randn(2, 3, 5, 5))
+
     def test_a_scale_a_head_before_the_batch_is_split_for_a_mask(self):
         # Swin-v2's shifted windows: a logit scale a head, then the scores viewed as [B, windows, H, M, N] for the
         # windows' mask, and back

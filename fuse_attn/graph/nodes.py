@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.fx as fx
@@ -105,6 +105,35 @@ def val(node: Any) -> Any:
     if isinstance(node, fx.Node):
         return node.meta.get("val", node.meta.get("example_value"))
     return node
+
+
+def laid_out_as(emit: Callable[..., fx.Node], node: fx.Node, replaced: fx.Node) -> fx.Node:
+    """``node``, which stands for ``replaced``'s value, laid out in memory as that value is (a permuted copy, through
+    ``emit(target, *args, **kwargs)``, where the order of their dims in memory differs): the graph after it was
+    traced with those strides, and a ``view`` there may hold only for them. SDPA's kernels return ``[B, H, M, D]``
+    with the heads inside each row, so the trace keeps no copy for a ``.transpose(1, 2).contiguous()`` of their output
+    (JetMoE then ``.view``s it as ``[B, M, top_k, -1]``), while the math that replaces the call is laid out as
+    ``[B, H, M, D]``. Where a ``reshape`` follows instead, it would make the same copy."""
+    order, current = _memory_order(val(replaced)), _memory_order(val(node))
+    if _without_unit_dims(order, val(replaced)) == _without_unit_dims(current, val(node)):
+        return node
+    copy = emit(aten.clone.default, emit(aten.permute.default, node, order), memory_format=torch.contiguous_format)
+    return emit(aten.permute.default, copy, [order.index(d) for d in range(len(order))])
+
+
+def _memory_order(t: torch.Tensor) -> list[int]:
+    """The dims of a dense tensor from the outermost in memory to the innermost."""
+    from fuse_attn.kernels.plan import size_hint
+
+    strides = [size_hint(n) for n in t.stride()]
+    return sorted(range(t.dim()), key=lambda d: -strides[d])
+
+
+def _without_unit_dims(order: list[int], t: torch.Tensor) -> list[int]:
+    """``order`` without the dims of size 1, whose stride places nothing."""
+    from fuse_attn.kernels.plan import size_hint
+
+    return [d for d in order if size_hint(t.shape[d]) != 1]
 
 
 def runtime_scalar(x: Any) -> Optional[torch.SymFloat]:

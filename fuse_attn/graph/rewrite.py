@@ -424,7 +424,7 @@ def rewrite_attention(gm: fx.GraphModule, ctx: MatchContext, *, apply: bool = Tr
             continue
         finally:
             if expansion is not None:
-                fused = apply and getattr(expansion.output, "_erased", False)
+                fused = apply and getattr(expansion.product, "_erased", False)
                 sdpa_calls.settle(expansion, fused, graph)
         verdicts.append(SoftmaxVerdict(name, True, spec=match.spec, source=source,
                                        runs=choice.text() if choice is not None else None,

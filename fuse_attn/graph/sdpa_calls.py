@@ -31,7 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import guard_bool, guard_int
 
-from fuse_attn.graph.nodes import NotFused, aten, erase_dead_nodes, val
+from fuse_attn.graph.nodes import NotFused, aten, erase_dead_nodes, laid_out_as, val
 
 SDPA_OPS = {aten.scaled_dot_product_attention.default}
 # SDPA's parameters after q, k, v, with its defaults (torch/nn/functional.py; aten's schema has the same order).
@@ -42,7 +42,8 @@ _PARAMETERS = (("attn_mask", None), ("dropout_p", 0.0), ("is_causal", False), ("
 class Expansion:
     call: fx.Node  # the SDPA node, kept in the graph (without users while the expansion stands in for it)
     softmax: fx.Node  # the expansion's _safe_softmax: what the matcher anchors on
-    output: fx.Node  # the expansion's P @ V
+    product: fx.Node  # the expansion's P @ V: what a fused attention replaces
+    output: fx.Node  # what the call's users read: the product, laid out as the call's output
     nodes: list[fx.Node]  # every node of the expansion, in graph order
 
 
@@ -74,13 +75,14 @@ def expand(call: fx.Node, emit: Callable[..., fx.Node]) -> Expansion:
         return node
 
     try:
-        softmax, out = _emit_math(a, qv, op)
+        softmax, product = _emit_math(a, qv, op)
+        out = laid_out_as(op, product, call)
     except Exception as e:  # a bug of ours must cost the fusion, never the user's model
         for node in reversed(inserted):
             call.graph.erase_node(node)
         raise NotFused(f"{call.name}: internal error while expanding the call: {type(e).__name__}: {e}", call) from e
     call.replace_all_uses_with(out)
-    return Expansion(call, softmax, out, inserted)
+    return Expansion(call, softmax, product, out, inserted)
 
 
 def _emit_math(a: dict, qv, op) -> tuple[fx.Node, fx.Node]:

@@ -48,6 +48,39 @@ class TestGoldenGraphs(TestCase):
         getitem: "f32[2, 4, 6, 8]" = flash_attention_default[0]
         return (getitem,)""")
 
+    def test_the_output_is_laid_out_as_sdpas(self):
+        # SDPA's kernels return [B, H, M, D] with the heads inside each row, so the trace drops the copy of
+        # `.transpose(1, 2).contiguous()` and a `.view` of the transpose holds (JetMoE's); the fused output is copied
+        # to that layout
+        def fn(x, wq, wk, wv):
+            q, k, v = ((x @ w).view(2, 5, 3, 8).transpose(1, 2) for w in (wq, wk, wv))
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return out.transpose(1, 2).contiguous().view(2, 5, 1, -1)
+
+        g = torch.Generator().manual_seed(0)
+        x, *ws = torch.randn(2, 5, 24, generator=g), *(torch.randn(24, 24, generator=g) for _ in range(3))
+        self.assertExpectedInline(fused_graph(fn, x, *ws), """\
+    def forward(self, arg0_1: "f32[2, 5, 24]", arg1_1: "f32[24, 24]", arg2_1: "f32[24, 24]", arg3_1: "f32[24, 24]"):
+        matmul: "f32[2, 5, 24]" = torch.ops.aten.matmul.default(arg0_1, arg1_1)
+        view: "f32[2, 5, 3, 8]" = torch.ops.aten.view.default(matmul, [2, 5, 3, 8])
+        transpose: "f32[2, 3, 5, 8]" = torch.ops.aten.transpose.int(view, 1, 2)
+        matmul_1: "f32[2, 5, 24]" = torch.ops.aten.matmul.default(arg0_1, arg2_1)
+        view_1: "f32[2, 5, 3, 8]" = torch.ops.aten.view.default(matmul_1, [2, 5, 3, 8])
+        transpose_1: "f32[2, 3, 5, 8]" = torch.ops.aten.transpose.int(view_1, 1, 2)
+        matmul_2: "f32[2, 5, 24]" = torch.ops.aten.matmul.default(arg0_1, arg3_1)
+        view_2: "f32[2, 5, 3, 8]" = torch.ops.aten.view.default(matmul_2, [2, 5, 3, 8])
+        transpose_2: "f32[2, 3, 5, 8]" = torch.ops.aten.transpose.int(view_2, 1, 2)
+        flash_attention_default = torch.ops.fuse_attn.flash_attention.default(transpose, transpose_1, transpose_2, [], None, '{"causal": {"alignment": "top_left", "diagonal": 0, "window": null}, "dropout_p": 0.0, "dtype": "float32", "empty_rows": "zero", "gqa_group": 1, "head_dim": 8, "head_dim_v": 8, "kv_len": 5, "num_heads": 3, "q_len": 5, "scale": 0.3535533905932738, "scale_head_dim_power": 0.0, "score_program": [], "score_tensors": []}')
+        getitem: "f32[2, 3, 5, 8]" = flash_attention_default[0]
+        permute_default: "f32[2, 5, 3, 8]" = torch.ops.aten.permute.default(getitem, [0, 2, 1, 3])
+        clone_default: "f32[2, 5, 3, 8]" = torch.ops.aten.clone.default(permute_default, memory_format = torch.contiguous_format)
+        permute_default_1: "f32[2, 3, 5, 8]" = torch.ops.aten.permute.default(clone_default, [0, 2, 1, 3])
+        transpose_3: "f32[2, 5, 3, 8]" = torch.ops.aten.transpose.int(permute_default_1, 1, 2)
+        view_3: "f32[2, 5, 1, 24]" = torch.ops.aten.view.default(transpose_3, [2, 5, 1, -1])
+        return (view_3,)""")
+        torch._dynamo.reset()
+        torch.testing.assert_close(torch.compile(fn, backend="fuse_attn")(x, *ws), fn(x, *ws))
+
     def test_enable_gqa_shares_kv_heads_in_the_kernel(self):
         def fn(q, k, v):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)

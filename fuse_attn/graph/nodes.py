@@ -9,6 +9,8 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx as fx
 
+from fuse_attn.kernels.plan import size_hint
+
 aten = torch.ops.aten
 
 # The Python numbers a graph holds as literal operands. ``bool`` is an ``int`` to ``isinstance`` anyway; a caller that
@@ -123,16 +125,12 @@ def laid_out_as(emit: Callable[..., fx.Node], node: fx.Node, replaced: fx.Node) 
 
 def _memory_order(t: torch.Tensor) -> list[int]:
     """The dims of a dense tensor from the outermost in memory to the innermost."""
-    from fuse_attn.kernels.plan import size_hint
-
     strides = [size_hint(n) for n in t.stride()]
     return sorted(range(t.dim()), key=lambda d: -strides[d])
 
 
 def _without_unit_dims(order: list[int], t: torch.Tensor) -> list[int]:
     """``order`` without the dims of size 1, whose stride places nothing."""
-    from fuse_attn.kernels.plan import size_hint
-
     return [d for d in order if size_hint(t.shape[d]) != 1]
 
 

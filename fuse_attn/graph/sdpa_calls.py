@@ -11,7 +11,7 @@ with the ops the matcher already reads::
     s = masked_fill(s, ~attn_mask, -inf)  |  s + attn_mask             # a bool / an additive mask
     p = _safe_softmax(s, -1)                                           # SDPA's: a row with no key gives 0
     p = dropout(p, dropout_p, train=True)                              # dropout_p > 0
-    out = p @ v
+    out = p @ v                                                        # laid out in memory as the call's output
 
 so the mask is traced back to how the graph built it (padding vectors, causal and sliding-window bands) exactly as
 for an attention the model writes out, and ``_safe_softmax`` makes the spec's ``empty_rows`` "zero". The users of

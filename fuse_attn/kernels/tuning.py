@@ -150,26 +150,30 @@ class SharedMemory:
     """A GPU's shared memory as the candidate configs see it: ``limit``, the bytes one program may take; ``wgmma``,
     whether a dot over 64 or more rows runs as the asynchronous MMA of Hopper and later (wgmma), whose pipelined
     operand loads take `stages` buffers -- where the dots run on mma v2 (sm80-sm89, or fewer rows) they take one
-    less (Triton's compiles for sm80 and sm90: :func:`_smem_bytes`)."""
+    less (Triton's compiles for sm80 and sm90: :func:`_pipeline_buffers`, :func:`_smem_bytes`)."""
 
     limit: int
     wgmma: bool
 
 
+def _pipeline_buffers(stages: int, dot_rows: int, wgmma: bool) -> int:
+    """The buffers Triton gives a pipelined load of `stages`: as many where the dots run as wgmma (``wgmma`` and
+    ``dot_rows``, the resident side's rows, >= 64: a warpgroup's tile), else one less, at least one (mma v2)."""
+    return stages if wgmma and dot_rows >= 64 else max(stages - 1, 1)
+
+
 def _smem_bytes(resident_rows: int, streamed_rows: int, resident_width: int, block_d: int, block_dv: int, elem: int,
-                stages: int, wgmma: bool) -> int:
+                buffers: int) -> int:
     """Shared memory of one program: the streamed tiles (k and v in the forward and dQ kernels, q and dO in dK/dV),
     plus the resident tiles staged once for the dots, ``resident_width`` columns of them: q in the forward
     (``block_d``); q and dO in dQ, k and v in dK/dV (``block_d + block_dv``; a dK/dV config's dV launch reads only k).
-    The streamed tiles take `stages` buffers where the dots run as wgmma (``wgmma`` and the resident side's rows,
-    the dots' rows, >= 64: a warpgroup's tile), else one less, at least one. Against Triton 3.9's compiles of every
+    The streamed tiles take ``buffers`` (:func:`_pipeline_buffers`). Against Triton 3.9's compiles of every
     tile of the candidate lists at stages 1-3, whether it fits or not (252 configs for sm90 at head dims 64-512, 90
     for sm80 at 128 and 256): over by at most 16 KiB (a transposed tile's scratch; barriers), under by up to 64 KiB
     (unpipelined, or the widest tiles pipelined less than asked); every sm90 config on the same side of its limit
     (232,448 bytes), four sm80 configs estimated to fit over its 166,912 by 4-8 KiB. Head dims that the kernels load
     in two parts (96 = 64 + 32) take less than their power of two counted here. A config that does not fit fails to
     compile and is dropped by the tuner."""
-    buffers = stages if wgmma and resident_rows >= 64 else max(stages - 1, 1)
     return elem * (buffers * streamed_rows * (block_d + block_dv) + resident_rows * resident_width)
 
 
@@ -206,7 +210,8 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
                 if warps == 8 and bm < 128:
                     continue  # 64 rows over 8 warps leaves 8 rows per warp, below the 16-row mma tile
                 for stages in _STAGES:
-                    if _smem_bytes(bm, bn, block_d, block_d, block_dv, elem, stages, smem.wgmma) <= smem.limit:
+                    if _smem_bytes(bm, bn, block_d, block_d, block_dv, elem,
+                                   _pipeline_buffers(stages, bm, smem.wgmma)) <= smem.limit:
                         out.append(KernelConfig(bm, bn, warps, stages))
     return out or [KernelConfig(64, 32, 4, 1)]
 
@@ -231,7 +236,8 @@ def _fitting(tiles, stages_axis, block_d, block_dv, elem, smem: SharedMemory, re
     for bm, bn, warps, *launches in tiles:
         resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
         for stages in stages_axis:
-            if _smem_bytes(resident, streamed, resident_width, block_d, block_dv, elem, stages, smem.wgmma) <= smem.limit:
+            buffers = _pipeline_buffers(stages, resident, smem.wgmma)
+            if _smem_bytes(resident, streamed, resident_width, block_d, block_dv, elem, buffers) <= smem.limit:
                 out.append(KernelConfig(bm, bn, warps, stages, *launches))
     return out
 
@@ -263,7 +269,9 @@ def decode_candidates(block_r: int, block_d: int, block_dv: int, elem: int, smem
             continue  # as in forward_candidates: 128-wide key tiles do not fit 256-wide heads, 32 only for those
         for warps in _DECODE_WARPS:
             for stages in _DECODE_STAGES:
-                if _smem_bytes(block_r, bn, block_d, block_d, block_dv, elem, stages, smem.wgmma) <= smem.limit:
+                # (`stages` buffers at any row count: the compiles that measured _pipeline_buffers did not
+                # include this kernel)
+                if _smem_bytes(block_r, bn, block_d, block_d, block_dv, elem, stages) <= smem.limit:
                     out.append(KernelConfig(block_r, bn, warps, stages))
     return out or [KernelConfig(block_r, 32, 4, 1)]
 

@@ -255,7 +255,8 @@ def estimated_shared_memory(target: str) -> None:
         compiled = _compile(kernel, dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, capability)
         resident, streamed = (cfg.block_n, cfg.block_m) if name == "_attn_bwd_dkdv" else (cfg.block_m, cfg.block_n)
         width = 64 if name == "_attn_fwd" else 128  # q; q and dO; k and v
-        estimate = tuning._smem_bytes(resident, streamed, width, 64, 64, 2, cfg.num_stages, capability >= 90)
+        buffers = tuning._pipeline_buffers(cfg.num_stages, resident, capability >= 90)
+        estimate = tuning._smem_bytes(resident, streamed, width, 64, 64, 2, buffers)
         print("estimated", name, cfg, estimate, compiled.metadata.shared)
 
 

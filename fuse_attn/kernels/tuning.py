@@ -192,9 +192,7 @@ def shared_memory(device: torch.device) -> SharedMemory:
 
 def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, smem: SharedMemory) -> list[KernelConfig]:
     if max(block_d, block_dv) > WIDEST_HEAD:  # (where none fits the estimate, the smallest tile unpipelined)
-        return (_fitting(_WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem, resident_is_n=False,
-                         resident_width=block_d)
-                or [KernelConfig(16, 32, 4, 1)])
+        return _fitting("fwd", _WIDEST_FWD, _STAGES, block_d, block_dv, elem, smem) or [KernelConfig(16, 32, 4, 1)]
     out = []
     for bm in _FWD_BLOCK_M:
         for bn in _FWD_BLOCK_N:
@@ -210,46 +208,54 @@ def forward_candidates(block_d: int, block_dv: int, elem: int, causal: bool, sme
                 if warps == 8 and bm < 128:
                     continue  # 64 rows over 8 warps leaves 8 rows per warp, below the 16-row mma tile
                 for stages in _STAGES:
-                    if _smem_bytes(bm, bn, block_d, block_d, block_dv, elem,
-                                   _pipeline_buffers(stages, bm, smem.wgmma)) <= smem.limit:
-                        out.append(KernelConfig(bm, bn, warps, stages))
+                    cfg = KernelConfig(bm, bn, warps, stages)
+                    if config_smem_bytes("fwd", cfg, block_d, block_dv, elem, smem.wgmma) <= smem.limit:
+                        out.append(cfg)
     return out or [KernelConfig(64, 32, 4, 1)]
 
 
-def _backward_candidates(shapes, wide_configs, widest_configs, block_d, block_dv, elem, smem: SharedMemory,
-                         resident_is_n: bool, stages_axis=_STAGES) -> list[KernelConfig]:
+def _backward_candidates(kind, shapes, wide_configs, widest_configs, block_d, block_dv, elem, smem: SharedMemory,
+                         stages_axis=_STAGES) -> list[KernelConfig]:
     if max(block_d, block_dv) > WIDEST_HEAD:
         tiles = widest_configs
     elif max(block_d, block_dv) > _WIDE_HEAD:
         tiles = wide_configs
     else:  # as in the forward: >= 16 resident rows per warp
-        tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS if warps == 4 or (bn if resident_is_n else bm) >= 128]
-    return (_fitting(tiles, stages_axis, block_d, block_dv, elem, smem, resident_is_n, block_d + block_dv)
-            or [KernelConfig(32, 32, 4, 1)])
+        tiles = [(bm, bn, warps) for bm, bn in shapes for warps in _WARPS
+                 if warps == 4 or _resident_rows(kind, bm, bn) >= 128]
+    return _fitting(kind, tiles, stages_axis, block_d, block_dv, elem, smem) or [KernelConfig(32, 32, 4, 1)]
 
 
-def _fitting(tiles, stages_axis, block_d, block_dv, elem, smem: SharedMemory, resident_is_n: bool, resident_width: int
-             ) -> list[KernelConfig]:
+def _fitting(kind, tiles, stages_axis, block_d, block_dv, elem, smem: SharedMemory) -> list[KernelConfig]:
     """Each tile ``(BLOCK_M, BLOCK_N, warps[, dK/dV launches])`` at each depth of ``stages_axis`` whose shared memory
-    (:func:`_smem_bytes`) fits; ``resident_is_n``: the key block is the resident one (dK/dV)."""
-    out = []
-    for bm, bn, warps, *launches in tiles:
-        resident, streamed = (bn, bm) if resident_is_n else (bm, bn)
-        for stages in stages_axis:
-            buffers = _pipeline_buffers(stages, resident, smem.wgmma)
-            if _smem_bytes(resident, streamed, resident_width, block_d, block_dv, elem, buffers) <= smem.limit:
-                out.append(KernelConfig(bm, bn, warps, stages, *launches))
-    return out
+    (:func:`config_smem_bytes`) fits."""
+    configs = [KernelConfig(bm, bn, warps, stages, *launches)
+               for bm, bn, warps, *launches in tiles for stages in stages_axis]
+    return [cfg for cfg in configs if config_smem_bytes(kind, cfg, block_d, block_dv, elem, smem.wgmma) <= smem.limit]
+
+
+def _resident_rows(kind: str, block_m: int, block_n: int) -> int:
+    """The rows a program of ``kind`` keeps for its whole loop: the key block in dK/dV, the query block elsewhere."""
+    return block_n if kind == "bwd_dkdv" else block_m
+
+
+def config_smem_bytes(kind: str, cfg: KernelConfig, block_d: int, block_dv: int, elem: int, wgmma: bool) -> int:
+    """:func:`_smem_bytes` of a program of ``kind`` ("fwd", "bwd_dq", "bwd_dkdv") at ``cfg``: q resident in the
+    forward; q and dO in dQ, k and v in dK/dV."""
+    resident = _resident_rows(kind, cfg.block_m, cfg.block_n)
+    streamed = cfg.block_m + cfg.block_n - resident
+    width = block_d if kind == "fwd" else block_d + block_dv
+    return _smem_bytes(resident, streamed, width, block_d, block_dv, elem,
+                       _pipeline_buffers(cfg.num_stages, resident, wgmma))
 
 
 def dkdv_candidates(block_d, block_dv, elem, causal, smem: SharedMemory) -> list[KernelConfig]:
-    return _backward_candidates(_DKDV_SHAPES, _WIDE_DKDV, _WIDEST_DKDV, block_d, block_dv, elem, smem,
-                                resident_is_n=True, stages_axis=_DKDV_STAGES)
+    return _backward_candidates("bwd_dkdv", _DKDV_SHAPES, _WIDE_DKDV, _WIDEST_DKDV, block_d, block_dv, elem, smem,
+                                stages_axis=_DKDV_STAGES)
 
 
 def dq_candidates(block_d, block_dv, elem, causal, smem: SharedMemory) -> list[KernelConfig]:
-    return _backward_candidates(_DQ_SHAPES, _WIDE_DQ, _WIDEST_DQ, block_d, block_dv, elem, smem,
-                                resident_is_n=False)
+    return _backward_candidates("bwd_dq", _DQ_SHAPES, _WIDE_DQ, _WIDEST_DQ, block_d, block_dv, elem, smem)
 
 
 # Split-K decode: a [BLOCK_R <= 64, BLOCK_N] score tile per step over few rows, so the kernel streams K/V from

@@ -235,7 +235,7 @@ def _launch_parts(cfg) -> list:
     return [dict(COMPUTE_DK=False, COMPUTE_DV=True), dict(COMPUTE_DK=True, COMPUTE_DV=False)]
 
 
-# Tiles whose compiled shared memory the candidates' estimate (tuning._smem_bytes) is checked against: each
+# Tiles whose compiled shared memory the candidates' estimate (tuning.config_smem_bytes) is checked against: each
 # kernel's resident side at 128 rows (wgmma on sm90) and at 32 (mma v2), pipelined 2 and 3 deep; head dim 64 and
 # causal (the quickest compiles)
 ESTIMATED_TILES = [("_attn_fwd", tuning.KernelConfig(128, 64, 4, 3)), ("_attn_fwd", tuning.KernelConfig(32, 64, 4, 2)),
@@ -253,10 +253,8 @@ def estimated_shared_memory(target: str) -> None:
     for name, cfg in ESTIMATED_TILES:
         kernel, args = launches[name]
         compiled = _compile(kernel, dict(args, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n), cfg, capability)
-        resident, streamed = (cfg.block_n, cfg.block_m) if name == "_attn_bwd_dkdv" else (cfg.block_m, cfg.block_n)
-        width = 64 if name == "_attn_fwd" else 128  # q; q and dO; k and v
-        buffers = tuning._pipeline_buffers(cfg.num_stages, resident, capability >= 90)
-        estimate = tuning._smem_bytes(resident, streamed, width, 64, 64, 2, buffers)
+        kind = {"_attn_fwd": "fwd", "_attn_bwd_dq": "bwd_dq", "_attn_bwd_dkdv": "bwd_dkdv"}[name]
+        estimate = tuning.config_smem_bytes(kind, cfg, 64, 64, 2, capability >= 90)
         print("estimated", name, cfg, estimate, compiled.metadata.shared)
 
 

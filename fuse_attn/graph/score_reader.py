@@ -32,7 +32,6 @@ Everything here raises :class:`NotFused` (with the node) for a score path the ke
 from __future__ import annotations
 
 import collections
-
 import math
 import operator
 from dataclasses import dataclass, field

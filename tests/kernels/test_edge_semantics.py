@@ -114,20 +114,33 @@ def test_rows_masked_with_neg_inf_are_nan_as_in_eager(path, how):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rows_masked_with_finfo_min_are_uniform_as_in_eager(path, dtype, request):
-    # The saved fp32 lse of such a row, finfo.min + log(N), rounds to finfo.min (one ulp there is ~2e31): P
-    # recomputed from it would be 1 instead of 1/N. The fp32 kernels' backward recomputes each row's max and sum
-    # itself (EXACT_DELTA), as the CPU blockwise path recomputes the softmax; the bf16 kernels' default backward
-    # takes P from the saved lse (known limit: dv of such a row is N times eager's; docs/testing.md, known differences).
-    if path == "interpreter" and dtype == torch.bfloat16:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="bf16 default backward: fp32 lse cannot hold "
-                                              "finfo.min + log(N)"))
+@pytest.mark.parametrize("fill", ["finfo.min", -1e10, -1e4])
+def test_rows_masked_with_a_large_fill_are_uniform_as_in_eager(path, dtype, fill):
+    # The saved fp32 lse of such a row, fill + log(N), rounds to the fill where log(N) is below its ulp (~2e31 at
+    # finfo.min, 1024 at LongT5's -1e10): P recomputed from it would be 1 instead of 1/N. The fp32 kernels'
+    # backward recomputes each row's max and sum itself (EXACT_DELTA); the bf16 kernels' recompute those of the
+    # rows whose lse is that large (IMPRECISE_LSE), and take the saved lse elsewhere.
+    if fill == "finfo.min":
+        fill = torch.finfo(dtype).min
     q, k, v = qkv(M=11, N=37, dtype=dtype)
     keep = torch.ones(1, 1, 11, 37, dtype=torch.bool)
     keep[..., 2, :] = False
-    spec = masked_spec(torch.finfo(dtype).min, "fill", dtype=dtype_name(dtype))
+    spec = masked_spec(fill, "fill", dtype=dtype_name(dtype))
     out, grads = check_against_eager(q, k, v, [keep], spec)
     torch.testing.assert_close(out[0, :, 2], v[0].mean(1), **({} if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("gqa", [1, 2])
+def test_rows_a_large_bias_hides_among_other_rows_of_their_blocks(path, gqa):
+    # LongT5's padded query rows: a learned position bias plus -1e10 on every key, in query blocks that also hold
+    # ordinary rows, at both ends of M and GQA's shared kv heads; the bias's gradient too. bf16 takes the saved lse
+    # for the ordinary rows and the rows' own statistics for the hidden ones (one P scale per row, put on dO).
+    q, k, v = qkv(H=4, M=70, N=45, dtype=torch.bfloat16, Hk=4 // gqa)
+    bias = torch.randn(1, 1, 70, 45, generator=torch.Generator().manual_seed(2))
+    bias[..., [0, 33, 34, 69], :] -= 1e10
+    spec = masked_spec(0.0, "additive", dtype="bfloat16", gqa=gqa)
+    out, grads = check_against_eager(q, k, v, [bias.to(torch.bfloat16)], spec, grad_tensors=True)
     assert all(torch.isfinite(g).all() for g in grads)
 
 

@@ -278,7 +278,7 @@ def _written(kernel: str, args: dict) -> set:
     if kernel == "_tile_summaries":  # the vectors' summaries and SeesKey, and the classification's Arrivals zeroed
         return {"Summaries", "Arrivals"}
     if kernel == "_attn_bwd_dq":
-        return {"DQ", "Delta", "LseFlags"} | ({"RowMax", "RowScale"} if args["EXACT_DELTA"] else set()) | dt
+        return {"DQ", "Delta", "LseFlags", "RowMax", "RowScale"} | dt  # (the row statistics: see IMPRECISE_LSE)
     return ({"DK"} if args["COMPUTE_DK"] else set()) | ({"DVout"} if args["COMPUTE_DV"] else set()) | dt
 
 

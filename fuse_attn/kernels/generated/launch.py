@@ -913,9 +913,9 @@ class _BackwardBuffers:
         # for the dK/dV kernel; sized for blocks of 16 rows, the smallest row block of any kernel (tl.dot's minimum)
         self.lse_flags = torch.empty(lse.shape[0] * lse.shape[1] * triton_cdiv(lse.shape[2], _MIN_ROW_BLOCK),
                                      dtype=torch.int32, device=q.device)
-        # the row statistics the dQ kernel stores for the dK/dV kernel (log2-unit row max, 1 / row sum); not read
-        # without the exact delta, when any pointer fills the parameters
-        self.row_max, self.row_scale = (torch.empty_like(lse), torch.empty_like(lse)) if exact_delta else (lse, lse)
+        # the row statistics the dQ kernel stores for the dK/dV kernel (log2-unit row max, 1 / row sum): of every
+        # row with the exact delta, else of the rows whose lse is imprecise (the template's IMPRECISE_LSE)
+        self.row_max, self.row_scale = torch.empty_like(lse), torch.empty_like(lse)
         self.dbias = {i: torch.zeros(t.shape, dtype=torch.float32, device=q.device)
                       for i, (t, st, need) in enumerate(zip(score_tensors, spec.score_tensors, needs_grad))
                       if st.role == "bias" and need}

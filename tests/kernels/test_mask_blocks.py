@@ -151,11 +151,8 @@ def test_a_mask_shared_by_the_batch_has_stride_zero():
     ("random holes, one row hidden whole", random_holes(2, 50, 61, hidden_row=9)),
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_results_are_those_of_the_whole_computation(name, mask, dtype, monkeypatch):
-    if dtype != torch.float32 and bool((mask <= MASKING_FILL_LIMIT).all(-1).any()):
-        # rows hidden whole in bf16 need the exact delta's backward, summaries or not (docs/testing.md, known
-        # differences: "Rows masked entirely with finfo.min"); this also runs the listed row-statistics pass
-        monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+def test_results_are_those_of_the_whole_computation(name, mask, dtype):
+    # (rows hidden whole take their own statistics in the bf16 backward too, over the listed tiles: IMPRECISE_LSE)
     q, k, v, tensors, spec = mask_case(mask, Z=mask.shape[0] if mask.shape[0] > 1 else 2, dtype=dtype)
     run_and_check(q, k, v, tensors, spec, dtype)
 
@@ -646,13 +643,11 @@ def test_a_predicates_empty_tiles_are_not_read(enabled, monkeypatch):
 @pytest.mark.parametrize("strict", [False, True])
 @pytest.mark.parametrize("form", ["eager", "sdpa"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_predicates_tiles_give_the_whole_computation(form, strict, dtype, monkeypatch):
+def test_a_predicates_tiles_give_the_whole_computation(form, strict, dtype):
     """Output and gradients under the 2x rule with the tiles classified from the vectors: documents of any length,
     unsorted ids, an id coming back; strictly causal, each document's first token sees no key -- eager's uniform
     row over every key (finfo.min) or SDPA's 0 -- so its query block skips nothing. (bf16 rows masked whole with
-    finfo.min take the exact delta: the default backward's known difference there, docs/testing.md.)"""
-    if form == "eager" and strict and dtype == torch.bfloat16:
-        monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+    finfo.min take their own statistics in the backward, over the listed tiles: the template's IMPRECISE_LSE.)"""
     spec = documents_spec(form, dtype, strict)
     tensors = documents_tensors(torch.tensor([[0] * 40 + [1] * 9 + [2] * 31, [4] * 20 + [2] * 44 + [4] * 16]))
     q, k, v, _, _ = make_case(Z=2, H=2, M=80, N=80, D=16, dtype=dtype)

@@ -167,18 +167,13 @@ def test_document_mask_matches_eager(target, ids):
 
 
 @pytest.mark.parametrize("fill", ["-inf", "finfo.min"])
-def test_rows_with_every_key_masked(target, fill, monkeypatch):
+def test_rows_with_every_key_masked(target, fill):
     """Strictly causal documents: the first token of each id sees no key. With -inf its output row is NaN, exactly
     where eager's is; with finfo.min it is the uniform average over every key, as in eager (gradients too)."""
     device, dtype = target
     model = DocumentAttention(diagonal=-1, fill=float("-inf") if fill == "-inf" else torch.finfo(dtype).min)
     inputs = [*qkv(), DOCUMENT_IDS["id comes back"]]
-    if fill == "finfo.min":
-        if dtype == torch.bfloat16:
-            # the default bf16 backward's known difference for a row all finfo.min (docs/testing.md; pinned in
-            # test_edge_semantics.py): its fp32 lse cannot hold finfo.min + log(N). The exact delta takes each row's
-            # statistics from its own scores, so such a row's gradients are eager's.
-            monkeypatch.setenv("FUSE_ATTN_EXACT_DELTA", "1")
+    if fill == "finfo.min":  # (its fp32 lse cannot hold finfo.min + log N: the backward takes the row's own statistics)
         compile_and_compare(model, inputs, train=True, dtype=dtype, device=device)
         return
     torch._dynamo.reset()

@@ -210,9 +210,9 @@ def index_visibility(case: Case) -> torch.Tensor:
 
 def mask_tensor(case: Case, g: torch.Generator) -> torch.Tensor:
     """The case's bool mask (True: kept). With a finite fill, each row keeps its last key that the causal band and
-    the index band show: a row whose visible scores are all one large finite fill is the kernels' known limit
-    (docs/testing.md: the saved fp32 lse cannot hold fill + log N), pinned by tests/kernels/test_edge_semantics.py; rows with
-    nothing visible at all are -inf rows, fuzzed."""
+    the index band show: a row whose visible scores are all one large finite fill is the Gluon backward's known limit
+    (docs/testing.md: the saved fp32 lse cannot hold fill + log N; the generated kernels' backward recomputes such rows'
+    statistics, tests/kernels/test_edge_semantics.py); rows with nothing visible at all are -inf rows, fuzzed."""
     Z, H, M, N = case.Z, case.H, case.M, case.N
     shape = tuple(1 if bc else n for bc, n in zip(case.mask, (Z, H, M, N)))
     keep = torch.rand(shape, generator=g) < case.mask_keep

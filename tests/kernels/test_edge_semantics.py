@@ -131,15 +131,17 @@ def test_rows_masked_with_a_large_fill_are_uniform_as_in_eager(path, dtype, fill
     assert all(torch.isfinite(g).all() for g in grads)
 
 
-@pytest.mark.parametrize("gqa", [1, 2])
-def test_rows_a_large_bias_hides_among_other_rows_of_their_blocks(path, gqa):
+@pytest.mark.parametrize("gqa, causal", [(1, None), (2, None), (2, CausalMask(25, "top_left", window=60))],
+                         ids=["mha", "gqa", "gqa-window"])
+def test_rows_a_large_bias_hides_among_other_rows_of_their_blocks(path, gqa, causal):
     # LongT5's padded query rows: a learned position bias plus -1e10 on every key, in query blocks that also hold
-    # ordinary rows, at both ends of M and GQA's shared kv heads; the bias's gradient too. bf16 takes the saved lse
-    # for the ordinary rows and the rows' own statistics for the hidden ones (one P scale per row, put on dO).
+    # ordinary rows, at both ends of M and GQA's shared kv heads; the bias's gradient too; a sliding window (its
+    # masked key blocks on both sides of the full ones). bf16 takes the saved lse for the ordinary rows and the rows'
+    # own statistics for the hidden ones.
     q, k, v = qkv(H=4, M=70, N=45, dtype=torch.bfloat16, Hk=4 // gqa)
     bias = torch.randn(1, 1, 70, 45, generator=torch.Generator().manual_seed(2))
     bias[..., [0, 33, 34, 69], :] -= 1e10
-    spec = masked_spec(0.0, "additive", dtype="bfloat16", gqa=gqa)
+    spec = masked_spec(0.0, "additive", dtype="bfloat16", gqa=gqa, causal=causal)
     out, grads = check_against_eager(q, k, v, [bias.to(torch.bfloat16)], spec, grad_tensors=True)
     assert all(torch.isfinite(g).all() for g in grads)
 
